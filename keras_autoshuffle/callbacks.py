@@ -1,0 +1,149 @@
+"""Callbacks: log the shuffle penalty, and harden the learned shuffles."""
+
+import keras
+from keras import ops
+
+from keras_autoshuffle import permutations
+from keras_autoshuffle.layers import relaxed_shuffles, total_penalty
+
+
+def harden_model(model):
+    """Hardens every relaxed shuffle of `model` in place; returns a per-layer report.
+
+    Each entry holds the layer name, its penalty P(M) and its Frobenius distance to
+    the chosen (nearest) permutation, whether argmax rounding agrees, and the
+    permutation. The model's compiled train/test/predict functions are reset, since
+    the hardened layers trace to a different graph.
+    """
+    report = []
+    for layer in relaxed_shuffles(model):
+        matrix = ops.convert_to_numpy(layer.matrix)
+        penalty = layer.penalty_value()
+        perm = layer.harden()
+        report.append(
+            {
+                "name": layer.name,
+                "channels": int(perm.size),
+                "penalty": penalty,
+                "distance": permutations.distance_to_permutation(matrix, perm),
+                "argmax_agrees": permutations.argmax_agrees(matrix),
+                "permutation": perm.tolist(),
+            }
+        )
+    model.test_function = model.predict_function = None
+    if getattr(model, "train_function", None) is not None:
+        # Rebuild rather than clear: a running fit() keeps calling model.train_function.
+        model.make_train_function(force=True)
+    return report
+
+
+class ShufflePenaltyLogger(keras.callbacks.Callback):
+    """Adds `shuffle_penalty` (sum_j P(M_j), without lambda) to the epoch logs.
+
+    Put it before History, CSVLogger and TensorBoard in the callback list (Keras
+    appends History itself at the end) so they record it: the decay of the
+    penalty is the paper's Fig. penaltyplot.
+    """
+
+    def on_epoch_end(self, epoch, logs=None):
+        if logs is not None:
+            logs["shuffle_penalty"] = total_penalty(self.model)
+
+
+class HardenShuffles(keras.callbacks.Callback):
+    """Rounds every RelaxedShuffle to its nearest permutation at the end of training.
+
+    With `at_epoch=k` the shuffles are hardened once `k` epochs are complete and
+    training goes on with them fixed (fine-tuning the rest of the network);
+    otherwise at the end of `fit`. With `validation_data` the model is evaluated
+    just before and just after rounding, giving the paper's Table 3 figure
+    `relative_change = (rounded - relaxed) / relaxed` of the accuracy.
+
+    The result is kept in `self.report`: `epoch`, `layers` (per layer: name,
+    penalty, distance to the permutation, argmax agreement, permutation) and,
+    with validation data, `relaxed_accuracy`, `rounded_accuracy`,
+    `relative_change`, `relaxed_loss`, `rounded_loss`.
+
+    Args:
+        validation_data: a dataset (or `(x, y)` tuple) for `model.evaluate`; the
+            model must be compiled with an accuracy metric.
+        at_epoch: harden after this many completed epochs (positive int), or None
+            for the end of training.
+        verbose: print the report summary.
+
+    Reference:
+        Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624 (Table 3)
+    """
+
+    def __init__(self, validation_data=None, at_epoch=None, verbose=1):
+        super().__init__()
+        if at_epoch is not None and (
+            isinstance(at_epoch, bool) or not isinstance(at_epoch, int) or at_epoch < 1
+        ):
+            raise ValueError(
+                f"`at_epoch` must be None or a positive integer. Received: at_epoch={at_epoch}"
+            )
+        self.validation_data = validation_data
+        self.at_epoch = at_epoch
+        self.verbose = verbose
+        self.report = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.at_epoch is not None and epoch + 1 == self.at_epoch and self.report is None:
+            self._harden(epoch + 1)
+
+    def on_train_end(self, logs=None):
+        if self.report is None:
+            self._harden(None)
+
+    def _evaluate(self):
+        if self.validation_data is None:
+            return None
+        data = self.validation_data
+        if isinstance(data, tuple):
+            results = self.model.evaluate(*data, verbose=0, return_dict=True)
+        else:
+            results = self.model.evaluate(data, verbose=0, return_dict=True)
+        accuracy = [v for k, v in results.items() if "acc" in k]
+        if not accuracy:
+            raise ValueError(
+                "HardenShuffles needs the model compiled with an accuracy metric. "
+                f"Received metrics: {sorted(results)}"
+            )
+        return float(results.get("loss", float("nan"))), float(accuracy[0])
+
+    def _harden(self, epoch):
+        before = self._evaluate()
+        layers = harden_model(self.model)
+        after = self._evaluate()
+        report = {"epoch": epoch, "layers": layers}
+        if before is not None:
+            report.update(
+                relaxed_loss=before[0],
+                relaxed_accuracy=before[1],
+                rounded_loss=after[0],
+                rounded_accuracy=after[1],
+                relative_change=(after[1] - before[1]) / before[1] if before[1] else float("nan"),
+            )
+        self.report = report
+        if self.verbose:
+            print(format_report(report))
+
+
+def format_report(report):
+    """A few human-readable lines summarising a HardenShuffles report."""
+    lines = [
+        f"Hardened {len(report['layers'])} shuffles"
+        + (f" after epoch {report['epoch']}" if report.get("epoch") else " at the end of training")
+    ]
+    if "relaxed_accuracy" in report:
+        lines.append(
+            f"  accuracy relaxed {report['relaxed_accuracy']:.4f} -> rounded "
+            f"{report['rounded_accuracy']:.4f} (relative change {report['relative_change']:+.3e})"
+        )
+    for layer in report["layers"]:
+        lines.append(
+            f"  {layer['name']}: N={layer['channels']} penalty {layer['penalty']:.3e} "
+            f"distance {layer['distance']:.3e} argmax agrees: {layer['argmax_agrees']}"
+        )
+    return "\n".join(lines)
