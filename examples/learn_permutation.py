@@ -3,9 +3,9 @@
 Run: python examples/learn_permutation.py
 """
 
+import keras
 import numpy as np
 
-import keras
 import keras_autoshuffle as ka
 
 CHANNELS = 16
@@ -18,7 +18,11 @@ model = keras.Sequential([keras.Input((4, 4, CHANNELS)), ka.RelaxedShuffle(penal
 model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
 hardening = ka.HardenShuffles(verbose=0)
 history = model.fit(
-    x, y, epochs=10, batch_size=256, verbose=0,
+    x,
+    y,
+    epochs=10,
+    batch_size=256,
+    verbose=0,
     callbacks=[ka.ShufflePenaltyLogger(), hardening],
 )
 print("penalty per epoch:", np.round(history.history["shuffle_penalty"], 3).tolist())

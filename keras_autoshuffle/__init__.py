@@ -2,6 +2,7 @@
 
 from keras_autoshuffle.callbacks import (
     HardenShuffles,
+    RoundingMonitor,
     ShufflePenaltyLogger,
     format_report,
     harden_model,

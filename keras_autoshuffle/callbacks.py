@@ -37,6 +37,21 @@ def harden_model(model):
     return report
 
 
+def _evaluate(model, data):
+    """(loss, accuracy) of `model` on a dataset or an `(x, y)` tuple."""
+    if isinstance(data, tuple):
+        results = model.evaluate(*data, verbose=0, return_dict=True)
+    else:
+        results = model.evaluate(data, verbose=0, return_dict=True)
+    accuracy = [v for k, v in results.items() if "acc" in k]
+    if not accuracy:
+        raise ValueError(
+            "Evaluating relaxed vs rounded shuffles needs the model compiled with an accuracy "
+            f"metric. Received metrics: {sorted(results)}"
+        )
+    return float(results.get("loss", float("nan"))), float(accuracy[0])
+
+
 class ShufflePenaltyLogger(keras.callbacks.Callback):
     """Adds `shuffle_penalty` (sum_j P(M_j), without lambda) to the epoch logs.
 
@@ -96,26 +111,11 @@ class HardenShuffles(keras.callbacks.Callback):
         if self.report is None:
             self._harden(None)
 
-    def _evaluate(self):
-        if self.validation_data is None:
-            return None
-        data = self.validation_data
-        if isinstance(data, tuple):
-            results = self.model.evaluate(*data, verbose=0, return_dict=True)
-        else:
-            results = self.model.evaluate(data, verbose=0, return_dict=True)
-        accuracy = [v for k, v in results.items() if "acc" in k]
-        if not accuracy:
-            raise ValueError(
-                "HardenShuffles needs the model compiled with an accuracy metric. "
-                f"Received metrics: {sorted(results)}"
-            )
-        return float(results.get("loss", float("nan"))), float(accuracy[0])
-
     def _harden(self, epoch):
-        before = self._evaluate()
+        data = self.validation_data
+        before = None if data is None else _evaluate(self.model, data)
         layers = harden_model(self.model)
-        after = self._evaluate()
+        after = None if data is None else _evaluate(self.model, data)
         report = {"epoch": epoch, "layers": layers}
         if before is not None:
             report.update(
@@ -147,3 +147,40 @@ def format_report(report):
             f"distance {layer['distance']:.3e} argmax agrees: {layer['argmax_agrees']}"
         )
     return "\n".join(lines)
+
+
+class RoundingMonitor(keras.callbacks.Callback):
+    """Logs the validation accuracy of the relaxed and of the rounded network each epoch.
+
+    The rounded network is evaluated by temporarily setting every relaxed matrix to
+    its nearest permutation matrix (the same outputs as a hardened gather), then
+    restoring it, so training is unaffected. Adds `val_relaxed_accuracy` and
+    `val_rounded_accuracy` to the epoch logs: the paper's Fig. roundplot.
+
+    Args:
+        validation_data: a dataset (or `(x, y)` tuple) for `model.evaluate`; the
+            model must be compiled with an accuracy metric.
+    """
+
+    def __init__(self, validation_data):
+        super().__init__()
+        self.validation_data = validation_data
+
+    def _accuracy(self):
+        return _evaluate(self.model, self.validation_data)[1]
+
+    def on_epoch_end(self, epoch, logs=None):
+        shuffles = relaxed_shuffles(self.model)
+        relaxed = self._accuracy()
+        saved = [ops.convert_to_numpy(layer.matrix) for layer in shuffles]
+        try:
+            for layer, matrix in zip(shuffles, saved, strict=True):
+                perm = permutations.nearest_permutation(matrix)
+                layer.matrix.assign(permutations.permutation_matrix(perm))
+            rounded = self._accuracy()
+        finally:
+            for layer, matrix in zip(shuffles, saved, strict=True):
+                layer.matrix.assign(matrix)
+        if logs is not None:
+            logs["val_relaxed_accuracy"] = relaxed
+            logs["val_rounded_accuracy"] = rounded

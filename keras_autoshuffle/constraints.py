@@ -38,9 +38,7 @@ class DoublyStochastic(keras.constraints.Constraint):
     def __call__(self, w):
         w = ops.convert_to_tensor(w)
         if len(w.shape) != 2:
-            raise ValueError(
-                f"DoublyStochastic applies to 2-D matrices. Received: shape={w.shape}"
-            )
+            raise ValueError(f"DoublyStochastic applies to 2-D matrices. Received: shape={w.shape}")
         for _ in range(self.iterations):
             w = ops.maximum(w, 0.0)
             w = w / ops.maximum(ops.sum(w, axis=0, keepdims=True), _MIN_SUM)

@@ -70,14 +70,17 @@ class RelaxedShuffle(keras.layers.Layer):
         self.seed = seed
         self.matrix = None
         self._permutation = (
-            None if permutation is None else permutations._as_permutation(permutation, "permutation")
+            None
+            if permutation is None
+            else permutations._as_permutation(permutation, "permutation")
         )
 
     def build(self, input_shape):
         channels = input_shape[self._channel_axis]
         if channels is None:
             raise ValueError(
-                f"RelaxedShuffle needs a known channel dimension. Received: input_shape={input_shape}"
+                "RelaxedShuffle needs a known channel dimension. "
+                f"Received: input_shape={input_shape}"
             )
         if self._permutation is not None:
             if self._permutation.size != channels:
@@ -236,7 +239,7 @@ class ChannelShuffle(keras.layers.Layer):
 
 
 def shuffle_layers(model):
-    """The model's shuffle layers (RelaxedShuffle and ChannelShuffle), in order, nested models included."""
+    """The model's RelaxedShuffle and ChannelShuffle layers in order, nested models included."""
     found = []
     for layer in model.layers if hasattr(model, "layers") else []:
         if isinstance(layer, (RelaxedShuffle, ChannelShuffle)):
