@@ -1,0 +1,40 @@
+"""Shared test setup: two logical CPU devices, seeds, and a clean Keras state per test."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras  # noqa: E402
+import pytest  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+# Logical devices must be configured before TensorFlow initialises its devices, i.e. at
+# import time, before any test touches a tensor. Two CPUs let MirroredStrategy run
+# on this machine; everything else still runs on the first one.
+_cpus = tf.config.list_physical_devices("CPU")
+try:
+    tf.config.set_logical_device_configuration(
+        _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2
+    )
+except RuntimeError:  # devices already initialised by another plugin/conftest
+    pass
+
+
+@pytest.fixture(autouse=True)
+def _clean_keras_state():
+    """Seeds every RNG and resets Keras's global state before and after each test."""
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(1234)
+    yield
+    keras.mixed_precision.set_global_policy("float32")
+    keras.config.set_image_data_format("channels_last")
+    keras.backend.clear_session()
+
+
+@pytest.fixture
+def two_cpus():
+    """Names of the two logical CPU devices set up above."""
+    devices = [d.name for d in tf.config.list_logical_devices("CPU")]
+    if len(devices) < 2:
+        pytest.fail(f"expected two logical CPU devices (TF initialised too early?): {devices}")
+    return devices[:2]

@@ -1,0 +1,124 @@
+"""Tests of the l1-2 penalty, Eq. (1), and Theorem 1."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from keras_autoshuffle import L12Penalty, l12_penalty, permutation_matrix
+
+
+def _numpy_penalty(m):
+    """Eq. (1) written out independently: rows plus columns, l1 minus l2."""
+    m = np.asarray(m, dtype=np.float64)
+    total = 0.0
+    for vector in list(m) + list(m.T):
+        total += np.sum(np.abs(vector)) - np.sqrt(np.sum(vector**2))
+    return total
+
+
+def _sinkhorn(m, passes=500):
+    for _ in range(passes):
+        m = m / m.sum(axis=0, keepdims=True)
+        m = m / m.sum(axis=1, keepdims=True)
+    return m
+
+
+def _penalty(m):
+    return float(keras.ops.convert_to_numpy(l12_penalty(np.asarray(m, dtype="float32"))))
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, 16])
+def test_theorem1_zero_on_permutations(n):
+    perm = np.random.default_rng(n).permutation(n)
+    assert _penalty(permutation_matrix(perm)) == 0.0
+
+
+def test_theorem1_positive_on_doubly_stochastic_non_permutations():
+    rng = np.random.default_rng(0)
+    candidates = [np.full((4, 4), 0.25), _sinkhorn(rng.random((5, 5)))]
+    # Convex combinations of two permutations (Birkhoff polytope, off the vertices).
+    for t in (0.01, 0.3, 0.5):
+        candidates.append(t * permutation_matrix(rng.permutation(6)) + (1 - t) * np.eye(6))
+    for m in candidates:
+        assert np.allclose(m.sum(axis=0), 1) and np.allclose(m.sum(axis=1), 1)
+        value = _penalty(m)
+        assert value > 1e-3
+        assert value == pytest.approx(_numpy_penalty(m), rel=1e-5)
+
+
+def test_values_match_numpy():
+    rng = np.random.default_rng(1)
+    # Arbitrary matrices, negative entries included: the l1 terms use |m_ij|.
+    for shape in [(3, 3), (7, 7), (4, 6)]:
+        m = rng.normal(size=shape)
+        assert _penalty(m) == pytest.approx(_numpy_penalty(m), rel=1e-5)
+    # Q(q) = [[q, 1-q], [1-q, q]]: P = 4 (1 - sqrt(q^2 + (1-q)^2)) (paper, Section 3).
+    for q in (0.0, 0.2, 0.5, 2 / 3, 1.0):
+        m = np.array([[q, 1 - q], [1 - q, q]])
+        assert _penalty(m) == pytest.approx(4 * (1 - np.sqrt(q**2 + (1 - q) ** 2)), abs=1e-6)
+
+
+def test_penalty_is_float32_for_half_precision_input():
+    m = np.random.default_rng(2).random((8, 8))
+    value = l12_penalty(keras.ops.cast(m, "bfloat16"))
+    assert keras.backend.standardize_dtype(value.dtype) == "float32"
+
+
+@pytest.mark.parametrize(
+    "m",
+    [
+        np.zeros((3, 3)),
+        np.array([[0.0, 0.0, 0.0], [0.2, 0.5, 0.3], [0.8, 0.5, 0.7]]),  # a zero row
+        np.array([[0.0, 0.4, 0.6], [0.0, 0.5, 0.5], [0.0, 0.1, 0.9]]),  # a zero column
+        np.eye(3),  # one-hot rows and columns
+        np.array([[1.0, 0.0, 0.0], [0.0, 0.3, 0.7], [0.0, 0.7, 0.3]]),  # one one-hot row
+    ],
+)
+def test_gradient_is_finite_at_zero_and_one_hot(m):
+    variable = tf.Variable(m, dtype="float32")
+    with tf.GradientTape() as tape:
+        value = l12_penalty(variable)
+    gradient = tape.gradient(value, variable).numpy()
+    assert np.all(np.isfinite(gradient))
+    assert np.isfinite(float(value))
+    # Where every line through an entry is non-zero the gradient is the analytic one:
+    # sign(m_ij) - m_ij / ||row_i|| + sign(m_ij) - m_ij / ||col_j||.
+    rows = np.linalg.norm(m, axis=1, keepdims=True)
+    cols = np.linalg.norm(m, axis=0, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        analytic = 2 * np.sign(m) - m / rows - m / cols
+    defined = (rows > 0) & (cols > 0) & (m != 0)
+    np.testing.assert_allclose(gradient[defined], analytic[defined], rtol=1e-5, atol=1e-6)
+
+
+def test_l12_penalty_rejects_non_matrices():
+    with pytest.raises(ValueError, match="shape"):
+        l12_penalty(np.ones((2, 2, 2), dtype="float32"))
+
+
+def test_regularizer_scales_penalty():
+    m = np.random.default_rng(3).random((5, 5)).astype("float32")
+    value = float(L12Penalty(0.25)(keras.ops.convert_to_tensor(m)))
+    assert value == pytest.approx(0.25 * _numpy_penalty(m), rel=1e-5)
+
+
+def test_regularizer_rank_check():
+    with pytest.raises(ValueError, match="rank-2"):
+        L12Penalty(1.0)(keras.ops.ones((3, 3, 3)))
+
+
+@pytest.mark.parametrize("strength", [-1e-3, float("nan"), float("inf"), "strong", None])
+def test_regularizer_strength_validation(strength):
+    with pytest.raises(ValueError, match="strength"):
+        L12Penalty(strength)
+
+
+def test_regularizer_serialization():
+    regularizer = L12Penalty(2e-3)
+    config = keras.saving.serialize_keras_object(regularizer)
+    assert config["registered_name"] == "keras_autoshuffle>L12Penalty"
+    restored = keras.saving.deserialize_keras_object(config, safe_mode=True)
+    assert isinstance(restored, L12Penalty)
+    assert restored.get_config() == {"strength": 2e-3}
+    assert keras.regularizers.get(config).strength == 2e-3
