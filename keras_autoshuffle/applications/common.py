@@ -1,0 +1,319 @@
+"""Pieces shared by the ShuffleNet v1 / v2 builders: argument checks, input handling,
+the BatchNormalization factory, the channel split, the shuffle factory, the classifier
+head, `preprocess_input` and the multiply-add counter."""
+
+import os
+
+import keras
+import numpy as np
+from keras import layers, ops
+
+from keras_autoshuffle.layers import ChannelShuffle, RelaxedShuffle
+
+SHUFFLES = ("manual", "auto")
+STEMS = ("imagenet", "cifar", "auto")
+POOLINGS = (None, "avg", "max")
+# "auto" picks the CIFAR stem when both spatial sides are at most this.
+CIFAR_MAX_SIDE = 64
+# Total stride of the network for each stem: the smallest accepted input side.
+MIN_SIZE = {"imagenet": 32, "cifar": 8}
+
+# torchvision's ImageNet statistics (inputs scaled to [0, 1] first).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def channel_axis():
+    """The channel axis of an image tensor for Keras's current `image_data_format()`."""
+    return -1 if keras.config.image_data_format() == "channels_last" else 1
+
+
+def batch_norm(name):
+    """BatchNormalization as PyTorch trains ShuffleNets (momentum 0.1 there, 0.9 here).
+
+    Keras's default momentum of 0.99 leaves the moving statistics far behind the
+    weights during short trainings: evaluation accuracy stays at chance.
+    """
+    return layers.BatchNormalization(axis=channel_axis(), momentum=0.9, epsilon=1e-5, name=name)
+
+
+def conv(filters, kernel_size, name, strides=1, groups=1):
+    """A bias-free convolution with 'same' padding (see the module docstrings on padding)."""
+    return layers.Conv2D(
+        filters,
+        kernel_size,
+        strides=strides,
+        padding="same",
+        groups=groups,
+        use_bias=False,
+        name=name,
+    )
+
+
+def dwconv(strides, name):
+    """A bias-free 3x3 depthwise convolution with 'same' padding."""
+    return layers.DepthwiseConv2D(3, strides=strides, padding="same", use_bias=False, name=name)
+
+
+def shuffle_layer(shuffle, groups, penalty, name):
+    """The unit's shuffle: ChannelShuffle(groups) for "manual", RelaxedShuffle for "auto"."""
+    data_format = keras.config.image_data_format()
+    if shuffle == "auto":
+        return RelaxedShuffle(penalty=penalty, data_format=data_format, name=name)
+    return ChannelShuffle(groups, data_format=data_format, name=name)
+
+
+@keras.saving.register_keras_serializable(package="keras_autoshuffle")
+class ChannelSplit(keras.layers.Layer):
+    """Splits the channel axis into two halves: ShuffleNet v2's channel split.
+
+    Args:
+        data_format: "channels_last" or "channels_first" (default: Keras's).
+
+    Returns:
+        A list `[first_half, second_half]`.
+
+    Reference:
+        Ma et al., ShuffleNet V2, https://arxiv.org/abs/1807.11164
+    """
+
+    def __init__(self, data_format=None, **kwargs):
+        super().__init__(**kwargs)
+        self.data_format = data_format or keras.config.image_data_format()
+        if self.data_format not in ("channels_last", "channels_first"):
+            raise ValueError(
+                "`data_format` must be 'channels_last' or 'channels_first'. "
+                f"Received: data_format={data_format!r}"
+            )
+        self._axis = -1 if self.data_format == "channels_last" else 1
+
+    def build(self, input_shape):
+        channels = input_shape[self._axis]
+        if channels is None or channels % 2:
+            raise ValueError(
+                "ChannelSplit needs a known, even channel count. "
+                f"Received: input_shape={input_shape}"
+            )
+
+    def call(self, inputs):
+        return ops.split(inputs, 2, axis=self._axis)
+
+    def compute_output_shape(self, input_shape):
+        half = list(input_shape)
+        half[self._axis] = input_shape[self._axis] // 2
+        return [tuple(half), tuple(half)]
+
+    def get_config(self):
+        return {**super().get_config(), "data_format": self.data_format}
+
+
+def check_choice(value, allowed, arg):
+    """Raises ValueError unless `value` is one of `allowed` (bools never pass as numbers)."""
+    if isinstance(value, bool) or value not in allowed:
+        raise ValueError(f"`{arg}` must be one of {list(allowed)}. Received: {arg}={value!r}")
+    return value
+
+
+def check_common_args(
+    weights, shuffle, penalty, stem, include_top, pooling, classes, classifier_activation
+):
+    """Validates the arguments shared by both families, in a fixed order."""
+    if weights is not None and not (
+        isinstance(weights, (str, os.PathLike)) and os.path.isfile(weights)
+    ):
+        hint = " No pretrained weights are published." if weights == "imagenet" else ""
+        raise ValueError(
+            "`weights` must be None (random initialization) or the path to an existing "
+            f"weights file.{hint} Received: weights={weights!r}"
+        )
+    check_choice(shuffle, SHUFFLES, "shuffle")
+    if (
+        isinstance(penalty, bool)
+        or not isinstance(penalty, (int, float, np.floating, np.integer))
+        or not np.isfinite(penalty)
+        or penalty < 0
+    ):
+        raise ValueError(f"`penalty` must be a finite number >= 0. Received: penalty={penalty!r}")
+    check_choice(stem, STEMS, "stem")
+    if not isinstance(include_top, bool):
+        raise ValueError(
+            f"`include_top` must be True or False. Received: include_top={include_top!r}"
+        )
+    if pooling not in POOLINGS:
+        raise ValueError(
+            f"`pooling` must be one of {list(POOLINGS)}. Received: pooling={pooling!r}"
+        )
+    if include_top:
+        if isinstance(classes, bool) or not isinstance(classes, (int, np.integer)) or classes < 1:
+            raise ValueError(f"`classes` must be a positive integer. Received: classes={classes!r}")
+        try:
+            keras.activations.get(classifier_activation)
+        except (ValueError, TypeError) as error:
+            raise ValueError(
+                "`classifier_activation` must be None or a Keras activation. "
+                f"Received: classifier_activation={classifier_activation!r}"
+            ) from error
+
+
+def resolve_input(input_tensor, input_shape, include_top, stem):
+    """Makes the model input and picks the stem (a small `obtain_input_shape`).
+
+    With neither `input_tensor` nor `input_shape`, the input is 224x224x3 when
+    `include_top` (as keras.applications) and (None, None, 3) otherwise. Any channel
+    count is accepted. "auto" picks the CIFAR stem when both spatial sides are known
+    and at most 64.
+
+    Returns:
+        `(model_inputs, x, stem)`: the tensors the model starts from (the source inputs
+        of `input_tensor` when given), the image tensor, and "imagenet" or "cifar".
+    """
+    first = keras.config.image_data_format() == "channels_first"
+    if input_tensor is not None and input_shape is None:
+        input_shape = tuple(input_tensor.shape[1:])
+    if input_shape is None:
+        side = 224 if include_top else None
+        input_shape = (3, side, side) if first else (side, side, 3)
+    try:
+        input_shape = tuple(None if d is None else int(d) for d in input_shape)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            "`input_shape` must be a tuple of three integers. "
+            f"Received: input_shape={input_shape!r}"
+        ) from error
+    if len(input_shape) != 3 or any(d is not None and d < 1 for d in input_shape):
+        raise ValueError(
+            "`input_shape` must be a tuple of three positive integers (height, width, channels "
+            f"for channels_last). Received: input_shape={input_shape}"
+        )
+    sides = input_shape[1:] if first else input_shape[:2]
+    channels = input_shape[0] if first else input_shape[-1]
+    if channels is None:
+        raise ValueError(f"The channel count must be known. Received: input_shape={input_shape}")
+    if stem == "auto":
+        small = all(s is not None and s <= CIFAR_MAX_SIDE for s in sides)
+        stem = "cifar" if small else "imagenet"
+    if any(s is not None and s < MIN_SIZE[stem] for s in sides):
+        raise ValueError(
+            f"Input sides must be at least {MIN_SIZE[stem]} with the {stem} stem. "
+            f"Received: input_shape={input_shape}"
+        )
+    if input_tensor is None:
+        inputs = layers.Input(shape=input_shape)
+        return inputs, inputs, stem
+    if not keras.backend.is_keras_tensor(input_tensor):
+        x = layers.Input(tensor=input_tensor, shape=input_shape)
+        return x, x, stem
+    if tuple(input_tensor.shape[1:]) != input_shape:
+        raise ValueError(
+            f"`input_shape` {input_shape} does not match `input_tensor`'s shape "
+            f"{tuple(input_tensor.shape[1:])}. Received: input_shape={input_shape}"
+        )
+    return keras.utils.get_source_inputs(input_tensor), input_tensor, stem
+
+
+def finish(inputs, x, include_top, pooling, classes, classifier_activation, weights, name):
+    """Adds the classifier (or the optional pooling), makes the Model, loads `weights`."""
+    if include_top:
+        x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
+        x = layers.Dense(classes, activation=classifier_activation, name="predictions")(x)
+    elif pooling == "avg":
+        x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
+    elif pooling == "max":
+        x = layers.GlobalMaxPooling2D(name="max_pool")(x)
+    model = keras.Model(inputs, x, name=name)
+    if weights is not None:
+        model.load_weights(weights)
+    return model
+
+
+def width_name(width):
+    """`1.5` -> `"x1_5"`, torchvision's variant suffix."""
+    return "x" + f"{float(width):g}".replace(".", "_") + ("_0" if float(width).is_integer() else "")
+
+
+def preprocess_input(x, data_format=None):
+    """Scales pixels from [0, 255] to [0, 1], then normalises each RGB channel with
+    ImageNet's mean and standard deviation (torchvision's "torch" mode).
+
+    Args:
+        x: a float array or tensor of RGB images, values in [0, 255], rank 3 or 4.
+        data_format: "channels_last" or "channels_first" (default: Keras's).
+
+    Returns:
+        The preprocessed images, same shape (a NumPy array for NumPy input).
+    """
+    data_format = data_format or keras.config.image_data_format()
+    if data_format not in ("channels_last", "channels_first"):
+        raise ValueError(
+            "`data_format` must be 'channels_last' or 'channels_first'. "
+            f"Received: data_format={data_format!r}"
+        )
+    is_numpy = isinstance(x, np.ndarray)
+    x = ops.convert_to_tensor(x)
+    if not keras.backend.is_float_dtype(x.dtype):
+        x = ops.cast(x, keras.config.floatx())
+    axis = -1 if data_format == "channels_last" else (0 if len(x.shape) == 3 else 1)
+    if len(x.shape) not in (3, 4) or x.shape[axis] != 3:
+        raise ValueError(
+            f"`x` must be RGB images of rank 3 or 4 with 3 channels ({data_format}). "
+            f"Received: x.shape={tuple(x.shape)}"
+        )
+    shape = [1] * len(x.shape)
+    shape[axis] = 3
+    mean = ops.reshape(ops.convert_to_tensor(IMAGENET_MEAN, dtype=x.dtype), shape)
+    std = ops.reshape(ops.convert_to_tensor(IMAGENET_STD, dtype=x.dtype), shape)
+    x = (x / 255.0 - mean) / std
+    return ops.convert_to_numpy(x) if is_numpy else x
+
+
+def _layer_macs(layer):
+    """Multiply-adds of one layer for the shapes it was last built on."""
+    if isinstance(layer, RelaxedShuffle):
+        if layer.is_hardened:
+            return 0
+        # N^2 per pixel = (pixels * N) * N.
+        return int(np.prod(layer.output.shape[1:])) * layer.matrix.shape[0]
+    if isinstance(layer, layers.DepthwiseConv2D):
+        return int(np.prod(layer.output.shape[1:]) * np.prod(layer.kernel_size))
+    if isinstance(layer, layers.Conv2D):
+        out = layer.output.shape
+        first = layer.data_format == "channels_first"
+        in_channels = layer.input.shape[1 if first else -1]
+        per_output = np.prod(layer.kernel_size) * in_channels // layer.groups
+        return int(np.prod(out[1:]) * per_output)
+    if isinstance(layer, layers.Dense):
+        return int(np.prod(layer.input.shape[1:]) * layer.units)
+    if hasattr(layer, "layers"):
+        return sum(_layer_macs(inner) for inner in layer.layers)
+    return 0
+
+
+def count_macs(model, input_shape=None):
+    """Counts a model's multiply-adds per image.
+
+    Counted: Conv2D (grouped included), DepthwiseConv2D, Dense, and relaxed shuffles
+    (N^2 per pixel). Not counted (as torchvision and megvii): BatchNormalization,
+    activations, pooling, additions, concatenation; ChannelShuffle and hardened
+    shuffles (a data movement) cost 0.
+
+    Args:
+        model: a functional Keras model.
+        input_shape: the image shape without the batch axis, e.g. (224, 224, 3);
+            default: the model's own input shape, which must then be fully known.
+            With another shape the model is cloned on a new input (same layers'
+            configs, new weights), which takes a few seconds for a large net.
+
+    Returns:
+        The number of multiply-adds for one image (an int).
+    """
+    if input_shape is not None:
+        input_shape = tuple(input_shape)
+        if tuple(model.input.shape[1:]) != input_shape:
+            model = keras.models.clone_model(model, input_tensors=keras.Input(shape=input_shape))
+    shape = tuple(model.input.shape[1:])
+    if any(d is None for d in shape):
+        raise ValueError(
+            "The model's input shape is not fully known; pass `input_shape`. "
+            f"Received: input_shape={input_shape}"
+        )
+    return int(sum(_layer_macs(layer) for layer in model.layers))

@@ -1,0 +1,269 @@
+"""ShuffleNet v1 and AutoShuffleNet v1 (megvii official architecture).
+
+Layer names, in order (S = stage 2..4, K = unit 1..repeats):
+
+    stem:  stem_conv, stem_bn, stem_relu, stem_pool (imagenet stem only)
+    every unit:
+        stageS_unitK_conv1 (1x1, grouped except in stage2_unit1), _bn1, _relu1,
+        stageS_unitK_shuffle (see below), _dwconv (3x3, stride 2 in unit 1), _dwbn,
+        stageS_unitK_conv2 (1x1 grouped), _bn2
+    down-sampling unit (K = 1): stageS_unit1_relu2 (branch), stageS_unit1_pool
+        (3x3 stride-2 average pool of the unit input), stageS_unit1_concat ([pool, branch])
+    basic unit (K > 1): stageS_unitK_add (input + branch), stageS_unitK_relu2
+    head:  avg_pool, predictions (include_top) or avg_pool / max_pool (pooling);
+           v1 has no head convolution.
+
+The bottleneck is `out // 4` for the stage's output width `out`, computed before a
+down-sampling unit subtracts its input channels from the branch output.
+
+`_shuffle` sits between the first 1x1 conv (+BN+ReLU) and the depthwise conv, where the
+paper's Figs. put it (megvii's code shuffles after the depthwise conv + BN; for a fixed
+permutation the two are the same network up to a permutation of the depthwise weights).
+"manual": ChannelShuffle(groups) when groups > 1, no layer when groups == 1 (megvii).
+"auto": a RelaxedShuffle in every unit, for groups == 1 too (there it learns a mixing /
+permutation between the 1x1 conv and the depthwise conv; hardened, it folds into conv1).
+
+Padding: Keras's 'same' for the 3x3 convolutions and pools (see shufflenet_v2.py: the
+same sizes, parameters and MACs as PyTorch's padding=1, a one-pixel grid shift on even
+sides, and no separate PAD op in TF / LiteRT). The average-pool shortcut averages over the
+valid pixels only at the border (TF's 'same'), where PyTorch divides by 9.
+"""
+
+import keras
+from keras import layers
+
+from keras_autoshuffle.applications import common
+
+# Stage-2 output width at 1.0x per groups (the paper's Table 1; stages 3, 4 double it).
+STAGE2_WIDTHS = {1: 144, 2: 200, 3: 240, 4: 272, 8: 384}
+STEM_WIDTH = 24
+WIDTHS = (0.25, 0.5, 1.0, 1.5, 2.0)
+# (groups, width): stem, stage2, stage3, stage4, exactly as megvii's ShuffleNetV1 code.
+# Other pairs scale the 1.0x widths (stem included) and round them: see `v1_channels`.
+MEGVII_CONFIGS = {
+    (3, 0.5): (12, 120, 240, 480),
+    (3, 1.0): (24, 240, 480, 960),
+    (3, 1.5): (24, 360, 720, 1440),
+    (3, 2.0): (48, 480, 960, 1920),
+    (8, 0.5): (16, 192, 384, 768),
+    (8, 1.0): (24, 384, 768, 1536),
+    (8, 1.5): (24, 576, 1152, 2304),
+    (8, 2.0): (48, 768, 1536, 3072),
+}
+# Units per stage 2, 3, 4.
+REPEATS = (4, 8, 4)
+
+BASE_DOCSTRING = """Instantiates the {title} architecture.
+
+    {summary} Stage repeats 4, 8, 4. Stage-2 width at 1.0x by groups: g1 144, g2 200,
+    g3 240, g4 272, g8 384 (stages 3, 4 double it), stem 24. For g3 and g8 the widths
+    0.5, 1.5, 2.0 use megvii's tables; other pairs scale every width by `width`
+    (truncating). Each unit's bottleneck (stage width // 4) and conv2 output must
+    divide by `groups`; pairs where they do not raise a ValueError (e.g. g8 at 0.25x).
+    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults).
+
+    Args:
+        width: width multiplier, one of 0.25, 0.5, 1.0, 1.5, 2.0 (default {width}).
+        groups: groups of the 1x1 convolutions, one of 1, 2, 3, 4, 8.
+        include_top: whether to include the global pooling and the classifier.
+        weights: None (random initialization) or the path to a weights file.
+        input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
+        input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
+            Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
+        pooling: with `include_top=False`: None (4D feature map), "avg" or "max".
+        classes: number of classes (with `include_top`).
+        classifier_activation: activation of the "predictions" layer; None gives logits.
+        name: model name (default `{prefix}_g<groups>_<width>`, e.g. `{prefix}_g3_x1_0`).
+        shuffle: "manual" (ChannelShuffle(groups), none for groups=1) or "auto"
+            (RelaxedShuffle in every unit) (default "{shuffle}").
+        penalty: lambda of the relaxed shuffles' l1-2 penalty (default 1e-3).
+        stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar"
+            (3x3 stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial
+            sides are at most 64).
+
+    Returns:
+        A `keras.Model`.
+
+    Reference:
+        - Zhang et al., ShuffleNet, https://arxiv.org/abs/1707.01083
+        - Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
+"""
+
+
+def v1_channels(groups, width):
+    """(stem, stage2, stage3, stage4) output channels for `groups` and `width`.
+
+    megvii's table where it has the pair; otherwise each 1.0x width times `width`,
+    rounded to the nearest multiple of `4 * groups` (the stem: of `groups`), so that
+    every bottleneck (width // 4) and every grouped conv divides by `groups`. This
+    keeps the 1.0x rows and osmr's g3 0.25x (6, 60, 120, 240) unchanged.
+    """
+    if (groups, width) in MEGVII_CONFIGS:
+        return MEGVII_CONFIGS[groups, width]
+
+    def nearest(value, divisor):
+        return max(divisor, int(value / divisor + 0.5) * divisor)
+
+    base = STAGE2_WIDTHS[groups]
+    stages = tuple(nearest(base * 2**i * width, 4 * groups) for i in range(3))
+    return (nearest(STEM_WIDTH * width, groups), *stages)
+
+
+def _unit(inputs, filters, groups, stride, first_group, shuffle, penalty, prefix):
+    """One unit: `inputs` -> `filters` channels; stride 2 concats an avg-pool shortcut."""
+    bottleneck = filters // 4
+    branch = filters - inputs if stride == 2 else filters
+    bn = common.batch_norm
+
+    def apply(x):
+        shortcut = x
+        x = common.conv(bottleneck, 1, f"{prefix}_conv1", groups=1 if first_group else groups)(x)
+        x = bn(f"{prefix}_bn1")(x)
+        x = layers.ReLU(name=f"{prefix}_relu1")(x)
+        if shuffle == "auto" or groups > 1:
+            x = common.shuffle_layer(shuffle, groups, penalty, f"{prefix}_shuffle")(x)
+        x = common.dwconv(stride, f"{prefix}_dwconv")(x)
+        x = bn(f"{prefix}_dwbn")(x)
+        x = common.conv(branch, 1, f"{prefix}_conv2", groups=groups)(x)
+        x = bn(f"{prefix}_bn2")(x)
+        if stride == 1:
+            x = layers.Add(name=f"{prefix}_add")([shortcut, x])
+            return layers.ReLU(name=f"{prefix}_relu2")(x)
+        x = layers.ReLU(name=f"{prefix}_relu2")(x)
+        shortcut = layers.AveragePooling2D(3, strides=2, padding="same", name=f"{prefix}_pool")(
+            shortcut
+        )
+        return layers.Concatenate(axis=common.channel_axis(), name=f"{prefix}_concat")(
+            [shortcut, x]
+        )
+
+    return apply
+
+
+def _shufflenet_v1(
+    width,
+    groups,
+    include_top,
+    weights,
+    input_tensor,
+    input_shape,
+    pooling,
+    classes,
+    classifier_activation,
+    name,
+    shuffle,
+    penalty,
+    stem,
+    prefix,
+):
+    common.check_common_args(
+        weights, shuffle, penalty, stem, include_top, pooling, classes, classifier_activation
+    )
+    common.check_choice(width, WIDTHS, "width")
+    common.check_choice(groups, tuple(STAGE2_WIDTHS), "groups")
+    channels = v1_channels(groups, width)
+    inputs, x, stem = common.resolve_input(input_tensor, input_shape, include_top, stem)
+
+    x = common.conv(channels[0], 3, "stem_conv", strides=2 if stem == "imagenet" else 1)(x)
+    x = common.batch_norm("stem_bn")(x)
+    x = layers.ReLU(name="stem_relu")(x)
+    if stem == "imagenet":
+        x = layers.MaxPooling2D(3, strides=2, padding="same", name="stem_pool")(x)
+    in_channels = channels[0]
+    for stage, (filters, repeats) in enumerate(zip(channels[1:], REPEATS, strict=True), 2):
+        for unit in range(1, repeats + 1):
+            stride = 2 if unit == 1 else 1
+            first_group = stage == 2 and unit == 1
+            prefix_ = f"stage{stage}_unit{unit}"
+            x = _unit(in_channels, filters, groups, stride, first_group, shuffle, penalty, prefix_)(
+                x
+            )
+            in_channels = filters
+
+    name = name or f"{prefix}_g{groups}_{common.width_name(width)}"
+    return common.finish(
+        inputs, x, include_top, pooling, classes, classifier_activation, weights, name
+    )
+
+
+def ShuffleNetV1(
+    width=1.0,
+    groups=3,
+    include_top=True,
+    weights=None,
+    input_tensor=None,
+    input_shape=None,
+    pooling=None,
+    classes=1000,
+    classifier_activation="softmax",
+    name=None,
+    shuffle="manual",
+    penalty=1e-3,
+    stem="auto",
+) -> keras.Model:
+    return _shufflenet_v1(
+        width,
+        groups,
+        include_top,
+        weights,
+        input_tensor,
+        input_shape,
+        pooling,
+        classes,
+        classifier_activation,
+        name,
+        shuffle,
+        penalty,
+        stem,
+        prefix="shufflenet_v1" if shuffle == "manual" else "autoshufflenet_v1",
+    )
+
+
+def AutoShuffleNetV1(
+    width=1.0,
+    groups=3,
+    include_top=True,
+    weights=None,
+    input_tensor=None,
+    input_shape=None,
+    pooling=None,
+    classes=1000,
+    classifier_activation="softmax",
+    name=None,
+    shuffle="auto",
+    penalty=1e-3,
+    stem="auto",
+) -> keras.Model:
+    return _shufflenet_v1(
+        width,
+        groups,
+        include_top,
+        weights,
+        input_tensor,
+        input_shape,
+        pooling,
+        classes,
+        classifier_activation,
+        name,
+        shuffle,
+        penalty,
+        stem,
+        prefix="autoshufflenet_v1" if shuffle == "auto" else "shufflenet_v1",
+    )
+
+
+ShuffleNetV1.__doc__ = BASE_DOCSTRING.format(
+    title="ShuffleNet v1",
+    summary="The megvii network with a fixed channel shuffle by default.",
+    width=1.0,
+    prefix="shufflenet_v1",
+    shuffle="manual",
+)
+AutoShuffleNetV1.__doc__ = BASE_DOCSTRING.format(
+    title="AutoShuffleNet v1",
+    summary="ShuffleNet v1 whose shuffles are learned (RelaxedShuffle, hardened after "
+    "training). The same defaults as the manual builder, so only the shuffles differ.",
+    width=1.0,
+    prefix="autoshufflenet_v1",
+    shuffle="auto",
+)

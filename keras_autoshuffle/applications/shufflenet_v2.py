@@ -1,0 +1,242 @@
+"""ShuffleNet v2 and AutoShuffleNet v2 (torchvision / megvii architecture).
+
+Layer names, in order (S = stage 2..4, K = unit 1..repeats):
+
+    stem:  stem_conv, stem_bn, stem_relu, stem_pool (imagenet stem only)
+    down-sampling unit (K = 1, stride 2), two branches on the same input:
+        left:  stageS_unit1_left_dwconv, _left_dwbn, _left_conv, _left_bn, _left_relu
+        right: stageS_unit1_conv1, _bn1, _relu1, _dwconv, _dwbn, _conv2, _bn2, _relu2
+        stageS_unit1_concat ([left, right]), stageS_unit1_shuffle
+    basic unit (K > 1):
+        stageS_unitK_split (channel halves [identity, branch]),
+        branch: stageS_unitK_conv1, _bn1, _relu1, _dwconv, _dwbn, _conv2, _bn2, _relu2
+        stageS_unitK_concat ([identity, branch]), stageS_unitK_shuffle
+    head:  head_conv, head_bn, head_relu, then avg_pool, predictions (include_top)
+           or avg_pool / max_pool (pooling)
+
+`_shuffle` is ChannelShuffle(groups=2) ("manual") or RelaxedShuffle ("auto"), after the
+concat as in the paper's Fig. unit2.
+
+Padding: every 3x3 convolution and the max-pool use Keras's 'same' padding. On an even
+input side with stride 2 this pads one pixel at the bottom/right only, where PyTorch's
+padding=1 pads one on each side: the same output sizes, parameters and MACs, a one-pixel
+shift of the sampling grid. 'same' is kept because it maps to the native SAME padding of
+TF and LiteRT convolutions and pools, with no separate PAD op in the exported graph.
+"""
+
+import keras
+from keras import layers
+
+from keras_autoshuffle.applications import common
+
+# width: stem, stage2, stage3, stage4, head (torchvision `shufflenet_v2_x*`).
+V2_CONFIGS = {
+    0.5: (24, 48, 96, 192, 1024),
+    1.0: (24, 116, 232, 464, 1024),
+    1.5: (24, 176, 352, 704, 1024),
+    2.0: (24, 244, 488, 976, 2048),
+}
+# Units per stage 2, 3, 4.
+REPEATS = (4, 8, 4)
+
+BASE_DOCSTRING = """Instantiates the {title} architecture.
+
+    {summary} Stage repeats 4, 8, 4; channels per width (stem, stages 2-4, head):
+    0.5: 24, 48, 96, 192, 1024; 1.0: 24, 116, 232, 464, 1024;
+    1.5: 24, 176, 352, 704, 1024; 2.0: 24, 244, 488, 976, 2048.
+    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults).
+
+    Args:
+        width: width multiplier, one of 0.5, 1.0, 1.5, 2.0 (default {width}).
+        include_top: whether to include the global pooling and the classifier.
+        weights: None (random initialization) or the path to a weights file.
+        input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
+        input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
+            Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
+        pooling: with `include_top=False`: None (4D feature map), "avg" or "max".
+        classes: number of classes (with `include_top`).
+        classifier_activation: activation of the "predictions" layer; None gives logits.
+        name: model name (default `{prefix}_<width>`, e.g. `{prefix}_x1_0`).
+        shuffle: "manual" (ChannelShuffle with 2 groups) or "auto" (RelaxedShuffle)
+            (default "{shuffle}").
+        penalty: lambda of the relaxed shuffles' l1-2 penalty (default 1e-3).
+        stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar"
+            (3x3 stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial
+            sides are at most 64).
+
+    Returns:
+        A `keras.Model`.
+
+    Reference:
+        - Ma et al., ShuffleNet V2, https://arxiv.org/abs/1807.11164
+        - Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
+"""
+
+
+def _down_unit(filters, shuffle, penalty, prefix):
+    """The stride-2 unit: both branches see the whole input; `filters` output channels."""
+    half = filters // 2
+    bn = common.batch_norm
+    axis = common.channel_axis()
+
+    def apply(x):
+        left = common.dwconv(2, f"{prefix}_left_dwconv")(x)
+        left = bn(f"{prefix}_left_dwbn")(left)
+        left = common.conv(half, 1, f"{prefix}_left_conv")(left)
+        left = bn(f"{prefix}_left_bn")(left)
+        left = layers.ReLU(name=f"{prefix}_left_relu")(left)
+        right = _branch(half, 2, prefix)(x)
+        x = layers.Concatenate(axis=axis, name=f"{prefix}_concat")([left, right])
+        return common.shuffle_layer(shuffle, 2, penalty, f"{prefix}_shuffle")(x)
+
+    return apply
+
+
+def _basic_unit(filters, shuffle, penalty, prefix):
+    """The stride-1 unit: half the channels pass, the other half go through the branch."""
+    axis = common.channel_axis()
+
+    def apply(x):
+        identity, x = common.ChannelSplit(name=f"{prefix}_split")(x)
+        x = _branch(filters // 2, 1, prefix)(x)
+        x = layers.Concatenate(axis=axis, name=f"{prefix}_concat")([identity, x])
+        return common.shuffle_layer(shuffle, 2, penalty, f"{prefix}_shuffle")(x)
+
+    return apply
+
+
+def _branch(filters, strides, prefix):
+    """pw conv-BN-ReLU, 3x3 dw conv-BN, pw conv-BN-ReLU."""
+    bn = common.batch_norm
+
+    def apply(x):
+        x = common.conv(filters, 1, f"{prefix}_conv1")(x)
+        x = bn(f"{prefix}_bn1")(x)
+        x = layers.ReLU(name=f"{prefix}_relu1")(x)
+        x = common.dwconv(strides, f"{prefix}_dwconv")(x)
+        x = bn(f"{prefix}_dwbn")(x)
+        x = common.conv(filters, 1, f"{prefix}_conv2")(x)
+        x = bn(f"{prefix}_bn2")(x)
+        return layers.ReLU(name=f"{prefix}_relu2")(x)
+
+    return apply
+
+
+def _shufflenet_v2(
+    width,
+    include_top,
+    weights,
+    input_tensor,
+    input_shape,
+    pooling,
+    classes,
+    classifier_activation,
+    name,
+    shuffle,
+    penalty,
+    stem,
+    prefix,
+):
+    common.check_common_args(
+        weights, shuffle, penalty, stem, include_top, pooling, classes, classifier_activation
+    )
+    common.check_choice(width, tuple(V2_CONFIGS), "width")
+    inputs, x, stem = common.resolve_input(input_tensor, input_shape, include_top, stem)
+    channels = V2_CONFIGS[width]
+
+    x = common.conv(channels[0], 3, "stem_conv", strides=2 if stem == "imagenet" else 1)(x)
+    x = common.batch_norm("stem_bn")(x)
+    x = layers.ReLU(name="stem_relu")(x)
+    if stem == "imagenet":
+        x = layers.MaxPooling2D(3, strides=2, padding="same", name="stem_pool")(x)
+    for stage, (filters, repeats) in enumerate(zip(channels[1:4], REPEATS, strict=True), 2):
+        for unit in range(1, repeats + 1):
+            block = _down_unit if unit == 1 else _basic_unit
+            x = block(filters, shuffle, penalty, f"stage{stage}_unit{unit}")(x)
+    x = common.conv(channels[4], 1, "head_conv")(x)
+    x = common.batch_norm("head_bn")(x)
+    x = layers.ReLU(name="head_relu")(x)
+
+    name = name or f"{prefix}_{common.width_name(width)}"
+    return common.finish(
+        inputs, x, include_top, pooling, classes, classifier_activation, weights, name
+    )
+
+
+def ShuffleNetV2(
+    width=1.0,
+    include_top=True,
+    weights=None,
+    input_tensor=None,
+    input_shape=None,
+    pooling=None,
+    classes=1000,
+    classifier_activation="softmax",
+    name=None,
+    shuffle="manual",
+    penalty=1e-3,
+    stem="auto",
+) -> keras.Model:
+    return _shufflenet_v2(
+        width,
+        include_top,
+        weights,
+        input_tensor,
+        input_shape,
+        pooling,
+        classes,
+        classifier_activation,
+        name,
+        shuffle,
+        penalty,
+        stem,
+        prefix="shufflenet_v2" if shuffle == "manual" else "autoshufflenet_v2",
+    )
+
+
+def AutoShuffleNetV2(
+    width=1.0,
+    include_top=True,
+    weights=None,
+    input_tensor=None,
+    input_shape=None,
+    pooling=None,
+    classes=1000,
+    classifier_activation="softmax",
+    name=None,
+    shuffle="auto",
+    penalty=1e-3,
+    stem="auto",
+) -> keras.Model:
+    return _shufflenet_v2(
+        width,
+        include_top,
+        weights,
+        input_tensor,
+        input_shape,
+        pooling,
+        classes,
+        classifier_activation,
+        name,
+        shuffle,
+        penalty,
+        stem,
+        prefix="autoshufflenet_v2" if shuffle == "auto" else "shufflenet_v2",
+    )
+
+
+ShuffleNetV2.__doc__ = BASE_DOCSTRING.format(
+    title="ShuffleNet v2",
+    summary="The torchvision / megvii network with a fixed channel shuffle by default.",
+    width=1.0,
+    prefix="shufflenet_v2",
+    shuffle="manual",
+)
+AutoShuffleNetV2.__doc__ = BASE_DOCSTRING.format(
+    title="AutoShuffleNet v2",
+    summary="ShuffleNet v2 whose shuffles are learned (RelaxedShuffle, hardened after "
+    "training). The same defaults as the manual builder, so only the shuffles differ.",
+    width=1.0,
+    prefix="autoshufflenet_v2",
+    shuffle="auto",
+)
