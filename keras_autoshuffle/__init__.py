@@ -1,5 +1,6 @@
 """keras-autoshuffle: learned channel permutations (AutoShuffleNet) for Keras."""
 
+from keras_autoshuffle import applications
 from keras_autoshuffle.callbacks import (
     HardenShuffles,
     RoundingMonitor,
