@@ -1,0 +1,116 @@
+"""Tests of the DoublyStochastic constraint (Algorithm 1, steps 4-6)."""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_autoshuffle import DoublyStochastic
+
+
+def _numpy_pass(m):
+    """One pass of Algorithm 1 in NumPy: clip at 0, columns, then rows."""
+    m = np.maximum(m, 0.0)
+    m = m / m.sum(axis=0, keepdims=True)
+    return m / m.sum(axis=1, keepdims=True)
+
+
+def _apply(constraint, m):
+    return keras.ops.convert_to_numpy(constraint(np.asarray(m, dtype="float32")))
+
+
+def test_one_pass_is_clip_columns_rows():
+    rng = np.random.default_rng(0)
+    for n in (2, 5, 12):
+        m = rng.normal(size=(n, n)) + 1.0  # some negative entries, no empty column
+        m[0, 0] = -0.5
+        expected = _numpy_pass(m.astype(np.float64))
+        np.testing.assert_allclose(_apply(DoublyStochastic(), m), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_one_pass_order_matters():
+    # Columns then rows: rows sum to 1 exactly, columns only approximately.
+    m = np.array([[4.0, 1.0], [1.0, 1.0]])
+    out = _apply(DoublyStochastic(1), m)
+    np.testing.assert_allclose(out.sum(axis=1), [1.0, 1.0], atol=1e-6)
+    assert not np.allclose(out.sum(axis=0), 1.0, atol=1e-3)
+    rows_then_columns = m / m.sum(axis=1, keepdims=True)
+    rows_then_columns /= rows_then_columns.sum(axis=0, keepdims=True)
+    assert not np.allclose(out, rows_then_columns, atol=1e-3)
+
+
+def test_several_passes_repeat_the_pass():
+    m = np.random.default_rng(1).random((6, 6))
+    expected = m
+    for _ in range(3):
+        expected = _numpy_pass(expected)
+    np.testing.assert_allclose(_apply(DoublyStochastic(3), m), expected, rtol=1e-5)
+
+
+def test_fifty_passes_are_doubly_stochastic():
+    m = np.abs(np.random.default_rng(2).normal(size=(16, 16)))
+    out = _apply(DoublyStochastic(50), m)
+    np.testing.assert_allclose(out.sum(axis=0), 1.0, atol=1e-5)
+    np.testing.assert_allclose(out.sum(axis=1), 1.0, atol=1e-5)
+    assert np.all(out >= 0)
+
+
+def _adversarial():
+    rng = np.random.default_rng(3)
+    zero_row = rng.random((4, 4))
+    zero_row[1] = 0.0
+    zero_column = rng.random((4, 4))
+    zero_column[:, 2] = 0.0
+    negative_row = rng.random((4, 4))
+    negative_row[0] = -rng.random(4)
+    negative_column = rng.random((4, 4))
+    negative_column[:, 3] = -5.0
+    mixed_scale = rng.random((4, 4))
+    mixed_scale[0, 0], mixed_scale[1, 1] = 1e30, 1e-30
+    return {
+        "all_zero": np.zeros((4, 4)),
+        "all_negative": -rng.random((4, 4)),
+        "zero_row": zero_row,
+        "zero_column": zero_column,
+        "negative_row": negative_row,
+        "negative_column": negative_column,
+        "huge": rng.random((4, 4)) * 1e30,
+        "tiny": rng.random((4, 4)) * 1e-30,
+        "mixed_scale": mixed_scale,
+    }
+
+
+@pytest.mark.parametrize("iterations", [1, 50])
+@pytest.mark.parametrize("name", sorted(_adversarial()))
+def test_adversarial_inputs_stay_finite(name, iterations):
+    out = _apply(DoublyStochastic(iterations), _adversarial()[name])
+    assert np.all(np.isfinite(out)), out
+    assert np.all(out >= 0), out
+    # A row never sums to more than 1 (rows are divided last).
+    assert np.all(out.sum(axis=1) <= 1 + 1e-5)
+
+
+def test_scale_invariance_on_large_values():
+    m = np.random.default_rng(4).random((5, 5))
+    np.testing.assert_allclose(
+        _apply(DoublyStochastic(), m * 1e20), _apply(DoublyStochastic(), m), rtol=1e-5
+    )
+
+
+@pytest.mark.parametrize("iterations", [0, -1, 1.5, "1", None, True])
+def test_bad_iterations_rejected(iterations):
+    with pytest.raises(ValueError, match="iterations"):
+        DoublyStochastic(iterations)
+
+
+def test_rejects_non_matrices():
+    with pytest.raises(ValueError, match="shape"):
+        DoublyStochastic()(keras.ops.ones((2, 2, 2)))
+
+
+def test_serialization():
+    constraint = DoublyStochastic(iterations=7)
+    config = keras.saving.serialize_keras_object(constraint)
+    restored = keras.saving.deserialize_keras_object(config, safe_mode=True)
+    assert isinstance(restored, DoublyStochastic)
+    assert restored.iterations == 7
+    assert keras.constraints.get(config).iterations == 7

@@ -1,0 +1,372 @@
+"""Tests of RelaxedShuffle, ChannelShuffle and the model helpers."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import layers, ops
+
+from keras_autoshuffle import (
+    ChannelShuffle,
+    RelaxedShuffle,
+    group_shuffle_permutation,
+    relaxed_shuffles,
+    shuffle_layers,
+    total_penalty,
+)
+
+
+def _numpy_penalty(m):
+    m = np.asarray(m, dtype=np.float64)
+    rows = np.abs(m).sum(axis=1) - np.sqrt((m**2).sum(axis=1))
+    cols = np.abs(m).sum(axis=0) - np.sqrt((m**2).sum(axis=0))
+    return rows.sum() + cols.sum()
+
+
+def _matrix(layer):
+    return ops.convert_to_numpy(layer.matrix)
+
+
+def _small_model(penalty=1e-2, channels=6, data_format="channels_last", seed=0):
+    shape = (4, 4, 3) if data_format == "channels_last" else (3, 4, 4)
+    inputs = keras.Input(shape)
+    x = layers.Conv2D(channels, 1, use_bias=False, data_format=data_format, name="conv")(inputs)
+    x = RelaxedShuffle(penalty=penalty, data_format=data_format, seed=seed, name="shuffle")(x)
+    x = layers.GlobalAveragePooling2D(data_format=data_format)(x)
+    outputs = layers.Dense(3, activation="softmax", name="head")(x)
+    return keras.Model(inputs, outputs)
+
+
+def _data(n=16, data_format="channels_last", seed=0):
+    rng = np.random.default_rng(seed)
+    shape = (n, 4, 4, 3) if data_format == "channels_last" else (n, 3, 4, 4)
+    return rng.normal(size=shape).astype("float32"), rng.integers(0, 3, n)
+
+
+# --- RelaxedShuffle, relaxed -------------------------------------------------------
+
+
+def test_forward_channels_last_is_x_times_m_transpose():
+    layer = RelaxedShuffle(seed=3)
+    x = np.random.default_rng(0).normal(size=(2, 5, 5, 7)).astype("float32")
+    y = ops.convert_to_numpy(layer(x))
+    m = _matrix(layer)
+    np.testing.assert_allclose(y, x @ m.T, rtol=1e-5, atol=1e-6)
+
+
+def test_forward_channels_first():
+    layer = RelaxedShuffle(seed=3, data_format="channels_first")
+    x = np.random.default_rng(0).normal(size=(2, 7, 5, 4)).astype("float32")
+    y = ops.convert_to_numpy(layer(x))
+    m = _matrix(layer)
+    expected = np.moveaxis(np.moveaxis(x, 1, -1) @ m.T, -1, 1)
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_forward_on_rank_2_and_3_inputs():
+    layer = RelaxedShuffle(seed=1)
+    x = np.random.default_rng(1).normal(size=(3, 5, 6)).astype("float32")
+    np.testing.assert_allclose(
+        ops.convert_to_numpy(layer(x)), x @ _matrix(layer).T, rtol=1e-5, atol=1e-6
+    )
+
+
+def test_initial_matrix_is_projected_abs_gaussian():
+    layer = RelaxedShuffle(seed=11)
+    layer.build((None, 9))
+    m = _matrix(layer)
+    assert m.dtype == np.float32 and m.shape == (9, 9)
+    assert np.all(m >= 0)
+    np.testing.assert_allclose(m.sum(axis=1), 1.0, atol=1e-6)  # rows are divided last
+    np.testing.assert_allclose(m.sum(axis=0), 1.0, atol=0.3)  # one pass: columns close
+    # Independent: |N(0, 1)| with the same seed, then clip -> columns -> rows in NumPy.
+    sample = np.abs(ops.convert_to_numpy(keras.random.normal((9, 9), seed=11)))
+    sample = sample / sample.sum(axis=0, keepdims=True)
+    np.testing.assert_allclose(m, sample / sample.sum(axis=1, keepdims=True), rtol=1e-5)
+
+
+def test_penalty_reaches_layer_losses():
+    layer = RelaxedShuffle(penalty=0.3, seed=2)
+    layer(np.ones((1, 8), dtype="float32"))
+    assert len(layer.losses) == 1
+    expected = 0.3 * _numpy_penalty(_matrix(layer))
+    assert float(layer.losses[0]) == pytest.approx(expected, rel=1e-5)
+    assert layer.penalty_value() == pytest.approx(expected / 0.3, rel=1e-5)
+
+
+def test_zero_penalty_adds_no_loss():
+    layer = RelaxedShuffle(penalty=0, seed=2)
+    layer(np.ones((1, 8), dtype="float32"))
+    assert layer.losses == []
+    assert layer.trainable_weights[0] is layer.matrix
+
+
+def test_fit_step_trains_and_constrains_matrix():
+    model = _small_model(penalty=1e-2)
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="sparse_categorical_crossentropy")
+    shuffle = model.get_layer("shuffle")
+    before = _matrix(shuffle)
+    x, y = _data()
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    after = _matrix(shuffle)
+    assert np.isfinite(history.history["loss"][0])
+    assert np.abs(after - before).max() > 1e-4
+    assert np.all(after >= 0)
+    np.testing.assert_allclose(after.sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_training_loss_includes_penalty():
+    model = _small_model(penalty=5.0)
+    model.compile(loss="sparse_categorical_crossentropy")
+    x, y = _data()
+    data_loss = keras.losses.SparseCategoricalCrossentropy()(y, model.predict(x, verbose=0))
+    expected = float(data_loss) + 5.0 * _numpy_penalty(_matrix(model.get_layer("shuffle")))
+    assert model.evaluate(x, y, batch_size=16, verbose=0) == pytest.approx(expected, rel=1e-4)
+
+
+def test_jit_compiled_fit():
+    model = _small_model()
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.5),
+        loss="sparse_categorical_crossentropy",
+        jit_compile=True,
+    )
+    before = _matrix(model.get_layer("shuffle"))
+    x, y = _data()
+    history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    after = _matrix(model.get_layer("shuffle"))
+    assert np.isfinite(history.history["loss"][0])
+    assert np.abs(after - before).max() > 1e-4
+    np.testing.assert_allclose(after.sum(axis=1), 1.0, atol=1e-5)
+
+
+def test_mixed_precision_keeps_matrix_float32():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        model = _small_model(penalty=1e-2)
+        shuffle = model.get_layer("shuffle")
+        assert shuffle.compute_dtype == "bfloat16"
+        assert shuffle.matrix.dtype == "float32"
+        assert keras.backend.standardize_dtype(shuffle.losses[0].dtype) == "float32"
+        model.compile(optimizer=keras.optimizers.SGD(0.5), loss="sparse_categorical_crossentropy")
+        x, y = _data()
+        history = model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+        assert np.isfinite(history.history["loss"][0])
+        assert shuffle.matrix.dtype == "float32"
+        m = _matrix(shuffle)
+        assert np.all(m >= 0)
+        np.testing.assert_allclose(m.sum(axis=1), 1.0, atol=1e-5)
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def test_mirrored_strategy_matches_one_device(two_cpus):
+    x, y = _data(n=16)
+
+    def train(strategy):
+        keras.utils.set_random_seed(7)
+        with strategy.scope():
+            model = _small_model(penalty=1e-2, seed=5)
+            model.compile(
+                optimizer=keras.optimizers.SGD(0.5), loss="sparse_categorical_crossentropy"
+            )
+        model.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
+        return model.get_weights()
+
+    single = train(tf.distribute.OneDeviceStrategy(two_cpus[0]))
+    mirrored_strategy = tf.distribute.MirroredStrategy(two_cpus)
+    assert mirrored_strategy.num_replicas_in_sync == 2
+    mirrored = train(mirrored_strategy)
+    keras.utils.set_random_seed(7)
+    initial = _small_model(penalty=1e-2, seed=5).get_weights()
+    assert any(np.abs(a - b).max() > 1e-3 for a, b in zip(initial, single, strict=True))
+    for a, b in zip(single, mirrored, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+
+
+# --- RelaxedShuffle, hardened ------------------------------------------------------
+
+
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+def test_hardened_output_is_a_gather(data_format):
+    layer = RelaxedShuffle(seed=4, data_format=data_format)
+    x = np.random.default_rng(0).normal(size=(2, 6, 3, 3)).astype("float32")
+    if data_format == "channels_last":
+        x = np.moveaxis(x, 1, -1)
+    layer(x)
+    perm = layer.harden(permutation=[5, 3, 1, 0, 2, 4])
+    assert layer.is_hardened
+    np.testing.assert_array_equal(layer.permutation, [5, 3, 1, 0, 2, 4])
+    y = ops.convert_to_numpy(layer(x))
+    expected = x[..., perm] if data_format == "channels_last" else x[:, perm]
+    np.testing.assert_array_equal(y, expected)
+    assert layer.trainable_weights == [] and layer.weights == [] and layer.losses == []
+
+
+def test_harden_picks_nearest_permutation():
+    layer = RelaxedShuffle(penalty=1.0, seed=0)
+    layer.build((None, 4))
+    target = np.array([2, 0, 3, 1])
+    near = 0.85 * np.eye(4)[target] + 0.05  # rows and columns sum to 1
+    layer.matrix.assign(near)
+    assert layer.penalty_value() == pytest.approx(_numpy_penalty(near), rel=1e-5)
+    np.testing.assert_array_equal(layer.harden(), target)
+    assert layer.penalty_value() == 0.0
+    assert layer.matrix is None
+
+
+def test_harden_twice_raises():
+    layer = RelaxedShuffle()
+    layer.build((None, 3))
+    layer.harden()
+    with pytest.raises(ValueError, match="already hardened"):
+        layer.harden()
+
+
+def test_harden_before_build_raises():
+    with pytest.raises(ValueError, match="built"):
+        RelaxedShuffle().harden()
+
+
+def test_harden_with_wrong_permutation_raises():
+    layer = RelaxedShuffle()
+    layer.build((None, 3))
+    with pytest.raises(ValueError, match="permutation"):
+        layer.harden(permutation=[0, 1])
+    with pytest.raises(ValueError, match="permutation"):
+        layer.harden(permutation=[0, 0, 1])
+    assert not layer.is_hardened
+
+
+def test_hardened_model_trains_other_weights():
+    model = _small_model()
+    model.get_layer("shuffle").harden()
+    model.compile(optimizer=keras.optimizers.SGD(0.5), loss="sparse_categorical_crossentropy")
+    assert len(model.trainable_weights) == 3  # conv kernel, dense kernel and bias
+    assert model.losses == []
+    x, y = _data()
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+
+
+@pytest.mark.parametrize("harden", [False, True])
+@pytest.mark.parametrize("data_format", ["channels_last", "channels_first"])
+def test_keras_round_trip_safe_mode(tmp_path, harden, data_format):
+    model = _small_model(data_format=data_format)
+    if harden:
+        model.get_layer("shuffle").harden()
+    x, _ = _data(n=4, data_format=data_format)
+    path = tmp_path / "model.keras"
+    model.save(path)
+    restored = keras.saving.load_model(path, safe_mode=True)
+    layer = restored.get_layer("shuffle")
+    assert isinstance(layer, RelaxedShuffle)
+    assert layer.is_hardened == harden
+    assert layer.data_format == data_format
+    if harden:
+        np.testing.assert_array_equal(layer.permutation, model.get_layer("shuffle").permutation)
+    else:
+        assert layer.penalty == 1e-2 and len(restored.losses) == 1
+        np.testing.assert_array_equal(_matrix(layer), _matrix(model.get_layer("shuffle")))
+    np.testing.assert_array_equal(restored.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "argument"),
+    [
+        ({"penalty": -1.0}, "strength"),
+        ({"penalty": "big"}, "strength"),
+        ({"iterations": 0}, "iterations"),
+        ({"iterations": 2.5}, "iterations"),
+        ({"data_format": "NHWC"}, "data_format"),
+        ({"permutation": [0, 2]}, "permutation"),
+    ],
+)
+def test_bad_arguments_raise(kwargs, argument):
+    with pytest.raises(ValueError, match=argument):
+        RelaxedShuffle(**kwargs)
+
+
+def test_permutation_size_checked_at_build():
+    with pytest.raises(ValueError, match="permutation"):
+        RelaxedShuffle(permutation=[1, 0, 2])(np.ones((1, 4), dtype="float32"))
+
+
+def test_unknown_channels_raise():
+    with pytest.raises(ValueError, match="channel"):
+        RelaxedShuffle().build((None, 4, None))
+
+
+# --- ChannelShuffle ----------------------------------------------------------------
+
+
+def _numpy_classic_shuffle(x, groups):
+    """ShuffleNet's shuffle as usually written: a 5-D reshape and transpose (NHWC)."""
+    n, h, w, c = x.shape
+    x = x.reshape(n, h, w, groups, c // groups).transpose(0, 1, 2, 4, 3)
+    return x.reshape(n, h, w, c)
+
+
+@pytest.mark.parametrize(("channels", "groups"), [(12, 3), (12, 4), (16, 8), (6, 1)])
+def test_channel_shuffle_channels_last(channels, groups):
+    x = np.random.default_rng(0).normal(size=(2, 3, 5, channels)).astype("float32")
+    layer = ChannelShuffle(groups)
+    y = ops.convert_to_numpy(layer(x))
+    np.testing.assert_array_equal(y, _numpy_classic_shuffle(x, groups))
+    np.testing.assert_array_equal(y, x[..., group_shuffle_permutation(channels, groups)])
+    np.testing.assert_array_equal(layer.permutation, group_shuffle_permutation(channels, groups))
+
+
+def test_channel_shuffle_channels_first():
+    x = np.random.default_rng(1).normal(size=(2, 12, 3, 5)).astype("float32")
+    y = ops.convert_to_numpy(ChannelShuffle(3, data_format="channels_first")(x))
+    expected = np.moveaxis(_numpy_classic_shuffle(np.moveaxis(x, 1, -1), 3), -1, 1)
+    np.testing.assert_array_equal(y, expected)
+    np.testing.assert_array_equal(y, x[:, group_shuffle_permutation(12, 3)])
+
+
+def test_channel_shuffle_in_a_functional_model_with_unknown_batch(tmp_path):
+    inputs = keras.Input((4, 4, 6))
+    model = keras.Model(inputs, ChannelShuffle(2, name="shuffle")(inputs))
+    x = np.random.default_rng(2).normal(size=(3, 4, 4, 6)).astype("float32")
+    np.testing.assert_array_equal(model.predict(x, verbose=0), _numpy_classic_shuffle(x, 2))
+    model.save(tmp_path / "m.keras")
+    restored = keras.saving.load_model(tmp_path / "m.keras", safe_mode=True)
+    assert restored.get_layer("shuffle").groups == 2
+    np.testing.assert_array_equal(restored.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_channel_shuffle_bad_arguments():
+    with pytest.raises(ValueError, match="divisible"):
+        ChannelShuffle(4)(np.ones((1, 2, 2, 6), dtype="float32"))
+    with pytest.raises(ValueError, match="rank-4"):
+        ChannelShuffle(2)(np.ones((1, 6), dtype="float32"))
+    for groups in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="groups"):
+            ChannelShuffle(groups)
+    with pytest.raises(ValueError, match="data_format"):
+        ChannelShuffle(2, data_format="NCHW")
+    with pytest.raises(ValueError, match="built"):
+        _ = ChannelShuffle(2).permutation
+
+
+# --- model helpers -----------------------------------------------------------------
+
+
+def test_model_helpers_find_nested_shuffles():
+    inner_inputs = keras.Input((4, 4, 6))
+    inner = keras.Model(
+        inner_inputs, RelaxedShuffle(penalty=1.0, seed=1, name="inner")(inner_inputs)
+    )
+    inputs = keras.Input((4, 4, 6))
+    x = RelaxedShuffle(penalty=1.0, seed=2, name="outer")(inputs)
+    x = ChannelShuffle(3, name="fixed")(x)
+    model = keras.Model(inputs, inner(x))
+    assert [layer.name for layer in shuffle_layers(model)] == ["outer", "fixed", "inner"]
+    assert [layer.name for layer in relaxed_shuffles(model)] == ["outer", "inner"]
+    expected = sum(_numpy_penalty(_matrix(layer)) for layer in relaxed_shuffles(model))
+    assert total_penalty(model) == pytest.approx(expected, rel=1e-5)
+    model.get_layer("outer").harden()
+    assert [layer.name for layer in relaxed_shuffles(model)] == ["inner"]
+    assert total_penalty(model) == pytest.approx(
+        _numpy_penalty(_matrix(inner.get_layer("inner"))), rel=1e-5
+    )
