@@ -1,0 +1,31 @@
+"""Train a (Auto)ShuffleNet on CIFAR-10 or the embedded digits, harden it, export it.
+
+    python scripts/train_cifar10.py --dataset digits --output runs/digits
+    python scripts/train_cifar10.py --dataset cifar10 --data-dir ~/tensorflow_datasets \
+        --model v2 --width 1.0 --shuffle auto --output runs/cifar10
+
+Writes into --output: model.keras (hardened), saved_model/, model.tflite, report.json,
+history.csv, logs/ (TensorBoard), best.keras (best relaxed checkpoint). A killed run
+started again with the same arguments resumes from its last finished epoch. Recipes
+(epochs, learning rate, lambda, ...) are `keras_autoshuffle.training.RECIPES`.
+"""
+
+import argparse
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+def main(argv=None):
+    from keras_autoshuffle import training
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    training.add_arguments(parser, ("digits", "cifar10"), "digits")
+    args = parser.parse_args(argv)
+    if args.width is None:
+        args.width = 0.5 if args.dataset == "digits" else 1.0
+    return training.run_from_args(args, recipe_name=args.dataset, stem="cifar")
+
+
+if __name__ == "__main__":
+    main()
