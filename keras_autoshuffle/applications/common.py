@@ -168,6 +168,11 @@ def resolve_input(input_tensor, input_shape, include_top, stem):
         of `input_tensor` when given), the image tensor, and "imagenet" or "cifar".
     """
     first = keras.config.image_data_format() == "channels_first"
+    if input_tensor is not None and not keras.backend.is_keras_tensor(input_tensor):
+        raise ValueError(
+            "`input_tensor` must be a Keras tensor (from `keras.Input()` or a layer). "
+            f"Received: input_tensor={type(input_tensor).__name__}"
+        )
     if input_tensor is not None and input_shape is None:
         input_shape = tuple(input_tensor.shape[1:])
     if input_shape is None:
@@ -200,15 +205,13 @@ def resolve_input(input_tensor, input_shape, include_top, stem):
     if input_tensor is None:
         inputs = layers.Input(shape=input_shape)
         return inputs, inputs, stem
-    if not keras.backend.is_keras_tensor(input_tensor):
-        x = layers.Input(tensor=input_tensor, shape=input_shape)
-        return x, x, stem
     if tuple(input_tensor.shape[1:]) != input_shape:
         raise ValueError(
             f"`input_shape` {input_shape} does not match `input_tensor`'s shape "
             f"{tuple(input_tensor.shape[1:])}. Received: input_shape={input_shape}"
         )
-    return keras.utils.get_source_inputs(input_tensor), input_tensor, stem
+    sources = keras.utils.get_source_inputs(input_tensor)
+    return (sources[0] if len(sources) == 1 else sources), input_tensor, stem
 
 
 def finish(inputs, x, include_top, pooling, classes, classifier_activation, weights, name):

@@ -1,0 +1,383 @@
+"""Tests of the ShuffleNet v1 / v2 and AutoShuffleNet v1 / v2 builders.
+
+Parameter counts and MACs are REFERENCE.md's (torchvision, megvii, osmr imgclsmob,
+kuangliu/pytorch-cifar); the extra relaxed-shuffle counts are recomputed here from the
+published channel tables, not read from the models.
+"""
+
+import re
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import layers
+
+from keras_autoshuffle import RelaxedShuffle, harden_model
+from keras_autoshuffle.applications import (
+    AutoShuffleNetV1,
+    AutoShuffleNetV2,
+    ShuffleNetV1,
+    ShuffleNetV2,
+    count_macs,
+    preprocess_input,
+    shuffle_layers,
+)
+from keras_autoshuffle.applications.shufflenet_v1 import WIDTHS as V1_WIDTHS
+
+IMAGENET = (224, 224, 3)
+CIFAR = (32, 32, 3)
+
+# REFERENCE.md: width -> (trainable params, MACs at 224x224), torchvision shufflenet_v2_x*.
+V2_REFERENCE = {
+    0.5: (1_366_792, 40.48e6),
+    1.0: (2_278_604, 144.91e6),
+    1.5: (3_503_624, 295.76e6),
+    2.0: (7_393_996, 583.25e6),
+}
+# REFERENCE.md: stage widths (stage2, stage3, stage4) of v2 per width.
+V2_STAGES = {0.5: (48, 96, 192), 1.0: (116, 232, 464), 1.5: (176, 352, 704), 2.0: (244, 488, 976)}
+# REFERENCE.md: v1 1.0x, 1000 classes, by groups (megvii / osmr).
+V1_REFERENCE = {1: 1_531_936, 2: 1_733_848, 3: 1_865_728, 4: 1_968_344, 8: 2_434_768}
+# megvii README: g3 and g8 at 1.0x both 138M FLOPs (multiply-adds).
+V1_MACS = {3: 138e6, 8: 138e6}
+# REFERENCE.md: CIFAR stem, 10 classes (kuangliu/pytorch-cifar ShuffleNetV2).
+V2_CIFAR_REFERENCE = {0.5: 352_042, 1.0: 1_263_854, 1.5: 2_488_874}
+
+
+def _trainable(model):
+    return sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+
+
+def _images(shape, batch=2, seed=0):
+    return np.random.default_rng(seed).uniform(-1, 1, (batch, *shape)).astype("float32")
+
+
+@pytest.mark.parametrize("width", sorted(V2_REFERENCE))
+def test_v2_params_and_macs_match_reference(width):
+    params, macs = V2_REFERENCE[width]
+    model = ShuffleNetV2(width, input_shape=IMAGENET)
+    assert _trainable(model) == params
+    assert count_macs(model) == pytest.approx(macs, rel=0.01)
+
+
+@pytest.mark.parametrize("groups", sorted(V1_REFERENCE))
+def test_v1_params_match_reference(groups):
+    model = ShuffleNetV1(1.0, groups, input_shape=IMAGENET)
+    assert _trainable(model) == V1_REFERENCE[groups]
+    if groups in V1_MACS:
+        assert count_macs(model) == pytest.approx(V1_MACS[groups], rel=0.01)
+
+
+def test_v1_quarter_width_params_match_osmr():
+    model = ShuffleNetV1(0.25, 3, input_shape=IMAGENET)
+    assert _trainable(model) == 305_902
+    channels = [model.get_layer(f"stage{s}_unit2_conv2").filters for s in (2, 3, 4)]
+    assert model.get_layer("stem_conv").filters == 6 and channels == [60, 120, 240]
+
+
+@pytest.mark.parametrize("width", sorted(V2_CIFAR_REFERENCE))
+def test_v2_cifar_params_match_reference(width):
+    model = ShuffleNetV2(width, input_shape=CIFAR, classes=10)
+    assert "stem_pool" not in [layer.name for layer in model.layers]
+    assert model.get_layer("stem_conv").strides == (1, 1)
+    assert _trainable(model) == V2_CIFAR_REFERENCE[width]
+
+
+def _v2_shuffles(width):
+    """(N, pixels) of each v2 shuffle at 224x224: after each unit, stage sides 28, 14, 7."""
+    return [
+        (n, side * side)
+        for n, side, repeats in zip(V2_STAGES[width], (28, 14, 7), (4, 8, 4), strict=True)
+        for _ in range(repeats)
+    ]
+
+
+def _v1_g3_shuffles():
+    """(N, pixels) of each v1 g3 1.0x shuffle at 224x224: N = stage width // 4, before the
+    depthwise conv (unit 1 at the stage's input side 56, 28, 14; the others halved)."""
+    out = []
+    for width, side, repeats in zip((240, 480, 960), (56, 28, 14), (4, 8, 4), strict=True):
+        out += [(width // 4, side * side)] + [(width // 4, (side // 2) ** 2)] * (repeats - 1)
+    return out
+
+
+@pytest.mark.parametrize(
+    "build_manual, build_auto, shuffles",
+    [
+        (
+            lambda: ShuffleNetV2(1.0, input_shape=IMAGENET),
+            lambda: AutoShuffleNetV2(1.0, input_shape=IMAGENET),
+            _v2_shuffles(1.0),
+        ),
+        (
+            lambda: ShuffleNetV1(1.0, 3, input_shape=IMAGENET),
+            lambda: AutoShuffleNetV1(1.0, 3, input_shape=IMAGENET),
+            _v1_g3_shuffles(),
+        ),
+    ],
+    ids=["v2_x1_0", "v1_g3_x1_0"],
+)
+def test_auto_adds_n_squared_then_hardens_to_manual(build_manual, build_auto, shuffles):
+    manual, auto = build_manual(), build_auto()
+    extra_params = sum(n * n for n, _ in shuffles)
+    extra_macs = sum(n * n * pixels for n, pixels in shuffles)
+    assert [layer.matrix.shape[0] for layer in shuffle_layers(auto)] == [n for n, _ in shuffles]
+    assert _trainable(auto) == _trainable(manual) + extra_params
+    assert count_macs(auto) == count_macs(manual) + extra_macs
+    assert len(auto.losses) == len(shuffles)  # one l1-2 penalty per relaxed shuffle
+    harden_model(auto)
+    assert _trainable(auto) == _trainable(manual)
+    assert count_macs(auto) == count_macs(manual)
+    assert not auto.losses
+
+
+def test_layer_names_and_shuffle_order():
+    model = ShuffleNetV2(0.5, input_shape=CIFAR)
+    names = [layer.name for layer in model.layers]
+    for name in ("stem_conv", "stem_bn", "stem_relu", "head_conv", "head_bn", "head_relu"):
+        assert name in names
+    assert names[-2:] == ["avg_pool", "predictions"]
+    expected = [
+        f"stage{s}_unit{u}_shuffle"
+        for s, r in zip((2, 3, 4), (4, 8, 4), strict=True)
+        for u in range(1, r + 1)
+    ]
+    assert [layer.name for layer in shuffle_layers(model)] == expected
+    assert all(layer.groups == 2 for layer in shuffle_layers(model))
+    v1 = ShuffleNetV1(0.5, 8, input_shape=CIFAR)
+    assert [layer.name for layer in shuffle_layers(v1)] == expected
+    assert all(layer.groups == 8 for layer in shuffle_layers(v1))
+    # megvii: the first pointwise conv of stage 2 is not grouped, all others are.
+    assert v1.get_layer("stage2_unit1_conv1").groups == 1
+    assert v1.get_layer("stage2_unit2_conv1").groups == 8
+    assert v1.get_layer("stage3_unit1_conv1").groups == 8
+    assert v1.get_layer("stage2_unit1_concat") and v1.get_layer("stage2_unit2_add")
+    # groups=1: no manual shuffle (megvii); "auto" learns one in every unit.
+    assert shuffle_layers(ShuffleNetV1(0.5, 1, input_shape=CIFAR)) == []
+    assert len(shuffle_layers(AutoShuffleNetV1(0.5, 1, input_shape=CIFAR))) == 16
+
+
+def test_batch_norm_matches_pytorch_defaults():
+    model = AutoShuffleNetV1(0.25, input_shape=CIFAR)
+    norms = [layer for layer in model.layers if isinstance(layer, layers.BatchNormalization)]
+    assert norms and all(n.momentum == 0.9 and n.epsilon == 1e-5 for n in norms)
+    convs = [layer for layer in model.layers if isinstance(layer, layers.Conv2D)]
+    assert convs and not any(c.use_bias for c in convs)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: ShuffleNetV2(0.5, input_shape=CIFAR, classes=10),
+        lambda: AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10),
+        lambda: ShuffleNetV1(0.25, 3, input_shape=CIFAR, classes=10),
+        lambda: AutoShuffleNetV1(0.25, 3, input_shape=CIFAR, classes=10),
+        lambda: AutoShuffleNetV1(0.25, 1, input_shape=CIFAR, classes=10),
+    ],
+    ids=["v2", "auto_v2", "v1_g3", "auto_v1_g3", "auto_v1_g1"],
+)
+def test_every_weight_gets_a_gradient(build):
+    model = build()
+    x, y = _images(CIFAR, batch=4), np.array([0, 1, 2, 3])
+    with tf.GradientTape() as tape:
+        probs = model(x, training=True)
+        loss = keras.losses.sparse_categorical_crossentropy(y, probs)
+        loss = tf.reduce_mean(loss) + tf.add_n(model.losses or [tf.constant(0.0)])
+    grads = tape.gradient(loss, model.trainable_weights)
+    assert np.all(np.isfinite(probs)) and np.isfinite(float(loss))
+    for weight, grad in zip(model.trainable_weights, grads, strict=True):
+        assert grad is not None, weight.path
+        grad = np.asarray(grad)
+        assert np.all(np.isfinite(grad)) and np.any(grad != 0), weight.path
+
+
+@pytest.mark.parametrize(
+    "pooling, shape", [(None, (4, 4, 1024)), ("avg", (1024,)), ("max", (1024,))]
+)
+def test_no_top_with_each_pooling(pooling, shape):
+    model = ShuffleNetV2(0.5, include_top=False, input_shape=CIFAR, pooling=pooling)
+    assert model.output.shape[1:] == shape
+    assert model(_images(CIFAR)).shape[1:] == shape
+    v1 = ShuffleNetV1(0.25, include_top=False, input_shape=CIFAR, pooling=pooling)
+    assert v1.output.shape[-1] == 240
+
+
+def test_no_top_default_input_is_any_size():
+    model = ShuffleNetV1(0.25, include_top=False)
+    assert tuple(model.input.shape[1:]) == (None, None, 3)
+    assert "stem_pool" in [layer.name for layer in model.layers]  # unknown size: imagenet
+    assert model(_images((64, 96, 3))).shape == (2, 2, 3, 240)
+    assert ShuffleNetV2(0.5).input.shape[1:] == IMAGENET
+
+
+def test_custom_input_tensor():
+    inputs = keras.Input((40, 48, 3))
+    x = layers.Rescaling(1 / 255.0)(inputs)
+    model = AutoShuffleNetV2(0.5, input_tensor=x, classes=7)
+    assert model.inputs[0] is inputs and model.output.shape == (None, 7)
+    out = model(np.full((2, 40, 48, 3), 255.0, "float32"))
+    assert out.shape == (2, 7) and np.allclose(np.sum(out, axis=-1), 1.0, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(32, 48, 1), (40, 24, 4), (48, 96, 3)])
+def test_channels_and_non_square_inputs(shape):
+    for model in (
+        ShuffleNetV1(0.25, 3, input_shape=shape, classes=5),
+        AutoShuffleNetV2(0.5, input_shape=shape, classes=5),
+    ):
+        out = model(_images(shape))
+        assert out.shape == (2, 5) and np.all(np.isfinite(out))
+
+
+@pytest.mark.parametrize(
+    "shape, stem, has_pool",
+    [
+        ((64, 64, 3), "auto", False),
+        ((65, 64, 3), "auto", True),
+        ((64, 64, 3), "imagenet", True),
+        ((224, 224, 3), "cifar", False),
+    ],
+)
+def test_stem_choice(shape, stem, has_pool):
+    model = ShuffleNetV2(0.5, input_shape=shape, stem=stem)
+    assert ("stem_pool" in [layer.name for layer in model.layers]) == has_pool
+    assert model.get_layer("stem_conv").strides == ((2, 2) if has_pool else (1, 1))
+
+
+INVALID = [
+    (ShuffleNetV2, {"width": 0.7}, "width=0.7"),
+    (ShuffleNetV2, {"width": 0.25}, "width=0.25"),
+    (ShuffleNetV2, {"width": True}, "width=True"),
+    (ShuffleNetV1, {"width": 3.0}, "width=3.0"),
+    (ShuffleNetV1, {"groups": 5}, "groups=5"),
+    (ShuffleNetV1, {"groups": "3"}, "groups='3'"),
+    (AutoShuffleNetV1, {"groups": 0}, "groups=0"),
+    (ShuffleNetV2, {"shuffle": "random"}, "shuffle='random'"),
+    (AutoShuffleNetV2, {"penalty": -1.0}, "penalty=-1.0"),
+    (AutoShuffleNetV2, {"penalty": "high"}, "penalty='high'"),
+    (ShuffleNetV1, {"penalty": float("nan")}, "penalty=nan"),
+    (ShuffleNetV2, {"stem": "tiny"}, "stem='tiny'"),
+    (ShuffleNetV2, {"include_top": False, "pooling": "sum"}, "pooling='sum'"),
+    (ShuffleNetV2, {"include_top": "yes"}, "include_top='yes'"),
+    (ShuffleNetV2, {"classes": 0}, "classes=0"),
+    (ShuffleNetV1, {"classes": 2.5}, "classes=2.5"),
+    (ShuffleNetV2, {"classifier_activation": "nope"}, "classifier_activation='nope'"),
+    (ShuffleNetV2, {"weights": "imagenet"}, "weights='imagenet'"),
+    (ShuffleNetV1, {"weights": "/nonexistent/model.weights.h5"}, "weights='/nonexistent"),
+    (ShuffleNetV2, {"input_shape": (32, 32)}, "input_shape=(32, 32)"),
+    (ShuffleNetV2, {"input_shape": "rgb"}, "input_shape='rgb'"),
+    (ShuffleNetV2, {"input_shape": (32, 32, None)}, "input_shape=(32, 32, None)"),
+    (ShuffleNetV1, {"input_shape": (16, 16, 3), "stem": "imagenet"}, "input_shape=(16, 16, 3)"),
+    (ShuffleNetV2, {"input_shape": (4, 4, 3)}, "input_shape=(4, 4, 3)"),
+    (ShuffleNetV2, {"input_tensor": np.zeros((1, 32, 32, 3))}, "input_tensor=ndarray"),
+    (
+        ShuffleNetV2,
+        {"input_tensor": keras.Input((32, 32, 3)), "input_shape": (64, 64, 3)},
+        "input_shape=(64, 64, 3)",
+    ),
+]
+
+
+@pytest.mark.parametrize("builder, kwargs, received", INVALID, ids=[i[2] for i in INVALID])
+def test_invalid_arguments_raise(builder, kwargs, received):
+    if "input_shape" not in kwargs and "input_tensor" not in kwargs:
+        kwargs = {"input_shape": CIFAR, **kwargs}
+    with pytest.raises(ValueError, match="Received: " + re.escape(received)):
+        builder(**kwargs)
+
+
+@pytest.mark.slow
+def test_every_v1_width_and_groups_pair_builds():
+    for groups in (1, 2, 3, 4, 8):
+        for width in V1_WIDTHS:
+            model = ShuffleNetV1(width, groups, include_top=False, input_shape=CIFAR)
+            assert model.output.shape[-1] % (4 * groups) == 0
+
+
+def test_weights_path_loads(tmp_path):
+    model = AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10)
+    path = str(tmp_path / "v2.weights.h5")
+    model.save_weights(path)
+    x = _images(CIFAR)
+    keras.utils.set_random_seed(99)  # other initial weights for the next models
+    fresh = AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10)
+    loaded = AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10, weights=path)
+    assert np.abs(np.asarray(fresh(x)) - np.asarray(model(x))).max() > 1e-4
+    np.testing.assert_allclose(loaded(x), model(x), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "build",
+    [
+        lambda: ShuffleNetV1(0.25, 3, input_shape=CIFAR, classes=10),
+        lambda: AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10),
+    ],
+    ids=["manual_v1", "auto_v2"],
+)
+def test_keras_file_round_trip_safe_mode(build, tmp_path):
+    model = build()
+    x = _images(CIFAR)
+    stages = (
+        ["relaxed", "hardened"]
+        if any(isinstance(s, RelaxedShuffle) for s in shuffle_layers(model))
+        else ["manual"]
+    )
+    for stage in stages:
+        if stage == "hardened":
+            harden_model(model)
+        path = str(tmp_path / f"{stage}.keras")
+        model.save(path)
+        loaded = keras.saving.load_model(path, safe_mode=True)
+        np.testing.assert_allclose(loaded(x), model(x), atol=1e-6)
+        assert _trainable(loaded) == _trainable(model)
+        for mine, theirs in zip(shuffle_layers(model), shuffle_layers(loaded), strict=True):
+            assert type(mine) is type(theirs) and mine.name == theirs.name
+            np.testing.assert_array_equal(mine.permutation, theirs.permutation)
+
+
+@pytest.mark.slow
+def test_channels_first_matches_channels_last():
+    x = _images(CIFAR)
+    last = AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10)
+    last_v1 = ShuffleNetV1(0.25, 3, input_shape=CIFAR, classes=10)
+    keras.config.set_image_data_format("channels_first")
+    first = AutoShuffleNetV2(0.5, input_shape=(3, 32, 32), classes=10)
+    first.set_weights(last.get_weights())  # kernels and matrices do not depend on the layout
+    np.testing.assert_allclose(first(np.transpose(x, (0, 3, 1, 2))), last(x), atol=1e-5)
+    first_v1 = ShuffleNetV1(0.25, 3, input_shape=(3, 32, 32), classes=10)
+    first_v1.set_weights(last_v1.get_weights())
+    np.testing.assert_allclose(first_v1(np.transpose(x, (0, 3, 1, 2))), last_v1(x), atol=1e-5)
+    assert count_macs(first) == count_macs(last)
+    assert count_macs(first_v1) == count_macs(last_v1)
+
+
+def test_count_macs_on_another_input_size():
+    model = ShuffleNetV2(1.0, include_top=False)
+    with pytest.raises(ValueError, match="input_shape"):
+        count_macs(model)
+    # REFERENCE.md's 224x224 figure, less the 1024 x 1000 classifier.
+    assert count_macs(model, IMAGENET) == pytest.approx(144.91e6 - 1024 * 1000, rel=0.01)
+
+
+def test_mixed_precision_forward():
+    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    model = AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10)
+    assert model.get_layer("stage2_unit1_conv1").compute_dtype == "bfloat16"
+    out = np.asarray(tf.cast(model(_images(CIFAR)), "float32"))
+    assert np.all(np.isfinite(out))
+
+
+def test_preprocess_input_matches_torchvision_normalisation():
+    images = np.random.default_rng(0).uniform(0, 255, (2, 5, 6, 3)).astype("float32")
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    expected = (images / 255.0 - mean) / std
+    np.testing.assert_allclose(preprocess_input(images), expected, rtol=1e-5, atol=1e-5)
+    first = preprocess_input(np.transpose(images, (0, 3, 1, 2)), data_format="channels_first")
+    np.testing.assert_allclose(np.transpose(first, (0, 2, 3, 1)), expected, rtol=1e-5, atol=1e-5)
+    single = preprocess_input(images[0].astype("uint8"))
+    np.testing.assert_allclose(single, (images[0].astype("uint8") / 255.0 - mean) / std, atol=1e-5)
+    with pytest.raises(ValueError, match="x.shape"):
+        preprocess_input(np.zeros((2, 5, 5, 4)))
+    with pytest.raises(ValueError, match="data_format='nhwc'"):
+        preprocess_input(images, data_format="nhwc")
