@@ -49,6 +49,15 @@ def _trainable(model):
     return sum(int(np.prod(w.shape)) for w in model.trainable_weights)
 
 
+def _logits(model, x):
+    """Outputs with batch statistics: at initialisation the moving statistics let the
+    activations of a deep net (more so with doubly stochastic relaxed shuffles) shrink
+    toward 0, which would make output comparisons vacuous."""
+    out = np.asarray(model(x, training=True))
+    assert out.std() > 0.1
+    return out
+
+
 def _images(shape, batch=2, seed=0):
     return np.random.default_rng(seed).uniform(-1, 1, (batch, *shape)).astype("float32")
 
@@ -296,22 +305,23 @@ def test_every_v1_width_and_groups_pair_builds():
 
 
 def test_weights_path_loads(tmp_path):
-    model = AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10)
+    kwargs = {"input_shape": CIFAR, "classes": 10, "classifier_activation": None}
+    model = AutoShuffleNetV2(0.5, **kwargs)
     path = str(tmp_path / "v2.weights.h5")
     model.save_weights(path)
     x = _images(CIFAR)
     keras.utils.set_random_seed(99)  # other initial weights for the next models
-    fresh = AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10)
-    loaded = AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10, weights=path)
-    assert np.abs(np.asarray(fresh(x)) - np.asarray(model(x))).max() > 1e-4
-    np.testing.assert_allclose(loaded(x), model(x), atol=1e-6)
+    fresh = AutoShuffleNetV2(0.5, **kwargs)
+    loaded = AutoShuffleNetV2(0.5, weights=path, **kwargs)
+    assert np.abs(_logits(fresh, x) - _logits(model, x)).max() > 0.1
+    np.testing.assert_allclose(_logits(loaded, x), _logits(model, x), atol=1e-5)
 
 
 @pytest.mark.parametrize(
     "build",
     [
-        lambda: ShuffleNetV1(0.25, 3, input_shape=CIFAR, classes=10),
-        lambda: AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10),
+        lambda: ShuffleNetV1(0.25, 3, input_shape=CIFAR, classes=10, classifier_activation=None),
+        lambda: AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10, classifier_activation=None),
     ],
     ids=["manual_v1", "auto_v2"],
 )
@@ -329,7 +339,7 @@ def test_keras_file_round_trip_safe_mode(build, tmp_path):
         path = str(tmp_path / f"{stage}.keras")
         model.save(path)
         loaded = keras.saving.load_model(path, safe_mode=True)
-        np.testing.assert_allclose(loaded(x), model(x), atol=1e-6)
+        np.testing.assert_allclose(_logits(loaded, x), _logits(model, x), atol=1e-5)
         assert _trainable(loaded) == _trainable(model)
         for mine, theirs in zip(shuffle_layers(model), shuffle_layers(loaded), strict=True):
             assert type(mine) is type(theirs) and mine.name == theirs.name
@@ -339,17 +349,17 @@ def test_keras_file_round_trip_safe_mode(build, tmp_path):
 @pytest.mark.slow
 def test_channels_first_matches_channels_last():
     x = _images(CIFAR)
-    last = AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10)
-    last_v1 = ShuffleNetV1(0.25, 3, input_shape=CIFAR, classes=10)
+    kwargs = {"classes": 10, "classifier_activation": None}
+    last = AutoShuffleNetV2(0.5, input_shape=CIFAR, **kwargs)
+    last_v1 = ShuffleNetV1(0.25, 3, input_shape=CIFAR, **kwargs)
     keras.config.set_image_data_format("channels_first")
-    first = AutoShuffleNetV2(0.5, input_shape=(3, 32, 32), classes=10)
-    first.set_weights(last.get_weights())  # kernels and matrices do not depend on the layout
-    np.testing.assert_allclose(first(np.transpose(x, (0, 3, 1, 2))), last(x), atol=1e-5)
-    first_v1 = ShuffleNetV1(0.25, 3, input_shape=(3, 32, 32), classes=10)
-    first_v1.set_weights(last_v1.get_weights())
-    np.testing.assert_allclose(first_v1(np.transpose(x, (0, 3, 1, 2))), last_v1(x), atol=1e-5)
-    assert count_macs(first) == count_macs(last)
-    assert count_macs(first_v1) == count_macs(last_v1)
+    first = AutoShuffleNetV2(0.5, input_shape=(3, 32, 32), **kwargs)
+    first_v1 = ShuffleNetV1(0.25, 3, input_shape=(3, 32, 32), **kwargs)
+    x_first = np.transpose(x, (0, 3, 1, 2))
+    for a, b in ((first, last), (first_v1, last_v1)):
+        a.set_weights(b.get_weights())  # kernels and matrices do not depend on the layout
+        np.testing.assert_allclose(_logits(a, x_first), _logits(b, x), atol=1e-4)
+        assert count_macs(a) == count_macs(b)
 
 
 def test_count_macs_on_another_input_size():
