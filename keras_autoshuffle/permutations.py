@@ -114,3 +114,144 @@ def group_shuffle_permutation(channels, groups):
         )
     i = np.arange(channels)
     return (i % groups) * (channels // groups) + i // groups
+
+
+def _check_groups(channels, groups, name="groups"):
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={groups}")
+    if channels % groups:
+        raise ValueError(
+            f"`{name}` must divide the channel count {channels}. Received: {name}={groups}"
+        )
+    return int(groups)
+
+
+def block_counts(perm, groups):
+    """The g x g block counts of `perm` between two grouped convolutions.
+
+    With `groups` equal groups on both sides, `counts[a, b]` is how many of the
+    output channels in target group `b` read an input channel of source group `a`
+    (`y[..., i] = x[..., perm[i]]`, group of channel `c` = `c // (N // groups)`).
+    Between two grouped 1x1 convs a permutation matters only through these
+    counts: the order inside each group folds into the convs.
+
+    Args:
+        perm: a permutation vector of length N.
+        groups: the number of groups g, dividing N.
+
+    Returns:
+        A (g, g) int64 array whose rows and columns sum to N // g.
+    """
+    perm = _as_permutation(perm)
+    groups = _check_groups(perm.size, groups)
+    size = perm.size // groups
+    counts = np.zeros((groups, groups), dtype=np.int64)
+    np.add.at(counts, (perm // size, np.arange(perm.size) // size), 1)
+    return counts
+
+
+def matched_mass(matrix, perm):
+    """`sum_i M[i, perm[i]]` = trace(P^T M), the quantity exact rounding maximises."""
+    matrix = _as_square(matrix)
+    perm = _as_permutation(perm)
+    return float(matrix[np.arange(perm.size), perm].sum())
+
+
+def nearest_balanced_permutation(
+    matrix, groups, counts=None, mip_rel_gap=0.0, time_limit=None, return_info=False
+):
+    """The nearest permutation to `matrix` with prescribed g x g block counts.
+
+    Maximises the matched mass `sum_i M[i, perm[i]]` (equivalently minimises the
+    Frobenius distance) over permutations with `block_counts(perm, groups) ==
+    counts`, default the counts of ShuffleNet's manual shuffle, so that the result
+    folds into the manual reshape-transpose between two grouped convs. The
+    constraint breaks the assignment polytope's integrality (its LP relaxation is
+    fractional on random matrices), so this is solved as a mixed-integer program
+    (N^2 binaries; row, column and block equalities) with SciPy's `milp` (HiGHS).
+    With `mip_rel_gap=0` and no `time_limit` the result is proven optimal.
+
+    Args:
+        matrix: an N x N array.
+        groups: the number of groups g, dividing N.
+        counts: a (g, g) array of non-negative integers with every row and column
+            summing to N // g; default `block_counts(group_shuffle_permutation(N, g), g)`.
+        mip_rel_gap: relative optimality gap at which HiGHS may stop (0: exact).
+        time_limit: seconds after which HiGHS returns its best permutation so far.
+        return_info: also return a dict with `mass`, `optimal` (proven within
+            `mip_rel_gap`), `gap` (HiGHS's final relative gap) and `seconds`.
+
+    Returns:
+        An int64 vector `perm`, or `(perm, info)` with `return_info=True`.
+
+    Reference:
+        HiGHS MIP solver via `scipy.optimize.milp`.
+    """
+    import time
+
+    from scipy import sparse
+
+    matrix = _as_square(matrix)
+    n = matrix.shape[0]
+    groups = _check_groups(n, groups)
+    if counts is None:
+        counts = block_counts(group_shuffle_permutation(n, groups), groups)
+    counts = np.asarray(counts)
+    size = n // groups
+    if (
+        counts.shape != (groups, groups)
+        or not np.all(counts == np.round(counts))
+        or np.any(counts < 0)
+        or np.any(counts.sum(axis=0) != size)
+        or np.any(counts.sum(axis=1) != size)
+    ):
+        raise ValueError(
+            f"`counts` must be a ({groups}, {groups}) array of non-negative integers whose "
+            f"rows and columns each sum to {size}. Received: counts={counts.tolist()}"
+        )
+    if not (0 <= mip_rel_gap < 1):
+        raise ValueError(f"`mip_rel_gap` must be in [0, 1). Received: mip_rel_gap={mip_rel_gap}")
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"`time_limit` must be positive. Received: time_limit={time_limit}")
+    # Variable k = i * n + j is P[i, j]: output channel i reads input channel j.
+    k = np.arange(n * n)
+    i, j = np.divmod(k, n)
+    block = (j // size) * groups + i // size
+    ones = np.ones(n * n)
+    equalities = sparse.vstack(
+        [
+            sparse.csr_matrix((ones, (i, k)), shape=(n, n * n)),
+            sparse.csr_matrix((ones, (j, k)), shape=(n, n * n)),
+            sparse.csr_matrix((ones, (block, k)), shape=(groups * groups, n * n)),
+        ]
+    ).tocsr()
+    rhs = np.concatenate([np.ones(2 * n), counts.reshape(-1).astype(np.float64)])
+    options = {"mip_rel_gap": mip_rel_gap}
+    if time_limit is not None:
+        options["time_limit"] = float(time_limit)
+    start = time.perf_counter()
+    result = optimize.milp(
+        -matrix.reshape(-1),
+        constraints=optimize.LinearConstraint(equalities, rhs, rhs),
+        integrality=np.ones(n * n),
+        bounds=optimize.Bounds(0, 1),
+        options=options,
+    )
+    seconds = time.perf_counter() - start
+    if result.x is None:
+        raise RuntimeError(f"HiGHS found no balanced permutation: {result.message}")
+    perm = np.argmax(result.x.reshape(n, n), axis=1).astype(np.int64)
+    perm = _as_permutation(perm)
+    if not np.array_equal(block_counts(perm, groups), counts):
+        raise RuntimeError(
+            f"HiGHS returned a permutation with other block counts: {result.message}"
+        )
+    if not return_info:
+        return perm
+    info = {
+        "mass": matched_mass(matrix, perm),
+        "optimal": bool(result.status == 0),
+        "gap": float(getattr(result, "mip_gap", np.nan)),
+        "seconds": seconds,
+    }
+    return perm, info

@@ -1,0 +1,442 @@
+"""The exact inference transform: fold hardened (or manual) shuffles into the weights.
+
+A permutation commutes with per-channel ops (BatchNormalization, ReLU, depthwise
+convolution) and is absorbed by a 1x1 convolution (a dense one: any permutation of its
+inputs or outputs; a grouped one: a permutation inside each group). `fold_model`
+rebuilds a ShuffleNet v1 / v2 from `keras_autoshuffle.applications` so that no shuffle
+moves data through a GATHER:
+
+- v2: every channel is born in one branch (or a down-sampling unit's left branch) and
+  consumed by exactly one later 1x1 conv. Each producer's output channels are ordered by
+  the unit that consumes them, so each unit's branch input is one concat of contiguous
+  slices, and the stage end one more concat. The identity half is never copied.
+- v1: between the two grouped 1x1 convs only the g x g block counts of the permutation
+  matter. The order inside each group folds into the convs; what remains is the manual
+  reshape-transpose (`ChannelShuffle`) when the counts are the manual shuffle's (see
+  `nearest_balanced_permutation`), nothing when every channel stays in its group, and
+  otherwise a concat of g x g contiguous slices. A shuffle after an ungrouped conv
+  (stage 2 unit 1) folds away completely.
+
+The folded model is for inference: BatchNormalization keeps its (permuted) statistics
+and is not fused, so it stays trainable as a Keras model but has no shuffles to learn.
+"""
+
+import keras
+import numpy as np
+from keras import layers
+
+from keras_autoshuffle import permutations
+from keras_autoshuffle.layers import ChannelShuffle, RelaxedShuffle
+
+
+@keras.saving.register_keras_serializable(package="keras_autoshuffle")
+class ChannelSlice(keras.layers.Layer):
+    """Contiguous channels `inputs[..., start:stop]` (channels_last): a LiteRT SLICE.
+
+    Args:
+        start: first channel, a non-negative integer.
+        stop: one past the last channel, greater than `start`.
+    """
+
+    def __init__(self, start, stop, **kwargs):
+        super().__init__(**kwargs)
+        if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start < stop):
+            raise ValueError(
+                "`start` and `stop` must be integers with 0 <= start < stop. "
+                f"Received: start={start}, stop={stop}"
+            )
+        self.start, self.stop = start, stop
+
+    def build(self, input_shape):
+        if input_shape[-1] is None or input_shape[-1] < self.stop:
+            raise ValueError(
+                f"ChannelSlice(stop={self.stop}) needs at least {self.stop} channels. "
+                f"Received: input_shape={input_shape}"
+            )
+
+    def call(self, inputs):
+        return inputs[..., self.start : self.stop]
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], self.stop - self.start)
+
+    def get_config(self):
+        return {**super().get_config(), "start": self.start, "stop": self.stop}
+
+
+def _permutation_of(layer):
+    if isinstance(layer, RelaxedShuffle) and not layer.is_hardened:
+        raise ValueError(
+            f"Shuffle '{layer.name}' is still relaxed: harden the model before folding "
+            "(keras_autoshuffle.harden_model)."
+        )
+    if not isinstance(layer, (RelaxedShuffle, ChannelShuffle)):
+        raise ValueError(f"Layer '{layer.name}' is not a shuffle layer.")
+    return np.asarray(layer.permutation, dtype=np.int64)
+
+
+def _copy(layer, inputs, weights=None, name=None, **overrides):
+    """A fresh layer with `layer`'s config (and `weights`, default its own) applied."""
+    config = {**layer.get_config(), **overrides}
+    if name is not None:
+        config["name"] = name
+    new = type(layer).from_config(config)
+    outputs = new(inputs)
+    new.set_weights(layer.get_weights() if weights is None else weights)
+    return outputs
+
+
+def _take(weights, index, axis=-1):
+    return [np.take(w, index, axis=axis) for w in weights]
+
+
+def _family(model):
+    names = {layer.name for layer in model.layers}
+    if keras.config.image_data_format() != "channels_last" or any(
+        getattr(layer, "data_format", "channels_last") != "channels_last" for layer in model.layers
+    ):
+        raise ValueError("Folding supports channels_last models only.")
+    if "stage2_unit1_left_dwconv" in names:
+        return "v2"
+    if "stage2_unit1_pool" in names:
+        return "v1"
+    raise ValueError(
+        "fold_model expects a ShuffleNet v1 / v2 from keras_autoshuffle.applications. "
+        f"Received: model={model.name!r}"
+    )
+
+
+def _units(model):
+    """{stage: number of units} from the layer names."""
+    units = {}
+    for layer in model.layers:
+        parts = layer.name.split("_")
+        if len(parts) > 2 and parts[0].startswith("stage") and parts[1].startswith("unit"):
+            stage, unit = int(parts[0][5:]), int(parts[1][4:])
+            units[stage] = max(units.get(stage, 0), unit)
+    return dict(sorted(units.items()))
+
+
+def _apply_tail(model, x, after):
+    """Applies the layers listed after `after` (a linear chain: pooling, classifier)."""
+    names = [layer.name for layer in model.layers]
+    for layer in model.layers[names.index(after) + 1 :]:
+        x = _copy(layer, x)
+    return x
+
+
+def _stem(model, x):
+    for name in ("stem_conv", "stem_bn", "stem_relu", "stem_pool"):
+        if name in {layer.name for layer in model.layers}:
+            x = _copy(model.get_layer(name), x)
+    return x
+
+
+def shuffle_groups(model):
+    """{shuffle layer name: g} for the shuffles whose block counts matter when folding.
+
+    A ShuffleNet v1 shuffle between two grouped 1x1 convs (g > 1) gets g; one after an
+    ungrouped conv (stage 2 unit 1, or g = 1) gets None: any permutation folds away
+    there. v2 shuffles get None (slices fold any permutation). Other models: None.
+    """
+    names = {layer.name for layer in model.layers}
+    groups = {}
+    for layer in model.layers:
+        if not isinstance(layer, (RelaxedShuffle, ChannelShuffle)):
+            continue
+        prefix = layer.name.removesuffix("_shuffle")
+        conv1, conv2 = f"{prefix}_conv1", f"{prefix}_conv2"
+        g = None
+        if conv1 in names and conv2 in names and "stage2_unit1_pool" in names:
+            g1, g2 = model.get_layer(conv1).groups, model.get_layer(conv2).groups
+            if g1 == g2 and g1 > 1:
+                g = g1
+        groups[layer.name] = g
+    return groups
+
+
+# ---------------------------------------------------------------- ShuffleNet v1
+
+
+def _block_route(counts):
+    """The canonical permutation with block counts `counts` (sources ordered by target)."""
+    groups = counts.shape[0]
+    size = counts[:, 0].sum()
+    perm = []
+    for b in range(groups):
+        for a in range(groups):
+            start = a * size + counts[a, :b].sum()
+            perm.extend(range(start, start + counts[a, b]))
+    return np.asarray(perm, dtype=np.int64)
+
+
+def decompose(perm, canonical, groups):
+    """Splits `perm` into within-group permutations around `canonical`.
+
+    For permutations with the same block counts, returns `(sigma, tau)`, both
+    permuting channels only inside their group, with `perm[i] == sigma[canonical[tau[i]]]`.
+    """
+    perm, canonical = np.asarray(perm), np.asarray(canonical)
+    counts = permutations.block_counts(perm, groups)
+    if not np.array_equal(counts, permutations.block_counts(canonical, groups)):
+        raise ValueError("`perm` and `canonical` must have the same block counts.")
+    size = perm.size // groups
+    target = np.arange(perm.size) // size
+    tau = np.empty_like(perm)
+    for b in range(groups):
+        for a in range(groups):
+            mine = np.flatnonzero((target == b) & (perm // size == a))
+            theirs = np.flatnonzero((target == b) & (canonical // size == a))
+            tau[mine] = theirs
+    sigma = np.empty_like(perm)
+    sigma[canonical[tau]] = perm
+    return sigma, tau
+
+
+def _fold_v1_unit(model, prefix, x, route_manual):
+    """Rebuilds one v1 unit's conv1 .. conv2 with its shuffle folded; returns conv2's BN out."""
+    get = model.get_layer
+    conv1, bn1, relu1 = get(f"{prefix}_conv1"), get(f"{prefix}_bn1"), get(f"{prefix}_relu1")
+    dwconv, dwbn = get(f"{prefix}_dwconv"), get(f"{prefix}_dwbn")
+    conv2, bn2 = get(f"{prefix}_conv2"), get(f"{prefix}_bn2")
+    names = {layer.name for layer in model.layers}
+    channels = conv1.filters
+    perm = (
+        _permutation_of(get(f"{prefix}_shuffle"))
+        if f"{prefix}_shuffle" in names
+        else np.arange(channels)
+    )
+    groups = conv2.groups
+    if conv1.groups == 1 or groups == 1:
+        # A dense conv on either side absorbs the whole permutation.
+        if conv1.groups == 1:
+            sigma, tau, route = perm, np.arange(channels), None
+        else:
+            sigma, tau, route = np.arange(channels), perm, None
+    else:
+        counts = permutations.block_counts(perm, groups)
+        manual = permutations.group_shuffle_permutation(channels, groups)
+        if route_manual and np.array_equal(counts, permutations.block_counts(manual, groups)):
+            canonical, route = manual, "manual"
+        else:
+            canonical, route = _block_route(counts), counts
+        sigma, tau = decompose(perm, canonical, groups)
+    # conv1's outputs (and bn1) reordered by sigma: inside groups, so conv1 stays grouped.
+    kernel = conv1.get_weights()[0][..., sigma]
+    x = _copy(conv1, x, [kernel, *_take(conv1.get_weights()[1:], sigma)])
+    x = _copy(bn1, x, _take(bn1.get_weights(), sigma))
+    x = _copy(relu1, x)
+    if isinstance(route, str):
+        x = ChannelShuffle(groups, name=f"{prefix}_shuffle")(x)
+    elif route is not None and not np.array_equal(_block_route(route), np.arange(channels)):
+        x = _route_slices(x, route, prefix)
+    # After the canonical shuffle, channel j feeds what tau^-1 sends it to.
+    inverse = permutations.invert_permutation(tau)
+    dw = dwconv.get_weights()
+    x = _copy(dwconv, x, [np.take(dw[0], inverse, axis=2), *_take(dw[1:], inverse)])
+    x = _copy(dwbn, x, _take(dwbn.get_weights(), inverse))
+    kernel = conv2.get_weights()[0]
+    if conv2.groups == 1:
+        new_kernel = kernel[:, :, inverse, :]
+    else:
+        # Grouped kernel (kh, kw, in/g, out): group G's outputs read inputs G*in/g + r.
+        new_kernel = np.empty_like(kernel)
+        in_size, out_size = channels // groups, conv2.filters // groups
+        for group in range(groups):
+            cols = slice(group * out_size, (group + 1) * out_size)
+            local = inverse[group * in_size : (group + 1) * in_size] - group * in_size
+            new_kernel[..., cols] = kernel[:, :, local, cols]
+    x = _copy(conv2, x, [new_kernel, *conv2.get_weights()[1:]])
+    return _copy(bn2, x)
+
+
+def _route_slices(x, counts, prefix):
+    """`_block_route(counts)` as one concat of contiguous slices (no GATHER)."""
+    groups = counts.shape[0]
+    size = counts[:, 0].sum()
+    pieces = []
+    for b in range(groups):
+        for a in range(groups):
+            if counts[a, b]:
+                start = int(a * size + counts[a, :b].sum())
+                pieces.append((start, start + int(counts[a, b])))
+    merged = [list(pieces[0])]
+    for start, stop in pieces[1:]:
+        if start == merged[-1][1]:
+            merged[-1][1] = stop
+        else:
+            merged.append([start, stop])
+    slices = [
+        ChannelSlice(start, stop, name=f"{prefix}_route{k}")(x)
+        for k, (start, stop) in enumerate(merged)
+    ]
+    return layers.Concatenate(axis=-1, name=f"{prefix}_route")(slices)
+
+
+def _fold_v1(model, inputs, route_manual=True):
+    x = _stem(model, inputs)
+    last = None
+    for stage, repeats in _units(model).items():
+        for unit in range(1, repeats + 1):
+            prefix = f"stage{stage}_unit{unit}"
+            shortcut = x
+            branch = _fold_v1_unit(model, prefix, x, route_manual)
+            if unit == 1:
+                branch = _copy(model.get_layer(f"{prefix}_relu2"), branch)
+                pooled = _copy(model.get_layer(f"{prefix}_pool"), shortcut)
+                x = _copy(model.get_layer(f"{prefix}_concat"), [pooled, branch])
+                last = f"{prefix}_concat"
+            else:
+                x = _copy(model.get_layer(f"{prefix}_add"), [shortcut, branch])
+                x = _copy(model.get_layer(f"{prefix}_relu2"), x)
+                last = f"{prefix}_relu2"
+    return _apply_tail(model, x, last)
+
+
+# ---------------------------------------------------------------- ShuffleNet v2
+
+
+def _v2_plan(model, stage, repeats):
+    """Where every channel of a v2 stage is born and which unit consumes it.
+
+    Producers: (stage, "left"), (stage, 1) (the down unit's right branch) and
+    (stage, u) for the basic units' branches. Returns `(consumers, orders)`:
+    `consumers[u]` (u = 2..repeats, and "end") lists (producer, channel) in the
+    logical input order of that consumer; `orders[producer]` is the producer's new
+    output channel order, grouped by consumer.
+    """
+    half = model.get_layer(f"stage{stage}_unit1_conv2").filters
+    state = [("left", k) for k in range(half)] + [(1, k) for k in range(half)]
+    state = [state[i] for i in _permutation_of(model.get_layer(f"stage{stage}_unit1_shuffle"))]
+    consumers = {}
+    for unit in range(2, repeats + 1):
+        consumers[unit] = state[half:]
+        merged = state[:half] + [(unit, k) for k in range(half)]
+        perm = _permutation_of(model.get_layer(f"stage{stage}_unit{unit}_shuffle"))
+        state = [merged[i] for i in perm]
+    consumers["end"] = state
+    rank = {key: r for r, key in enumerate([*range(2, repeats + 1), "end"])}
+    orders = {}
+    for consumer, channels in consumers.items():
+        for position, (producer, channel) in enumerate(channels):
+            orders.setdefault(producer, []).append((rank[consumer], position, channel))
+    orders = {p: np.asarray([c for _, _, c in sorted(v)]) for p, v in orders.items()}
+    return consumers, orders
+
+
+def _gather_input(consumer_channels, tensors, orders, name):
+    """A consumer's input as a concat of contiguous producer slices, and its row order.
+
+    Returns `(x, rows)`: physical channel k of `x` is logical input `rows[k]`.
+    """
+    position = {key: q for q, key in enumerate(consumer_channels)}
+    pieces, rows = [], []
+    for producer, order in orders.items():
+        mine = [k for k, c in enumerate(order) if (producer, c) in position]
+        if not mine:
+            continue
+        start, stop = mine[0], mine[-1] + 1
+        if stop - start != len(mine):
+            raise AssertionError("a producer's channels for one consumer must be contiguous")
+        tensor = tensors[producer]
+        if start == 0 and stop == len(order):
+            pieces.append(tensor)
+        else:
+            pieces.append(ChannelSlice(start, stop, name=f"{name}_slice{len(pieces)}")(tensor))
+        rows.extend(position[(producer, order[k])] for k in range(start, stop))
+    x = (
+        pieces[0]
+        if len(pieces) == 1
+        else layers.Concatenate(axis=-1, name=f"{name}_gather")(pieces)
+    )
+    return x, np.asarray(rows, dtype=np.int64)
+
+
+def _v2_branch(model, prefix, x, rows, columns):
+    """conv1 .. relu2 with conv1's input rows and conv2's output columns permuted."""
+    get = model.get_layer
+    conv1 = get(f"{prefix}_conv1")
+    weights = conv1.get_weights()
+    x = _copy(conv1, x, [weights[0][:, :, rows, :], *weights[1:]])
+    for suffix in ("bn1", "relu1", "dwconv", "dwbn"):
+        x = _copy(get(f"{prefix}_{suffix}"), x)
+    conv2, bn2 = get(f"{prefix}_conv2"), get(f"{prefix}_bn2")
+    weights = conv2.get_weights()
+    x = _copy(conv2, x, [weights[0][..., columns], *_take(weights[1:], columns)])
+    x = _copy(bn2, x, _take(bn2.get_weights(), columns))
+    return _copy(get(f"{prefix}_relu2"), x)
+
+
+def _v2_left(model, prefix, x, rows, columns):
+    """The down unit's left branch with its input rows and output columns permuted."""
+    get = model.get_layer
+    dwconv, dwbn = get(f"{prefix}_left_dwconv"), get(f"{prefix}_left_dwbn")
+    weights = dwconv.get_weights()
+    x = _copy(dwconv, x, [np.take(weights[0], rows, axis=2), *_take(weights[1:], rows)])
+    x = _copy(dwbn, x, _take(dwbn.get_weights(), rows))
+    conv, bn = get(f"{prefix}_left_conv"), get(f"{prefix}_left_bn")
+    weights = conv.get_weights()
+    x = _copy(conv, x, [weights[0][:, :, rows, :][..., columns], *_take(weights[1:], columns)])
+    x = _copy(bn, x, _take(bn.get_weights(), columns))
+    return _copy(get(f"{prefix}_left_relu"), x)
+
+
+def _fold_v2(model, inputs):
+    x = _stem(model, inputs)
+    rows = np.arange(x.shape[-1])
+    for stage, repeats in _units(model).items():
+        consumers, orders = _v2_plan(model, stage, repeats)
+        prefix = f"stage{stage}_unit1"
+        tensors = {
+            "left": _v2_left(model, prefix, x, rows, orders["left"]),
+            1: _v2_branch(model, prefix, x, rows, orders[1]),
+        }
+        for unit in range(2, repeats + 1):
+            prefix = f"stage{stage}_unit{unit}"
+            branch_input, branch_rows = _gather_input(consumers[unit], tensors, orders, prefix)
+            tensors[unit] = _v2_branch(model, prefix, branch_input, branch_rows, orders[unit])
+        x, rows = _gather_input(consumers["end"], tensors, orders, f"stage{stage}_end")
+    conv = model.get_layer("head_conv")
+    weights = conv.get_weights()
+    x = _copy(conv, x, [weights[0][:, :, rows, :], *weights[1:]])
+    x = _copy(model.get_layer("head_bn"), x)
+    x = _copy(model.get_layer("head_relu"), x)
+    return _apply_tail(model, x, "head_relu")
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def fold_model(model, route_manual=True, name=None):
+    """An equivalent inference model with every shuffle folded into the weights.
+
+    Args:
+        model: a ShuffleNet v1 / v2 from `keras_autoshuffle.applications` (channels_last)
+            whose shuffles are manual or hardened.
+        route_manual: v1 only; keep a `ChannelShuffle` (the cheap reshape-transpose) for
+            permutations with the manual block counts instead of routing them by slices.
+        name: the new model's name (default `<model.name>_folded`).
+
+    Returns:
+        A `keras.Model` with the same outputs (up to float rounding) and no GATHER.
+
+    Example:
+        >>> model = ShuffleNetV2(shuffle="auto", input_shape=(32, 32, 3), classes=10)
+        >>> harden_model(model)
+        >>> inference = fold_model(model)
+    """
+    family = _family(model)
+    for layer in model.layers:
+        if isinstance(layer, (RelaxedShuffle, ChannelShuffle)):
+            _permutation_of(layer)
+    inputs = keras.Input(shape=model.inputs[0].shape[1:])
+    if family == "v1":
+        outputs = _fold_v1(model, inputs, route_manual)
+    else:
+        outputs = _fold_v2(model, inputs)
+    return keras.Model(inputs, outputs, name=name or f"{model.name}_folded")
+
+
+def count_gathers(model):
+    """How many shuffle GATHERs (hardened RelaxedShuffle layers) a model holds."""
+    return sum(isinstance(layer, RelaxedShuffle) and layer.is_hardened for layer in model.layers)
