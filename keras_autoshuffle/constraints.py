@@ -3,9 +3,12 @@
 import keras
 from keras import ops
 
-# Column/row sums below this are treated as this value, so an all-zero (or all
-# negative, hence clipped to zero) column or row stays zero instead of NaN/inf.
-_MIN_SUM = 1e-12
+
+def _normalize(w, axis):
+    # An all-zero column or row (all negative before clipping) is divided by 1, so it
+    # stays zero instead of becoming NaN/inf; any positive sum, however tiny, scales to 1.
+    total = ops.sum(w, axis=axis, keepdims=True)
+    return w / ops.where(total > 0, total, ops.ones_like(total))
 
 
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")
@@ -41,8 +44,8 @@ class DoublyStochastic(keras.constraints.Constraint):
             raise ValueError(f"DoublyStochastic applies to 2-D matrices. Received: shape={w.shape}")
         for _ in range(self.iterations):
             w = ops.maximum(w, 0.0)
-            w = w / ops.maximum(ops.sum(w, axis=0, keepdims=True), _MIN_SUM)
-            w = w / ops.maximum(ops.sum(w, axis=1, keepdims=True), _MIN_SUM)
+            w = _normalize(w, axis=0)
+            w = _normalize(w, axis=1)
         return w
 
     def get_config(self):

@@ -114,3 +114,13 @@ def test_serialization():
     assert isinstance(restored, DoublyStochastic)
     assert restored.iterations == 7
     assert keras.constraints.get(config).iterations == 7
+
+
+def test_tiny_positive_columns_and_rows_are_normalised():
+    # Entries far below any fixed guard still scale to unit sums: only exact zeros are
+    # left as they are.
+    w = np.full((3, 3), 1e-30, dtype="float32")
+    w[0] = [0.5, 0.2, 0.3]
+    out = keras.ops.convert_to_numpy(DoublyStochastic()(w))
+    np.testing.assert_allclose(out.sum(axis=1), 1.0, rtol=1e-6)
+    assert np.all(np.isfinite(out))
