@@ -204,18 +204,18 @@ def make_strategy(name="auto"):
     """
     if name not in STRATEGIES:
         raise ValueError(f"`strategy` must be one of {STRATEGIES}. Received: strategy={name!r}")
+    if name == "auto" and _num_workers_in_tf_config() > 1:
+        name = "multi-worker"
+    if name == "multi-worker":
+        # Before anything touches the TF context: collectives are configured at startup.
+        return tf.distribute.MultiWorkerMirroredStrategy()
     gpus = tf.config.list_logical_devices("GPU")
     if name == "auto":
-        if _num_workers_in_tf_config() > 1:
-            name = "multi-worker"
-        else:
-            name = "mirrored" if len(gpus) > 1 else "one-device"
+        name = "mirrored" if len(gpus) > 1 else "one-device"
     if name == "one-device":
         return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
-    if name == "mirrored":
-        devices = None if gpus else [d.name for d in tf.config.list_logical_devices("CPU")]
-        return tf.distribute.MirroredStrategy(devices)
-    return tf.distribute.MultiWorkerMirroredStrategy()
+    devices = None if gpus else [d.name for d in tf.config.list_logical_devices("CPU")]
+    return tf.distribute.MirroredStrategy(devices)
 
 
 def _num_workers_in_tf_config():
@@ -242,6 +242,7 @@ def train(
     seed=0,
     export=True,
     settings=None,
+    callbacks=None,
     verbose=1,
 ):
     """Trains, hardens and exports a model; writes everything into `output_dir`.
@@ -253,12 +254,15 @@ def train(
         recipe: a `Recipe` (see `get_recipe`).
         output_dir: where `model.keras`, `saved_model/`, `model.tflite`, `report.json`,
             `history.csv`, `logs/`, `best.keras` and the `backup/` of a running job go.
-        strategy: a name in STRATEGIES or a `tf.distribute.Strategy`.
+        strategy: a `tf.distribute.Strategy` or a name in STRATEGIES. Create a
+            MultiWorkerMirroredStrategy (`make_strategy("multi-worker")`) at program
+            start, before TensorFlow runs any op, and pass it here.
         mixed_precision: float16 on GPU, bfloat16 on CPU (shuffle matrices stay float32).
         jit_compile: XLA (off by default: measured 4x slower on CPU).
         seed: seeds the initial weights, the data order and the augmentation.
         export: write the SavedModel and LiteRT files (and check them against Keras).
         settings: extra entries for the report's `settings`.
+        callbacks: extra Keras callbacks, run after the built-in ones (before hardening).
         verbose: 0 silent, 1 Keras's progress bar, 2 one line per epoch.
 
     Returns:
@@ -297,6 +301,7 @@ def train(
             history_path,
             jit_compile=jit_compile,
             verbose=verbose if chief else 0,
+            extra=list(callbacks or []),
         )
     finally:
         keras.config.set_dtype_policy(previous_policy)
@@ -325,7 +330,7 @@ def train(
         **(settings or {}),
         **dataclasses.asdict(recipe),
         "epochs": recipe.epochs,
-        "strategy": type(strategy).__name__,
+        "strategy": _strategy_name(strategy),
         "replicas": strategy.num_replicas_in_sync,
         "mixed_precision": keras.config.dtype_policy().name if mixed_precision else False,
         "jit_compile": jit_compile,
@@ -337,6 +342,16 @@ def train(
     with open(report["files"]["report"], "w") as f:
         json.dump(report, f, indent=2, default=_json_default)
     return report
+
+
+def _strategy_name(strategy):
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "multi-worker"
+    if isinstance(strategy, tf.distribute.MirroredStrategy):
+        return "mirrored"
+    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        return "one-device"
+    return type(strategy).__name__
 
 
 def _json_default(value):
@@ -366,7 +381,10 @@ def _callbacks(output_dir, history_path, resumed, chief):
         ShufflePenaltyLogger(),
         keras.callbacks.BackupAndRestore(os.path.join(output_dir, "backup")),
         keras.callbacks.ModelCheckpoint(
-            os.path.join(output_dir, "best.keras"), monitor="val_accuracy", save_best_only=True
+            os.path.join(output_dir, "best.keras"),
+            monitor="val_accuracy",
+            mode="max",
+            save_best_only=True,
         )
         if chief
         else None,
@@ -386,6 +404,7 @@ def _fit(
     history_path,
     jit_compile,
     verbose,
+    extra=(),
 ):
     with strategy.scope():
         model.compile(
@@ -401,6 +420,7 @@ def _fit(
     callbacks = [
         counter.callback(),
         *_callbacks(output_dir, history_path, resumed, True),
+        *extra,
         hardening,
     ]
     model.fit(
@@ -425,6 +445,7 @@ def _custom_loop(
     history_path,
     jit_compile,
     verbose,
+    extra=(),
 ):
     """MultiWorkerMirroredStrategy with a hand-written step (fit is broken there).
 
@@ -434,11 +455,11 @@ def _custom_loop(
     by hand; each worker backs up to its own directory.
     """
     batch = recipe.batch_size
-    replicas = strategy.num_replicas_in_sync
-    workers = strategy.extended._num_workers if hasattr(strategy.extended, "_num_workers") else 1
     steps = train_data.steps(batch)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=None)
     with strategy.scope():
+        # compile() only records the optimizer and loss here (callbacks read them).
+        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
         optimizer.build(model.trainable_variables)
 
     def step_fn(images, labels):
@@ -475,6 +496,22 @@ def _custom_loop(
             totals += [float(t) for t in eval_step(images, labels)]
         return totals[0] / totals[2], totals[1] / totals[2]
 
+    statistics = [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
+
+    @tf.function
+    def mean_statistics():
+        def fn():
+            context = tf.distribute.get_replica_context()
+            return [context.all_reduce("MEAN", v.value.read_value()) for v in statistics]
+
+        return strategy.run(fn)
+
+    def average_statistics():
+        # BatchNorm moving statistics are updated per replica; average them over all
+        # replicas so every worker evaluates and checkpoints the same model.
+        for variable, mean in zip(statistics, mean_statistics(), strict=True):
+            variable.assign(strategy.experimental_local_results(mean)[0])
+
     def epoch_data(epoch):
         def fn(context):
             return train_data.epoch_dataset(
@@ -489,7 +526,8 @@ def _custom_loop(
     resumed = os.path.exists(os.path.join(output_dir, "backup"))
     chief = _is_chief(strategy)
     callbacks = keras.callbacks.CallbackList(
-        [c for c in _callbacks(output_dir, history_path, resumed, chief) if c is not None],
+        [c for c in _callbacks(output_dir, history_path, resumed, chief) if c is not None]
+        + list(extra),
         add_progbar=verbose > 0,
         model=model,
         verbose=verbose,
@@ -509,6 +547,8 @@ def _custom_loop(
             totals += [float(t) for t in train_step(iterator)]
             logs = {"loss": totals[0] / totals[2], "accuracy": totals[1] / totals[2]}
             callbacks.on_train_batch_end(step, logs)
+        if statistics:
+            average_statistics()
         val_loss, val_accuracy = evaluate()
         logs = {**logs, "val_loss": val_loss, "val_accuracy": val_accuracy}
         logs["learning_rate"] = float(optimizer.learning_rate)
@@ -517,7 +557,6 @@ def _custom_loop(
     relaxed_loss, relaxed_accuracy = evaluate()
     layers = harden_model(model)
     rounded_loss, rounded_accuracy = evaluate()
-    del workers, replicas
     return {
         "epoch": None,
         "layers": layers,
@@ -585,6 +624,8 @@ def run_from_args(args, recipe_name, stem, manual_dir=None):
 
     from keras_autoshuffle import applications, data
 
+    # First: MultiWorkerMirroredStrategy must exist before TensorFlow runs any op.
+    strategy = make_strategy(args.strategy)
     recipe = get_recipe(
         recipe_name,
         epochs=args.epochs,
@@ -621,7 +662,7 @@ def run_from_args(args, recipe_name, stem, manual_dir=None):
         test_data,
         recipe,
         args.output,
-        strategy=args.strategy,
+        strategy=strategy,
         mixed_precision=args.mixed_precision,
         jit_compile=args.jit_compile,
         seed=args.seed,

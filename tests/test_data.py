@@ -1,0 +1,162 @@
+"""Pipelines: the embedded digits, TFDS CIFAR-10 / ImageNet (mock data), determinism."""
+
+from unittest import mock
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from keras_autoshuffle import data
+
+
+def _collect(dataset):
+    images, labels = zip(*[(x.numpy(), y.numpy()) for x, y in dataset], strict=True)
+    return np.concatenate(images), np.concatenate(labels)
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return data.digits(seed=3)
+
+
+@pytest.fixture
+def mocked_tfds():
+    """TFDS random mock examples; `is_prepared` patched (the mock writes no metadata)."""
+    with (
+        tfds.testing.mock_data(num_examples=12),
+        mock.patch.object(tfds.core.DatasetBuilder, "is_prepared", return_value=True),
+    ):
+        yield
+
+
+def test_digits_split_shapes_and_ranges(digits):
+    train, test = digits
+    # load_digits has 1797 images; 80/20 stratified -> 1437 / 360, 10 classes.
+    assert (train.num_examples, test.num_examples) == (1437, 360)
+    assert train.input_shape == (32, 32, 3) and train.num_classes == 10
+    counts = np.bincount(test.labels, minlength=10)
+    assert counts.min() >= 35 and counts.max() <= 37  # stratified: 10% of 360 each, +-1
+    for split in (train, test):
+        assert split.images.dtype == np.float32 and split.labels.dtype == np.int32
+        assert split.images.min() >= -1.0 and split.images.max() <= 1.0
+        # grey digits: the three channels are equal
+        np.testing.assert_array_equal(split.images[..., 0], split.images[..., 2])
+
+
+def test_digits_are_sklearn_digits_upsampled():
+    from sklearn.datasets import load_digits
+
+    (x_train, y_train), (x_test, y_test) = data.load_digits(size=8)
+    reference = load_digits()
+    # At 8x8 the resize is the identity: every image is one of scikit-learn's, / 16.
+    expected = sorted(map(tuple, np.round(reference.images.reshape(-1, 64) / 16.0, 5)))
+    ours = np.concatenate([x_train, x_test])[..., 0].reshape(-1, 64)
+    assert sorted(map(tuple, np.round(ours, 5))) == expected
+    assert sorted(np.concatenate([y_train, y_test])) == sorted(reference.target)
+
+
+def test_training_batches_are_pure_functions_of_seed_and_epoch(digits):
+    train, _ = digits
+    first, labels = _collect(train.epoch_dataset(2, 64))
+    again, labels_again = _collect(train.epoch_dataset(2, 64))
+    np.testing.assert_array_equal(first, again)
+    np.testing.assert_array_equal(labels, labels_again)
+    _, other = _collect(train.epoch_dataset(3, 64))
+    assert not np.array_equal(labels, other)  # a new order each epoch
+    # training drops the last partial batch: 1437 // 64 = 22 batches
+    assert len(labels) == 22 * 64 == train.steps(64) * 64
+
+
+def test_augmentation_is_per_example_and_training_only(digits):
+    train, test = digits
+    seed, epoch = train.seed, 5
+    order = data.epoch_permutation(train.num_examples, seed, epoch).numpy()
+    images, labels = _collect(train.epoch_dataset(epoch, 32))
+    np.testing.assert_array_equal(labels, train.labels[order[: len(labels)]])
+    # Example i in epoch e is the crop drawn from (seed, e, i), wherever it lands.
+    for position in (0, 7, 100):
+        index = order[position]
+        expected = data.pad_crop_flip(
+            train.images[index], data.example_seed(seed, epoch, index), padding=2, flip=False
+        )
+        np.testing.assert_array_equal(images[position], expected.numpy())
+    changed = [not np.array_equal(images[p], train.images[order[p]]) for p in range(64)]
+    assert sum(changed) > 32  # most crops move the digit
+    # Evaluation: stored order, no augmentation, last partial batch kept.
+    eval_images, eval_labels = _collect(test.eval_dataset(100))
+    np.testing.assert_array_equal(eval_images, test.images)
+    np.testing.assert_array_equal(eval_labels, test.labels)
+
+
+def test_fit_dataset_reads_the_epoch_counter(digits):
+    train, _ = digits
+    counter = data.EpochCounter()
+    dataset = train.fit_dataset(128, counter)
+    assert int(dataset.cardinality()) == train.steps(128)
+    counter.variable.assign(4)
+    np.testing.assert_array_equal(_collect(dataset)[1], _collect(train.epoch_dataset(4, 128))[1])
+
+
+def test_shards_partition_each_global_batch(digits):
+    train, _ = digits
+    whole = _collect(train.epoch_dataset(1, 64))[1]
+    shards = [_collect(train.epoch_dataset(1, 32, num_shards=2, shard_index=w))[1] for w in (0, 1)]
+    for step in range(len(shards[1]) // 32):
+        joined = np.concatenate([s[step * 32 : (step + 1) * 32] for s in shards])
+        np.testing.assert_array_equal(joined, whole[step * 64 : (step + 1) * 64])
+
+
+def test_bad_batch_size_raises(digits):
+    with pytest.raises(ValueError, match="batch_size=0"):
+        digits[0].epoch_dataset(0, 0)
+    with pytest.raises(ValueError, match="dataset='mnist'"):
+        data.load("mnist")
+
+
+def test_cifar10_with_mock_data(mocked_tfds):
+    train, test = data.cifar10(seed=1)
+    assert train.images.shape == (12, 32, 32, 3) and train.images.dtype == np.float32
+    # (x / 255 - mean) / std for x in [0, 255]
+    low = -np.array(data.CIFAR10_MEAN) / np.array(data.CIFAR10_STD)
+    high = (1 - np.array(data.CIFAR10_MEAN)) / np.array(data.CIFAR10_STD)
+    assert np.all(train.images.min((0, 1, 2)) >= low - 1e-5)
+    assert np.all(train.images.max((0, 1, 2)) <= high + 1e-5)
+    assert set(train.labels) <= set(range(10)) and train.num_classes == 10
+    images, _ = _collect(train.epoch_dataset(0, 4))
+    assert images.shape == (12, 32, 32, 3)
+    zeros = np.all(images == 0, axis=-1).mean()  # zero-padding shows up in crops
+    assert zeros > 0
+    np.testing.assert_array_equal(_collect(test.eval_dataset(5))[0], test.images)
+
+
+def test_imagenet_with_mock_data(mocked_tfds):
+    train, validation = data.imagenet(seed=0, size=32, shuffle_buffer=8)
+    assert train.num_examples == 12 and train.num_classes == 1000
+    images, labels = _collect(train.epoch_dataset(0, 4))
+    assert images.shape == (12, 32, 32, 3) and images.dtype == np.float32
+    assert labels.min() >= 0 and labels.max() < 1000
+    low = (0 - np.array(data.IMAGENET_MEAN)) / np.array(data.IMAGENET_STD)
+    high = (1 - np.array(data.IMAGENET_MEAN)) / np.array(data.IMAGENET_STD)
+    assert images.min() >= low.min() - 1e-4 and images.max() <= high.max() + 1e-4
+    again, labels_again = _collect(train.epoch_dataset(0, 4))
+    np.testing.assert_array_equal(images, again)
+    np.testing.assert_array_equal(labels, labels_again)
+    first, eval_labels = _collect(validation.eval_dataset(5))
+    second, _ = _collect(validation.eval_dataset(5))
+    assert first.shape == (12, 32, 32, 3)
+    np.testing.assert_array_equal(first, second)
+
+
+def test_resize_center_crop_takes_the_center():
+    image = tf.reshape(tf.range(300 * 400 * 3, dtype=tf.float32), (300, 400, 3))
+    out = data.resize_center_crop(image, resize=300, size=200)
+    # resize is the identity (shorter side already 300): the crop starts at (50, 100)
+    np.testing.assert_array_equal(out.numpy(), image.numpy()[50:250, 100:300])
+
+
+def test_missing_tfds_data_raises_with_instructions(tmp_path):
+    with pytest.raises(data.DataMissingError, match="tfds build cifar10"):
+        data.load("cifar10", data_dir=str(tmp_path))
+    with pytest.raises(data.DataMissingError, match="ILSVRC2012_img_train.tar"):
+        data.load("imagenet2012", data_dir=str(tmp_path), manual_dir=str(tmp_path))

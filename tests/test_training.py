@@ -1,0 +1,279 @@
+"""Recipes, schedule, coupled weight decay, strategies, multi-host and kill-and-resume."""
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from keras import layers
+
+from keras_autoshuffle import RelaxedShuffle, data, training
+
+# A tiny training job run in subprocesses: argv = output, epochs, kill_at, strategy.
+CHILD = r"""
+import os, signal, sys
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import keras
+from keras import layers
+from keras_autoshuffle import RelaxedShuffle, data, training
+
+out, epochs, kill_at, strategy = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+strategy = training.make_strategy(strategy)  # before any TF op (multi-worker needs it)
+train, test = data.digits(seed=7)
+train, test = train.subset(128), test.subset(64)
+
+
+def model_fn():
+    return keras.Sequential([
+        keras.Input((32, 32, 3)),
+        layers.Conv2D(8, 3, strides=4, use_bias=False),
+        layers.BatchNormalization(),
+        RelaxedShuffle(penalty=1e-2),
+        layers.ReLU(),
+        layers.GlobalAveragePooling2D(),
+        layers.Dense(10, activation="softmax"),
+    ])
+
+
+class KillAfterEpoch(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch + 1 == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+recipe = training.get_recipe("digits", epochs=epochs, batch_size=32)
+training.train(model_fn, train, test, recipe, out, strategy=strategy, seed=5, export=False,
+               callbacks=[KillAfterEpoch()], verbose=0)
+"""
+
+
+def _run_child(tmp_path, out, epochs, kill_at=0, strategy="one-device", env=None, wait=True):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
+    args = [sys.executable, str(script), str(out), str(epochs), str(kill_at), strategy]
+    process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    if not wait:
+        return process
+    output, _ = process.communicate(timeout=300)
+    return process.returncode, output.decode(errors="replace")
+
+
+def _weights_and_permutations(path):
+    model = keras.saving.load_model(path, safe_mode=True)
+    perms = [layer.permutation for layer in model.layers if isinstance(layer, RelaxedShuffle)]
+    return model.get_weights(), perms
+
+
+def _epochs_logged(path):
+    with open(path) as f:
+        return [int(row["epoch"]) for row in csv.DictReader(f)]
+
+
+def test_recipes_match_the_paper():
+    # REFERENCE.md, "Training recipes (paper, Section 4)".
+    cifar = training.get_recipe("cifar10")
+    assert (cifar.penalty, cifar.learning_rates, cifar.cycle_epochs) == (1e-3, (0.2,), (200,))
+    assert (cifar.momentum, cifar.weight_decay, cifar.batch_size) == (0.95, 1e-4, 128)
+    imagenet = training.get_recipe("imagenet")
+    assert (imagenet.penalty, imagenet.learning_rates) == (2e-3, (0.2, 0.1))
+    assert imagenet.cycle_epochs == (100, 100) and imagenet.epochs == 200
+    assert (imagenet.momentum, imagenet.weight_decay, imagenet.batch_size) == (0.9, 4e-5, 512)
+    quick = training.get_recipe("digits", epochs=3, batch_size=16, penalty=0.1, learning_rate=0.05)
+    assert (quick.epochs, quick.batch_size, quick.penalty, quick.learning_rates) == (
+        3,
+        16,
+        0.1,
+        (0.05,),
+    )
+    assert training.get_recipe("imagenet", epochs=2, learning_rate=0.4).learning_rates == (
+        0.4,
+        0.2,
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"name": "mnist"}, "recipe='mnist'"),
+        ({"name": "digits", "epochs": 0}, "epochs=0"),
+        ({"name": "digits", "batch_size": 2.5}, "batch_size=2.5"),
+        ({"name": "digits", "penalty": -1.0}, "penalty=-1.0"),
+    ],
+)
+def test_bad_recipe_arguments_raise(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        training.get_recipe(**kwargs)
+
+
+def test_bad_strategy_raises():
+    with pytest.raises(ValueError, match="strategy='tpu'"):
+        training.make_strategy("tpu")
+
+
+def test_linear_cycles_schedule():
+    schedule = training.LinearCycles((0.2, 0.1), (10, 20))
+    steps = np.arange(0, 35)
+    # Independent NumPy statement of the paper's schedule: linear decay within each cycle.
+    expected = np.where(
+        steps < 10,
+        0.2 * (1 - steps / 10),
+        np.where(steps < 30, 0.1 * (1 - (steps - 10) / 20), 0.0),
+    )
+    got = [float(schedule(s)) for s in steps]
+    np.testing.assert_allclose(got, expected, atol=1e-7)
+    assert got[10] == pytest.approx(0.1)  # cycle 2 restarts at 0.1
+    restored = training.LinearCycles.from_config(schedule.get_config())
+    assert float(restored(15)) == pytest.approx(0.075)
+    with pytest.raises(ValueError, match="cycle_steps"):
+        training.LinearCycles((0.2,), (10, 10))
+
+
+def test_coupled_sgd_matches_pytorch_sgd_weight_decay():
+    lr, momentum, wd = 0.1, 0.9, 0.01
+    w = keras.Variable(np.array([1.0, -2.0, 3.0], "float32"))
+    m = keras.Variable(np.eye(3, dtype="float32"))
+    optimizer = training.CoupledSGD(lr, momentum=momentum, l2=wd)
+    optimizer.exclude_from_weight_decay(var_list=[m])
+    grads = [np.array([0.5, 0.1, -0.2], "float32"), np.array([0.3, 0.3, 0.3], "float32")]
+    # PyTorch: d = g + wd * w; buf = momentum * buf + d; w -= lr * buf.
+    ref_w, buf = w.numpy().astype(np.float64), 0.0
+    ref_m, buf_m = m.numpy().astype(np.float64), 0.0
+    for g in grads:
+        optimizer.apply_gradients([(g, w), (np.ones((3, 3), "float32"), m)])
+        buf = momentum * buf + g + wd * ref_w
+        ref_w = ref_w - lr * buf
+        buf_m = momentum * buf_m + 1.0  # excluded: no decay term
+        ref_m = ref_m - lr * buf_m
+    np.testing.assert_allclose(w.numpy(), ref_w, rtol=1e-6)
+    np.testing.assert_allclose(m.numpy(), ref_m, rtol=1e-6)
+    config = training.CoupledSGD.from_config(optimizer.get_config()).get_config()
+    assert config["l2"] == wd
+
+
+def test_make_optimizer_excludes_the_shuffle_matrices():
+    model = keras.Sequential([keras.Input((4, 4, 6)), layers.Conv2D(6, 1), RelaxedShuffle()])
+    optimizer = training.make_optimizer(training.get_recipe("digits"), 10, model)
+    matrix = model.layers[1].matrix
+    assert not optimizer._use_weight_decay(matrix)
+    assert optimizer._use_weight_decay(model.layers[0].kernel)
+
+
+def _tiny_model():
+    # No BatchNorm: its batch statistics are per replica, so they differ from one device.
+    return keras.Sequential(
+        [
+            keras.Input((32, 32, 3)),
+            layers.Conv2D(8, 3, strides=4),
+            RelaxedShuffle(penalty=1e-2, seed=3),
+            layers.ReLU(),
+            layers.GlobalAveragePooling2D(),
+            layers.Dense(10, activation="softmax"),
+        ]
+    )
+
+
+@pytest.mark.slow
+def test_mirrored_one_epoch_matches_one_device(two_cpus, tmp_path):
+    train, test = data.digits(seed=1)
+    train, test = train.subset(128), test.subset(64)
+    recipe = training.get_recipe("digits", epochs=1, batch_size=32)
+    results = []
+    for name, strategy in [
+        ("one", tf.distribute.OneDeviceStrategy(two_cpus[0])),
+        ("mirrored", tf.distribute.MirroredStrategy(two_cpus)),
+    ]:
+        report = training.train(
+            _tiny_model,
+            train,
+            test,
+            recipe,
+            str(tmp_path / name),
+            strategy=strategy,
+            seed=2,
+            export=False,
+            verbose=0,
+        )
+        weights, perms = _weights_and_permutations(report["files"]["keras"])
+        with open(report["files"]["history"]) as f:
+            loss = float(next(csv.DictReader(f))["loss"])
+        results.append((weights, perms, loss, report))
+    (w1, p1, l1, r1), (w2, p2, l2, r2) = results
+    assert (r1["settings"]["strategy"], r1["settings"]["replicas"]) == ("one-device", 1)
+    assert (r2["settings"]["strategy"], r2["settings"]["replicas"]) == ("mirrored", 2)
+    assert l1 == pytest.approx(l2, rel=1e-5)
+    for a, b in zip(w1, w2, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    np.testing.assert_array_equal(p1[0], p2[0])
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.mark.slow
+def test_two_process_multi_worker_run_holds_identical_weights(tmp_path):
+    ports = _free_ports(2)
+    cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
+    out = tmp_path / "mw"
+    processes = [
+        _run_child(
+            tmp_path,
+            out,
+            epochs=1,
+            strategy="multi-worker",
+            wait=False,
+            env={
+                "TF_CONFIG": json.dumps(
+                    {"cluster": cluster, "task": {"type": "worker", "index": i}}
+                )
+            },
+        )
+        for i in range(2)
+    ]
+    outputs = [p.communicate(timeout=300)[0].decode(errors="replace") for p in processes]
+    for process, output in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, output[-3000:]
+    chief = _weights_and_permutations(str(out / "model.keras"))
+    worker = _weights_and_permutations(str(out / "worker-1" / "model.keras"))
+    for a, b in zip(chief[0], worker[0], strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(chief[1][0], worker[1][0])
+    assert sorted(chief[1][0]) == list(range(8))
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["strategy"] == "multi-worker"
+    assert report["settings"]["replicas"] == 2
+    assert _epochs_logged(out / "history.csv") == [0]
+    assert np.isfinite(report["relaxed_loss"])
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_and_ends_with_the_same_weights(tmp_path):
+    code, output = _run_child(tmp_path, tmp_path / "whole", epochs=4)
+    assert code == 0, output[-3000:]
+    code, output = _run_child(tmp_path, tmp_path / "killed", epochs=4, kill_at=2)
+    assert code == -signal.SIGKILL, output[-3000:]
+    assert (tmp_path / "killed" / "backup").exists()
+    assert _epochs_logged(tmp_path / "killed" / "history.csv") == [0, 1]
+    code, output = _run_child(tmp_path, tmp_path / "killed", epochs=4)
+    assert code == 0, output[-3000:]
+    # Resumed at epoch 2: the log holds each epoch once.
+    assert _epochs_logged(tmp_path / "killed" / "history.csv") == [0, 1, 2, 3]
+    whole = _weights_and_permutations(str(tmp_path / "whole" / "model.keras"))
+    resumed = _weights_and_permutations(str(tmp_path / "killed" / "model.keras"))
+    for a, b in zip(whole[0], resumed[0], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    np.testing.assert_array_equal(whole[1][0], resumed[1][0])
