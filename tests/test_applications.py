@@ -23,6 +23,7 @@ from keras_autoshuffle.applications import (
     preprocess_input,
     shuffle_layers,
 )
+from keras_autoshuffle.applications.shufflenet_v1 import MEGVII_CONFIGS
 from keras_autoshuffle.applications.shufflenet_v1 import WIDTHS as V1_WIDTHS
 
 IMAGENET = (224, 224, 3)
@@ -180,8 +181,14 @@ def test_batch_norm_matches_pytorch_defaults():
     [
         lambda: ShuffleNetV2(0.5, input_shape=CIFAR, classes=10),
         lambda: AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10),
-        lambda: ShuffleNetV1(0.25, 3, input_shape=CIFAR, classes=10),
-        lambda: AutoShuffleNetV1(0.25, 3, input_shape=CIFAR, classes=10),
+        # Eager grouped-conv gradients take ~10 s on TF CPU (0.3 s in a traced fit step).
+        pytest.param(
+            lambda: ShuffleNetV1(0.25, 3, input_shape=CIFAR, classes=10), marks=pytest.mark.slow
+        ),
+        pytest.param(
+            lambda: AutoShuffleNetV1(0.25, 3, input_shape=CIFAR, classes=10),
+            marks=pytest.mark.slow,
+        ),
         lambda: AutoShuffleNetV1(0.25, 1, input_shape=CIFAR, classes=10),
     ],
     ids=["v2", "auto_v2", "v1_g3", "auto_v1_g3", "auto_v1_g1"],
@@ -297,9 +304,12 @@ def test_invalid_arguments_raise(builder, kwargs, received):
 
 
 @pytest.mark.slow
-def test_every_v1_width_and_groups_pair_builds():
-    for groups in (1, 2, 3, 4, 8):
+def test_every_rounded_v1_width_and_groups_pair_builds():
+    # The pairs outside megvii's tables and the 1.0x rows: widths rounded to 4 * groups.
+    for groups in (1, 2, 4, 8):
         for width in V1_WIDTHS:
+            if width == 1.0 or (groups, width) in MEGVII_CONFIGS:
+                continue
             model = ShuffleNetV1(width, groups, include_top=False, input_shape=CIFAR)
             assert model.output.shape[-1] % (4 * groups) == 0
 
