@@ -1,6 +1,7 @@
 """keras-autoshuffle: learned channel permutations (AutoShuffleNet) for Keras."""
 
-from keras_autoshuffle import applications
+# `training` registers CoupledSGD and LinearCycles, which saved checkpoints reference.
+from keras_autoshuffle import applications, training
 from keras_autoshuffle.callbacks import (
     HardenShuffles,
     RoundingMonitor,
