@@ -7,19 +7,56 @@ from keras_autoshuffle import permutations
 from keras_autoshuffle.layers import relaxed_shuffles, total_penalty
 
 
-def harden_model(model):
+def harden_model(model, balanced=False, time_limit=None):
     """Hardens every relaxed shuffle of `model` in place; returns a per-layer report.
 
     Each entry holds the layer name, its penalty P(M) and its Frobenius distance to
-    the chosen (nearest) permutation, whether argmax rounding agrees, and the
-    permutation. The model's compiled train/test/predict functions are reset, since
-    the hardened layers trace to a different graph.
+    the chosen permutation, whether argmax rounding agrees, and the permutation. The
+    model's compiled train/test/predict functions are reset, since the hardened layers
+    trace to a different graph.
+
+    Args:
+        model: a model with RelaxedShuffle layers.
+        balanced: False for the nearest permutation (linear assignment). True for
+            balanced hardening: each ShuffleNet v1 shuffle between two grouped convs
+            gets the nearest permutation with the manual shuffle's g x g block counts
+            (`nearest_balanced_permutation`), so that folding leaves the cheap manual
+            reshape-transpose; groups from `folding.shuffle_groups(model)`, or a dict
+            {layer name: groups or None}. Entries then add `groups`, `mass` and
+            `plain_mass` (matched mass of the balanced and the unconstrained nearest
+            permutation), `plain_distance`, `optimal` and `seconds`.
+        time_limit: seconds per layer for the balanced solver (None: prove optimality).
     """
+    if balanced is True:
+        from keras_autoshuffle.folding import shuffle_groups
+
+        balanced = shuffle_groups(model)
+    elif balanced is not False and not isinstance(balanced, dict):
+        raise ValueError(
+            f"`balanced` must be True, False or a dict of groups. Received: balanced={balanced!r}"
+        )
     report = []
     for layer in relaxed_shuffles(model):
         matrix = ops.convert_to_numpy(layer.matrix)
         penalty = layer.penalty_value()
-        perm = layer.harden()
+        groups = balanced.get(layer.name) if balanced else None
+        extra = {}
+        if groups:
+            plain = permutations.nearest_permutation(matrix)
+            chosen, info = permutations.nearest_balanced_permutation(
+                matrix, groups, time_limit=time_limit, return_info=True
+            )
+            extra = {
+                "groups": groups,
+                "mass": info["mass"],
+                "plain_mass": permutations.matched_mass(matrix, plain),
+                "plain_distance": permutations.distance_to_permutation(matrix, plain),
+                "optimal": info["optimal"],
+                "seconds": info["seconds"],
+            }
+            perm = layer.harden(chosen)
+        else:
+            perm = layer.harden()
         report.append(
             {
                 "name": layer.name,
@@ -28,6 +65,7 @@ def harden_model(model):
                 "distance": permutations.distance_to_permutation(matrix, perm),
                 "argmax_agrees": permutations.argmax_agrees(matrix),
                 "permutation": perm.tolist(),
+                **extra,
             }
         )
     model.test_function = model.predict_function = None
@@ -85,12 +123,13 @@ class HardenShuffles(keras.callbacks.Callback):
         at_epoch: harden after this many completed epochs (positive int), or None
             for the end of training.
         verbose: print the report summary.
+        balanced: balanced hardening for ShuffleNet v1 (see `harden_model`).
 
     Reference:
         Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624 (Table 3)
     """
 
-    def __init__(self, validation_data=None, at_epoch=None, verbose=1):
+    def __init__(self, validation_data=None, at_epoch=None, verbose=1, balanced=False):
         super().__init__()
         if at_epoch is not None and (
             isinstance(at_epoch, bool) or not isinstance(at_epoch, int) or at_epoch < 1
@@ -101,6 +140,7 @@ class HardenShuffles(keras.callbacks.Callback):
         self.validation_data = validation_data
         self.at_epoch = at_epoch
         self.verbose = verbose
+        self.balanced = balanced
         self.report = None
 
     def on_epoch_end(self, epoch, logs=None):
@@ -114,7 +154,7 @@ class HardenShuffles(keras.callbacks.Callback):
     def _harden(self, epoch):
         data = self.validation_data
         before = None if data is None else _evaluate(self.model, data)
-        layers = harden_model(self.model)
+        layers = harden_model(self.model, balanced=self.balanced)
         after = None if data is None else _evaluate(self.model, data)
         report = {"epoch": epoch, "layers": layers}
         if before is not None:
@@ -145,6 +185,12 @@ def format_report(report):
         lines.append(
             f"  {layer['name']}: N={layer['channels']} penalty {layer['penalty']:.3e} "
             f"distance {layer['distance']:.3e} argmax agrees: {layer['argmax_agrees']}"
+            + (
+                f" balanced g={layer['groups']}: mass {layer['mass']:.3f} vs plain "
+                f"{layer['plain_mass']:.3f}"
+                if "groups" in layer
+                else ""
+            )
         )
     return "\n".join(lines)
 

@@ -63,6 +63,8 @@ def test_round_trips_with_parity(tmp_path):
     identity = _tiny_model(relaxed=True)
     identity.get_layer("learned_shuffle").harden(np.arange(12))
     identity.set_weights(model.get_weights())
+    interpreter = export.litert_interpreter(result["litert"]["path"])
+    assert "GATHER" in {op["op_name"] for op in interpreter._get_ops_details()}
     litert = export.litert_outputs(result["litert"]["path"], inputs)
     assert np.max(np.abs(litert - export.keras_outputs(identity, inputs))) > 1e-3
 
