@@ -332,7 +332,7 @@ def train(
         "epochs": recipe.epochs,
         "strategy": _strategy_name(strategy),
         "replicas": strategy.num_replicas_in_sync,
-        "mixed_precision": keras.config.dtype_policy().name if mixed_precision else False,
+        "mixed_precision": mixed_precision_policy() if mixed_precision else False,
         "jit_compile": jit_compile,
         "seed": seed,
         "train_examples": train_data.num_examples,

@@ -277,3 +277,24 @@ def test_killed_run_resumes_and_ends_with_the_same_weights(tmp_path):
     for a, b in zip(whole[0], resumed[0], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
     np.testing.assert_array_equal(whole[1][0], resumed[1][0])
+
+
+def test_mixed_precision_trains_in_bfloat16_on_cpu_with_float32_matrices(tmp_path):
+    train, test = data.digits(seed=1)
+    train, test = train.subset(32), test.subset(16)
+    recipe = training.get_recipe("digits", epochs=1, batch_size=16)
+    dtypes = []
+
+    class Record(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            shuffle = self.model.layers[1]
+            dtypes.append((self.model.layers[0].compute_dtype, shuffle.matrix.dtype))
+
+    report = training.train(
+        _tiny_model, train, test, recipe, str(tmp_path), strategy="one-device",
+        mixed_precision=True, export=False, callbacks=[Record()], verbose=0,
+    )  # fmt: skip
+    assert report["settings"]["mixed_precision"] == "mixed_bfloat16"
+    assert dtypes == [("bfloat16", "float32")]
+    assert keras.config.dtype_policy().name == "float32"  # restored afterwards
+    assert np.isfinite(report["relaxed_loss"])

@@ -1,0 +1,88 @@
+"""The training scripts end to end on the embedded digits, with tiny settings."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from keras_autoshuffle import RelaxedShuffle, data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _script(name, *args, timeout=300):
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", name), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+    return result.returncode, result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_train_cifar10_script_on_digits_writes_everything(tmp_path):
+    out = tmp_path / "run"
+    code, output = _script(
+        "train_cifar10.py",
+        "--dataset", "digits", "--model", "v2", "--width", "0.5", "--shuffle", "auto",
+        "--epochs", "1", "--batch-size", "32", "--max-train-examples", "96",
+        "--output", str(out), "--verbose", "0",
+    )  # fmt: skip
+    assert code == 0, output[-3000:]
+    for name in ("model.keras", "saved_model", "model.tflite", "report.json", "history.csv"):
+        assert (out / name).exists(), name
+    assert any((out / "logs").rglob("events.out.tfevents*"))
+    assert (out / "best.keras").exists() and not (out / "backup").exists()
+    # The script prints where everything is.
+    assert str(out / "model.tflite") in output and "rounded" in output
+
+    report = json.loads((out / "report.json").read_text())
+    for key in ("relaxed_accuracy", "rounded_accuracy", "relative_change", "final_penalty"):
+        assert np.isfinite(report[key]), key
+    assert 0 <= report["rounded_accuracy"] <= 1 and report["time"] > 0
+    assert report["settings"]["penalty"] == 5e-2 and report["settings"]["epochs"] == 1
+    assert report["settings"]["shuffle"] == "auto" and report["settings"]["train_examples"] == 96
+    # v2 0.5x: 4 + 8 + 4 units, each with one learned shuffle, all hardened.
+    assert len(report["layers"]) == 16
+    # .keras, SavedModel and LiteRT agree with the in-memory hardened model.
+    assert set(report["export"]) == {"keras", "saved_model", "litert"}
+    for entry in report["export"].values():
+        assert entry["max_abs_diff"] <= 1e-4
+    with open(out / "history.csv") as f:
+        row = next(csv.DictReader(f))
+    assert float(row["shuffle_penalty"]) > 0
+
+    model = keras.saving.load_model(out / "model.keras", safe_mode=True)
+    shuffles = [layer for layer in model.layers if isinstance(layer, RelaxedShuffle)]
+    assert len(shuffles) == 16 and all(layer.is_hardened for layer in shuffles)
+    # The saved model's test accuracy is the report's rounded accuracy.
+    _, test = data.digits()
+    predictions = model.predict(test.images, verbose=0).argmax(-1)
+    assert np.mean(predictions == test.labels) == pytest.approx(
+        report["rounded_accuracy"], abs=1e-6
+    )
+
+
+def test_train_imagenet_without_data_fails_fast_with_instructions(tmp_path):
+    code, output = _script(
+        "train_imagenet.py",
+        "--data-dir", str(tmp_path), "--manual-dir", str(tmp_path), "--output", str(tmp_path / "o"),
+        timeout=120,
+    )  # fmt: skip
+    assert code != 0
+    assert "ILSVRC2012_img_train.tar" in output and "Traceback" not in output
+
+
+def test_train_cifar10_rejects_bad_arguments(tmp_path):
+    code, output = _script(
+        "train_cifar10.py", "--epochs", "0", "--output", str(tmp_path), timeout=120
+    )
+    assert code != 0 and "epochs=0" in output
