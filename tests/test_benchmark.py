@@ -1,0 +1,47 @@
+"""scripts/benchmark.py --quick runs end to end and writes well-formed JSON rows."""
+
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
+
+
+def _load_script():
+    spec = importlib.util.spec_from_file_location("benchmark_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.slow
+def test_quick_benchmark_writes_rows(tmp_path, capsys):
+    benchmark = _load_script()
+    path = tmp_path / "rows.json"
+    variants = ["manual", "hardened_gather", "hardened_folded", "balanced_folded", "no_shuffle"]
+    argv = ["--quick", "--models", "v1", "--variants", *variants, "--json", str(path)]
+    assert benchmark.main(argv) == 0
+    rows = json.loads(path.read_text())
+    keys = {"task", "model", "variant", "input", "batch", "median_ms"}
+    assert rows and all(set(row) == keys for row in rows)
+    assert all(row["median_ms"] > 0 for row in rows)
+    tasks = {(row["task"], row["batch"]): set() for row in rows}
+    for row in rows:
+        tasks[row["task"], row["batch"]].add(row["variant"])
+    assert tasks["train_step", 8] == {"manual", "relaxed"}
+    assert tasks["keras_infer", 1] == set(variants)
+    assert tasks["litert_infer", 1] == set(variants)
+    table = capsys.readouterr().out
+    assert "| litert_infer | v1_g3_0.25 | 32 | 1 | balanced_folded |" in table
+    manual = next(r for r in rows if r["task"] == "litert_infer" and r["variant"] == "manual")
+    assert f"| {manual['median_ms']:.2f} | 1.000 |" in table
+
+
+def test_bad_arguments():
+    benchmark = _load_script()
+    with pytest.raises(SystemExit):
+        benchmark.parse_args(["--repeats", "0"])
+    with pytest.raises(SystemExit):
+        benchmark.parse_args(["--tasks", "fly"])
