@@ -64,6 +64,21 @@ class ChannelSlice(keras.layers.Layer):
         return {**super().get_config(), "start": self.start, "stop": self.stop}
 
 
+def _concat(pieces, name):
+    """Concatenates channels; XNNPACK (LiteRT's CPU delegate) takes at most 4 inputs per
+    concat, so larger ones are nested rather than left outside the delegate."""
+    level = 0
+    while len(pieces) > 4:
+        pieces = [
+            layers.Concatenate(axis=-1, name=f"{name}{level}_{k}")(pieces[k : k + 4])
+            if len(pieces[k : k + 4]) > 1
+            else pieces[k]
+            for k in range(0, len(pieces), 4)
+        ]
+        level += 1
+    return pieces[0] if len(pieces) == 1 else layers.Concatenate(axis=-1, name=name)(pieces)
+
+
 def _permutation_of(layer):
     if isinstance(layer, RelaxedShuffle) and not layer.is_hardened:
         raise ValueError(
@@ -270,7 +285,7 @@ def _route_slices(x, counts, prefix):
         ChannelSlice(start, stop, name=f"{prefix}_route{k}")(x)
         for k, (start, stop) in enumerate(merged)
     ]
-    return layers.Concatenate(axis=-1, name=f"{prefix}_route")(slices)
+    return _concat(slices, f"{prefix}_route")
 
 
 def _fold_v1(model, inputs, route_manual=True):
@@ -344,11 +359,7 @@ def _gather_input(consumer_channels, tensors, orders, name):
         else:
             pieces.append(ChannelSlice(start, stop, name=f"{name}_slice{len(pieces)}")(tensor))
         rows.extend(position[(producer, order[k])] for k in range(start, stop))
-    x = (
-        pieces[0]
-        if len(pieces) == 1
-        else layers.Concatenate(axis=-1, name=f"{name}_gather")(pieces)
-    )
+    x = _concat(pieces, f"{name}_gather")
     return x, np.asarray(rows, dtype=np.int64)
 
 
