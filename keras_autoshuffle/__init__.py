@@ -1,7 +1,8 @@
 """keras-autoshuffle: learned channel permutations (AutoShuffleNet) for Keras."""
 
-# `training` registers CoupledSGD and LinearCycles, which saved checkpoints reference.
-from keras_autoshuffle import applications, training
+# `optimizers` registers CoupledSGD and LinearCycles, which saved checkpoints reference.
+# TensorFlow-only parts (data, training, export) are imported on use.
+from keras_autoshuffle import applications, optimizers
 from keras_autoshuffle.callbacks import (
     HardenShuffles,
     RoundingMonitor,

@@ -29,6 +29,7 @@ from keras import ops
 from keras_autoshuffle.callbacks import HardenShuffles, ShufflePenaltyLogger, harden_model
 from keras_autoshuffle.data import EpochCounter
 from keras_autoshuffle.layers import relaxed_shuffles
+from keras_autoshuffle.optimizers import CoupledSGD, LinearCycles
 
 STRATEGIES = ("auto", "one-device", "mirrored", "multi-worker")
 
@@ -112,75 +113,6 @@ def _check_positive_int(value, name):
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value}")
 
 
-@keras.saving.register_keras_serializable(package="keras_autoshuffle")
-class LinearCycles(keras.optimizers.schedules.LearningRateSchedule):
-    """Linear decay to 0 within each cycle: `lr_c * (1 - (step - start_c) / steps_c)`.
-
-    One cycle is the paper's CIFAR-10 schedule; `(0.2, 0.1)` over two equal cycles its
-    ImageNet one (the second cycle starts from the first one's weights at 0.1).
-
-    Args:
-        learning_rates: initial learning rate of each cycle.
-        cycle_steps: optimizer steps in each cycle.
-    """
-
-    def __init__(self, learning_rates, cycle_steps):
-        if len(learning_rates) != len(cycle_steps) or not learning_rates:
-            raise ValueError(
-                "`learning_rates` and `cycle_steps` must be non-empty and equally long. "
-                f"Received: learning_rates={learning_rates}, cycle_steps={cycle_steps}"
-            )
-        for steps in cycle_steps:
-            _check_positive_int(steps, "cycle_steps")
-        self.learning_rates = [float(lr) for lr in learning_rates]
-        self.cycle_steps = [int(s) for s in cycle_steps]
-
-    def __call__(self, step):
-        step = ops.cast(step, "float32")
-        lr = ops.zeros((), "float32")
-        start = 0
-        for peak, steps in zip(self.learning_rates, self.cycle_steps, strict=True):
-            inside = ops.logical_and(step >= start, step < start + steps)
-            value = peak * (1.0 - (step - start) / steps)
-            lr = ops.where(inside, value, lr)
-            start += steps
-        return lr
-
-    def get_config(self):
-        return {"learning_rates": self.learning_rates, "cycle_steps": self.cycle_steps}
-
-
-@keras.saving.register_keras_serializable(package="keras_autoshuffle")
-class CoupledSGD(keras.optimizers.SGD):
-    """SGD with momentum and coupled L2 weight decay, as PyTorch's `SGD(weight_decay=...)`.
-
-    The gradient of each variable becomes `g + l2 * w` before the momentum update (Keras's
-    own `weight_decay` is decoupled: it shrinks the weights outside the momentum).
-    Variables passed to `exclude_from_weight_decay` are not decayed.
-
-    Args:
-        learning_rate: float or schedule.
-        momentum: momentum factor.
-        l2: the coupled weight-decay factor (>= 0).
-    """
-
-    def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, l2=0.0, **kwargs):
-        if not l2 >= 0:
-            raise ValueError(f"`l2` must be >= 0. Received: l2={l2}")
-        super().__init__(
-            learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, **kwargs
-        )
-        self.l2 = float(l2)
-
-    def update_step(self, gradient, variable, learning_rate):
-        if self.l2 and self._use_weight_decay(variable):
-            gradient = ops.add(ops.cast(gradient, variable.dtype), ops.multiply(self.l2, variable))
-        super().update_step(gradient, variable, learning_rate)
-
-    def get_config(self):
-        return {**super().get_config(), "l2": self.l2}
-
-
 def make_optimizer(recipe, steps_per_epoch, model):
     """CoupledSGD over LinearCycles; the shuffle matrices are excluded from the L2 decay.
 
@@ -243,6 +175,7 @@ def train(
     export=True,
     settings=None,
     callbacks=None,
+    harden_at_epoch=None,
     verbose=1,
 ):
     """Trains, hardens and exports a model; writes everything into `output_dir`.
@@ -263,6 +196,9 @@ def train(
         export: write the SavedModel and LiteRT files (and check them against Keras).
         settings: extra entries for the report's `settings`.
         callbacks: extra Keras callbacks, run after the built-in ones (before hardening).
+        harden_at_epoch: harden after this many epochs and fine-tune the rest of the
+            network with the permutations fixed (`HardenShuffles(at_epoch=...)`); default:
+            harden at the end (the paper). Not with the multi-worker strategy.
         verbose: 0 silent, 1 Keras's progress bar, 2 one line per epoch.
 
     Returns:
@@ -271,6 +207,16 @@ def train(
     start = time.time()
     strategy = make_strategy(strategy) if isinstance(strategy, str) else strategy
     multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if harden_at_epoch is not None and multi_worker:
+        raise ValueError(
+            "`harden_at_epoch` works with fit (one host), not the multi-worker loop. "
+            f"Received: harden_at_epoch={harden_at_epoch}"
+        )
+    if harden_at_epoch is not None and not 1 <= harden_at_epoch < recipe.epochs:
+        raise ValueError(
+            f"`harden_at_epoch` must be in [1, {recipe.epochs - 1}] (epochs={recipe.epochs}). "
+            f"Received: harden_at_epoch={harden_at_epoch}"
+        )
     if recipe.batch_size % strategy.num_replicas_in_sync:
         raise ValueError(
             f"The global batch size must divide by the {strategy.num_replicas_in_sync} "
@@ -302,6 +248,7 @@ def train(
             jit_compile=jit_compile,
             verbose=verbose if chief else 0,
             extra=list(callbacks or []),
+            **({"harden_at_epoch": harden_at_epoch} if harden_at_epoch else {}),
         )
     finally:
         keras.config.set_dtype_policy(previous_policy)
@@ -405,6 +352,7 @@ def _fit(
     jit_compile,
     verbose,
     extra=(),
+    harden_at_epoch=None,
 ):
     with strategy.scope():
         model.compile(
@@ -416,7 +364,9 @@ def _fit(
     resumed = os.path.exists(os.path.join(output_dir, "backup"))
     counter = EpochCounter()
     test = test_data.eval_dataset(recipe.batch_size)
-    hardening = HardenShuffles(validation_data=test, verbose=int(verbose > 0))
+    hardening = HardenShuffles(
+        validation_data=test, at_epoch=harden_at_epoch, verbose=int(verbose > 0)
+    )
     callbacks = [
         counter.callback(),
         *_callbacks(output_dir, history_path, resumed, True),

@@ -1,0 +1,78 @@
+"""Backend-neutral optimizer pieces of the paper's recipes: linear LR cycles, coupled L2 SGD."""
+
+import keras
+from keras import ops
+
+
+def _check_positive_int(value, name):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value}")
+
+
+@keras.saving.register_keras_serializable(package="keras_autoshuffle")
+class LinearCycles(keras.optimizers.schedules.LearningRateSchedule):
+    """Linear decay to 0 within each cycle: `lr_c * (1 - (step - start_c) / steps_c)`.
+
+    One cycle is the paper's CIFAR-10 schedule; `(0.2, 0.1)` over two equal cycles its
+    ImageNet one (the second cycle starts from the first one's weights at 0.1).
+
+    Args:
+        learning_rates: initial learning rate of each cycle.
+        cycle_steps: optimizer steps in each cycle.
+    """
+
+    def __init__(self, learning_rates, cycle_steps):
+        if len(learning_rates) != len(cycle_steps) or not learning_rates:
+            raise ValueError(
+                "`learning_rates` and `cycle_steps` must be non-empty and equally long. "
+                f"Received: learning_rates={learning_rates}, cycle_steps={cycle_steps}"
+            )
+        for steps in cycle_steps:
+            _check_positive_int(steps, "cycle_steps")
+        self.learning_rates = [float(lr) for lr in learning_rates]
+        self.cycle_steps = [int(s) for s in cycle_steps]
+
+    def __call__(self, step):
+        step = ops.cast(step, "float32")
+        lr = ops.zeros((), "float32")
+        start = 0
+        for peak, steps in zip(self.learning_rates, self.cycle_steps, strict=True):
+            inside = ops.logical_and(step >= start, step < start + steps)
+            value = peak * (1.0 - (step - start) / steps)
+            lr = ops.where(inside, value, lr)
+            start += steps
+        return lr
+
+    def get_config(self):
+        return {"learning_rates": self.learning_rates, "cycle_steps": self.cycle_steps}
+
+
+@keras.saving.register_keras_serializable(package="keras_autoshuffle")
+class CoupledSGD(keras.optimizers.SGD):
+    """SGD with momentum and coupled L2 weight decay, as PyTorch's `SGD(weight_decay=...)`.
+
+    The gradient of each variable becomes `g + l2 * w` before the momentum update (Keras's
+    own `weight_decay` is decoupled: it shrinks the weights outside the momentum).
+    Variables passed to `exclude_from_weight_decay` are not decayed.
+
+    Args:
+        learning_rate: float or schedule.
+        momentum: momentum factor.
+        l2: the coupled weight-decay factor (>= 0).
+    """
+
+    def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, l2=0.0, **kwargs):
+        if not l2 >= 0:
+            raise ValueError(f"`l2` must be >= 0. Received: l2={l2}")
+        super().__init__(
+            learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, **kwargs
+        )
+        self.l2 = float(l2)
+
+    def update_step(self, gradient, variable, learning_rate):
+        if self.l2 and self._use_weight_decay(variable):
+            gradient = ops.add(ops.cast(gradient, variable.dtype), ops.multiply(self.l2, variable))
+        super().update_step(gradient, variable, learning_rate)
+
+    def get_config(self):
+        return {**super().get_config(), "l2": self.l2}
