@@ -265,7 +265,7 @@ def train(
         report["export"] = export_model(model, own_dir, sample)
         files.update({name: entry["path"] for name, entry in report["export"].items()})
     else:
-        model.save(files["keras"])
+        model.save(files["keras"], include_optimizer=False)  # a deployable file
     files.update(
         history=history_path,
         logs=os.path.join(own_dir, "logs"),
