@@ -59,8 +59,12 @@ def keras_outputs(model, inputs):
 
 
 def save_keras(model, path):
-    """Saves `model` as a `.keras` file; returns the path."""
-    model.save(path)
+    """Saves `model` as a `.keras` file for deployment (no optimizer state); returns the path.
+
+    A hardened model's optimizer still holds slots for the removed shuffle matrices, so
+    saving it would only make loading warn about variables it skips.
+    """
+    model.save(path, include_optimizer=False)
     return path
 
 
