@@ -146,8 +146,19 @@ def make_strategy(name="auto"):
         name = "mirrored" if len(gpus) > 1 else "one-device"
     if name == "one-device":
         return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
-    devices = None if gpus else [d.name for d in tf.config.list_logical_devices("CPU")]
-    return tf.distribute.MirroredStrategy(devices)
+    if gpus:
+        return tf.distribute.MirroredStrategy()
+    # Local CPUs: reduce on one device. Collective all-reduce across logical CPUs of one
+    # process reuses instance keys between strategies (a second MirroredStrategy failed
+    # with "Shape mismatch in the collective instance").
+    return cpu_mirrored_strategy([d.name for d in tf.config.list_logical_devices("CPU")])
+
+
+def cpu_mirrored_strategy(devices):
+    """MirroredStrategy over local CPU devices, reducing on one device (no collectives)."""
+    return tf.distribute.MirroredStrategy(
+        devices, cross_device_ops=tf.distribute.ReductionToOneDevice()
+    )
 
 
 def _num_workers_in_tf_config():

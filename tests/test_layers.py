@@ -14,6 +14,7 @@ from keras_autoshuffle import (
     shuffle_layers,
     total_penalty,
 )
+from keras_autoshuffle.training import cpu_mirrored_strategy
 
 
 def _numpy_penalty(m):
@@ -174,7 +175,7 @@ def test_mirrored_strategy_matches_one_device(two_cpus):
         return model.get_weights()
 
     single = train(tf.distribute.OneDeviceStrategy(two_cpus[0]))
-    mirrored_strategy = tf.distribute.MirroredStrategy(two_cpus)
+    mirrored_strategy = cpu_mirrored_strategy(two_cpus)
     assert mirrored_strategy.num_replicas_in_sync == 2
     mirrored = train(mirrored_strategy)
     keras.utils.set_random_seed(7)

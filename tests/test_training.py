@@ -188,7 +188,7 @@ def test_mirrored_one_epoch_matches_one_device(two_cpus, tmp_path):
     results = []
     for name, strategy in [
         ("one", tf.distribute.OneDeviceStrategy(two_cpus[0])),
-        ("mirrored", tf.distribute.MirroredStrategy(two_cpus)),
+        ("mirrored", training.cpu_mirrored_strategy(two_cpus)),
     ]:
         report = training.train(
             _tiny_model,
