@@ -59,12 +59,16 @@ def keras_outputs(model, inputs):
 
 
 def save_keras(model, path):
-    """Saves `model` as a `.keras` file for deployment (no optimizer state); returns the path.
+    """Saves `model` as a `.keras` file for deployment, without training state.
 
-    A hardened model's optimizer still holds slots for the removed shuffle matrices, so
-    saving it would only make loading warn about variables it skips.
+    Keras 3 writes a compiled model's optimizer into `.keras` files (`include_optimizer`
+    is ignored there), and a hardened model's optimizer still holds slots for the removed
+    shuffle matrices, so loading would warn about skipped variables. An uncompiled copy
+    with the same config and weights is saved instead.
     """
-    model.save(path, include_optimizer=False)
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    copy.save(path)
     return path
 
 

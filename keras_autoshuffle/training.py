@@ -276,7 +276,9 @@ def train(
         report["export"] = export_model(model, own_dir, sample)
         files.update({name: entry["path"] for name, entry in report["export"].items()})
     else:
-        model.save(files["keras"], include_optimizer=False)  # a deployable file
+        from keras_autoshuffle.export import save_keras
+
+        save_keras(model, files["keras"])
     files.update(
         history=history_path,
         logs=os.path.join(own_dir, "logs"),
