@@ -29,7 +29,7 @@ from keras import ops
 from keras_autoshuffle.callbacks import HardenShuffles, ShufflePenaltyLogger, harden_model
 from keras_autoshuffle.data import EpochCounter
 from keras_autoshuffle.layers import relaxed_shuffles
-from keras_autoshuffle.optimizers import CoupledSGD, LinearCycles
+from keras_autoshuffle.optimizers import CoupledSGD, LinearCycles, _check_positive_int
 
 STRATEGIES = ("auto", "one-device", "mirrored", "multi-worker")
 
@@ -106,11 +106,6 @@ def get_recipe(name, epochs=None, batch_size=None, penalty=None, learning_rate=N
         scale = learning_rate / recipe.learning_rates[0]
         changes["learning_rates"] = tuple(lr * scale for lr in recipe.learning_rates)
     return dataclasses.replace(recipe, **changes)
-
-
-def _check_positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value}")
 
 
 def make_optimizer(recipe, steps_per_epoch, model):
