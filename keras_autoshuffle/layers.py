@@ -212,15 +212,17 @@ class ChannelShuffle(keras.layers.Layer):
 
     def call(self, inputs):
         g, c = self.groups, self.channels
+        # -1 for the batch and the static spatial sides where known: LiteRT then gets
+        # constant shapes and no SHAPE op, which XNNPACK cannot take (measured: a v2 1.0x
+        # graph cut into 17 delegate partitions).
+        shape = ops.shape(inputs)
         if self._channel_axis == -1:
-            shape = ops.shape(inputs)
             x = ops.reshape(inputs, (-1, shape[1] * shape[2], g, c // g))
             x = ops.transpose(x, (0, 1, 3, 2))
-        else:
-            shape = ops.shape(inputs)
-            x = ops.reshape(inputs, (-1, g, c // g, shape[2] * shape[3]))
-            x = ops.transpose(x, (0, 2, 1, 3))
-        return ops.reshape(x, shape)
+            return ops.reshape(x, (-1, shape[1], shape[2], c))
+        x = ops.reshape(inputs, (-1, g, c // g, shape[2] * shape[3]))
+        x = ops.transpose(x, (0, 2, 1, 3))
+        return ops.reshape(x, (-1, c, shape[2], shape[3]))
 
     def compute_output_shape(self, input_shape):
         return input_shape

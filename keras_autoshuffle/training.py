@@ -140,7 +140,10 @@ def make_strategy(name="auto"):
     if name == "auto":
         name = "mirrored" if len(gpus) > 1 else "one-device"
     if name == "one-device":
-        return tf.distribute.OneDeviceStrategy("/gpu:0" if gpus else "/cpu:0")
+        # The default strategy: TF places ops on the first GPU, if any. A
+        # OneDeviceStrategy would distribute every dataset (measured: 0.2-0.3 s per
+        # iterator on CPU, a fifth of a 10-epoch digits run).
+        return tf.distribute.get_strategy()
     if gpus:
         return tf.distribute.MirroredStrategy()
     # Local CPUs: reduce on one device. Collective all-reduce across logical CPUs of one
@@ -304,7 +307,9 @@ def _strategy_name(strategy):
         return "multi-worker"
     if isinstance(strategy, tf.distribute.MirroredStrategy):
         return "mirrored"
-    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
+    if isinstance(strategy, tf.distribute.OneDeviceStrategy) or (
+        strategy is tf.distribute.get_strategy() and not tf.distribute.has_strategy()
+    ):
         return "one-device"
     return type(strategy).__name__
 

@@ -17,6 +17,7 @@ from keras_autoshuffle import RelaxedShuffle, harden_model
 from keras_autoshuffle.applications import (
     AutoShuffleNetV1,
     AutoShuffleNetV2,
+    GroupedConv2D,
     ShuffleNetV1,
     ShuffleNetV2,
     count_macs,
@@ -401,3 +402,35 @@ def test_preprocess_input_matches_torchvision_normalisation():
         preprocess_input(np.zeros((2, 5, 5, 4)))
     with pytest.raises(ValueError, match="data_format='nhwc'"):
         preprocess_input(images, data_format="nhwc")
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(filters=12, kernel_size=1, groups=3),
+        dict(filters=8, kernel_size=3, strides=2, groups=4),
+        dict(filters=6, kernel_size=3, dilation_rate=2, groups=2, use_bias=True),
+    ],
+)
+def test_grouped_conv_matches_keras_conv2d_and_its_gradients(kwargs):
+    # Keras's own Conv2D (XLA on the TF backend) is the reference.
+    x = tf.constant(np.random.default_rng(0).normal(size=(2, 9, 9, 12)), tf.float32)
+    ours = GroupedConv2D(padding="same", **kwargs)
+    reference = layers.Conv2D(padding="same", **kwargs)
+    ours.build(x.shape)
+    reference.build(x.shape)
+    reference.set_weights(
+        [np.random.default_rng(1).normal(size=w.shape) for w in ours.get_weights()]
+    )
+    ours.set_weights(reference.get_weights())
+    results = []
+    for layer in (ours, reference):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x)
+            loss = tf.reduce_sum(y * tf.sin(y))
+        results.append([y, *tape.gradient(loss, [x, *layer.trainable_weights])])
+    for got, want in zip(*results, strict=True):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-4)
+    restored = GroupedConv2D.from_config(ours.get_config())
+    assert restored.get_config() == ours.get_config()

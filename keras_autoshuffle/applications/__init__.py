@@ -2,6 +2,7 @@
 
 from keras_autoshuffle.applications.common import (
     ChannelSplit,
+    GroupedConv2D,
     count_macs,
     preprocess_input,
 )
@@ -13,6 +14,7 @@ __all__ = [
     "AutoShuffleNetV1",
     "AutoShuffleNetV2",
     "ChannelSplit",
+    "GroupedConv2D",
     "ShuffleNetV1",
     "ShuffleNetV2",
     "count_macs",
