@@ -10,8 +10,10 @@ Reference:
     Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624 (Section 4)
 """
 
+import concurrent.futures
 import dataclasses
 import json
+import multiprocessing
 import os
 import time
 
@@ -182,43 +184,52 @@ def evaluate_saved(model, test_data, batch_size=64):
     return correct / total
 
 
-def reproduce(settings, output_dir, log=print):
-    """Runs every experiment and writes report.md, results.json and the PNGs."""
+def reproduce(settings, output_dir, log=print, jobs=1):
+    """Runs every experiment and writes report.md, results.json and the PNGs.
+
+    Args:
+        settings: a `Settings` (`quick()` or `full()`).
+        output_dir: receives report.md, results.json, the PNGs and `runs/`.
+        log: called with one line per finished run.
+        jobs: trainings run at once, each in its own process with `cpu_count // jobs`
+            TensorFlow threads (small nets use 2 cores better as 2 one-thread processes).
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ValueError(f"`jobs` must be a positive integer. Received: jobs={jobs}")
     os.makedirs(output_dir, exist_ok=True)
     start = time.time()
-    splits = data.load(settings.dataset, seed=settings.seed)
-    if settings.max_train_examples:
-        splits = (splits[0].subset(settings.max_train_examples), splits[1])
     runs_dir = os.path.join(output_dir, "runs")
+    model, lam = settings.sweep_model, settings.penalty
+    specs = [(f"sweep_{model}_lambda_{x:g}", model, "auto", x, None) for x in settings.lambdas]
+    for other in ("v1", "v2"):
+        specs.append((f"{other}_manual", other, "manual", 0.0, None))
+        if other != model:
+            specs.append((f"{other}_auto", other, "auto", lam, None))
+    early = settings.harden_at_epoch
+    specs.append((f"{model}_auto_harden_at_{early}", model, "auto", lam, early))
 
-    def run(name, *args, **kwargs):
-        row = run_one(settings, splits, *args, output_dir=os.path.join(runs_dir, name), **kwargs)
-        log(
-            f"{name}: relaxed {row['relaxed_accuracy']:.4f} rounded {row['rounded_accuracy']:.4f}"
-            f" penalty {row['penalty']:.3g} ({row['time']:.0f} s)"
-        )
-        return row
-
-    sweep = [
-        run(f"sweep_{settings.sweep_model}_lambda_{lam:g}", settings.sweep_model, "auto", lam)
-        for lam in settings.lambdas
-    ]
+    rows = {}
+    if jobs == 1:
+        for spec in specs:
+            rows[spec[0]] = _log(log, spec[0], _run_job(settings, spec, runs_dir))
+    else:
+        context = multiprocessing.get_context("spawn")  # TF is not fork-safe
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        with concurrent.futures.ProcessPoolExecutor(
+            jobs, mp_context=context, initializer=_init_worker, initargs=(threads,)
+        ) as pool:
+            futures = {pool.submit(_run_job, settings, spec, runs_dir): spec for spec in specs}
+            for future in concurrent.futures.as_completed(futures):
+                name = futures[future][0]
+                rows[name] = _log(log, name, future.result())
+    sweep = [rows[spec[0]] for spec in specs[: len(settings.lambdas)]]
     comparison = []
-    for model in ("v1", "v2"):
-        comparison.append(run(f"{model}_manual", model, "manual", 0.0))
-        reused = [
-            r for r in sweep if model == settings.sweep_model and r["lambda"] == settings.penalty
-        ]
+    for other in ("v1", "v2"):
+        comparison.append(rows[f"{other}_manual"])
         comparison.append(
-            reused[0] if reused else run(f"{model}_auto", model, "auto", settings.penalty)
+            rows[f"sweep_{model}_lambda_{lam:g}"] if other == model else rows[f"{other}_auto"]
         )
-    early = run(
-        f"{settings.sweep_model}_auto_harden_at_{settings.harden_at_epoch}",
-        settings.sweep_model,
-        "auto",
-        settings.penalty,
-        harden_at_epoch=settings.harden_at_epoch,
-    )
+    early = rows[specs[-1][0]]
     figures = _figures(settings, sweep, comparison, output_dir)
     results = {
         "settings": dataclasses.asdict(settings),
@@ -233,6 +244,44 @@ def reproduce(settings, output_dir, log=print):
     with open(os.path.join(output_dir, "report.md"), "w") as f:
         f.write(format_report(results))
     return results
+
+
+def _init_worker(threads):
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+_SPLITS = {}
+
+
+def _run_job(settings, spec, runs_dir):
+    """One training of `reproduce`; `spec` is (name, model, shuffle, lambda, harden_at)."""
+    name, model, shuffle, penalty, harden_at_epoch = spec
+    key = (settings.dataset, settings.seed, settings.max_train_examples)
+    if key not in _SPLITS:  # once per process
+        splits = data.load(settings.dataset, seed=settings.seed)
+        if settings.max_train_examples:
+            splits = (splits[0].subset(settings.max_train_examples), splits[1])
+        _SPLITS[key] = splits
+    return run_one(
+        settings,
+        _SPLITS[key],
+        model,
+        shuffle,
+        penalty,
+        output_dir=os.path.join(runs_dir, name),
+        harden_at_epoch=harden_at_epoch,
+    )
+
+
+def _log(log, name, row):
+    log(
+        f"{name}: relaxed {row['relaxed_accuracy']:.4f} rounded {row['rounded_accuracy']:.4f}"
+        f" penalty {row['penalty']:.3g} ({row['time']:.0f} s)"
+    )
+    return row
 
 
 def _public(row):

@@ -27,6 +27,9 @@ def main(argv=None):
     parser.add_argument("--harden-at-epoch", type=int, default=None)
     parser.add_argument("--max-train-examples", type=int, default=None, help="smoke tests")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--jobs", type=int, default=1, help="trainings at once, one process each (default 1)"
+    )
     args = parser.parse_args(argv)
     settings = reproduce.quick(args.dataset) if args.quick else reproduce.full(args.dataset)
     changes = {
@@ -37,7 +40,7 @@ def main(argv=None):
         "seed": args.seed,
     }
     settings = dataclasses.replace(settings, **{k: v for k, v in changes.items() if v is not None})
-    results = reproduce.reproduce(settings, args.output)
+    results = reproduce.reproduce(settings, args.output, jobs=args.jobs)
     print(f"Report: {os.path.join(args.output, 'report.md')} ({results['time'] / 60:.1f} min)")
     return results
 

@@ -26,6 +26,7 @@ def test_quick_path_writes_report_json_and_pictures(tmp_path):
         "--lambdas", "0", "0.05",
         "--harden-at-epoch", "1",
         "--max-train-examples", "128",
+        "--jobs", "2",  # the process pool path (rows come back from worker processes)
     ]  # fmt: skip
     subprocess.run(command, check=True, timeout=900)
 
@@ -58,6 +59,8 @@ def test_quick_path_writes_report_json_and_pictures(tmp_path):
 
 
 def test_settings_are_validated():
+    with pytest.raises(ValueError, match="Received: jobs=0"):
+        reproduce.reproduce(reproduce.quick(), "unused", jobs=0)
     with pytest.raises(ValueError, match="Received: lambdas"):
         reproduce.Settings(lambdas=(0.0, 1e-3))  # the default penalty 5e-2 is missing
     with pytest.raises(ValueError, match="Received: harden_at_epoch=10"):
