@@ -54,9 +54,10 @@ def _trainable(model):
 def _logits(model, x):
     """Outputs with batch statistics: at initialisation the moving statistics let the
     activations of a deep net (more so with doubly stochastic relaxed shuffles) shrink
-    toward 0, which would make output comparisons vacuous."""
+    toward 0, which would make output comparisons vacuous. The classifier starts at
+    N(0, 0.01), so the logits' spread is about 0.05: still 500x the comparisons' atol."""
     out = np.asarray(model(x, training=True))
-    assert out.std() > 0.1
+    assert out.std() > 0.01
     return out
 
 
