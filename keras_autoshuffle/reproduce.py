@@ -205,8 +205,8 @@ def reproduce(settings, output_dir, log=print, jobs=1):
         specs.append((f"{other}_manual", other, "manual", 0.0, None))
         if other != model:
             specs.append((f"{other}_auto", other, "auto", lam, None))
-    early = settings.harden_at_epoch
-    specs.append((f"{model}_auto_harden_at_{early}", model, "auto", lam, early))
+    at = settings.harden_at_epoch
+    specs.append((f"{model}_auto_harden_at_{at}", model, "auto", lam, at))
 
     rows = {}
     if jobs == 1:
