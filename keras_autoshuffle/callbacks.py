@@ -18,20 +18,25 @@ def harden_model(model, balanced=False, time_limit=None):
     Args:
         model: a model with RelaxedShuffle layers.
         balanced: False for the nearest permutation (linear assignment). True for
-            balanced hardening: each ShuffleNet v1 shuffle between two grouped convs
-            gets the nearest permutation with the manual shuffle's g x g block counts
-            (`nearest_balanced_permutation`), so that folding leaves the cheap manual
-            reshape-transpose; groups from `folding.shuffle_groups(model)`, or a dict
-            {layer name: groups or None}. Entries then add `groups`, `mass` and
-            `plain_mass` (matched mass of the balanced and the unconstrained nearest
-            permutation), `plain_distance`, `optimal` and `seconds`.
+            balanced hardening, whose permutations fold into a graph as cheap as the
+            manual one: each ShuffleNet v1 shuffle between two grouped convs gets the
+            nearest permutation with the manual shuffle's g x g block counts
+            (`nearest_balanced_permutation`), so that folding leaves the manual
+            reshape-transpose (groups from `folding.shuffle_groups(model)`, or pass a
+            dict {layer name: groups or None}); each ShuffleNet v2 shuffle gets the
+            nearest permutation whose folded routing is one SPLIT and one CONCAT per
+            unit (`folding.nearest_balanced_v2_permutation`, groups reported as 2).
+            Entries then add `groups`, `mass` and `plain_mass` (matched mass of the
+            balanced and the unconstrained nearest permutation), `plain_distance`,
+            `optimal` and `seconds`.
         time_limit: seconds per layer for the balanced solver (None: prove optimality).
     """
-    if balanced is True:
-        from keras_autoshuffle.folding import shuffle_groups
+    from keras_autoshuffle import folding
 
-        balanced = shuffle_groups(model)
-    elif balanced is not False and not isinstance(balanced, dict):
+    v2 = balanced is True and "stage2_unit1_left_dwconv" in {layer.name for layer in model.layers}
+    if balanced is True and not v2:
+        balanced = folding.shuffle_groups(model)
+    elif balanced is not False and not isinstance(balanced, dict) and not v2:
         raise ValueError(
             f"`balanced` must be True, False or a dict of groups. Received: balanced={balanced!r}"
         )
@@ -39,13 +44,19 @@ def harden_model(model, balanced=False, time_limit=None):
     for layer in relaxed_shuffles(model):
         matrix = ops.convert_to_numpy(layer.matrix)
         penalty = layer.penalty_value()
-        groups = balanced.get(layer.name) if balanced else None
+        groups = 2 if v2 else (balanced.get(layer.name) if balanced else None)
         extra = {}
         if groups:
             plain = permutations.nearest_permutation(matrix)
-            chosen, info = permutations.nearest_balanced_permutation(
-                matrix, groups, time_limit=time_limit, return_info=True
-            )
+            if v2:
+                # Layers are hardened in network order, as the v2 blocks need.
+                chosen, info = folding.nearest_balanced_v2_permutation(
+                    model, layer.name, matrix, time_limit=time_limit
+                )
+            else:
+                chosen, info = permutations.nearest_balanced_permutation(
+                    matrix, groups, time_limit=time_limit, return_info=True
+                )
             extra = {
                 "groups": groups,
                 "mass": info["mass"],
@@ -123,13 +134,17 @@ class HardenShuffles(keras.callbacks.Callback):
         at_epoch: harden after this many completed epochs (positive int), or None
             for the end of training.
         verbose: print the report summary.
-        balanced: balanced hardening for ShuffleNet v1 (see `harden_model`).
+        balanced: balanced hardening for ShuffleNet v1 / v2 (see `harden_model`).
+        time_limit: seconds per layer for balanced hardening's mixed-integer program
+            (None: proven optimal, which can take minutes for wide layers).
 
     Reference:
         Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624 (Table 3)
     """
 
-    def __init__(self, validation_data=None, at_epoch=None, verbose=1, balanced=False):
+    def __init__(
+        self, validation_data=None, at_epoch=None, verbose=1, balanced=False, time_limit=None
+    ):
         super().__init__()
         if at_epoch is not None and (
             isinstance(at_epoch, bool) or not isinstance(at_epoch, int) or at_epoch < 1
@@ -141,6 +156,7 @@ class HardenShuffles(keras.callbacks.Callback):
         self.at_epoch = at_epoch
         self.verbose = verbose
         self.balanced = balanced
+        self.time_limit = time_limit
         self.report = None
 
     def on_epoch_end(self, epoch, logs=None):
@@ -154,7 +170,7 @@ class HardenShuffles(keras.callbacks.Callback):
     def _harden(self, epoch):
         data = self.validation_data
         before = None if data is None else _evaluate(self.model, data)
-        layers = harden_model(self.model, balanced=self.balanced)
+        layers = harden_model(self.model, balanced=self.balanced, time_limit=self.time_limit)
         after = None if data is None else _evaluate(self.model, data)
         report = {"epoch": epoch, "layers": layers}
         if before is not None:

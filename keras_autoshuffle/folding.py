@@ -21,11 +21,15 @@ The folded model is for inference: BatchNormalization keeps its (permuted) stati
 and is not fused, so it stays trainable as a Keras model but has no shuffles to learn.
 """
 
+import itertools
+import time
+
 import keras
 import numpy as np
 from keras import layers
 
 from keras_autoshuffle import permutations
+from keras_autoshuffle.applications.common import ChannelSplit
 from keras_autoshuffle.layers import ChannelShuffle, RelaxedShuffle
 
 
@@ -311,56 +315,81 @@ def _fold_v1(model, inputs, route_manual=True):
 # ---------------------------------------------------------------- ShuffleNet v2
 
 
-def _v2_plan(model, stage, repeats):
-    """Where every channel of a v2 stage is born and which unit consumes it.
+def _v2_stage_input(model, stage, unit):
+    """The channels entering shuffle `unit` of a v2 stage, as (producer, channel) keys.
 
-    Producers: (stage, "left"), (stage, 1) (the down unit's right branch) and
-    (stage, u) for the basic units' branches. Returns `(consumers, orders)`:
-    `consumers[u]` (u = 2..repeats, and "end") lists (producer, channel) in the
-    logical input order of that consumer; `orders[producer]` is the producer's new
-    output channel order, grouped by consumer.
+    Producers: "left" and 1 (the down unit's two branches) and u for the basic units'
+    branches. Shuffles before `unit` must be manual or hardened.
     """
     half = model.get_layer(f"stage{stage}_unit1_conv2").filters
     state = [("left", k) for k in range(half)] + [(1, k) for k in range(half)]
-    state = [state[i] for i in _permutation_of(model.get_layer(f"stage{stage}_unit1_shuffle"))]
+    for u in range(1, unit):
+        perm = _permutation_of(model.get_layer(f"stage{stage}_unit{u}_shuffle"))
+        state = [state[i] for i in perm][:half] + [(u + 1, k) for k in range(half)]
+    return state
+
+
+def _v2_plan(model, stage, repeats):
+    """Where every channel of a v2 stage is born and which unit consumes it.
+
+    Returns `(consumers, orders)`: `consumers[u]` (u = 2..repeats, and "end") lists
+    (producer, channel) in the logical input order of that consumer; `orders[producer]`
+    is a list of (consumer, channel) in the producer's new output order, grouped by
+    consumer.
+    """
+    half = model.get_layer(f"stage{stage}_unit1_conv2").filters
     consumers = {}
     for unit in range(2, repeats + 1):
-        consumers[unit] = state[half:]
-        merged = state[:half] + [(unit, k) for k in range(half)]
-        perm = _permutation_of(model.get_layer(f"stage{stage}_unit{unit}_shuffle"))
-        state = [merged[i] for i in perm]
-    consumers["end"] = state
+        consumers[unit] = _v2_stage_input(model, stage, unit - 1)
+        perm = _permutation_of(model.get_layer(f"stage{stage}_unit{unit - 1}_shuffle"))
+        consumers[unit] = [consumers[unit][i] for i in perm][half:]
+    state = _v2_stage_input(model, stage, repeats)
+    perm = _permutation_of(model.get_layer(f"stage{stage}_unit{repeats}_shuffle"))
+    consumers["end"] = [state[i] for i in perm]
     rank = {key: r for r, key in enumerate([*range(2, repeats + 1), "end"])}
     orders = {}
     for consumer, channels in consumers.items():
         for position, (producer, channel) in enumerate(channels):
-            orders.setdefault(producer, []).append((rank[consumer], position, channel))
-    orders = {p: np.asarray([c for _, _, c in sorted(v)]) for p, v in orders.items()}
+            orders.setdefault(producer, []).append((rank[consumer], position, consumer, channel))
+    orders = {p: [(c, ch) for _, _, c, ch in sorted(v)] for p, v in orders.items()}
     return consumers, orders
 
 
-def _gather_input(consumer_channels, tensors, orders, name):
-    """A consumer's input as a concat of contiguous producer slices, and its row order.
+def _producer_pieces(tensor, order, name):
+    """Cuts a producer's output (channels grouped by consumer) into one piece per consumer.
+
+    Returns {consumer: (piece, channels)}. Two equal pieces are one SPLIT (what
+    balanced v2 hardening produces); otherwise each piece is a contiguous slice.
+    """
+    runs = []
+    for k, (consumer, channel) in enumerate(order):
+        if not runs or runs[-1][0] != consumer:
+            runs.append((consumer, k, []))
+        runs[-1][2].append(channel)
+    if len(runs) == 1:
+        return {runs[0][0]: (tensor, runs[0][2])}
+    if len(runs) == 2 and len(runs[0][2]) == len(runs[1][2]):
+        halves = ChannelSplit(name=f"{name}_split")(tensor)
+        return {c: (piece, chans) for piece, (c, _, chans) in zip(halves, runs, strict=True)}
+    return {
+        consumer: (ChannelSlice(start, start + len(chans), name=f"{name}_slice{k}")(tensor), chans)
+        for k, (consumer, start, chans) in enumerate(runs)
+    }
+
+
+def _gather_input(consumer, consumer_channels, pieces, name):
+    """A consumer's input as one concat of its producers' pieces, and its row order.
 
     Returns `(x, rows)`: physical channel k of `x` is logical input `rows[k]`.
     """
     position = {key: q for q, key in enumerate(consumer_channels)}
-    pieces, rows = [], []
-    for producer, order in orders.items():
-        mine = [k for k, c in enumerate(order) if (producer, c) in position]
-        if not mine:
-            continue
-        start, stop = mine[0], mine[-1] + 1
-        if stop - start != len(mine):
-            raise AssertionError("a producer's channels for one consumer must be contiguous")
-        tensor = tensors[producer]
-        if start == 0 and stop == len(order):
-            pieces.append(tensor)
-        else:
-            pieces.append(ChannelSlice(start, stop, name=f"{name}_slice{len(pieces)}")(tensor))
-        rows.extend(position[(producer, order[k])] for k in range(start, stop))
-    x = _concat(pieces, f"{name}_gather")
-    return x, np.asarray(rows, dtype=np.int64)
+    inputs, rows = [], []
+    for producer, by_consumer in pieces.items():
+        if consumer in by_consumer:
+            piece, channels = by_consumer[consumer]
+            inputs.append(piece)
+            rows.extend(position[(producer, c)] for c in channels)
+    return _concat(inputs, f"{name}_gather"), np.asarray(rows, dtype=np.int64)
 
 
 def _v2_branch(model, prefix, x, rows, columns):
@@ -398,21 +427,136 @@ def _fold_v2(model, inputs):
     for stage, repeats in _units(model).items():
         consumers, orders = _v2_plan(model, stage, repeats)
         prefix = f"stage{stage}_unit1"
-        tensors = {
-            "left": _v2_left(model, prefix, x, rows, orders["left"]),
-            1: _v2_branch(model, prefix, x, rows, orders[1]),
+        columns = {p: np.asarray([c for _, c in order]) for p, order in orders.items()}
+        pieces = {
+            "left": _producer_pieces(
+                _v2_left(model, prefix, x, rows, columns["left"]), orders["left"], f"{prefix}_left"
+            ),
+            1: _producer_pieces(_v2_branch(model, prefix, x, rows, columns[1]), orders[1], prefix),
         }
         for unit in range(2, repeats + 1):
             prefix = f"stage{stage}_unit{unit}"
-            branch_input, branch_rows = _gather_input(consumers[unit], tensors, orders, prefix)
-            tensors[unit] = _v2_branch(model, prefix, branch_input, branch_rows, orders[unit])
-        x, rows = _gather_input(consumers["end"], tensors, orders, f"stage{stage}_end")
+            branch_input, branch_rows = _gather_input(unit, consumers[unit], pieces, prefix)
+            output = _v2_branch(model, prefix, branch_input, branch_rows, columns[unit])
+            pieces[unit] = _producer_pieces(output, orders[unit], prefix)
+        x, rows = _gather_input("end", consumers["end"], pieces, f"stage{stage}_end")
     conv = model.get_layer("head_conv")
     weights = conv.get_weights()
     x = _copy(conv, x, [weights[0][:, :, rows, :], *weights[1:]])
     x = _copy(model.get_layer("head_bn"), x)
     x = _copy(model.get_layer("head_relu"), x)
     return _apply_tail(model, x, "head_relu")
+
+
+def _v2_shuffle_position(model, shuffle_name):
+    """(stage, unit, repeats) of a v2 shuffle layer name."""
+    parts = shuffle_name.split("_")
+    units = _units(model)
+    try:
+        stage, unit = int(parts[0].removeprefix("stage")), int(parts[1].removeprefix("unit"))
+        if parts[2:] != ["shuffle"] or stage not in units:
+            raise ValueError
+    except (ValueError, IndexError):
+        raise ValueError(
+            f"Expected a ShuffleNet v2 shuffle named 'stageS_unitK_shuffle'. "
+            f"Received: shuffle_name={shuffle_name!r}"
+        ) from None
+    return stage, unit, units[stage]
+
+
+def nearest_balanced_v2_permutation(model, shuffle_name, matrix, time_limit=None):
+    """The nearest permutation for a v2 shuffle whose folded routing is SPLIT + CONCAT.
+
+    Balanced v2 hardening keeps the folded routing as lean as the same net with no
+    shuffle: every unit's output is cut at most once, into two equal halves, each
+    consumed whole by one later unit, so each unit costs at most one SPLIT (its
+    output) and one CONCAT (its branch input). For the shuffle after unit K this
+    means: every block waiting in the identity half (the kept part of an earlier
+    unit's output) goes wholly to the identity or wholly to the next branch (a block
+    that is a whole output may also go half to each side), and unit K's output goes
+    wholly to one side or half to each. After the down-sampling unit, the left and
+    right branches go one wholly to each side, or half and half: the manual
+    shuffle's 2 x 2 block counts (`nearest_balanced_permutation` with 2 groups). The
+    last shuffle of a stage is free: the stage end takes every channel in any order.
+
+    Each option is an exact linear assignment with forbidden entries, or the
+    two-group balanced problem; the best option is returned. It is optimal for this
+    layer given the earlier shuffles of its stage, which must be hardened first
+    (harden in network order): they define the blocks.
+
+    Args:
+        model: a ShuffleNet v2 from `keras_autoshuffle.applications`.
+        shuffle_name: the shuffle layer's name, `stageS_unitK_shuffle`.
+        matrix: its N x N relaxed matrix.
+        time_limit: seconds for the mixed-integer program (None: proven optimal).
+
+    Returns:
+        `(perm, info)`; info has `mass`, `optimal` and `seconds`.
+    """
+    start = time.perf_counter()
+    matrix = permutations._as_square(matrix)
+    stage, unit, repeats = _v2_shuffle_position(model, shuffle_name)
+    if unit == repeats:
+        perm = permutations.nearest_permutation(matrix)
+        return perm, _v2_info(matrix, perm, True, start)
+    state = _v2_stage_input(model, stage, unit)
+    producers = {}
+    for position, (producer, _) in enumerate(state):
+        producers.setdefault(producer, []).append(position)
+    # Identity-half blocks: each earlier producer's channels still waiting (none in unit 1).
+    blocks = [np.asarray(p) for producer, p in producers.items() if unit > 1 and producer != unit]
+    perm, optimal = _nearest_v2_routed(matrix, blocks, time_limit)
+    return perm, _v2_info(matrix, perm, optimal, start)
+
+
+def _nearest_v2_routed(matrix, blocks, time_limit=None):
+    """The nearest permutation that keeps a v2 shuffle's folded routing SPLIT + CONCAT.
+
+    Sources 0..h-1 are the identity half, h..n-1 the fresh branch output; targets
+    0..h-1 are the next identity half, h..n-1 the next branch. Each of `blocks`
+    (arrays of identity sources) goes wholly to one side; the fresh output goes
+    wholly to one side or half to each. With no blocks (after the down unit, whose
+    two branches are both fresh) the two halves go one wholly to each side, or half
+    and half (`nearest_balanced_permutation` with 2 groups). A block that is a whole
+    earlier output (half the channels) may also go half to each side. Returns
+    `(perm, optimal)`; keeping every block and sending the fresh output to the branch
+    is always an option.
+    """
+    n = matrix.shape[0]
+    half = n // 2
+    if not blocks:
+        blocks = [np.arange(half)]  # the left branch; the right one takes the other side
+    candidates, optimal = [], True
+    for chosen in itertools.product((False, True), repeat=len(blocks)):
+        # chosen[b]: block b goes to the next branch (targets half..n-1).
+        fresh_to_branch = half - sum(b.size for b, c in zip(blocks, chosen, strict=True) if c)
+        if fresh_to_branch not in (0, half) and 2 * fresh_to_branch != half:
+            continue
+        allowed = np.ones((n, n), dtype=bool)
+        for block, to_branch in zip(blocks, chosen, strict=True):
+            allowed[slice(0, half) if to_branch else slice(half, n), block] = False
+        try:
+            candidates.append(permutations.nearest_permutation(matrix, allowed=allowed))
+        except ValueError:  # infeasible: more than half the targets asked of one side
+            continue
+    if len(blocks) == 1 and blocks[0].size == half and half % 2 == 0:
+        try:
+            perm, info = permutations.nearest_balanced_permutation(
+                matrix, 2, time_limit=time_limit, return_info=True
+            )
+            candidates.append(perm)
+            optimal = info["optimal"]
+        except RuntimeError:  # time limit hit before any half-and-half permutation
+            optimal = False
+    return max(candidates, key=lambda p: permutations.matched_mass(matrix, p)), optimal
+
+
+def _v2_info(matrix, perm, optimal, start):
+    return {
+        "mass": permutations.matched_mass(matrix, perm),
+        "optimal": bool(optimal),
+        "seconds": time.perf_counter() - start,
+    }
 
 
 # ---------------------------------------------------------------- entry point

@@ -11,8 +11,9 @@ samples, the variants' order rotated every round), for ShuffleNet v1 g3 1.0x and
 
 Variants: manual (ChannelShuffle), relaxed (dense N x N shuffle), hardened_gather (a
 randomly initialised relaxed matrix rounded to its nearest permutation: a GATHER),
-hardened_folded (the same, folded by `fold_model`), balanced_folded (v1: balanced
-hardening, folded) and no_shuffle (the manual net with Identity in place of each
+hardened_folded (the same, folded by `fold_model`), balanced_folded (balanced
+hardening of such a matrix, folded: v1 keeps the manual reshape-transpose, v2 one
+SPLIT and one CONCAT per unit) and no_shuffle (the manual net with Identity in place of each
 shuffle: the floor).
 
 Usage:
@@ -92,8 +93,6 @@ def build_variants(name, spec, side, classes, variants, time_limit):
             model = models["hardened"]
             models[variant] = folding.fold_model(model) if variant == "hardened_folded" else model
         elif variant == "balanced_folded":
-            if not name.startswith("v1"):
-                continue
             model = builder(shuffle="auto", **common)
             start = time.perf_counter()
             harden_model(model, balanced=True, time_limit=time_limit)

@@ -243,3 +243,113 @@ def test_harden_model_balanced_report():
     folded = folding.fold_model(model)
     assert _layer_counts(folded).get("ChannelSlice", 0) == 0
     assert _layer_counts(folded)["ChannelShuffle"] == 15
+
+
+# ---------------------------------------------------------------- balanced v2 hardening
+
+
+def _brute_force_best(matrix, keep):
+    """Max matched mass over all permutations with keep(perm) True."""
+    n = matrix.shape[0]
+    masses = [
+        matrix[np.arange(n), perm].sum()
+        for perm in map(np.asarray, itertools.permutations(range(n)))
+        if keep(perm)
+    ]
+    return max(masses) if masses else None
+
+
+def test_nearest_permutation_with_allowed_mask_by_brute_force():
+    rng = np.random.default_rng(7)
+    matrix = rng.random((7, 7))
+    allowed = rng.random((7, 7)) < 0.6
+    perm = permutations.nearest_permutation(matrix, allowed=allowed)
+    assert allowed[np.arange(7), perm].all()
+    best = _brute_force_best(matrix, lambda p: allowed[np.arange(7), p].all())
+    assert permutations.matched_mass(matrix, perm) == pytest.approx(best, abs=1e-12)
+    with pytest.raises(ValueError, match="infeasible"):
+        permutations.nearest_permutation(matrix, allowed=np.eye(7, k=1, dtype=bool))
+    with pytest.raises(ValueError, match="allowed"):
+        permutations.nearest_permutation(matrix, allowed=np.ones((6, 6), dtype=bool))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_two_group_lagrangian_bound_and_result(seed):
+    # Rounded matrices have many ties, where bisection alone misses the target count.
+    rng = np.random.default_rng(seed)
+    matrix = rng.random((8, 8))
+    if seed % 2:
+        matrix = np.round(matrix, 1)
+    counts = np.array([[2, 2], [2, 2]])
+    best = _brute_force_best(
+        matrix, lambda p: np.array_equal(permutations.block_counts(p, 2), counts)
+    )
+    perm, bound = permutations._two_group_lagrangian(matrix, 2)
+    np.testing.assert_array_equal(permutations.block_counts(perm, 2), counts)
+    mass = permutations.matched_mass(matrix, perm)
+    assert bound >= best - 1e-9 and mass <= best + 1e-9
+    if mass >= bound - 1e-9:  # certified: must be the brute-force optimum
+        assert mass == pytest.approx(best, abs=1e-9)
+    full, info = permutations.nearest_balanced_permutation(matrix, 2, return_info=True)
+    assert info["optimal"] and info["mass"] == pytest.approx(best, abs=1e-9)
+
+
+def _v2_family(blocks, half):
+    """Does a permutation keep the folded v2 routing one SPLIT + one CONCAT per unit?"""
+    quarter = half // 2
+
+    def keep(perm):
+        to_branch = np.zeros(2 * half, dtype=bool)
+        to_branch[perm[half:]] = True  # sources read by the next branch
+        groups = blocks or [np.arange(half)]
+        for block in groups:
+            sent = np.count_nonzero(to_branch[block])
+            whole = sent in (0, block.size)
+            if not (whole or (block.size == half and sent == quarter)):
+                return False
+        return np.count_nonzero(to_branch[half:]) in (0, quarter, half)
+
+    return keep
+
+
+@pytest.mark.parametrize(
+    "blocks",
+    [[], [np.arange(0, 2), np.arange(2, 4)], [np.arange(4)], [np.array([0, 3]), np.array([1, 2])]],
+    ids=["down_unit", "two_quarters", "one_half", "scattered_quarters"],
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_v2_routed_hardening_is_optimal_by_brute_force(blocks, seed):
+    rng = np.random.default_rng(seed)
+    matrix = rng.random((8, 8))
+    perm, optimal = folding._nearest_v2_routed(matrix, blocks)
+    keep = _v2_family(blocks, 4)
+    assert optimal and keep(perm)
+    best = _brute_force_best(matrix, keep)
+    assert permutations.matched_mass(matrix, perm) == pytest.approx(best, abs=1e-9)
+
+
+def test_harden_model_balanced_v2_folds_into_splits_and_concats():
+    common = dict(width=0.5, input_shape=(8, 8, 3), stem="cifar", classes=5)
+    model = ShuffleNetV2(shuffle="auto", classifier_activation=None, **common)
+    report = ka.harden_model(model, balanced=True)
+    assert len(report) == 16
+    for entry in report:
+        assert entry["groups"] == 2 and entry["optimal"]
+        assert entry["mass"] <= entry["plain_mass"] + 1e-9
+    folded = _assert_folds_exactly(model, 3, 8)
+    counts = _layer_counts(folded)
+    # Each unit's output cut at most once into two halves, each unit input (and stage
+    # end) one concat of whole pieces: no slices, at most 16 SPLIT + 16 CONCAT for the
+    # 16 units (the net without shuffles has 13 + 16, copying twice the channels).
+    assert counts.get("ChannelSlice", 0) == 0
+    assert counts.get("ChannelSplit", 0) <= 16 and counts.get("Concatenate", 0) <= 16
+    # Plain hardening of the same kind of matrices needs slices.
+    plain = ShuffleNetV2(shuffle="auto", classifier_activation=None, **common)
+    ka.harden_model(plain)
+    assert _layer_counts(folding.fold_model(plain)).get("ChannelSlice", 0) > 20
+
+
+def test_balanced_v2_rejects_other_layer_names():
+    model = ShuffleNetV2(width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    with pytest.raises(ValueError, match="shuffle_name='head_conv'"):
+        folding.nearest_balanced_v2_permutation(model, "head_conv", np.eye(4))
