@@ -33,8 +33,8 @@ def test_train_cifar10_script_on_digits_writes_everything(tmp_path):
     code, output = _script(
         "train_cifar10.py",
         "--dataset", "digits", "--model", "v2", "--width", "0.5", "--shuffle", "auto",
-        "--epochs", "1", "--batch-size", "32", "--max-train-examples", "96",
-        "--output", str(out), "--verbose", "0",
+        "--epochs", "2", "--batch-size", "32", "--max-train-examples", "96",
+        "--harden-at-epoch", "1", "--balanced", "--output", str(out), "--verbose", "0",
     )  # fmt: skip
     assert code == 0, output[-3000:]
     for name in ("model.keras", "saved_model", "model.tflite", "report.json", "history.csv"):
@@ -48,14 +48,23 @@ def test_train_cifar10_script_on_digits_writes_everything(tmp_path):
     for key in ("relaxed_accuracy", "rounded_accuracy", "relative_change", "final_penalty"):
         assert np.isfinite(report[key]), key
     assert 0 <= report["rounded_accuracy"] <= 1 and report["time"] > 0
-    assert report["settings"]["penalty"] == 5e-2 and report["settings"]["epochs"] == 1
+    assert report["settings"]["penalty"] == 5e-2 and report["settings"]["epochs"] == 2
+    assert report["epoch"] == 1 and report["settings"]["balanced"] is True
     assert report["settings"]["shuffle"] == "auto" and report["settings"]["train_examples"] == 96
-    # v2 0.5x: 4 + 8 + 4 units, each with one learned shuffle, all hardened.
+    # v2 0.5x: 4 + 8 + 4 units, each with one learned shuffle, all hardened (balanced).
     assert len(report["layers"]) == 16
-    # .keras, SavedModel and LiteRT agree with the in-memory hardened model.
+    assert all(layer["groups"] == 2 for layer in report["layers"])
+    # .keras, SavedModel and LiteRT agree with the in-memory hardened model; the latter
+    # two hold the folded network: SPLIT and CONCATENATION, no GATHER.
     assert set(report["export"]) == {"keras", "saved_model", "litert"}
     for entry in report["export"].values():
         assert entry["max_abs_diff"] <= 1e-4
+    assert report["export"]["litert"]["folded"] and report["export"]["saved_model"]["folded"]
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=str(out / "model.tflite"))
+    ops = {op["op_name"] for op in interpreter._get_ops_details()}
+    assert "GATHER" not in ops and "SPLIT" in ops and "STRIDED_SLICE" not in ops
     with open(out / "history.csv") as f:
         row = next(csv.DictReader(f))
     assert float(row["shuffle_penalty"]) > 0
@@ -63,12 +72,11 @@ def test_train_cifar10_script_on_digits_writes_everything(tmp_path):
     model = keras.saving.load_model(out / "model.keras", safe_mode=True)
     shuffles = [layer for layer in model.layers if isinstance(layer, RelaxedShuffle)]
     assert len(shuffles) == 16 and all(layer.is_hardened for layer in shuffles)
-    # The saved model's test accuracy is the report's rounded accuracy.
+    # The saved model's test accuracy is the report's final accuracy (hardened after
+    # epoch 1, then trained on).
     _, test = data.digits()
     predictions = model.predict(test.images, verbose=0).argmax(-1)
-    assert np.mean(predictions == test.labels) == pytest.approx(
-        report["rounded_accuracy"], abs=1e-6
-    )
+    assert np.mean(predictions == test.labels) == pytest.approx(report["final_accuracy"], abs=1e-6)
 
 
 def test_train_imagenet_without_data_fails_fast_with_instructions(tmp_path):
