@@ -363,12 +363,69 @@ def _task_id(strategy):
     return 0 if resolver is None else resolver.task_id
 
 
-def _callbacks(output_dir, history_path, resumed, chief):
-    """Logging and fault-tolerance callbacks, ShufflePenaltyLogger before the loggers."""
+class _HardeningBackup(keras.callbacks.BackupAndRestore):
+    """BackupAndRestore that survives `HardenShuffles(at_epoch=k)` mid-training.
+
+    A hardened shuffle has no weights (its permutation is in its config), so the
+    backup of a run hardened at epoch k holds fewer weights than a freshly built
+    model: the plain callback cannot restore it, and the permutations would be lost.
+    This one runs before the hardening in each epoch's callbacks (like the plain one)
+    and writes the hardening report, permutations included, next to the weights once
+    it exists. On restore: a backup from after epoch k gets the saved permutations
+    applied to the fresh model first (its optimizer built beforehand, as in the run
+    that wrote the backup, so the saved optimizer state fits); a backup of epoch k
+    itself holds the relaxed weights the hardening saw, so it hardens them again.
+    """
+
+    def __init__(self, backup_dir, hardening):
+        super().__init__(backup_dir)
+        self.hardening = hardening
+        self._hardening_path = os.path.join(backup_dir, "hardening.json")
+
+    def _save_model(self):
+        report = self.hardening.report
+        if report is not None and not os.path.exists(self._hardening_path):
+            os.makedirs(self.backup_dir, exist_ok=True)
+            with open(self._hardening_path + ".tmp", "w") as f:
+                json.dump(report, f, default=_json_default)
+            os.replace(self._hardening_path + ".tmp", self._hardening_path)
+        super()._save_model()
+
+    def _load_model(self):
+        metadata = os.path.join(self.backup_dir, "training_metadata.json")
+        if not os.path.exists(metadata):
+            return super()._load_model()
+        with open(metadata) as f:
+            backed_up_epochs = json.load(f)["epoch"]
+        if os.path.exists(self._hardening_path):
+            with open(self._hardening_path) as f:
+                report = json.load(f)
+            optimizer = self.model.optimizer
+            if not optimizer.built:
+                with self.model.distribute_strategy.scope():
+                    optimizer.build(self.model.trainable_variables)
+            for entry in report["layers"]:
+                self.model.get_layer(entry["name"]).harden(entry["permutation"])
+            self.model.make_train_function(force=True)
+            self.model.test_function = self.model.predict_function = None
+            self.hardening.report = report
+        super()._load_model()
+        if self.hardening.report is None and backed_up_epochs == self.hardening.at_epoch:
+            self.hardening._harden(backed_up_epochs)
+
+
+def _callbacks(output_dir, history_path, resumed, chief, hardening=None):
+    """Logging and fault-tolerance callbacks, ShufflePenaltyLogger before the loggers.
+
+    With `hardening` (the run's HardenShuffles), the backup is a `_HardeningBackup`.
+    """
     log_dir = os.path.join(output_dir, "logs")
+    backup_dir = os.path.join(output_dir, "backup")
     return [
         ShufflePenaltyLogger(),
-        keras.callbacks.BackupAndRestore(os.path.join(output_dir, "backup")),
+        keras.callbacks.BackupAndRestore(backup_dir)
+        if hardening is None
+        else _HardeningBackup(backup_dir, hardening),
         keras.callbacks.ModelCheckpoint(
             os.path.join(output_dir, "best.keras"),
             monitor="val_accuracy",
@@ -416,7 +473,7 @@ def _fit(
     )
     callbacks = [
         counter.callback(),
-        *_callbacks(output_dir, history_path, resumed, True),
+        *_callbacks(output_dir, history_path, resumed, True, hardening=hardening),
         *extra,
         hardening,
     ]

@@ -16,7 +16,8 @@ from keras import layers
 
 from keras_autoshuffle import RelaxedShuffle, data, training
 
-# A tiny training job run in subprocesses: argv = output, epochs, kill_at, strategy.
+# A tiny training job run in subprocesses: argv = output, epochs, kill_at, strategy,
+# harden_at (0: harden at the end).
 CHILD = r"""
 import os, signal, sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -25,6 +26,7 @@ from keras import layers
 from keras_autoshuffle import RelaxedShuffle, data, training
 
 out, epochs, kill_at, strategy = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+harden_at = int(sys.argv[5]) or None
 strategy = training.make_strategy(strategy)  # before any TF op (multi-worker needs it)
 train, test = data.digits(seed=7)
 train, test = train.subset(128), test.subset(64)
@@ -50,15 +52,18 @@ class KillAfterEpoch(keras.callbacks.Callback):
 
 recipe = training.get_recipe("digits", epochs=epochs, batch_size=32)
 training.train(model_fn, train, test, recipe, out, strategy=strategy, seed=5, export=False,
-               callbacks=[KillAfterEpoch()], verbose=0)
+               callbacks=[KillAfterEpoch()], harden_at_epoch=harden_at, verbose=0)
 """
 
 
-def _run_child(tmp_path, out, epochs, kill_at=0, strategy="one-device", env=None, wait=True):
+def _run_child(
+    tmp_path, out, epochs, kill_at=0, strategy="one-device", env=None, wait=True, harden_at=0
+):
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
     args = [sys.executable, str(script), str(out), str(epochs), str(kill_at), strategy]
+    args.append(str(harden_at))
     process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     if not wait:
         return process
@@ -277,6 +282,31 @@ def test_killed_run_resumes_and_ends_with_the_same_weights(tmp_path):
     for a, b in zip(whole[0], resumed[0], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
     np.testing.assert_array_equal(whole[1][0], resumed[1][0])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kill_at", [2, 3], ids=["before_hardening", "after_hardening"])
+def test_run_hardened_mid_training_resumes_with_the_same_permutations(tmp_path, kill_at):
+    # Hardened after epoch 2 of 4. Killed at the end of epoch 2 (after its backup, before
+    # the hardening), the backup holds the relaxed weights the hardening saw: hardened
+    # again on restore. Killed at the end of epoch 3, the backup holds a hardened net,
+    # whose permutations the fresh model must take before its weights fit.
+    code, output = _run_child(tmp_path, tmp_path / "whole", epochs=4, harden_at=2)
+    assert code == 0, output[-3000:]
+    killed = tmp_path / "killed"
+    code, output = _run_child(tmp_path, killed, epochs=4, kill_at=kill_at, harden_at=2)
+    assert code == -signal.SIGKILL, output[-3000:]
+    assert (killed / "backup" / "hardening.json").exists() == (kill_at == 3)
+    code, output = _run_child(tmp_path, killed, epochs=4, harden_at=2)
+    assert code == 0, output[-3000:]
+    assert "Skipping variable loading" not in output  # the optimizer state was restored
+    report = json.loads((killed / "report.json").read_text())
+    assert report["epoch"] == 2
+    whole = _weights_and_permutations(str(tmp_path / "whole" / "model.keras"))
+    resumed = _weights_and_permutations(str(killed / "model.keras"))
+    np.testing.assert_array_equal(whole[1][0], resumed[1][0])
+    for a, b in zip(whole[0], resumed[0], strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
 
 
 def test_mixed_precision_trains_in_bfloat16_on_cpu_with_float32_matrices(tmp_path):
