@@ -152,6 +152,14 @@ class HardenShuffles(keras.callbacks.Callback):
             raise ValueError(
                 f"`at_epoch` must be None or a positive integer. Received: at_epoch={at_epoch}"
             )
+        if not isinstance(balanced, (bool, dict)):
+            raise ValueError(
+                "`balanced` must be True, False or a dict of groups. "
+                f"Received: balanced={balanced!r}"
+            )
+        number = isinstance(time_limit, (int, float)) and not isinstance(time_limit, bool)
+        if time_limit is not None and not (number and time_limit > 0):
+            raise ValueError(f"`time_limit` must be positive. Received: time_limit={time_limit!r}")
         self.validation_data = validation_data
         self.at_epoch = at_epoch
         self.verbose = verbose

@@ -125,6 +125,16 @@ def _family(model):
     )
 
 
+def is_foldable(model):
+    """Whether `fold_model` takes `model`: a channels_last ShuffleNet v1 / v2 from
+    `keras_autoshuffle.applications` with no relaxed shuffle left."""
+    try:
+        _family(model)
+    except ValueError:
+        return False
+    return not any(isinstance(x, RelaxedShuffle) and not x.is_hardened for x in model.layers)
+
+
 def _units(model):
     """{stage: number of units} from the layer names."""
     units = {}
@@ -450,17 +460,19 @@ def _fold_v2(model, inputs):
 
 def _v2_shuffle_position(model, shuffle_name):
     """(stage, unit, repeats) of a v2 shuffle layer name."""
-    parts = shuffle_name.split("_")
-    units = _units(model)
-    try:
-        stage, unit = int(parts[0].removeprefix("stage")), int(parts[1].removeprefix("unit"))
-        if parts[2:] != ["shuffle"] or stage not in units:
-            raise ValueError
-    except (ValueError, IndexError):
+    if _family(model) != "v2":
         raise ValueError(
-            f"Expected a ShuffleNet v2 shuffle named 'stageS_unitK_shuffle'. "
+            f"Balanced v2 hardening needs a ShuffleNet v2. Received: model={model.name!r}"
+        )
+    names = {layer.name for layer in model.layers}
+    parts = str(shuffle_name).split("_")
+    units = _units(model)
+    if len(parts) != 3 or shuffle_name not in names or parts[2] != "shuffle":
+        raise ValueError(
+            "`shuffle_name` must name one of the model's 'stageS_unitK_shuffle' layers. "
             f"Received: shuffle_name={shuffle_name!r}"
-        ) from None
+        )
+    stage, unit = int(parts[0].removeprefix("stage")), int(parts[1].removeprefix("unit"))
     return stage, unit, units[stage]
 
 
@@ -496,6 +508,14 @@ def nearest_balanced_v2_permutation(model, shuffle_name, matrix, time_limit=None
     start = time.perf_counter()
     matrix = permutations._as_square(matrix)
     stage, unit, repeats = _v2_shuffle_position(model, shuffle_name)
+    channels = 2 * model.get_layer(f"stage{stage}_unit1_conv2").filters
+    if matrix.shape[0] != channels:
+        raise ValueError(
+            f"`matrix` must be {channels} x {channels} for {shuffle_name!r}. "
+            f"Received: matrix.shape={matrix.shape}"
+        )
+    if time_limit is not None and not time_limit > 0:
+        raise ValueError(f"`time_limit` must be positive. Received: time_limit={time_limit}")
     if unit == repeats:
         perm = permutations.nearest_permutation(matrix)
         return perm, _v2_info(matrix, perm, True, start)
@@ -546,7 +566,7 @@ def _nearest_v2_routed(matrix, blocks, time_limit=None):
             )
             candidates.append(perm)
             optimal = info["optimal"]
-        except RuntimeError:  # time limit hit before any half-and-half permutation
+        except RuntimeError:  # HiGHS stopped without a permutation (kept as a safeguard)
             optimal = False
     return max(candidates, key=lambda p: permutations.matched_mass(matrix, p)), optimal
 

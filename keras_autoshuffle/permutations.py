@@ -58,7 +58,15 @@ def nearest_permutation(matrix, allowed=None):
                 f"Received: allowed.shape={allowed.shape}"
             )
         matrix = np.where(allowed, matrix, -np.inf)
-    rows, cols = optimize.linear_sum_assignment(matrix, maximize=True)
+    try:
+        rows, cols = optimize.linear_sum_assignment(matrix, maximize=True)
+    except ValueError:
+        if allowed is None:
+            raise
+        raise ValueError(
+            "No permutation uses only entries where `allowed` is True (infeasible). "
+            f"Received: allowed with {int(allowed.sum())} True entries of {allowed.size}"
+        ) from None
     perm = np.empty(matrix.shape[0], dtype=np.int64)
     perm[rows] = cols
     return perm
@@ -249,7 +257,8 @@ def nearest_balanced_permutation(
     rhs = np.concatenate([np.ones(2 * n), counts.reshape(-1).astype(np.float64)])
     options = {"mip_rel_gap": mip_rel_gap}
     if time_limit is not None:
-        options["time_limit"] = float(time_limit)
+        # The Lagrangian phase counts against the limit (at least 1 s is left to HiGHS).
+        options["time_limit"] = max(1.0, float(time_limit) - (time.perf_counter() - start))
     result = optimize.milp(
         -matrix.reshape(-1),
         constraints=optimize.LinearConstraint(equalities, rhs, rhs),
@@ -273,12 +282,11 @@ def nearest_balanced_permutation(
         )
     if not return_info:
         return perm
-    info = {
-        "mass": matched_mass(matrix, perm),
-        "optimal": bool(optimal),
-        "gap": float(getattr(result, "mip_gap", np.nan)),
-        "seconds": seconds,
-    }
+    mass = matched_mass(matrix, perm)
+    gap = float(getattr(result, "mip_gap", np.nan))
+    if fallback is not None and perm is fallback:
+        gap = (bound - mass) / max(abs(bound), 1e-12)  # against the Lagrangian bound
+    info = {"mass": mass, "optimal": bool(optimal), "gap": gap, "seconds": seconds}
     return perm, info
 
 
@@ -292,7 +300,8 @@ def _two_group_lagrangian(matrix, target, steps=60):
     c = target (Lagrangian duality). c grows with mu, so bisection on mu looks for
     c == target; failing that, the two optima just below and above the target are
     combined through their alternating cycles (a subset sum on the cycles' changes
-    of c), and failing that the closest one is repaired by the best single swaps.
+    of c), and failing that the one above the target (or the only one found) is
+    repaired by the best single swaps.
 
     Returns:
         `(perm, bound)`: `perm` has the target count; it is optimal when its mass

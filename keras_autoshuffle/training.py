@@ -232,6 +232,8 @@ def train(
             f"`harden_at_epoch` must be in [1, {recipe.epochs - 1}] (epochs={recipe.epochs}). "
             f"Received: harden_at_epoch={harden_at_epoch}"
         )
+    if not isinstance(balanced, bool):
+        raise ValueError(f"`balanced` must be True or False. Received: balanced={balanced!r}")
     if recipe.batch_size % strategy.num_replicas_in_sync:
         raise ValueError(
             f"The global batch size must divide by the {strategy.num_replicas_in_sync} "
@@ -318,15 +320,26 @@ def _export(model, output_dir, sample):
     from keras_autoshuffle import export, folding
 
     results = export.export_model(model, output_dir, sample, formats=("keras",))
-    try:
-        inference = folding.fold_model(model, name=model.name)
-    except ValueError:
-        inference = model
-    files = export.export_model(inference, output_dir, sample, formats=("saved_model", "litert"))
     expected = export.keras_outputs(model, sample)
+    tolerance = 1e-4 + 1e-4 * float(np.max(np.abs(expected), initial=0.0))
+    inference = model
+    if folding.is_foldable(model):
+        inference = folding.fold_model(model, name=model.name)
+        diff = float(np.max(np.abs(export.keras_outputs(inference, sample) - expected)))
+        if not diff <= tolerance:
+            raise ValueError(
+                f"The folded model differs from the hardened one by {diff:.3e} "
+                f"(tolerance {tolerance:.3e}); nothing exported past model.keras."
+            )
+    files = export.export_model(inference, output_dir, sample, formats=("saved_model", "litert"))
     readers = {"saved_model": export.saved_model_outputs, "litert": export.litert_outputs}
     for name, entry in files.items():
         diff = float(np.max(np.abs(readers[name](entry["path"], sample) - expected)))
+        if not diff <= tolerance:
+            raise ValueError(
+                f"The {name} export at {entry['path']} differs from the hardened model by "
+                f"{diff:.3e} (tolerance {tolerance:.3e})."
+            )
         results[name] = {**entry, "max_abs_diff": diff, "folded": inference is not model}
     return results
 
@@ -397,21 +410,40 @@ class _HardeningBackup(keras.callbacks.BackupAndRestore):
             return super()._load_model()
         with open(metadata) as f:
             backed_up_epochs = json.load(f)["epoch"]
+        report = None
         if os.path.exists(self._hardening_path):
             with open(self._hardening_path) as f:
                 report = json.load(f)
+        if report is not None and report["epoch"] < backed_up_epochs:
+            # The weights were saved hardened: the fresh model must take the same shape.
             optimizer = self.model.optimizer
             if not optimizer.built:
                 with self.model.distribute_strategy.scope():
                     optimizer.build(self.model.trainable_variables)
-            for entry in report["layers"]:
-                self.model.get_layer(entry["name"]).harden(entry["permutation"])
-            self.model.make_train_function(force=True)
-            self.model.test_function = self.model.predict_function = None
-            self.hardening.report = report
+            self._apply(report)
+            super()._load_model()
+            return None
+        # The weights were saved relaxed (the report, if any, was written by a backup
+        # killed before its weights): restore them, then harden as the run did.
         super()._load_model()
-        if self.hardening.report is None and backed_up_epochs == self.hardening.at_epoch:
+        if report is not None:
+            self._apply(report)
+        elif backed_up_epochs == self.hardening.at_epoch:
             self.hardening._harden(backed_up_epochs)
+        return None
+
+    def _apply(self, report):
+        for entry in report["layers"]:
+            self.model.get_layer(entry["name"]).harden(entry["permutation"])
+        self.model.make_train_function(force=True)
+        self.model.test_function = self.model.predict_function = None
+        self.hardening.report = report
+
+    def on_train_end(self, logs=None):
+        # Harden (at the end of training) before the backup is deleted, so a run killed
+        # during a long hardening restarts from its last epoch, not from scratch.
+        self.hardening.on_train_end(logs)
+        super().on_train_end(logs)
 
 
 def _callbacks(output_dir, history_path, resumed, chief, hardening=None):

@@ -267,7 +267,7 @@ def test_nearest_permutation_with_allowed_mask_by_brute_force():
     assert allowed[np.arange(7), perm].all()
     best = _brute_force_best(matrix, lambda p: allowed[np.arange(7), p].all())
     assert permutations.matched_mass(matrix, perm) == pytest.approx(best, abs=1e-12)
-    with pytest.raises(ValueError, match="infeasible"):
+    with pytest.raises(ValueError, match="infeasible.*Received: allowed with 6 True"):
         permutations.nearest_permutation(matrix, allowed=np.eye(7, k=1, dtype=bool))
     with pytest.raises(ValueError, match="allowed"):
         permutations.nearest_permutation(matrix, allowed=np.ones((6, 6), dtype=bool))
@@ -349,7 +349,25 @@ def test_harden_model_balanced_v2_folds_into_splits_and_concats():
     assert _layer_counts(folding.fold_model(plain)).get("ChannelSlice", 0) > 20
 
 
-def test_balanced_v2_rejects_other_layer_names():
+def test_balanced_v2_rejects_bad_arguments():
     model = ShuffleNetV2(width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=3)
-    with pytest.raises(ValueError, match="shuffle_name='head_conv'"):
-        folding.nearest_balanced_v2_permutation(model, "head_conv", np.eye(4))
+    ok = np.full((48, 48), 1 / 48)
+    for name in ("head_conv", "stage2_unit0_shuffle", "stage2_unit7_shuffle", None):
+        with pytest.raises(ValueError, match=f"Received: shuffle_name={name!r}"):
+            folding.nearest_balanced_v2_permutation(model, name, ok)
+    with pytest.raises(ValueError, match=r"Received: matrix.shape=\(4, 4\)"):
+        folding.nearest_balanced_v2_permutation(model, "stage2_unit1_shuffle", np.eye(4))
+    with pytest.raises(ValueError, match="Received: time_limit=-1"):
+        folding.nearest_balanced_v2_permutation(model, "stage2_unit1_shuffle", ok, time_limit=-1)
+    v1 = ShuffleNetV1(groups=3, width=0.25, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    with pytest.raises(ValueError, match="needs a ShuffleNet v2"):
+        folding.nearest_balanced_v2_permutation(v1, "stage2_unit1_shuffle", ok)
+
+
+def test_hardening_arguments_are_checked_up_front():
+    with pytest.raises(ValueError, match="Received: time_limit=-1"):
+        ka.HardenShuffles(balanced=True, time_limit=-1)
+    with pytest.raises(ValueError, match="Received: balanced='yes'"):
+        ka.HardenShuffles(balanced="yes")
+    with pytest.raises(ValueError, match="`allowed`"):
+        permutations.nearest_permutation(np.ones((3, 3)), allowed=np.eye(3, k=1, dtype=bool))

@@ -285,28 +285,42 @@ def test_killed_run_resumes_and_ends_with_the_same_weights(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_at", [2, 3], ids=["before_hardening", "after_hardening"])
-def test_run_hardened_mid_training_resumes_with_the_same_permutations(tmp_path, kill_at):
-    # Hardened after epoch 2 of 4. Killed at the end of epoch 2 (after its backup, before
-    # the hardening), the backup holds the relaxed weights the hardening saw: hardened
-    # again on restore. Killed at the end of epoch 3, the backup holds a hardened net,
-    # whose permutations the fresh model must take before its weights fit.
-    code, output = _run_child(tmp_path, tmp_path / "whole", epochs=4, harden_at=2)
+@pytest.mark.parametrize(
+    "kill_at,harden_at",
+    [(2, 2), (3, 2), (4, 0)],
+    ids=["at_hardening_epoch", "after_hardening", "before_end_hardening"],
+)
+def test_run_hardened_mid_training_resumes_with_the_same_permutations(tmp_path, kill_at, harden_at):
+    # 4 epochs. Hardened after epoch 2: killed at the end of epoch 2 (after its backup,
+    # before the hardening), the backup holds the relaxed weights the hardening saw, hardened
+    # again on restore; killed at the end of epoch 3, the backup holds a hardened net, whose
+    # permutations the fresh model must take before its weights fit. Hardened at the end:
+    # killed after the last epoch's backup, before the hardening, the restart trains no more
+    # and hardens.
+    code, output = _run_child(tmp_path, tmp_path / "whole", epochs=4, harden_at=harden_at)
     assert code == 0, output[-3000:]
     killed = tmp_path / "killed"
-    code, output = _run_child(tmp_path, killed, epochs=4, kill_at=kill_at, harden_at=2)
+    code, output = _run_child(tmp_path, killed, epochs=4, kill_at=kill_at, harden_at=harden_at)
     assert code == -signal.SIGKILL, output[-3000:]
     assert (killed / "backup" / "hardening.json").exists() == (kill_at == 3)
-    code, output = _run_child(tmp_path, killed, epochs=4, harden_at=2)
+    code, output = _run_child(tmp_path, killed, epochs=4, harden_at=harden_at)
     assert code == 0, output[-3000:]
     assert "Skipping variable loading" not in output  # the optimizer state was restored
+    assert not (killed / "backup").exists()
     report = json.loads((killed / "report.json").read_text())
-    assert report["epoch"] == 2
+    assert report["epoch"] == (harden_at or None)
     whole = _weights_and_permutations(str(tmp_path / "whole" / "model.keras"))
     resumed = _weights_and_permutations(str(killed / "model.keras"))
     np.testing.assert_array_equal(whole[1][0], resumed[1][0])
     for a, b in zip(whole[0], resumed[0], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_train_rejects_a_non_boolean_balanced(tmp_path):
+    train, test = data.digits()
+    recipe = training.get_recipe("digits", epochs=1)
+    with pytest.raises(ValueError, match="Received: balanced='v2'"):
+        training.train(lambda: None, train, test, recipe, str(tmp_path), balanced="v2")
 
 
 def test_mixed_precision_trains_in_bfloat16_on_cpu_with_float32_matrices(tmp_path):
