@@ -440,10 +440,14 @@ class _HardeningBackup(keras.callbacks.BackupAndRestore):
         self.hardening.report = report
 
     def on_train_end(self, logs=None):
-        # Harden (at the end of training) before the backup is deleted, so a run killed
-        # during a long hardening restarts from its last epoch, not from scratch.
-        self.hardening.on_train_end(logs)
-        super().on_train_end(logs)
+        # Keep the backup until `finish()`: the hardening at the end of training runs
+        # later (after the user's callbacks), and a run killed during a long hardening
+        # should restart after its last epoch, not from scratch.
+        pass
+
+    def finish(self):
+        """Deletes the backup (BackupAndRestore's end of training); call after `fit`."""
+        super().on_train_end()
 
 
 def _callbacks(output_dir, history_path, resumed, chief, hardening=None):
@@ -517,6 +521,7 @@ def _fit(
         shuffle=False,  # the order is the dataset's, a function of (seed, epoch)
         verbose=verbose,
     )
+    next(c for c in callbacks if isinstance(c, _HardeningBackup)).finish()
     report = dict(hardening.report)
     # Hardened before the end: the net trained on, so its final accuracy is measured anew.
     report["final_accuracy"] = (
