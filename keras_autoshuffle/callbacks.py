@@ -33,10 +33,10 @@ def harden_model(model, balanced=False, time_limit=None):
     """
     from keras_autoshuffle import folding
 
-    v2 = balanced is True and "stage2_unit1_left_dwconv" in {layer.name for layer in model.layers}
+    v2 = balanced is True and folding.architecture(model) == "v2"
     if balanced is True and not v2:
         balanced = folding.shuffle_groups(model)
-    elif balanced is not False and not isinstance(balanced, dict) and not v2:
+    elif not isinstance(balanced, (bool, dict)):
         raise ValueError(
             f"`balanced` must be True, False or a dict of groups. Received: balanced={balanced!r}"
         )

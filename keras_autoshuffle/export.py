@@ -138,6 +138,7 @@ def export_model(
     allow_relaxed=False,
     atol=1e-4,
     rtol=1e-4,
+    reference=None,
 ):
     """Exports `model`, reloads every file and checks its outputs against Keras.
 
@@ -154,6 +155,8 @@ def export_model(
         allow_relaxed: export relaxed shuffles as dense matrices instead of refusing.
         atol, rtol: parity tolerance, `max|y - y_keras| <= atol + rtol * max|y_keras|`;
             a larger difference raises ValueError.
+        reference: the Keras model the files are compared with (default `model`), e.g.
+            the hardened model when `model` is its folded form.
 
     Returns:
         `{format: {"path": str, "max_abs_diff": float}}`.
@@ -164,7 +167,7 @@ def export_model(
     if unknown or not formats:
         raise ValueError(f"`formats` must be a non-empty subset of {FORMATS}. Received: {formats}")
     inputs = _single_input(model, sample_inputs)
-    expected = keras_outputs(model, inputs)
+    expected = keras_outputs(model if reference is None else reference, inputs)
     tolerance = atol + rtol * float(np.max(np.abs(expected), initial=0.0))
     os.makedirs(output_dir, exist_ok=True)
     results = {}

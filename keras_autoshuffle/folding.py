@@ -109,20 +109,29 @@ def _take(weights, index, axis=-1):
     return [np.take(w, index, axis=axis) for w in weights]
 
 
-def _family(model):
+def architecture(model):
+    """ "v1" or "v2" for a ShuffleNet from `keras_autoshuffle.applications` (by its layer
+    names), else None."""
     names = {layer.name for layer in model.layers}
-    if keras.config.image_data_format() != "channels_last" or any(
-        getattr(layer, "data_format", "channels_last") != "channels_last" for layer in model.layers
-    ):
-        raise ValueError("Folding supports channels_last models only.")
     if "stage2_unit1_left_dwconv" in names:
         return "v2"
     if "stage2_unit1_pool" in names:
         return "v1"
-    raise ValueError(
-        "fold_model expects a ShuffleNet v1 / v2 from keras_autoshuffle.applications. "
-        f"Received: model={model.name!r}"
-    )
+    return None
+
+
+def _family(model):
+    if keras.config.image_data_format() != "channels_last" or any(
+        getattr(layer, "data_format", "channels_last") != "channels_last" for layer in model.layers
+    ):
+        raise ValueError("Folding supports channels_last models only.")
+    family = architecture(model)
+    if family is None:
+        raise ValueError(
+            "fold_model expects a ShuffleNet v1 / v2 from keras_autoshuffle.applications. "
+            f"Received: model={model.name!r}"
+        )
+    return family
 
 
 def is_foldable(model):
@@ -325,18 +334,18 @@ def _fold_v1(model, inputs, route_manual=True):
 # ---------------------------------------------------------------- ShuffleNet v2
 
 
-def _v2_stage_input(model, stage, unit):
-    """The channels entering shuffle `unit` of a v2 stage, as (producer, channel) keys.
+def _v2_stage_inputs(model, stage, last):
+    """The channels entering shuffles 1..`last` of a v2 stage, as (producer, channel) keys.
 
     Producers: "left" and 1 (the down unit's two branches) and u for the basic units'
-    branches. Shuffles before `unit` must be manual or hardened.
+    branches. Shuffles before `last` must be manual or hardened.
     """
     half = model.get_layer(f"stage{stage}_unit1_conv2").filters
-    state = [("left", k) for k in range(half)] + [(1, k) for k in range(half)]
-    for u in range(1, unit):
+    inputs = [[("left", k) for k in range(half)] + [(1, k) for k in range(half)]]
+    for u in range(1, last):
         perm = _permutation_of(model.get_layer(f"stage{stage}_unit{u}_shuffle"))
-        state = [state[i] for i in perm][:half] + [(u + 1, k) for k in range(half)]
-    return state
+        inputs.append([inputs[-1][i] for i in perm][:half] + [(u + 1, k) for k in range(half)])
+    return inputs
 
 
 def _v2_plan(model, stage, repeats):
@@ -349,13 +358,13 @@ def _v2_plan(model, stage, repeats):
     """
     half = model.get_layer(f"stage{stage}_unit1_conv2").filters
     consumers = {}
-    for unit in range(2, repeats + 1):
-        consumers[unit] = _v2_stage_input(model, stage, unit - 1)
-        perm = _permutation_of(model.get_layer(f"stage{stage}_unit{unit - 1}_shuffle"))
-        consumers[unit] = [consumers[unit][i] for i in perm][half:]
-    state = _v2_stage_input(model, stage, repeats)
-    perm = _permutation_of(model.get_layer(f"stage{stage}_unit{repeats}_shuffle"))
-    consumers["end"] = [state[i] for i in perm]
+    for unit, state in enumerate(_v2_stage_inputs(model, stage, repeats), start=1):
+        perm = _permutation_of(model.get_layer(f"stage{stage}_unit{unit}_shuffle"))
+        output = [state[i] for i in perm]
+        if unit < repeats:
+            consumers[unit + 1] = output[half:]
+        else:
+            consumers["end"] = output
     rank = {key: r for r, key in enumerate([*range(2, repeats + 1), "end"])}
     orders = {}
     for consumer, channels in consumers.items():
@@ -519,7 +528,7 @@ def nearest_balanced_v2_permutation(model, shuffle_name, matrix, time_limit=None
     if unit == repeats:
         perm = permutations.nearest_permutation(matrix)
         return perm, _v2_info(matrix, perm, True, start)
-    state = _v2_stage_input(model, stage, unit)
+    state = _v2_stage_inputs(model, stage, unit)[-1]
     producers = {}
     for position, (producer, _) in enumerate(state):
         producers.setdefault(producer, []).append(position)

@@ -69,6 +69,22 @@ def test_round_trips_with_parity(tmp_path):
     assert np.max(np.abs(litert - export.keras_outputs(identity, inputs))) > 1e-3
 
 
+def test_files_are_checked_against_the_reference_model(tmp_path):
+    # The same network with the learned shuffle replaced by the identity: its files match
+    # it, but not the hardened model given as the reference.
+    model = _tiny_model(relaxed=False)
+    identity = _tiny_model(relaxed=True)
+    identity.get_layer("learned_shuffle").harden(np.arange(12))
+    identity.set_weights(model.get_weights())
+    inputs = _inputs()
+    same = export.export_model(identity, str(tmp_path / "a"), inputs, formats=("keras",))
+    assert same["keras"]["max_abs_diff"] <= 1e-6
+    with pytest.raises(ValueError, match="differs from the Keras model"):
+        export.export_model(
+            identity, str(tmp_path / "b"), inputs, formats=("keras",), reference=model
+        )
+
+
 def test_bad_arguments(tmp_path):
     model = _tiny_model(relaxed=False)
     with pytest.raises(ValueError, match="formats"):
