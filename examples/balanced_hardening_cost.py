@@ -70,7 +70,7 @@ def main(argv=None):
         callbacks=[counter.callback()],
         verbose=0,
     )
-    penalty = ka.total_penalty(model)
+    penalty = ka.total_l12_penalty(model)
     print(f"relaxed: accuracy {accuracy(model, test):.4f}, penalty sum {penalty:.1f}")
     path = os.path.join(tempfile.mkdtemp(), "relaxed.keras")
     model.save(path)

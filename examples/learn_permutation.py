@@ -25,8 +25,8 @@ history = model.fit(
     verbose=0,
     callbacks=[ka.ShufflePenaltyLogger(), hardening],
 )
-print("penalty per epoch:", np.round(history.history["shuffle_penalty"], 3).tolist())
-print(ka.format_report(hardening.report))
+print("penalty per epoch:", np.round(history.history["l12_penalty"], 3).tolist())
+print(ka.format_hardening_report(hardening.report))
 learned = model.layers[0].permutation
 print("hidden permutation:   ", true_perm.tolist())
 print("recovered permutation:", learned.tolist())

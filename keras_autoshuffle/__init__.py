@@ -1,30 +1,38 @@
-"""keras-autoshuffle: learned channel permutations (AutoShuffleNet) for Keras."""
+"""keras-autoshuffle: learned channel permutations (AutoShuffleNet) for Keras.
 
-# `optimizers` registers CoupledSGD and LinearCycles, which saved checkpoints reference.
-# TensorFlow-only parts (data, training, export) are imported on use.
-from keras_autoshuffle import applications, optimizers
-from keras_autoshuffle.callbacks import (
-    HardenShuffles,
-    RoundingMonitor,
-    ShufflePenaltyLogger,
-    format_report,
-    harden_model,
-)
+Importing the package registers every custom object (layers, constraint, regularizer,
+optimizer pieces), so `.keras` files load with `safe_mode=True`. TensorFlow-only parts
+(`data`, `training`, `export`) and the experiments are imported on use.
+"""
+
+from keras_autoshuffle import applications, hardening, optimizers
+from keras_autoshuffle.callbacks import HardenShuffles, RoundingMonitor, ShufflePenaltyLogger
 from keras_autoshuffle.constraints import DoublyStochastic
+from keras_autoshuffle.hardening import (
+    format_hardening_report,
+    harden_and_evaluate,
+    harden_model,
+    nearest_balanced_permutation,
+)
 from keras_autoshuffle.layers import (
     ChannelShuffle,
+    ChannelSlice,
+    ChannelSplit,
+    GroupedConv2D,
     RelaxedShuffle,
     relaxed_shuffles,
     shuffle_layers,
-    total_penalty,
+    total_l12_penalty,
 )
 from keras_autoshuffle.permutations import (
     argmax_agrees,
     argmax_permutation,
+    block_counts,
     distance_to_permutation,
     group_shuffle_permutation,
     invert_permutation,
     is_permutation_matrix,
+    matched_mass,
     nearest_permutation,
     permutation_matrix,
 )

@@ -3,10 +3,7 @@
 import keras
 from keras import ops
 
-
-def _check_positive_int(value, name):
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value}")
+from keras_autoshuffle import _validation
 
 
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")
@@ -28,7 +25,7 @@ class LinearCycles(keras.optimizers.schedules.LearningRateSchedule):
                 f"Received: learning_rates={learning_rates}, cycle_steps={cycle_steps}"
             )
         for steps in cycle_steps:
-            _check_positive_int(steps, "cycle_steps")
+            _validation.positive_int(steps, "cycle_steps")
         self.learning_rates = [float(lr) for lr in learning_rates]
         self.cycle_steps = [int(s) for s in cycle_steps]
 

@@ -3,6 +3,8 @@
 import keras
 from keras import ops
 
+from keras_autoshuffle import _validation
+
 
 def _safe_norm(squares_sum):
     # sqrt has an infinite derivative at 0; route zero sums through a constant so
@@ -48,17 +50,7 @@ class L12Penalty(keras.regularizers.Regularizer):
     """
 
     def __init__(self, strength=1e-3):
-        try:
-            strength = float(strength)
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"`strength` must be a non-negative float. Received: strength={strength!r}"
-            ) from None
-        if not strength >= 0 or strength == float("inf"):
-            raise ValueError(
-                f"`strength` must be a non-negative finite float. Received: strength={strength}"
-            )
-        self.strength = strength
+        self.strength = _validation.penalty(strength, "strength")
 
     def __call__(self, x):
         if len(x.shape) != 2:

@@ -16,7 +16,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
 def main(argv=None):
-    from keras_autoshuffle import reproduce
+    from keras_autoshuffle.experiments import reproduce
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", required=True, help="output directory")

@@ -15,15 +15,18 @@ from keras import layers
 
 from keras_autoshuffle import RelaxedShuffle, harden_model
 from keras_autoshuffle.applications import (
+    Architecture,
     AutoShuffleNetV1,
     AutoShuffleNetV2,
     GroupedConv2D,
     ShuffleNetV1,
     ShuffleNetV2,
     count_macs,
+    describe,
     preprocess_input,
     shuffle_layers,
 )
+from keras_autoshuffle.applications.architecture import layer_names
 from keras_autoshuffle.applications.shufflenet_v1 import MEGVII_CONFIGS
 from keras_autoshuffle.applications.shufflenet_v1 import WIDTHS as V1_WIDTHS
 
@@ -168,6 +171,33 @@ def test_layer_names_and_shuffle_order():
     # groups=1: no manual shuffle (megvii); "auto" learns one in every unit.
     assert shuffle_layers(ShuffleNetV1(0.5, 1, input_shape=CIFAR)) == []
     assert len(shuffle_layers(AutoShuffleNetV1(0.5, 1, input_shape=CIFAR))) == 16
+
+
+@pytest.mark.parametrize(
+    "build, family, stem, kwargs",
+    [
+        (ShuffleNetV2, "v2", "cifar", {}),
+        (AutoShuffleNetV2, "v2", "imagenet", {"include_top": False, "pooling": "avg"}),
+        (ShuffleNetV1, "v1", "cifar", {"groups": 1}),
+        (AutoShuffleNetV1, "v1", "imagenet", {"groups": 3, "include_top": False}),
+    ],
+)
+def test_builders_name_layers_by_the_architecture_description(build, family, stem, kwargs):
+    # Folding and balanced hardening find layers through this description only.
+    shape = CIFAR if stem == "cifar" else (64, 64, 3)
+    model = build(0.5, input_shape=shape, stem=stem, **kwargs)
+    found = describe(model)
+    assert found == Architecture(family, (4, 8, 4))
+    expected = layer_names(
+        found,
+        stem,
+        include_top=kwargs.get("include_top", True),
+        pooling=kwargs.get("pooling"),
+        shuffles=bool(shuffle_layers(model)),
+    )
+    built = [layer.name for layer in model.layers if not isinstance(layer, layers.InputLayer)]
+    assert sorted(built) == sorted(expected)
+    assert describe(keras.Sequential([keras.Input((4,)), layers.Dense(2)])) is None
 
 
 def test_batch_norm_matches_pytorch_defaults():

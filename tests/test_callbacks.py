@@ -12,7 +12,7 @@ from keras_autoshuffle import (
     HardenShuffles,
     RelaxedShuffle,
     ShufflePenaltyLogger,
-    format_report,
+    format_hardening_report,
     harden_model,
     permutation_matrix,
 )
@@ -91,7 +91,7 @@ def test_report_figures_at_end_of_training():
     assert entry["name"] == "shuffle" and entry["channels"] == 4
     assert entry["permutation"] == TARGET.tolist()
     assert entry["argmax_agrees"] is True
-    assert entry["penalty"] == pytest.approx(_numpy_penalty(matrix), rel=1e-5)
+    assert entry["l12_penalty"] == pytest.approx(_numpy_penalty(matrix), rel=1e-5)
     assert entry["distance"] == pytest.approx(
         np.linalg.norm(matrix - permutation_matrix(TARGET)), rel=1e-5
     )
@@ -102,7 +102,7 @@ def test_report_figures_at_end_of_training():
     assert report["relaxed_accuracy"] == pytest.approx(relaxed)
     assert report["rounded_accuracy"] == pytest.approx(rounded)
     assert report["relative_change"] == pytest.approx((rounded - relaxed) / relaxed)
-    text = format_report(report)
+    text = format_hardening_report(report)
     assert "Hardened 1 shuffles at the end of training" in text
     assert "relative change" in text
 
@@ -155,14 +155,14 @@ def test_shuffle_penalty_in_history_and_csv(tmp_path):
         verbose=0,
         callbacks=[recorder, ShufflePenaltyLogger(), keras.callbacks.CSVLogger(str(path))],
     )
-    logged = history.history["shuffle_penalty"]
+    logged = history.history["l12_penalty"]
     expected = [_numpy_penalty(m) for m in recorder.matrices[:3]]
     np.testing.assert_allclose(logged, expected, rtol=1e-5)
     # lambda = 0.5 pushes M from NEAR (P = 3.14) toward the permutation.
     assert max(logged) < 0.1 * _numpy_penalty(NEAR)
     with open(path, newline="") as f:
         rows = list(csv.DictReader(f))
-    np.testing.assert_allclose([float(r["shuffle_penalty"]) for r in rows], logged, rtol=1e-5)
+    np.testing.assert_allclose([float(r["l12_penalty"]) for r in rows], logged, rtol=1e-5)
 
 
 def test_harden_model_without_validation():

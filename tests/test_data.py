@@ -1,5 +1,8 @@
-"""Pipelines: the embedded digits, TFDS CIFAR-10 / ImageNet (mock data), determinism."""
+"""Pipelines: embedded digits, Fashion-MNIST (tiny IDX files), TFDS CIFAR-10 / ImageNet (mock
+data), determinism."""
 
+import gzip
+import os
 from unittest import mock
 
 import numpy as np
@@ -160,3 +163,164 @@ def test_missing_tfds_data_raises_with_instructions(tmp_path):
         data.load("cifar10", data_dir=str(tmp_path))
     with pytest.raises(data.DataMissingError, match="ILSVRC2012_img_train.tar"):
         data.load("imagenet2012", data_dir=str(tmp_path), manual_dir=str(tmp_path))
+
+
+def _write_idx(path, array, compress=False, magic=None):
+    """An IDX file of uint8 `array`: magic 0x0000080<ndim>, big-endian dims, the bytes."""
+    array = np.asarray(array, np.uint8)
+    magic = 0x800 + array.ndim if magic is None else magic
+    raw = magic.to_bytes(4, "big") + np.asarray(array.shape, ">u4").tobytes() + array.tobytes()
+    with open(path, "wb") as f:
+        f.write(gzip.compress(raw) if compress else raw)
+    return path
+
+
+def _write_fashion(folder, num_train=20, num_test=10, seed=0):
+    """Tiny Fashion-MNIST in `folder`: training files gzip-compressed, test files plain."""
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for split, count, compress in (("train", num_train, True), ("t10k", num_test, False)):
+        images = rng.integers(0, 256, (count, 28, 28), dtype=np.uint8)
+        labels = (np.arange(count) + seed) % 10
+        suffix = ".gz" if compress else ""
+        _write_idx(folder / f"{split}-images-idx3-ubyte{suffix}", images, compress)
+        _write_idx(folder / f"{split}-labels-idx1-ubyte{suffix}", labels, compress)
+        arrays[split] = (images, labels)
+    return arrays
+
+
+def test_fashion_mnist_reads_idx_files(tmp_path):
+    arrays = _write_fashion(tmp_path)
+    train, test = data.fashion_mnist(seed=2, data_dir=tmp_path)
+    assert (train.num_examples, test.num_examples) == (20, 10)
+    assert train.input_shape == (28, 28, 1) and train.num_classes == test.num_classes == 10
+    mean, std = data.FASHION_MNIST_MEAN[0], data.FASHION_MNIST_STD[0]
+    for split, (images, labels) in zip((train, test), arrays.values(), strict=True):
+        assert split.images.shape == (len(labels), 28, 28, 1)
+        assert split.images.dtype == np.float32 and split.labels.dtype == np.int32
+        np.testing.assert_array_equal(split.labels, labels)
+        expected = (images[..., None] / 255.0 - mean) / std
+        np.testing.assert_allclose(split.images, expected, rtol=1e-6, atol=1e-6)
+        assert split.images.min() >= -mean / std - 1e-6
+        assert split.images.max() <= (1 - mean) / std + 1e-6
+    np.testing.assert_array_equal(test.labels, np.arange(10))  # every class 0..9
+    # load() passes data_dir through and gives the same splits.
+    loaded, _ = data.load("fashion_mnist", seed=2, data_dir=str(tmp_path))
+    assert "fashion_mnist" in data.DATASETS
+    np.testing.assert_array_equal(loaded.images, train.images)
+
+
+def test_fashion_mnist_augmentation_is_a_function_of_seed_and_epoch(tmp_path):
+    _write_fashion(tmp_path)
+    train, test = data.fashion_mnist(seed=4, data_dir=tmp_path)
+    epoch = 3
+    images, labels = _collect(train.epoch_dataset(epoch, 5))
+    again, labels_again = _collect(train.epoch_dataset(epoch, 5))
+    np.testing.assert_array_equal(images, again)
+    np.testing.assert_array_equal(labels, labels_again)
+    assert images.shape == (20, 28, 28, 1)
+    order = data.epoch_permutation(train.num_examples, train.seed, epoch).numpy()
+    np.testing.assert_array_equal(labels, train.labels[order])
+    for position in range(20):  # pad 2, random crop, random flip seeded by (seed, e, i)
+        index = order[position]
+        expected = data.pad_crop_flip(
+            train.images[index], data.example_seed(train.seed, epoch, index), padding=2
+        )
+        np.testing.assert_array_equal(images[position], expected.numpy())
+    changed = [not np.array_equal(images[p], train.images[order[p]]) for p in range(20)]
+    assert sum(changed) > 10
+    other_epoch, _ = _collect(train.epoch_dataset(epoch + 1, 5))
+    assert not np.array_equal(images, other_epoch)
+    other_seed, _ = data.fashion_mnist(seed=5, data_dir=tmp_path)
+    assert not np.array_equal(images, _collect(other_seed.epoch_dataset(epoch, 5))[0])
+    # augment=False: training is the permuted stored images; evaluation never augments.
+    plain, _ = data.fashion_mnist(seed=4, data_dir=tmp_path, augment=False)
+    np.testing.assert_array_equal(_collect(plain.epoch_dataset(epoch, 5))[0], plain.images[order])
+    np.testing.assert_array_equal(_collect(test.eval_dataset(4))[0], test.images)
+
+
+def test_fashion_mnist_search_order(tmp_path, monkeypatch):
+    debian, keras_home = tmp_path / "debian", tmp_path / "keras"
+    monkeypatch.setattr(data, "FASHION_MNIST_DEBIAN_DIR", str(debian))
+    monkeypatch.setenv("KERAS_HOME", str(keras_home))
+    _write_fashion(keras_home / "datasets" / "fashion-mnist", seed=1)
+    debian.mkdir()
+    _write_idx(debian / "train-images-idx3-ubyte", np.zeros((20, 28, 28)))  # incomplete
+    # Debian's folder lacks files: Keras' cache is used.
+    train, _ = data.fashion_mnist()
+    assert train.labels[0] == 1
+    # Once Debian's folder is complete it comes first.
+    _write_fashion(debian, seed=2)
+    train, _ = data.fashion_mnist()
+    assert train.labels[0] == 2
+    # An explicit data_dir is the only place looked in.
+    with pytest.raises(data.DataMissingError) as error:
+        data.fashion_mnist(data_dir=tmp_path / "empty")
+    looked = str(error.value).split("looked in: ")[1].split(". Install")[0]
+    assert looked.startswith(f"{tmp_path / 'empty'} (missing train-images-idx3-ubyte[.gz]")
+    assert str(debian) not in looked and str(keras_home) not in looked
+
+
+def test_missing_fashion_mnist_raises_with_instructions(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "FASHION_MNIST_DEBIAN_DIR", str(tmp_path / "debian"))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
+    with pytest.raises(data.DataMissingError) as error:
+        data.load("fashion_mnist")
+    message = str(error.value)
+    for text in (
+        str(tmp_path / "debian"),
+        str(tmp_path / "keras" / "datasets" / "fashion-mnist"),
+        "t10k-labels-idx1-ubyte",
+        "apt-get install dataset-fashion-mnist",
+        "--data-dir DIR",
+        "keras.datasets.fashion_mnist.load_data()",
+    ):
+        assert text in message
+
+
+def test_damaged_fashion_mnist_files_raise_value_errors(tmp_path):
+    _write_fashion(tmp_path)
+    labels = tmp_path / "t10k-labels-idx1-ubyte"
+    images = tmp_path / "t10k-images-idx3-ubyte"
+    gz = tmp_path / "train-images-idx3-ubyte.gz"
+    good_gz = gz.read_bytes()
+
+    def fails(pattern):
+        with pytest.raises(ValueError, match=pattern) as error:
+            data.fashion_mnist(data_dir=tmp_path)
+        assert not isinstance(error.value, data.DataMissingError)
+
+    images.write_bytes(images.read_bytes()[:-100])  # truncated plain file
+    fails("t10k-images-idx3-ubyte is damaged or truncated")
+    _write_idx(images, np.zeros((10, 28, 28)), magic=0x00000801)  # wrong magic number
+    fails("t10k-images-idx3-ubyte is not an IDX file.*00000801")
+    _write_idx(images, np.zeros((10, 27, 28)))  # wrong image shape
+    fails(r"t10k-images-idx3-ubyte holds an array of shape \(10, 27, 28\)")
+    _write_idx(images, np.zeros((9, 28, 28)))  # one label too many
+    fails("holds 9 images but .*t10k-labels-idx1-ubyte holds 10 labels")
+    _write_idx(images, np.zeros((10, 28, 28)))
+    _write_idx(labels, np.full(10, 10))
+    fails("t10k-labels-idx1-ubyte holds the label 10")
+    _write_idx(labels, np.arange(10))
+    gz.write_bytes(good_gz[: len(good_gz) // 2])  # truncated gzip stream
+    fails("Cannot read the IDX file .*train-images-idx3-ubyte.gz")
+    gz.write_bytes(good_gz)
+    assert data.fashion_mnist(data_dir=tmp_path)[1].num_examples == 10
+
+
+def test_real_fashion_mnist_if_installed():
+    folder = data.FASHION_MNIST_DEBIAN_DIR
+    names = [n + ".gz" for pair in data.FASHION_MNIST_FILES.values() for n in pair]
+    if not all(os.path.exists(os.path.join(folder, n)) for n in names):
+        pytest.skip(
+            f"Fashion-MNIST is not installed in {folder} (apt-get install dataset-fashion-mnist)"
+        )
+    train, test = data.fashion_mnist(data_dir=folder)
+    assert (train.num_examples, test.num_examples) == (60_000, 10_000)
+    # The published class balance: 6000 per class in training, 1000 in test.
+    np.testing.assert_array_equal(np.bincount(train.labels), np.full(10, 6000))
+    np.testing.assert_array_equal(np.bincount(test.labels), np.full(10, 1000))
+    # The constants are the training set's statistics.
+    assert abs(float(train.images.mean())) < 1e-3
+    assert abs(float(train.images.std()) - 1.0) < 1e-3

@@ -12,7 +12,7 @@ from keras_autoshuffle import (
     group_shuffle_permutation,
     relaxed_shuffles,
     shuffle_layers,
-    total_penalty,
+    total_l12_penalty,
 )
 from keras_autoshuffle.training import cpu_mirrored_strategy
 
@@ -92,7 +92,7 @@ def test_penalty_reaches_layer_losses():
     assert len(layer.losses) == 1
     expected = 0.3 * _numpy_penalty(_matrix(layer))
     assert float(layer.losses[0]) == pytest.approx(expected, rel=1e-5)
-    assert layer.penalty_value() == pytest.approx(expected / 0.3, rel=1e-5)
+    assert layer.l12_penalty() == pytest.approx(expected / 0.3, rel=1e-5)
 
 
 def test_zero_penalty_adds_no_loss():
@@ -210,9 +210,9 @@ def test_harden_picks_nearest_permutation():
     target = np.array([2, 0, 3, 1])
     near = 0.85 * np.eye(4)[target] + 0.05  # rows and columns sum to 1
     layer.matrix.assign(near)
-    assert layer.penalty_value() == pytest.approx(_numpy_penalty(near), rel=1e-5)
+    assert layer.l12_penalty() == pytest.approx(_numpy_penalty(near), rel=1e-5)
     np.testing.assert_array_equal(layer.harden(), target)
-    assert layer.penalty_value() == 0.0
+    assert layer.l12_penalty() == 0.0
     assert layer.matrix is None
 
 
@@ -274,8 +274,8 @@ def test_keras_round_trip_safe_mode(tmp_path, harden, data_format):
 @pytest.mark.parametrize(
     ("kwargs", "argument"),
     [
-        ({"penalty": -1.0}, "strength"),
-        ({"penalty": "big"}, "strength"),
+        ({"penalty": -1.0}, "Received: penalty=-1.0"),
+        ({"penalty": "big"}, "Received: penalty=.big."),
         ({"iterations": 0}, "iterations"),
         ({"iterations": 2.5}, "iterations"),
         ({"data_format": "NHWC"}, "data_format"),
@@ -365,9 +365,9 @@ def test_model_helpers_find_nested_shuffles():
     assert [layer.name for layer in shuffle_layers(model)] == ["outer", "fixed", "inner"]
     assert [layer.name for layer in relaxed_shuffles(model)] == ["outer", "inner"]
     expected = sum(_numpy_penalty(_matrix(layer)) for layer in relaxed_shuffles(model))
-    assert total_penalty(model) == pytest.approx(expected, rel=1e-5)
+    assert total_l12_penalty(model) == pytest.approx(expected, rel=1e-5)
     model.get_layer("outer").harden()
     assert [layer.name for layer in relaxed_shuffles(model)] == ["inner"]
-    assert total_penalty(model) == pytest.approx(
+    assert total_l12_penalty(model) == pytest.approx(
         _numpy_penalty(_matrix(inner.get_layer("inner"))), rel=1e-5
     )

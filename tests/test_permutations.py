@@ -14,6 +14,7 @@ from keras_autoshuffle import (
     is_permutation_matrix,
     nearest_permutation,
     permutation_matrix,
+    permutations,
 )
 
 
@@ -116,3 +117,40 @@ def test_group_shuffle_permutation_is_reshape_transpose():
 def test_bad_input_raises(call, argument):
     with pytest.raises(ValueError, match=argument):
         call()
+
+
+def test_block_counts_independent_numpy():
+    perm = permutations.group_shuffle_permutation(6, 3)  # [0, 2, 4, 1, 3, 5]
+    # Outputs 0-1 (target group 0) read inputs 0, 2 (source groups 0, 1); outputs 2-3
+    # read 4, 1 (groups 2, 0); outputs 4-5 read 3, 5 (groups 1, 2).
+    np.testing.assert_array_equal(
+        permutations.block_counts(perm, 3), [[1, 1, 0], [1, 0, 1], [0, 1, 1]]
+    )
+    np.testing.assert_array_equal(permutations.block_counts(np.arange(6), 2), [[3, 0], [0, 3]])
+    with pytest.raises(ValueError, match="groups"):
+        permutations.block_counts(np.arange(6), 4)
+
+
+def _brute_force_best(matrix, keep):
+    """Max matched mass over all permutations with keep(perm) True."""
+    n = matrix.shape[0]
+    masses = [
+        matrix[np.arange(n), perm].sum()
+        for perm in map(np.asarray, itertools.permutations(range(n)))
+        if keep(perm)
+    ]
+    return max(masses) if masses else None
+
+
+def test_nearest_permutation_with_allowed_mask_by_brute_force():
+    rng = np.random.default_rng(7)
+    matrix = rng.random((7, 7))
+    allowed = rng.random((7, 7)) < 0.6
+    perm = permutations.nearest_permutation(matrix, allowed=allowed)
+    assert allowed[np.arange(7), perm].all()
+    best = _brute_force_best(matrix, lambda p: allowed[np.arange(7), p].all())
+    assert permutations.matched_mass(matrix, perm) == pytest.approx(best, abs=1e-12)
+    with pytest.raises(ValueError, match="infeasible.*Received: allowed with 6 True"):
+        permutations.nearest_permutation(matrix, allowed=np.eye(7, k=1, dtype=bool))
+    with pytest.raises(ValueError, match="allowed"):
+        permutations.nearest_permutation(matrix, allowed=np.ones((6, 6), dtype=bool))

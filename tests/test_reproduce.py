@@ -9,7 +9,8 @@ import keras
 import numpy as np
 import pytest
 
-from keras_autoshuffle import data, reproduce
+from keras_autoshuffle import data
+from keras_autoshuffle.experiments import reproduce
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -45,7 +45,12 @@ def test_train_cifar10_script_on_digits_writes_everything(tmp_path):
     assert str(out / "model.tflite") in output and "rounded" in output
 
     report = json.loads((out / "report.json").read_text())
-    for key in ("relaxed_accuracy", "rounded_accuracy", "relative_change", "final_penalty"):
+    for key in (
+        "relaxed_accuracy",
+        "rounded_accuracy",
+        "relative_change",
+        "l12_penalty_at_hardening",
+    ):
         assert np.isfinite(report[key]), key
     assert 0 <= report["rounded_accuracy"] <= 1 and report["time"] > 0
     assert report["settings"]["penalty"] == 5e-2 and report["settings"]["epochs"] == 2
@@ -67,7 +72,7 @@ def test_train_cifar10_script_on_digits_writes_everything(tmp_path):
     assert "GATHER" not in ops and "SPLIT" in ops and "STRIDED_SLICE" not in ops
     with open(out / "history.csv") as f:
         row = next(csv.DictReader(f))
-    assert float(row["shuffle_penalty"]) > 0
+    assert float(row["l12_penalty"]) > 0
 
     model = keras.saving.load_model(out / "model.keras", safe_mode=True)
     shuffles = [layer for layer in model.layers if isinstance(layer, RelaxedShuffle)]
@@ -93,4 +98,8 @@ def test_train_cifar10_rejects_bad_arguments(tmp_path):
     code, output = _script(
         "train_cifar10.py", "--epochs", "0", "--output", str(tmp_path), timeout=120
     )
-    assert code != 0 and "epochs=0" in output
+    assert code != 0 and "--epochs: must be a positive integer, got '0'" in output
+    code, output = _script(
+        "train_cifar10.py", "--max-train-examples", "-5", "--output", str(tmp_path), timeout=120
+    )
+    assert code != 0 and "--max-train-examples: must be a positive integer, got '-5'" in output

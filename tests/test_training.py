@@ -291,18 +291,17 @@ def test_killed_run_resumes_and_ends_with_the_same_weights(tmp_path):
     ids=["at_hardening_epoch", "after_hardening", "before_end_hardening"],
 )
 def test_run_hardened_mid_training_resumes_with_the_same_permutations(tmp_path, kill_at, harden_at):
-    # 4 epochs. Hardened after epoch 2: killed at the end of epoch 2 (after its backup,
-    # before the hardening), the backup holds the relaxed weights the hardening saw, hardened
-    # again on restore; killed at the end of epoch 3, the backup holds a hardened net, whose
-    # permutations the fresh model must take before its weights fit. Hardened at the end:
-    # killed after the last epoch's backup, before the hardening, the restart trains no more
-    # and hardens.
+    # 4 epochs, killed at the end of an epoch after its backup. Hardened after epoch 2:
+    # killed at the end of epoch 2 or 3, the backup holds a hardened net, whose
+    # permutations (saved beside it) the fresh model must take before its weights fit.
+    # Hardened at the end: killed after the last epoch's backup, before the hardening,
+    # the restart trains no more and hardens.
     code, output = _run_child(tmp_path, tmp_path / "whole", epochs=4, harden_at=harden_at)
     assert code == 0, output[-3000:]
     killed = tmp_path / "killed"
     code, output = _run_child(tmp_path, killed, epochs=4, kill_at=kill_at, harden_at=harden_at)
     assert code == -signal.SIGKILL, output[-3000:]
-    assert (killed / "backup" / "hardening.json").exists() == (kill_at == 3)
+    assert (killed / "backup" / "hardening.json").exists() == bool(harden_at)
     code, output = _run_child(tmp_path, killed, epochs=4, harden_at=harden_at)
     assert code == 0, output[-3000:]
     assert "Skipping variable loading" not in output  # the optimizer state was restored

@@ -1,6 +1,6 @@
 """Pieces shared by the ShuffleNet v1 / v2 builders: argument checks, input handling,
-the BatchNormalization factory, the channel split, the shuffle factory, the classifier
-head, `preprocess_input` and the multiply-add counter."""
+the layer factories, the classifier head, `preprocess_input` and the multiply-add counter.
+The custom layers themselves live in `keras_autoshuffle.layers`."""
 
 import os
 
@@ -8,7 +8,8 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from keras_autoshuffle.layers import ChannelShuffle, RelaxedShuffle
+from keras_autoshuffle import _validation
+from keras_autoshuffle.layers import ChannelShuffle, GroupedConv2D, RelaxedShuffle
 
 SHUFFLES = ("manual", "auto")
 STEMS = ("imagenet", "cifar", "auto")
@@ -43,54 +44,6 @@ def batch_norm(name, gamma_initializer="ones"):
     )
 
 
-@keras.saving.register_keras_serializable(package="keras_autoshuffle")
-class GroupedConv2D(layers.Conv2D):
-    """`keras.layers.Conv2D` whose grouped convolutions train fast on TensorFlow CPUs.
-
-    On the TensorFlow backend Keras runs every grouped convolution through XLA, since
-    TF's CPU kernels have no gradient for it (without oneDNN they raise): a ShuffleNet
-    v1 g=3 training step took 4x as long as with the native kernel. Here the forward
-    pass is TF's native grouped convolution (also what SavedModel and LiteRT get) and,
-    without a GPU, its gradient is that of the same convolution computed group by group.
-    Same arguments, weights and config as Conv2D; other backends use Conv2D's path.
-    """
-
-    def convolution_op(self, inputs, kernel):
-        if (
-            self.groups == 1
-            or keras.backend.backend() != "tensorflow"
-            or self.data_format != "channels_last"
-        ):
-            return super().convolution_op(inputs, kernel)
-        return _tf_grouped_conv(
-            inputs, kernel, self.strides, self.padding.upper(), self.dilation_rate, self.groups
-        )
-
-
-def _tf_grouped_conv(inputs, kernel, strides, padding, dilations, groups):
-    import tensorflow as tf
-
-    def native(x, k):
-        return tf.nn.convolution(x, k, strides, padding, dilations=dilations)
-
-    if tf.config.list_logical_devices("GPU"):
-        return native(inputs, kernel)  # cuDNN has the gradient
-
-    @tf.custom_gradient
-    def grouped(x, k):
-        def gradient(upstream):
-            with tf.GradientTape() as tape:
-                tape.watch([x, k])
-                pieces = zip(tf.split(x, groups, -1), tf.split(k, groups, -1), strict=True)
-                y = tf.concat([native(a, b) for a, b in pieces], axis=-1)
-            return tape.gradient(y, [x, k], output_gradients=upstream)
-
-        return native(x, k), gradient
-
-    # Read the variable outside: custom_gradient then sees tensors only.
-    return grouped(inputs, tf.convert_to_tensor(kernel))
-
-
 def conv(filters, kernel_size, name, strides=1, groups=1):
     """A bias-free convolution with 'same' padding (see the module docstrings on padding)."""
     return GroupedConv2D(
@@ -117,57 +70,6 @@ def shuffle_layer(shuffle, groups, penalty, name):
     return ChannelShuffle(groups, data_format=data_format, name=name)
 
 
-@keras.saving.register_keras_serializable(package="keras_autoshuffle")
-class ChannelSplit(keras.layers.Layer):
-    """Splits the channel axis into two halves: ShuffleNet v2's channel split.
-
-    Args:
-        data_format: "channels_last" or "channels_first" (default: Keras's).
-
-    Returns:
-        A list `[first_half, second_half]`.
-
-    Reference:
-        Ma et al., ShuffleNet V2, https://arxiv.org/abs/1807.11164
-    """
-
-    def __init__(self, data_format=None, **kwargs):
-        super().__init__(**kwargs)
-        self.data_format = data_format or keras.config.image_data_format()
-        if self.data_format not in ("channels_last", "channels_first"):
-            raise ValueError(
-                "`data_format` must be 'channels_last' or 'channels_first'. "
-                f"Received: data_format={data_format!r}"
-            )
-        self._axis = -1 if self.data_format == "channels_last" else 1
-
-    def build(self, input_shape):
-        channels = input_shape[self._axis]
-        if channels is None or channels % 2:
-            raise ValueError(
-                "ChannelSplit needs a known, even channel count. "
-                f"Received: input_shape={input_shape}"
-            )
-
-    def call(self, inputs):
-        return ops.split(inputs, 2, axis=self._axis)
-
-    def compute_output_shape(self, input_shape):
-        half = list(input_shape)
-        half[self._axis] = input_shape[self._axis] // 2
-        return [tuple(half), tuple(half)]
-
-    def get_config(self):
-        return {**super().get_config(), "data_format": self.data_format}
-
-
-def check_choice(value, allowed, arg):
-    """Raises ValueError unless `value` is one of `allowed` (bools never pass as numbers)."""
-    if isinstance(value, bool) or value not in allowed:
-        raise ValueError(f"`{arg}` must be one of {list(allowed)}. Received: {arg}={value!r}")
-    return value
-
-
 def check_common_args(
     weights, shuffle, penalty, stem, include_top, pooling, classes, classifier_activation
 ):
@@ -180,26 +82,16 @@ def check_common_args(
             "`weights` must be None (random initialization) or the path to an existing "
             f"weights file.{hint} Received: weights={weights!r}"
         )
-    check_choice(shuffle, SHUFFLES, "shuffle")
-    if (
-        isinstance(penalty, bool)
-        or not isinstance(penalty, (int, float, np.floating, np.integer))
-        or not np.isfinite(penalty)
-        or penalty < 0
-    ):
-        raise ValueError(f"`penalty` must be a finite number >= 0. Received: penalty={penalty!r}")
-    check_choice(stem, STEMS, "stem")
+    _validation.choice(shuffle, SHUFFLES, "shuffle")
+    _validation.penalty(penalty)
+    _validation.choice(stem, STEMS, "stem")
     if not isinstance(include_top, bool):
         raise ValueError(
             f"`include_top` must be True or False. Received: include_top={include_top!r}"
         )
-    if pooling not in POOLINGS:
-        raise ValueError(
-            f"`pooling` must be one of {list(POOLINGS)}. Received: pooling={pooling!r}"
-        )
+    _validation.choice(pooling, POOLINGS, "pooling")
     if include_top:
-        if isinstance(classes, bool) or not isinstance(classes, (int, np.integer)) or classes < 1:
-            raise ValueError(f"`classes` must be a positive integer. Received: classes={classes!r}")
+        _validation.positive_int(classes, "classes")
         try:
             keras.activations.get(classifier_activation)
         except (ValueError, TypeError) as error:
@@ -307,12 +199,7 @@ def preprocess_input(x, data_format=None):
     Returns:
         The preprocessed images, same shape (a NumPy array for NumPy input).
     """
-    data_format = data_format or keras.config.image_data_format()
-    if data_format not in ("channels_last", "channels_first"):
-        raise ValueError(
-            "`data_format` must be 'channels_last' or 'channels_first'. "
-            f"Received: data_format={data_format!r}"
-        )
+    data_format = _validation.data_format(data_format)
     is_numpy = isinstance(x, np.ndarray)
     x = ops.convert_to_tensor(x)
     if not keras.backend.is_float_dtype(x.dtype):

@@ -36,7 +36,8 @@ identity, so training at the paper's learning rates does not diverge; see `_unit
 import keras
 from keras import layers
 
-from keras_autoshuffle.applications import common
+from keras_autoshuffle import _validation
+from keras_autoshuffle.applications import architecture, common
 
 # Stage-2 output width at 1.0x per groups (the paper's Table 1; stages 3, 4 double it).
 STAGE2_WIDTHS = {1: 144, 2: 200, 3: 240, 4: 272, 8: 384}
@@ -167,8 +168,8 @@ def _shufflenet_v1(
     common.check_common_args(
         weights, shuffle, penalty, stem, include_top, pooling, classes, classifier_activation
     )
-    common.check_choice(width, WIDTHS, "width")
-    common.check_choice(groups, tuple(STAGE2_WIDTHS), "groups")
+    _validation.choice(width, WIDTHS, "width")
+    _validation.choice(groups, tuple(STAGE2_WIDTHS), "groups")
     channels = v1_channels(groups, width)
     inputs, x, stem = common.resolve_input(input_tensor, input_shape, include_top, stem)
 
@@ -182,7 +183,7 @@ def _shufflenet_v1(
         for unit in range(1, repeats + 1):
             stride = 2 if unit == 1 else 1
             first_group = stage == 2 and unit == 1
-            prefix_ = f"stage{stage}_unit{unit}"
+            prefix_ = architecture.unit_prefix(stage, unit)
             x = _unit(in_channels, filters, groups, stride, first_group, shuffle, penalty, prefix_)(
                 x
             )

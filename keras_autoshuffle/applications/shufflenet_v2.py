@@ -27,7 +27,9 @@ TF and LiteRT convolutions and pools, with no separate PAD op in the exported gr
 import keras
 from keras import layers
 
-from keras_autoshuffle.applications import common
+from keras_autoshuffle import _validation
+from keras_autoshuffle.applications import architecture, common
+from keras_autoshuffle.layers import ChannelSplit
 
 # width: stem, stage2, stage3, stage4, head (torchvision `shufflenet_v2_x*`).
 V2_CONFIGS = {
@@ -97,7 +99,7 @@ def _basic_unit(filters, shuffle, penalty, prefix):
     axis = common.channel_axis()
 
     def apply(x):
-        identity, x = common.ChannelSplit(name=f"{prefix}_split")(x)
+        identity, x = ChannelSplit(name=f"{prefix}_split")(x)
         x = _branch(filters // 2, 1, prefix)(x)
         x = layers.Concatenate(axis=axis, name=f"{prefix}_concat")([identity, x])
         return common.shuffle_layer(shuffle, 2, penalty, f"{prefix}_shuffle")(x)
@@ -140,7 +142,7 @@ def _shufflenet_v2(
     common.check_common_args(
         weights, shuffle, penalty, stem, include_top, pooling, classes, classifier_activation
     )
-    common.check_choice(width, tuple(V2_CONFIGS), "width")
+    _validation.choice(width, tuple(V2_CONFIGS), "width")
     inputs, x, stem = common.resolve_input(input_tensor, input_shape, include_top, stem)
     channels = V2_CONFIGS[width]
 
@@ -152,7 +154,7 @@ def _shufflenet_v2(
     for stage, (filters, repeats) in enumerate(zip(channels[1:4], REPEATS, strict=True), 2):
         for unit in range(1, repeats + 1):
             block = _down_unit if unit == 1 else _basic_unit
-            x = block(filters, shuffle, penalty, f"stage{stage}_unit{unit}")(x)
+            x = block(filters, shuffle, penalty, architecture.unit_prefix(stage, unit))(x)
     x = common.conv(channels[4], 1, "head_conv")(x)
     x = common.batch_norm("head_bn")(x)
     x = layers.ReLU(name="head_relu")(x)

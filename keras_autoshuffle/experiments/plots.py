@@ -54,7 +54,7 @@ def plot_penalty(history, path, title=None):
     """Training loss and shuffle penalty per epoch (Fig. penaltyplot).
 
     Args:
-        history: a dict like `History.history` with `loss` and `shuffle_penalty`.
+        history: a dict like `History.history` with `loss` and `l12_penalty`.
     """
     pyplot = _pyplot()
     epochs = np.arange(1, len(history["loss"]) + 1)
@@ -62,7 +62,7 @@ def plot_penalty(history, path, title=None):
     left.plot(epochs, history["loss"], marker="o")
     left.set_xlabel("epoch")
     left.set_ylabel("training loss")
-    right.semilogy(epochs, np.maximum(history["shuffle_penalty"], 1e-12), marker="o", color="C1")
+    right.semilogy(epochs, np.maximum(history["l12_penalty"], 1e-12), marker="o", color="C1")
     right.set_xlabel("epoch")
     right.set_ylabel("sum of P(M) (log scale)")
     if title:

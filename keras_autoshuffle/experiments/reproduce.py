@@ -20,8 +20,9 @@ import time
 import keras
 import numpy as np
 
-from keras_autoshuffle import applications, data, plots, training
+from keras_autoshuffle import data, training
 from keras_autoshuffle.callbacks import RoundingMonitor
+from keras_autoshuffle.experiments import plots
 from keras_autoshuffle.layers import relaxed_shuffles, shuffle_layers
 
 # The paper's Table 5 (CIFAR-10, ShuffleNet v1 g=3, 200 epochs).
@@ -90,7 +91,8 @@ def full(dataset="cifar10"):
 
 
 class _Snapshot(keras.callbacks.Callback):
-    """Records the epoch logs and, at the end, the relaxed matrices (before hardening)."""
+    """Records the epoch logs and the relaxed matrices after each epoch (the last ones
+    are those the hardening at the end of training rounds)."""
 
     def __init__(self):
         super().__init__()
@@ -100,8 +102,6 @@ class _Snapshot(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         for key, value in (logs or {}).items():
             self.history.setdefault(key, []).append(float(value))
-
-    def on_train_end(self, logs=None):
         self.matrices = [
             keras.ops.convert_to_numpy(layer.matrix) for layer in relaxed_shuffles(self.model)
         ]
@@ -118,25 +118,8 @@ def run_one(settings, splits, model, shuffle, penalty, output_dir, harden_at_epo
         learning_rate=settings.learning_rate,
     )
 
-    def model_fn():
-        if model == "v1":
-            return applications.ShuffleNetV1(
-                width=settings.v1_width,
-                groups=3,
-                input_shape=tuple(train_data.input_shape),
-                classes=train_data.num_classes,
-                shuffle=shuffle,
-                penalty=penalty,
-                stem="cifar",
-            )
-        return applications.ShuffleNetV2(
-            width=settings.v2_width,
-            input_shape=tuple(train_data.input_shape),
-            classes=train_data.num_classes,
-            shuffle=shuffle,
-            penalty=penalty,
-            stem="cifar",
-        )
+    width = settings.v1_width if model == "v1" else settings.v2_width
+    model_fn = training.make_model_fn(model, width, shuffle, penalty, train_data, "cifar")
 
     snapshot = _Snapshot()
     monitor = RoundingMonitor(test_data.eval_dataset(settings.batch_size))
@@ -165,7 +148,7 @@ def run_one(settings, splits, model, shuffle, penalty, output_dir, harden_at_epo
         "rounded_accuracy": report.get("rounded_accuracy"),
         "relative_change": report.get("relative_change"),
         "final_accuracy": final_accuracy,
-        "penalty": report["final_penalty"],
+        "penalty": report["l12_penalty_at_hardening"],
         "time": report["time"],
         "model_path": os.path.join(output_dir, "model.keras"),
         "history": snapshot.history,
@@ -242,7 +225,7 @@ def reproduce(settings, output_dir, log=print, jobs=1):
     with open(os.path.join(output_dir, "results.json"), "w") as f:
         json.dump(results, f, indent=2)
     with open(os.path.join(output_dir, "report.md"), "w") as f:
-        f.write(format_report(results))
+        f.write(render_report(results))
     return results
 
 
@@ -330,7 +313,7 @@ def _pct(value):
     return "-" if value is None else f"{100 * value:.2f}"
 
 
-def format_report(results):
+def render_report(results):
     """The markdown report: tables beside the paper's numbers, settings, pictures."""
     s = results["settings"]
     lines = [

@@ -1,0 +1,78 @@
+"""Argument checks shared by the package: one wording for each kind of bad value.
+
+Every error names the argument and ends in `Received: name=value`, as Keras's do.
+Booleans never pass as numbers (`True` is an int in Python).
+"""
+
+import numbers
+
+import keras
+import numpy as np
+
+DATA_FORMATS = ("channels_last", "channels_first")
+
+
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def positive_int(value, name):
+    """`value` as an int; ValueError unless it is an integer >= 1."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    return int(value)
+
+
+def optional_positive_int(value, name):
+    """None, or `positive_int(value, name)`."""
+    return None if value is None else positive_int(value, name)
+
+
+def positive_float(value, name):
+    """`value` as a float; ValueError unless it is a finite number > 0."""
+    if not _is_number(value) or not np.isfinite(value) or not value > 0:
+        raise ValueError(f"`{name}` must be a finite number > 0. Received: {name}={value!r}")
+    return float(value)
+
+
+def optional_positive_float(value, name):
+    """None, or `positive_float(value, name)`."""
+    return None if value is None else positive_float(value, name)
+
+
+# lambda * P(M) must stay finite in float32 for any N this package builds (P(M) < 2 N,
+# N <= 2048 in the largest v2): above 1e30 the loss overflows to inf.
+MAX_PENALTY = 1e30
+
+
+def penalty(value, name="penalty"):
+    """The weight lambda of the l1-2 penalty: a finite number in [0, 1e30], as a float."""
+    if not _is_number(value) or not np.isfinite(value) or value < 0 or value > MAX_PENALTY:
+        raise ValueError(
+            f"`{name}` (lambda, the weight of the l1-2 penalty) must be a finite number in "
+            f"[0, {MAX_PENALTY:g}]. Received: {name}={value!r}"
+        )
+    return float(value)
+
+
+def choice(value, allowed, name):
+    """`value` if it is one of `allowed` (bools never pass as numbers)."""
+    if isinstance(value, (bool, np.bool_)) and not any(a is value for a in allowed):
+        raise ValueError(f"`{name}` must be one of {list(allowed)}. Received: {name}={value!r}")
+    try:
+        ok = value in allowed
+    except TypeError:  # unhashable or incomparable
+        ok = False
+    if not ok:
+        raise ValueError(f"`{name}` must be one of {list(allowed)}. Received: {name}={value!r}")
+    return value
+
+
+def data_format(value):
+    """`value` or Keras's `image_data_format()`, checked."""
+    return choice(value or keras.config.image_data_format(), DATA_FORMATS, "data_format")
+
+
+def channel_axis(data_format_value):
+    """-1 for channels_last, 1 for channels_first."""
+    return -1 if data_format_value == "channels_last" else 1

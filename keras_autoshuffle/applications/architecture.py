@@ -1,0 +1,171 @@
+"""The ShuffleNet v1 / v2 layer structure, written once.
+
+The builders name their layers with `unit_prefix` and the part names below; folding and
+balanced hardening find layers with the same names through `describe(model)`, never by
+parsing names. `describe` checks that every layer the description expects is there, so a
+layer renamed in a builder and not here fails loudly instead of folding a wrong network,
+and `layer_names` lets the tests compare each built model's layers with this description.
+"""
+
+import dataclasses
+
+from keras_autoshuffle.layers import shuffle_permutation
+
+# Stem (the pool only with the ImageNet stem), v2 head and the classifier or pooling.
+STEM = ("stem_conv", "stem_bn", "stem_relu")
+STEM_POOL = "stem_pool"
+V2_HEAD = ("head_conv", "head_bn", "head_relu")
+TOP = ("avg_pool", "predictions")
+POOLING = {"avg": "avg_pool", "max": "max_pool"}
+
+# v2: the down-sampling unit's left branch, the branch of every unit, the basic unit's
+# channel split, and the join (concat, then the shuffle).
+V2_LEFT = ("left_dwconv", "left_dwbn", "left_conv", "left_bn", "left_relu")
+V2_BRANCH = ("conv1", "bn1", "relu1", "dwconv", "dwbn", "conv2", "bn2", "relu2")
+V2_SPLIT = "split"
+V2_JOIN = ("concat", "shuffle")
+
+# v1: the bottleneck branch (the shuffle is absent from manual g=1 units); the
+# down-sampling unit joins an average-pooled shortcut by concat, the others add.
+V1_BRANCH = ("conv1", "bn1", "relu1", "shuffle", "dwconv", "dwbn", "conv2", "bn2")
+V1_OPTIONAL = ("shuffle",)
+V1_DOWN_JOIN = ("relu2", "pool", "concat")
+V1_JOIN = ("add", "relu2")
+
+FAMILIES = ("v1", "v2")
+
+
+def unit_prefix(stage, unit):
+    """`stage2_unit1`: the prefix of every layer of one unit."""
+    return f"stage{stage}_unit{unit}"
+
+
+def unit_layer(stage, unit, part):
+    """The name of `part` (e.g. "conv1") in unit `unit` of stage `stage`."""
+    return f"{unit_prefix(stage, unit)}_{part}"
+
+
+def unit_parts(family, unit):
+    """The part names of one unit, in data-flow order."""
+    if family == "v2":
+        if unit == 1:
+            return (*V2_LEFT, *V2_BRANCH, *V2_JOIN)
+        return (V2_SPLIT, *V2_BRANCH, *V2_JOIN)
+    return (*V1_BRANCH, *(V1_DOWN_JOIN if unit == 1 else V1_JOIN))
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """A built ShuffleNet's family and units per stage (stages 2, 3, 4, ...)."""
+
+    family: str
+    repeats: tuple
+
+    def stages(self):
+        """`(stage, units)` pairs, stage 2 first."""
+        return list(enumerate(self.repeats, start=2))
+
+    def shuffle_position(self, name):
+        """`(stage, unit)` of the shuffle layer called `name`; ValueError otherwise."""
+        for stage, units in self.stages():
+            for unit in range(1, units + 1):
+                if unit_layer(stage, unit, "shuffle") == name:
+                    return stage, unit
+        raise ValueError(
+            f"`shuffle_name` must name a shuffle layer of this ShuffleNet {self.family}. "
+            f"Received: shuffle_name={name!r}"
+        )
+
+
+def layer_names(architecture, stem, include_top=True, pooling=None, shuffles=True):
+    """Every layer name a builder creates for `architecture` (the input layer excluded).
+
+    Args:
+        stem: "imagenet" or "cifar".
+        shuffles: False for a manual v1 with g = 1 (its units have no shuffle).
+    """
+    names = [*STEM] + ([STEM_POOL] if stem == "imagenet" else [])
+    for stage, units in architecture.stages():
+        for unit in range(1, units + 1):
+            for part in unit_parts(architecture.family, unit):
+                if part == "shuffle" and architecture.family == "v1" and not shuffles:
+                    continue
+                names.append(unit_layer(stage, unit, part))
+    if architecture.family == "v2":
+        names += V2_HEAD
+    if include_top:
+        names += TOP
+    elif pooling:
+        names.append(POOLING[pooling])
+    return names
+
+
+def describe(model):
+    """The `Architecture` of a ShuffleNet built by `keras_autoshuffle.applications`.
+
+    Returns None for other models. Raises ValueError when the model looks like a
+    ShuffleNet but lacks layers the description expects (a renamed layer).
+    """
+    names = {layer.name for layer in getattr(model, "layers", [])}
+    if unit_layer(2, 1, V2_LEFT[0]) in names:
+        family = "v2"
+    elif unit_layer(2, 1, V1_DOWN_JOIN[1]) in names:
+        family = "v1"
+    else:
+        return None
+    repeats = []
+    while unit_layer(len(repeats) + 2, 1, "conv1") in names:
+        stage, units = len(repeats) + 2, 1
+        while unit_layer(stage, units + 1, "conv1") in names:
+            units += 1
+        repeats.append(units)
+    architecture = Architecture(family, tuple(repeats))
+    missing = [
+        unit_layer(stage, unit, part)
+        for stage, units in architecture.stages()
+        for unit in range(1, units + 1)
+        for part in unit_parts(family, unit)
+        if part not in (V1_OPTIONAL if family == "v1" else ())
+        and unit_layer(stage, unit, part) not in names
+    ]
+    missing += [name for name in (*STEM, *(V2_HEAD if family == "v2" else ())) if name not in names]
+    if missing:
+        raise ValueError(
+            f"The model looks like a ShuffleNet {family} but lacks layers of the description "
+            f"in applications/architecture.py (renamed?). Received: missing layers {missing[:5]}"
+        )
+    return architecture
+
+
+def v1_shuffle_groups(model, architecture):
+    """{shuffle name: g} for a v1's shuffles; g where both neighbouring 1x1 convs are
+    grouped with g > 1 (the block counts then matter), else None (folds away)."""
+    groups = {}
+    for stage, units in architecture.stages():
+        for unit in range(1, units + 1):
+            name = unit_layer(stage, unit, "shuffle")
+            if name not in {layer.name for layer in model.layers}:
+                continue
+            g1 = model.get_layer(unit_layer(stage, unit, "conv1")).groups
+            g2 = model.get_layer(unit_layer(stage, unit, "conv2")).groups
+            groups[name] = g1 if g1 == g2 and g1 > 1 else None
+    return groups
+
+
+def v2_stage_sources(model, stage, last):
+    """The channels entering shuffles 1..`last` of a v2 stage, as (producer, channel) keys.
+
+    Producers are "left" and 1 (the down-sampling unit's two branches) and u for the
+    branch of basic unit u. Shuffles before `last` must be manual or hardened.
+    """
+    half = model.get_layer(unit_layer(stage, 1, "conv2")).filters
+    sources = [[("left", k) for k in range(half)] + [(1, k) for k in range(half)]]
+    for unit in range(1, last):
+        perm = shuffle_permutation(model.get_layer(unit_layer(stage, unit, "shuffle")))
+        sources.append([sources[-1][i] for i in perm][:half] + [(unit + 1, k) for k in range(half)])
+    return sources
+
+
+def v2_half(model, stage):
+    """Half the channels of a v2 stage (what each branch produces)."""
+    return int(model.get_layer(unit_layer(stage, 1, "conv2")).filters)

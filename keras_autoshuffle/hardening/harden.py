@@ -1,0 +1,181 @@
+"""Hardening a model: every relaxed shuffle rounded to an exact permutation, with a report.
+
+`harden_model` is a model transform (as Keras's `Model.quantize`); `harden_and_evaluate`
+adds the accuracy before and after rounding (the paper's Table 3), and is what the
+`HardenShuffles` callback and the multi-worker training loop both call.
+"""
+
+import keras
+from keras import ops
+
+from keras_autoshuffle import _validation, permutations
+from keras_autoshuffle.applications import architecture as arch
+from keras_autoshuffle.hardening.balanced import nearest_balanced_permutation
+from keras_autoshuffle.hardening.balanced_v2 import nearest_balanced_v2_permutation
+from keras_autoshuffle.layers import relaxed_shuffles
+
+
+def shuffle_groups(model):
+    """{shuffle layer name: g} for the shuffles whose block counts matter when folding.
+
+    A ShuffleNet v1 shuffle between two grouped 1x1 convs (g > 1) gets g; one after an
+    ungrouped conv (stage 2 unit 1, or g = 1) gets None: any permutation folds away
+    there. v2 shuffles get None (slices fold any permutation), other models {}.
+    """
+    architecture = arch.describe(model)
+    if architecture is None:
+        return {}
+    if architecture.family == "v1":
+        return arch.v1_shuffle_groups(model, architecture)
+    return {
+        arch.unit_layer(stage, unit, "shuffle"): None
+        for stage, units in architecture.stages()
+        for unit in range(1, units + 1)
+    }
+
+
+def _check_model(model):
+    if not isinstance(model, keras.Model):
+        raise ValueError(f"`model` must be a keras.Model. Received: model={model!r}")
+    if not model.built:
+        raise ValueError(
+            f"`model` must be built before it is hardened. Received: unbuilt model {model.name!r}"
+        )
+
+
+def harden_model(model, balanced=False, time_limit=None):
+    """Hardens every relaxed shuffle of `model` in place; returns a per-layer report.
+
+    Each entry holds the layer name, `channels`, its `l12_penalty` P(M) and its
+    Frobenius `distance` to the chosen permutation, whether argmax rounding agrees, and
+    the `permutation`. The model's compiled functions are rebuilt or reset, since the
+    hardened layers trace to a different graph.
+
+    Args:
+        model: a built model with RelaxedShuffle layers.
+        balanced: False for the nearest permutation (linear assignment). True for
+            balanced hardening, whose permutations fold into a graph as cheap as the
+            manual one: each ShuffleNet v1 shuffle between two grouped convs gets the
+            nearest permutation with the manual shuffle's g x g block counts
+            (`nearest_balanced_permutation`; groups from `shuffle_groups(model)`, or
+            pass a dict {layer name: groups or None}); each ShuffleNet v2 shuffle the
+            nearest one whose folded routing is one SPLIT and one CONCAT per unit
+            (`nearest_balanced_v2_permutation`, groups reported as 2). Entries then add
+            `groups`, `mass` and `plain_mass` (matched mass of the balanced and the
+            plain nearest permutation), `plain_distance`, `optimal` and `seconds`.
+            A balanced permutation has the manual shuffle's routing counts: it makes
+            the folded net as fast as the manual one, but it is the manual network
+            re-parametrised, not the learned routing.
+        time_limit: seconds per layer for the balanced solver; it then returns the
+            best balanced permutation found so far (`optimal` False if not proven).
+            None: prove optimality (can take minutes for wide layers).
+    """
+    _check_model(model)
+    if not isinstance(balanced, (bool, dict)):
+        raise ValueError(
+            f"`balanced` must be True, False or a dict of groups. Received: balanced={balanced!r}"
+        )
+    time_limit = _validation.optional_positive_float(time_limit, "time_limit")
+    architecture = arch.describe(model)
+    v2 = balanced is True and architecture is not None and architecture.family == "v2"
+    if balanced is True and not v2:
+        balanced = shuffle_groups(model)
+    report = []
+    for layer in relaxed_shuffles(model):
+        matrix = ops.convert_to_numpy(layer.matrix)
+        penalty = layer.l12_penalty()
+        groups = 2 if v2 else (balanced.get(layer.name) if balanced else None)
+        extra = {}
+        if groups:
+            plain = permutations.nearest_permutation(matrix)
+            if v2:
+                # Layers are hardened in network order, as the v2 blocks need.
+                chosen, info = nearest_balanced_v2_permutation(
+                    model, layer.name, matrix, time_limit=time_limit
+                )
+            else:
+                chosen, info = nearest_balanced_permutation(
+                    matrix, groups, time_limit=time_limit, return_info=True
+                )
+            extra = {
+                "groups": groups,
+                "mass": info["mass"],
+                "plain_mass": permutations.matched_mass(matrix, plain),
+                "plain_distance": permutations.distance_to_permutation(matrix, plain),
+                "optimal": info["optimal"],
+                "seconds": info["seconds"],
+            }
+            perm = layer.harden(chosen)
+        else:
+            perm = layer.harden()
+        report.append(
+            {
+                "name": layer.name,
+                "channels": int(perm.size),
+                "l12_penalty": penalty,
+                "distance": permutations.distance_to_permutation(matrix, perm),
+                "argmax_agrees": permutations.argmax_agrees(matrix),
+                "permutation": perm.tolist(),
+                **extra,
+            }
+        )
+    model.test_function = model.predict_function = None
+    if getattr(model, "train_function", None) is not None:
+        # Rebuild rather than clear: a running fit() keeps calling model.train_function.
+        model.make_train_function(force=True)
+    return report
+
+
+def harden_and_evaluate(model, evaluate=None, balanced=False, time_limit=None, epoch=None):
+    """Hardens `model` and measures the accuracy just before and just after rounding.
+
+    Args:
+        model: a built model with RelaxedShuffle layers.
+        evaluate: a function of no arguments returning `(loss, accuracy)` for the
+            current model, or None for no evaluation.
+        balanced, time_limit: as in `harden_model`.
+        epoch: the completed epochs at hardening (None: the end of training).
+
+    Returns:
+        The hardening report: `epoch`, `layers` (`harden_model`'s entries) and, with
+        `evaluate`, `relaxed_loss`, `relaxed_accuracy`, `rounded_loss`,
+        `rounded_accuracy` and `relative_change = (rounded - relaxed) / relaxed`.
+    """
+    before = None if evaluate is None else evaluate()
+    layers = harden_model(model, balanced=balanced, time_limit=time_limit)
+    report = {"epoch": epoch, "layers": layers}
+    if evaluate is not None:
+        after = evaluate()
+        report.update(
+            relaxed_loss=float(before[0]),
+            relaxed_accuracy=float(before[1]),
+            rounded_loss=float(after[0]),
+            rounded_accuracy=float(after[1]),
+            relative_change=(after[1] - before[1]) / before[1] if before[1] else float("nan"),
+        )
+    return report
+
+
+def format_hardening_report(report):
+    """A few human-readable lines summarising a hardening report."""
+    lines = [
+        f"Hardened {len(report['layers'])} shuffles"
+        + (f" after epoch {report['epoch']}" if report.get("epoch") else " at the end of training")
+    ]
+    if "relaxed_accuracy" in report:
+        lines.append(
+            f"  accuracy relaxed {report['relaxed_accuracy']:.4f} -> rounded "
+            f"{report['rounded_accuracy']:.4f} (relative change {report['relative_change']:+.3e})"
+        )
+    for layer in report["layers"]:
+        lines.append(
+            f"  {layer['name']}: N={layer['channels']} P(M) {layer['l12_penalty']:.3e} "
+            f"distance {layer['distance']:.3e} argmax agrees: {layer['argmax_agrees']}"
+            + (
+                f" balanced g={layer['groups']}: mass {layer['mass']:.3f} vs plain "
+                f"{layer['plain_mass']:.3f}"
+                if "groups" in layer
+                else ""
+            )
+        )
+    return "\n".join(lines)

@@ -1,0 +1,28 @@
+"""Training: the paper's recipes, distribution, the loops with fault tolerance, the CLI.
+
+- `recipes.py`: `Recipe`, `RECIPES`, `get_recipe`, `make_optimizer`;
+- `distribution.py`: `make_strategy` and the strategy facts the loops need;
+- `loops.py`: `train()` (fit, or a custom step across hosts), hardening, export;
+- `fault_tolerance.py`: resuming killed runs, the hardening record, run-directory checks;
+- `cli.py`: the scripts' options, `run_from_args`, `format_run_summary`.
+
+Reference:
+    Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624 (Section 4)
+"""
+
+from keras_autoshuffle.optimizers import CoupledSGD, LinearCycles
+from keras_autoshuffle.training.cli import (
+    add_arguments,
+    format_run_summary,
+    make_model_fn,
+    run_from_args,
+)
+from keras_autoshuffle.training.distribution import (
+    STRATEGIES,
+    cpu_mirrored_strategy,
+    make_strategy,
+    mixed_precision_policy,
+)
+from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
+from keras_autoshuffle.training.loops import BALANCED_TIME_LIMIT, train
+from keras_autoshuffle.training.recipes import RECIPES, Recipe, get_recipe, make_optimizer

@@ -1,0 +1,180 @@
+"""The training scripts' command line: shared options, `run_from_args`, the summary."""
+
+import argparse
+import sys
+
+from keras_autoshuffle.training.distribution import STRATEGIES, make_strategy
+from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
+from keras_autoshuffle.training.loops import train
+from keras_autoshuffle.training.recipes import get_recipe
+
+
+def format_run_summary(report):
+    """Human-readable lines: time, accuracies, penalty and where every file is."""
+    lines = [
+        f"Trained in {report['time']:.1f} s ({report['settings']['epochs']} epochs, "
+        f"{report['settings']['strategy']}, {report['settings']['replicas']} replicas)",
+        f"  test accuracy relaxed {report['relaxed_accuracy']:.4f}, rounded "
+        f"{report['rounded_accuracy']:.4f} (relative change {report['relative_change']:+.3e})",
+        f"  sum of P(M) at hardening = {report['l12_penalty_at_hardening']:.4g} over "
+        f"{len(report['layers'])} learned shuffles",
+    ]
+    if report.get("epoch"):
+        lines.insert(
+            2,
+            f"  (hardened after epoch {report['epoch']}; final test accuracy "
+            f"{report['final_accuracy']:.4f})",
+        )
+    for name, entry in report.get("export", {}).items():
+        lines.append(f"  {name}: max |output - Keras| = {entry['max_abs_diff']:.2e}")
+    lines.append("Files:")
+    lines.extend(f"  {name:12s}{path}" for name, path in report["files"].items())
+    return "\n".join(lines)
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _positive_float(text):
+    value = _non_negative_float(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
+    return value
+
+
+def add_arguments(parser, datasets, default_dataset):
+    """The command-line options shared by the training scripts."""
+    parser.add_argument("--dataset", choices=datasets, default=default_dataset)
+    parser.add_argument("--model", choices=("v1", "v2"), default="v2", help="ShuffleNet version")
+    parser.add_argument("--width", type=float, default=None, help="width multiplier")
+    parser.add_argument("--groups", type=_positive_int, default=3, help="v1 group count")
+    parser.add_argument("--shuffle", choices=("manual", "auto"), default="auto")
+    parser.add_argument(
+        "--penalty",
+        "--lambda",
+        dest="penalty",
+        type=_non_negative_float,
+        default=None,
+        help="lambda, the weight of the l1-2 penalty (recipe default)",
+    )
+    parser.add_argument("--epochs", type=_positive_int, default=None, help="epochs (per cycle)")
+    parser.add_argument("--batch-size", type=_positive_int, default=None, help="global batch")
+    parser.add_argument(
+        "--learning-rate", type=_positive_float, default=None, help="first cycle's lr"
+    )
+    parser.add_argument("--strategy", choices=STRATEGIES, default="auto")
+    parser.add_argument("--mixed-precision", action="store_true", help="fp16 GPU / bf16 CPU")
+    parser.add_argument("--jit-compile", action="store_true", help="XLA (slower on CPU)")
+    parser.add_argument("--data-dir", default=None, help="TFDS data directory")
+    parser.add_argument("--output", required=True, help="output directory")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--max-train-examples",
+        type=_positive_int,
+        default=None,
+        help="use only the first N training examples",
+    )
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace a finished run in --output"
+    )
+    parser.add_argument("--no-export", action="store_true", help="skip SavedModel and LiteRT")
+    parser.add_argument(
+        "--balanced",
+        action="store_true",
+        help="balanced hardening: permutations that fold as cheaply as the manual shuffle",
+    )
+    parser.add_argument(
+        "--harden-at-epoch",
+        type=_positive_int,
+        default=None,
+        help="harden after this many epochs and fine-tune the rest (default: at the end)",
+    )
+    parser.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2))
+    return parser
+
+
+def make_model_fn(model, width, shuffle, penalty, train_data, stem, groups=3):
+    """A function building ShuffleNet `model` ("v1" or "v2") for `train_data`'s images."""
+    from keras_autoshuffle import applications
+
+    def model_fn():
+        builder = applications.ShuffleNetV2 if model == "v2" else applications.ShuffleNetV1
+        return builder(
+            width=width,
+            input_shape=tuple(train_data.input_shape),
+            classes=train_data.num_classes,
+            shuffle=shuffle,
+            penalty=penalty,
+            stem=stem,
+            **({} if model == "v2" else {"groups": groups}),
+        )
+
+    return model_fn
+
+
+def run_from_args(args, recipe_name, stem, manual_dir=None):
+    """What the scripts do: load the data, build the model, `train()`, print the summary."""
+    from keras_autoshuffle import data
+
+    # First: MultiWorkerMirroredStrategy must exist before TensorFlow runs any op.
+    strategy = make_strategy(args.strategy)
+    recipe = get_recipe(
+        recipe_name,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        penalty=args.penalty,
+        learning_rate=args.learning_rate,
+    )
+    try:
+        train_data, test_data = data.load(
+            args.dataset, seed=args.seed, data_dir=args.data_dir, manual_dir=manual_dir
+        )
+    except data.DataMissingError as error:
+        sys.exit(f"error: {error}")
+    if args.max_train_examples:
+        train_data = train_data.subset(args.max_train_examples)
+
+    model_fn = make_model_fn(
+        args.model, args.width, args.shuffle, recipe.penalty, train_data, stem, args.groups
+    )
+    # What defines the run (and must match to resume it); not where or how it is shown.
+    skip = ("output", "verbose", "no_export", "overwrite", "strategy", "jit_compile")
+    try:
+        report = train(
+            model_fn,
+            train_data,
+            test_data,
+            recipe,
+            args.output,
+            strategy=strategy,
+            mixed_precision=args.mixed_precision,
+            jit_compile=args.jit_compile,
+            seed=args.seed,
+            export=not args.no_export,
+            settings={k: v for k, v in vars(args).items() if k not in skip},
+            harden_at_epoch=args.harden_at_epoch,
+            balanced=args.balanced,
+            overwrite=args.overwrite,
+            verbose=args.verbose,
+        )
+    except RunDirectoryError as error:
+        sys.exit(f"error: {error}")
+    print(format_run_summary(report))
+    return report

@@ -1,0 +1,230 @@
+"""Hardening: balanced rounding (g groups and the v2 routing) against brute force, under
+time limits, and `harden_model`'s reports and argument checks."""
+
+import itertools
+
+import numpy as np
+import pytest
+from helpers import _assert_folds_exactly, _layer_counts
+
+import keras_autoshuffle as ka
+from keras_autoshuffle import folding, hardening, permutations
+from keras_autoshuffle.applications import ShuffleNetV1, ShuffleNetV2
+from keras_autoshuffle.hardening import balanced, balanced_v2
+
+
+def _brute_force_best(matrix, keep):
+    """Max matched mass over all permutations with keep(perm) True."""
+    n = matrix.shape[0]
+    masses = [
+        matrix[np.arange(n), perm].sum()
+        for perm in map(np.asarray, itertools.permutations(range(n)))
+        if keep(perm)
+    ]
+    return max(masses) if masses else None
+
+
+def _brute_force_balanced(matrix, groups, counts):
+    n = matrix.shape[0]
+    best, best_perm = -np.inf, None
+    for perm in itertools.permutations(range(n)):
+        perm = np.asarray(perm)
+        if not np.array_equal(permutations.block_counts(perm, groups), counts):
+            continue
+        mass = matrix[np.arange(n), perm].sum()
+        if mass > best:
+            best, best_perm = mass, perm
+    return best, best_perm
+
+
+@pytest.mark.parametrize("n,groups,seed", [(6, 2, 0), (6, 3, 1), (8, 2, 2), (6, 3, 3), (8, 4, 4)])
+def test_balanced_is_optimal_by_brute_force(n, groups, seed):
+    rng = np.random.default_rng(seed)
+    matrix = rng.random((n, n))
+    counts = permutations.block_counts(permutations.group_shuffle_permutation(n, groups), groups)
+    perm, info = hardening.nearest_balanced_permutation(matrix, groups, return_info=True)
+    np.testing.assert_array_equal(permutations.block_counts(perm, groups), counts)
+    best, _ = _brute_force_balanced(matrix, groups, counts)
+    assert info["optimal"]
+    assert info["mass"] == pytest.approx(best, abs=1e-9)
+    assert permutations.matched_mass(matrix, perm) == pytest.approx(best, abs=1e-9)
+    # The constraint binds: never more mass than the unconstrained assignment.
+    plain = permutations.nearest_permutation(matrix)
+    assert best <= permutations.matched_mass(matrix, plain) + 1e-12
+
+
+def test_balanced_with_prescribed_counts_and_bad_counts():
+    rng = np.random.default_rng(5)
+    matrix = rng.random((6, 6))
+    counts = np.array([[2, 1], [1, 2]])
+    perm = hardening.nearest_balanced_permutation(matrix, 2, counts=counts)
+    np.testing.assert_array_equal(permutations.block_counts(perm, 2), counts)
+    assert permutations.matched_mass(matrix, perm) == pytest.approx(
+        _brute_force_balanced(matrix, 2, counts)[0]
+    )
+    with pytest.raises(ValueError, match="counts"):
+        hardening.nearest_balanced_permutation(matrix, 2, counts=[[2, 2], [1, 1]])
+    with pytest.raises(ValueError, match="groups"):
+        hardening.nearest_balanced_permutation(matrix, 4)
+
+
+def test_harden_model_balanced_report():
+    model = ShuffleNetV1(groups=3, width=0.25, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    report = ka.harden_model(model, balanced=True)
+    groups = hardening.shuffle_groups(model)
+    assert groups["stage2_unit1_shuffle"] is None
+    assert groups["stage3_unit1_shuffle"] == 3
+    for entry in report:
+        perm = np.asarray(entry["permutation"])
+        if groups[entry["name"]]:
+            n = perm.size
+            manual = permutations.group_shuffle_permutation(n, 3)
+            np.testing.assert_array_equal(
+                permutations.block_counts(perm, 3), permutations.block_counts(manual, 3)
+            )
+            assert entry["mass"] <= entry["plain_mass"] + 1e-9
+            assert entry["distance"] >= entry["plain_distance"] - 1e-9
+        else:
+            assert "mass" not in entry
+    folded = folding.fold_model(model)
+    assert _layer_counts(folded).get("ChannelSlice", 0) == 0
+    assert _layer_counts(folded)["ChannelShuffle"] == 15
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_two_group_lagrangian_bound_and_result(seed):
+    # Rounded matrices have many ties, where bisection alone misses the target count.
+    rng = np.random.default_rng(seed)
+    matrix = rng.random((8, 8))
+    if seed % 2:
+        matrix = np.round(matrix, 1)
+    counts = np.array([[2, 2], [2, 2]])
+    best = _brute_force_best(
+        matrix, lambda p: np.array_equal(permutations.block_counts(p, 2), counts)
+    )
+    perm, bound = balanced._two_group_lagrangian(matrix, 2)
+    np.testing.assert_array_equal(permutations.block_counts(perm, 2), counts)
+    mass = permutations.matched_mass(matrix, perm)
+    assert bound >= best - 1e-9 and mass <= best + 1e-9
+    if mass >= bound - 1e-9:  # certified: must be the brute-force optimum
+        assert mass == pytest.approx(best, abs=1e-9)
+    full, info = hardening.nearest_balanced_permutation(matrix, 2, return_info=True)
+    assert info["optimal"] and info["mass"] == pytest.approx(best, abs=1e-9)
+
+
+def _v2_family(blocks, half):
+    """Does a permutation keep the folded v2 routing one SPLIT + one CONCAT per unit?"""
+    quarter = half // 2
+
+    def keep(perm):
+        to_branch = np.zeros(2 * half, dtype=bool)
+        to_branch[perm[half:]] = True  # sources read by the next branch
+        groups = blocks or [np.arange(half)]
+        for block in groups:
+            sent = np.count_nonzero(to_branch[block])
+            whole = sent in (0, block.size)
+            if not (whole or (block.size == half and sent == quarter)):
+                return False
+        return np.count_nonzero(to_branch[half:]) in (0, quarter, half)
+
+    return keep
+
+
+@pytest.mark.parametrize(
+    "blocks",
+    [[], [np.arange(0, 2), np.arange(2, 4)], [np.arange(4)], [np.array([0, 3]), np.array([1, 2])]],
+    ids=["down_unit", "two_quarters", "one_half", "scattered_quarters"],
+)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_v2_routed_hardening_is_optimal_by_brute_force(blocks, seed):
+    rng = np.random.default_rng(seed)
+    matrix = rng.random((8, 8))
+    perm, optimal = balanced_v2._nearest_v2_routed(matrix, blocks)
+    keep = _v2_family(blocks, 4)
+    assert optimal and keep(perm)
+    best = _brute_force_best(matrix, keep)
+    assert permutations.matched_mass(matrix, perm) == pytest.approx(best, abs=1e-9)
+
+
+def test_harden_model_balanced_v2_folds_into_splits_and_concats():
+    common = dict(width=0.5, input_shape=(8, 8, 3), stem="cifar", classes=5)
+    model = ShuffleNetV2(shuffle="auto", classifier_activation=None, **common)
+    report = ka.harden_model(model, balanced=True)
+    assert len(report) == 16
+    for entry in report:
+        assert entry["groups"] == 2 and entry["optimal"]
+        assert entry["mass"] <= entry["plain_mass"] + 1e-9
+    folded = _assert_folds_exactly(model, 3, 8)
+    counts = _layer_counts(folded)
+    # Each unit's output cut at most once into two halves, each unit input (and stage
+    # end) one concat of whole pieces: no slices, at most 16 SPLIT + 16 CONCAT for the
+    # 16 units (the net without shuffles has 13 + 16, copying twice the channels).
+    assert counts.get("ChannelSlice", 0) == 0
+    assert counts.get("ChannelSplit", 0) <= 16 and counts.get("Concatenate", 0) <= 16
+    # Plain hardening of the same kind of matrices needs slices.
+    plain = ShuffleNetV2(shuffle="auto", classifier_activation=None, **common)
+    ka.harden_model(plain)
+    assert _layer_counts(folding.fold_model(plain)).get("ChannelSlice", 0) > 20
+
+
+def test_balanced_v2_rejects_bad_arguments():
+    model = ShuffleNetV2(width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    ok = np.full((48, 48), 1 / 48)
+    for name in ("head_conv", "stage2_unit0_shuffle", "stage2_unit7_shuffle", None):
+        with pytest.raises(ValueError, match=f"Received: shuffle_name={name!r}"):
+            hardening.nearest_balanced_v2_permutation(model, name, ok)
+    with pytest.raises(ValueError, match=r"Received: matrix.shape=\(4, 4\)"):
+        hardening.nearest_balanced_v2_permutation(model, "stage2_unit1_shuffle", np.eye(4))
+    with pytest.raises(ValueError, match="Received: time_limit=-1"):
+        hardening.nearest_balanced_v2_permutation(model, "stage2_unit1_shuffle", ok, time_limit=-1)
+    v1 = ShuffleNetV1(groups=3, width=0.25, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    with pytest.raises(ValueError, match="needs a ShuffleNet v2"):
+        hardening.nearest_balanced_v2_permutation(v1, "stage2_unit1_shuffle", ok)
+
+
+def test_hardening_arguments_are_checked_up_front():
+    with pytest.raises(ValueError, match="Received: time_limit=-1"):
+        ka.HardenShuffles(balanced=True, time_limit=-1)
+    with pytest.raises(ValueError, match="Received: balanced='yes'"):
+        ka.HardenShuffles(balanced="yes")
+    with pytest.raises(ValueError, match="`allowed`"):
+        permutations.nearest_permutation(np.ones((3, 3)), allowed=np.eye(3, k=1, dtype=bool))
+
+
+@pytest.mark.parametrize("groups", [2, 3, 8])
+def test_balanced_under_a_tiny_time_limit_returns_a_valid_balanced_permutation(groups):
+    # A time limit means "the best feasible answer so far", never an exception (HiGHS
+    # alone found no feasible point in 1 s at n = 240, g = 8, and left `mip_gap` None).
+    rng = np.random.default_rng(groups)
+    n = 240
+    matrix = 0.1 * rng.random((n, n)) + permutations.permutation_matrix(
+        rng.permutation(n), dtype=np.float64
+    )
+    perm, info = hardening.nearest_balanced_permutation(
+        matrix, groups, time_limit=0.2, return_info=True
+    )
+    manual = permutations.block_counts(permutations.group_shuffle_permutation(n, groups), groups)
+    np.testing.assert_array_equal(permutations.block_counts(perm, groups), manual)
+    assert info["mass"] == pytest.approx(permutations.matched_mass(matrix, perm))
+    plain = permutations.matched_mass(matrix, permutations.nearest_permutation(matrix))
+    assert info["mass"] <= plain + 1e-9
+    assert isinstance(info["optimal"], bool) and info["seconds"] < 30
+
+
+def test_repair_reaches_any_prescribed_counts_from_any_start():
+    rng = np.random.default_rng(3)
+    n, groups = 12, 3
+    for _ in range(20):
+        counts = permutations.block_counts(rng.permutation(n), groups)
+        start = rng.permutation(n)
+        perm = balanced._repair_counts(rng.random((n, n)), start, counts)
+        np.testing.assert_array_equal(permutations.block_counts(perm, groups), counts)
+
+
+def test_balanced_v2_hardening_under_a_tiny_time_limit_reports_it():
+    model = ShuffleNetV2(width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    report = ka.harden_model(model, balanced=True, time_limit=1e-3)
+    assert len(report) == 16
+    assert all(isinstance(entry["optimal"], bool) for entry in report)
+    counts = _layer_counts(folding.fold_model(model))
+    assert counts.get("ChannelSlice", 0) == 0
