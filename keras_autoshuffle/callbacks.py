@@ -1,6 +1,9 @@
 """Callbacks: log the l1-2 penalty, harden the learned shuffles, monitor the rounding gap."""
 
+import warnings
+
 import keras
+import numpy as np
 from keras import ops
 
 from keras_autoshuffle import _validation, permutations
@@ -14,6 +17,11 @@ def evaluate_accuracy(model, data):
         results = model.evaluate(*data, verbose=0, return_dict=True)
     else:
         results = model.evaluate(data, verbose=0, return_dict=True)
+    if not results:
+        raise ValueError(
+            "The validation data gave no batches: nothing to evaluate the shuffles on. "
+            f"Received: data of type {type(data).__name__}"
+        )
     accuracy = [v for k, v in results.items() if "acc" in k]
     if not accuracy:
         raise ValueError(
@@ -21,6 +29,56 @@ def evaluate_accuracy(model, data):
             f"metric. Received metrics: {sorted(results)}"
         )
     return float(results.get("loss", float("nan"))), float(accuracy[0])
+
+
+def check_validation_data(data, name="validation_data"):
+    """`data` if `model.evaluate` can read it twice (before and after rounding).
+
+    Accepted: None; `(x, y)` or `(x, y, sample_weight)` whose arrays (or dicts / lists of
+    arrays) hold the same number of examples, at least one; a re-iterable dataset
+    (`tf.data.Dataset`, `keras.utils.PyDataset`, ...) that is not known to be empty.
+    """
+    if data is None:
+        return None
+    if isinstance(data, tuple):
+        if len(data) not in (2, 3):
+            raise ValueError(
+                f"`{name}` must be (x, y) or (x, y, sample_weight), or a dataset. "
+                f"Received: a tuple of {len(data)} items"
+            )
+        sizes = []
+        for item in data:
+            for array in keras.tree.flatten(item):
+                if array is not None:  # sample_weight may be None
+                    shape = np.shape(array)
+                    sizes.append(shape[0] if shape else None)
+        if None in sizes or len(set(sizes)) != 1:
+            raise ValueError(
+                f"`{name}`'s x, y (and sample_weight) must be arrays with the same number of "
+                f"examples. Received: first dimensions {sizes}"
+            )
+        if sizes[0] == 0:
+            raise ValueError(f"`{name}` holds no examples. Received: first dimensions {sizes}")
+        return data
+    if isinstance(data, (np.ndarray, list, dict, str, bytes)) or ops.is_tensor(data):
+        raise ValueError(
+            f"`{name}` must be an (x, y) tuple or a dataset of (x, y) batches, not x alone or "
+            f"a list. Received: {name} of type {type(data).__name__}"
+        )
+    iterable = hasattr(data, "__iter__") or hasattr(data, "__getitem__")
+    if hasattr(data, "__next__") or not iterable:
+        raise ValueError(
+            f"`{name}` must be an (x, y) tuple or a re-iterable dataset (tf.data.Dataset, "
+            "keras.utils.PyDataset); a generator or iterator would be used up by the first "
+            f"of the two evaluations. Received: {name} of type {type(data).__name__}"
+        )
+    try:  # tf.data: -1 infinite, -2 unknown
+        size = int(data.cardinality()) if hasattr(data, "cardinality") else len(data)
+    except (TypeError, NotImplementedError):
+        size = None
+    if size == 0:
+        raise ValueError(f"`{name}` holds no batches. Received: an empty {type(data).__name__}")
+    return data
 
 
 class ShufflePenaltyLogger(keras.callbacks.Callback):
@@ -51,10 +109,12 @@ class HardenShuffles(keras.callbacks.Callback):
     `rounded_accuracy`, `relative_change`, `relaxed_loss`, `rounded_loss`.
 
     Args:
-        validation_data: a dataset (or `(x, y)` tuple) for `model.evaluate`; the
-            model must be compiled with an accuracy metric.
+        validation_data: a re-iterable dataset (or an `(x, y)` / `(x, y, sample_weight)`
+            tuple of arrays, at least one example) for `model.evaluate`, checked here;
+            the model must be compiled with an accuracy metric.
         at_epoch: harden after this many completed epochs (positive int), or None
-            for the end of training.
+            for the end of training. Past the last epoch of the fit it warns and
+            hardens at the end.
         verbose: print the report summary.
         balanced: balanced hardening for ShuffleNet v1 / v2 (see `harden_model`).
         time_limit: seconds per layer for balanced hardening (then the best balanced
@@ -75,10 +135,20 @@ class HardenShuffles(keras.callbacks.Callback):
                 f"Received: balanced={balanced!r}"
             )
         self.time_limit = _validation.optional_positive_float(time_limit, "time_limit")
-        self.validation_data = validation_data
+        self.validation_data = check_validation_data(validation_data)
         self.verbose = verbose
         self.balanced = balanced
         self.report = None
+
+    def on_train_begin(self, logs=None):
+        epochs = (self.params or {}).get("epochs")
+        if self.at_epoch is not None and self.report is None and epochs and self.at_epoch > epochs:
+            warnings.warn(
+                f"HardenShuffles(at_epoch={self.at_epoch}) comes after the last epoch of this "
+                f"fit (epochs={epochs}): the shuffles will be hardened at the end of training "
+                "instead, with no fine-tuning after it.",
+                stacklevel=2,
+            )
 
     def on_epoch_end(self, epoch, logs=None):
         if self.at_epoch is not None and epoch + 1 == self.at_epoch and self.report is None:
@@ -117,7 +187,11 @@ class RoundingMonitor(keras.callbacks.Callback):
 
     def __init__(self, validation_data):
         super().__init__()
-        self.validation_data = validation_data
+        if validation_data is None:
+            raise ValueError(
+                "RoundingMonitor needs validation data. Received: validation_data=None"
+            )
+        self.validation_data = check_validation_data(validation_data)
 
     def _accuracy(self):
         return evaluate_accuracy(self.model, self.validation_data)[1]

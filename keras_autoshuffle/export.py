@@ -43,6 +43,12 @@ def _single_input(model, sample_inputs):
             f"`sample_inputs` must be a batch of shape (batch, *{expected}). "
             f"Received: sample_inputs.shape={x.shape}"
         )
+    if x.shape[0] == 0:
+        # No outputs to compare: every format would pass with max_abs_diff 0.0.
+        raise ValueError(
+            "`sample_inputs` must hold at least one example for the parity check. "
+            f"Received: sample_inputs.shape={x.shape}"
+        )
     return x
 
 

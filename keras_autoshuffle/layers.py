@@ -124,7 +124,7 @@ class RelaxedShuffle(keras.layers.Layer):
             # The matrix cast to an integer dtype would be all zeros.
             raise ValueError(
                 f"A relaxed RelaxedShuffle needs floating-point inputs. Received: "
-                f"inputs.dtype={inputs.dtype}"
+                f"inputs.dtype={keras.backend.standardize_dtype(inputs.dtype)}"
             )
         matrix = ops.cast(self.matrix, inputs.dtype)
         # tensordot, not an ellipsis einsum: the latter's gradient is ~60x slower on TF CPU.
@@ -148,10 +148,26 @@ class RelaxedShuffle(keras.layers.Layer):
         """P(M), the l1-2 penalty of the current matrix without lambda (0.0 once hardened)."""
         if self.is_hardened:
             return 0.0
-        return float(ops.convert_to_numpy(l12_penalty(self.matrix)))
+        return float(ops.convert_to_numpy(l12_penalty(self._matrix_numpy())))
+
+    def _matrix_numpy(self):
+        # Keras's JAX trainer keeps the variables' values outside them during `fit` (the
+        # variables hold None until `model.jax_state_sync()`); reading M then would fail
+        # with an obscure TypeError.
+        if getattr(self.matrix, "_value", 0) is None:
+            raise RuntimeError(
+                f"The matrix of RelaxedShuffle '{self.name}' has no value attached: during a "
+                "JAX `fit` the model holds it. Call `model.jax_state_sync()` first (a "
+                "callback's `self.model` does), or use `total_l12_penalty(model)` / "
+                "`harden_model(model)`, which do."
+            )
+        return ops.convert_to_numpy(self.matrix)
 
     def harden(self, permutation=None):
         """Replaces M by an exact permutation and returns it.
+
+        In a compiled model use `harden_model`, which also keeps the model's optimizer
+        and compiled functions consistent (needed to go on training on JAX).
 
         Args:
             permutation: the permutation to use; default: the nearest one to M
@@ -161,7 +177,7 @@ class RelaxedShuffle(keras.layers.Layer):
             raise ValueError(f"Layer '{self.name}' is already hardened.")
         if not self.built:
             raise ValueError(f"Layer '{self.name}' must be built before it is hardened.")
-        matrix = ops.convert_to_numpy(self.matrix)
+        matrix = self._matrix_numpy()
         if permutation is None:
             permutation = permutations.nearest_permutation(matrix)
         permutation = permutations._as_permutation(permutation, "permutation")
@@ -171,7 +187,7 @@ class RelaxedShuffle(keras.layers.Layer):
                 f"Received: permutation of size {permutation.size}"
             )
         # Drop the matrix from the layer's state: no weight, no penalty, no MACs.
-        self._tracker.untrack(self.matrix)
+        self._untrack_variable(self.matrix)
         self.matrix = None
         self._permutation = permutation
         return permutation.copy()
@@ -289,8 +305,20 @@ def relaxed_shuffles(model):
 
 
 def total_l12_penalty(model):
-    """sum_j P(M_j), the l1-2 penalties of the model's relaxed shuffles without lambda."""
+    """sum_j P(M_j), the l1-2 penalties of the model's relaxed shuffles without lambda.
+
+    Works between the steps of a `fit` on every backend (e.g. from a callback).
+    """
+    attach_state(model)
     return float(np.sum([layer.l12_penalty() for layer in relaxed_shuffles(model)] or [0.0]))
+
+
+def attach_state(model):
+    """Puts the values Keras's JAX trainer holds outside the variables during `fit` back
+    into them (no-op elsewhere), so the model's weights can be read between steps."""
+    sync = getattr(model, "jax_state_sync", None)
+    if sync is not None:
+        sync()
 
 
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")

@@ -1,11 +1,15 @@
 """Reproduce the shape of the paper's results at small scale, with its pictures.
 
-    python scripts/reproduce.py --quick --output docs/example_report
+    python scripts/reproduce.py --quick --output docs/example_report --jobs 2
+    python scripts/reproduce.py --study fashion_mnist --output docs/fashion_mnist --jobs 2
     python scripts/reproduce.py --dataset cifar10 --output runs/reproduce   # GPU hours
 
-Writes into --output: report.md (tables beside the paper's numbers, pictures linked),
-results.json, pmat.png, smat.png, penaltyplot.png, roundplot.png, and runs/ (one training
-run per row: model.keras, history.csv, report.json, logs/).
+The default (and --quick) writes into --output: report.md (tables beside the paper's
+numbers, pictures linked), results.json, pmat.png, smat.png, penaltyplot.png,
+roundplot.png, and runs/ (one training run per row: model.keras, history.csv,
+report.json, logs/, result.json). `--study fashion_mnist` runs the multi-seed study on
+Fashion-MNIST (see docs/fashion_mnist/report.md). Every run's row is kept in
+runs/<name>/result.json: a rerun skips finished runs and resumes a killed one.
 """
 
 import argparse
@@ -15,22 +19,46 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-def main(argv=None):
-    from keras_autoshuffle.experiments import reproduce
+def _study(args):
+    from keras_autoshuffle.experiments import study
 
+    changes = {
+        "epochs": args.epochs,
+        "lambdas": None if args.lambdas is None else tuple(args.lambdas),
+        "penalty": args.penalty,
+        "harden_at_epoch": args.harden_at_epoch,
+        "max_train_examples": args.max_train_examples,
+        "seeds": None if args.seeds is None else tuple(args.seeds),
+    }
+    settings = dataclasses.replace(
+        study.StudySettings(), **{k: v for k, v in changes.items() if v is not None}
+    )
+    results = study.study(settings, args.output, jobs=args.jobs)
+    print(f"Report: {os.path.join(args.output, 'report.md')} ({len(results['runs'])} runs)")
+    return results
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", required=True, help="output directory")
     parser.add_argument("--dataset", choices=("digits", "cifar10"), default="digits")
     parser.add_argument("--quick", action="store_true", help="digits-sized settings (~15 min)")
+    parser.add_argument("--study", choices=("fashion_mnist",), default=None)
     parser.add_argument("--epochs", type=int, default=None)
     parser.add_argument("--lambdas", type=float, nargs="+", default=None)
+    parser.add_argument("--penalty", type=float, default=None, help="the study's lambda")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="the study's seeds")
     parser.add_argument("--harden-at-epoch", type=int, default=None)
-    parser.add_argument("--max-train-examples", type=int, default=None, help="smoke tests")
+    parser.add_argument("--max-train-examples", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(
         "--jobs", type=int, default=1, help="trainings at once, one process each (default 1)"
     )
     args = parser.parse_args(argv)
+    if args.study:
+        return _study(args)
+    from keras_autoshuffle.experiments import reproduce
+
     settings = reproduce.quick(args.dataset) if args.quick else reproduce.full(args.dataset)
     changes = {
         "epochs": args.epochs,

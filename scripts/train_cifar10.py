@@ -1,4 +1,5 @@
-"""Train a (Auto)ShuffleNet on CIFAR-10 or the embedded digits, harden it, export it.
+"""Train a (Auto)ShuffleNet on CIFAR-10, Fashion-MNIST or the embedded digits, harden it,
+export it.
 
     python scripts/train_cifar10.py --dataset digits --output runs/digits
     python scripts/train_cifar10.py --dataset cifar10 --data-dir ~/tensorflow_datasets \
@@ -20,10 +21,10 @@ def main(argv=None):
     from keras_autoshuffle import training
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    training.add_arguments(parser, ("digits", "cifar10"), "digits")
+    training.add_arguments(parser, ("digits", "fashion_mnist", "cifar10"), "digits")
     args = parser.parse_args(argv)
     if args.width is None:
-        args.width = 0.5 if args.dataset == "digits" else 1.0
+        args.width = 1.0 if args.dataset == "cifar10" else 0.5
     return training.run_from_args(args, recipe_name=args.dataset, stem="cifar")
 
 

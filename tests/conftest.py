@@ -1,4 +1,9 @@
-"""Shared test setup: two logical CPU devices, seeds, and a clean Keras state per test."""
+"""Shared test setup: two logical CPU devices, seeds, and a clean Keras state per test.
+
+The suite runs on Keras's TensorFlow backend (the default). The backend-neutral modules'
+tests also run under `KERAS_BACKEND=jax` (see .ci/run); tests marked `tensorflow_only`
+are skipped there.
+"""
 
 import os
 
@@ -6,18 +11,28 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras  # noqa: E402
 import pytest  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-# Logical devices must be configured before TensorFlow initialises its devices, i.e. at
-# import time, before any test touches a tensor. Two CPUs let MirroredStrategy run
-# on this machine; everything else still runs on the first one.
-_cpus = tf.config.list_physical_devices("CPU")
-try:
-    tf.config.set_logical_device_configuration(
-        _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2
-    )
-except RuntimeError:  # devices already initialised by another plugin/conftest
-    pass
+BACKEND = keras.backend.backend()
+
+if BACKEND == "tensorflow":
+    import tensorflow as tf
+
+    # Logical devices must be configured before TensorFlow initialises its devices, i.e.
+    # at import time, before any test touches a tensor. Two CPUs let MirroredStrategy run
+    # on this machine; everything else still runs on the first one.
+    _cpus = tf.config.list_physical_devices("CPU")
+    try:
+        tf.config.set_logical_device_configuration(
+            _cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2
+        )
+    except RuntimeError:  # devices already initialised by another plugin/conftest
+        pass
+
+
+def pytest_runtest_setup(item):
+    if BACKEND != "tensorflow" and item.get_closest_marker("tensorflow_only"):
+        reason = item.get_closest_marker("tensorflow_only").kwargs.get("reason")
+        pytest.skip(f"TensorFlow backend only ({reason or 'uses TensorFlow APIs'})")
 
 
 @pytest.fixture(autouse=True)
@@ -34,6 +49,8 @@ def _clean_keras_state():
 @pytest.fixture
 def two_cpus():
     """Names of the two logical CPU devices set up above."""
+    import tensorflow as tf
+
     devices = [d.name for d in tf.config.list_logical_devices("CPU")]
     if len(devices) < 2:
         pytest.fail(f"expected two logical CPU devices (TF initialised too early?): {devices}")

@@ -1,4 +1,7 @@
-"""Helpers shared by the folding and hardening tests."""
+"""Helpers shared by the tests: model checks for folding and hardening, tiny IDX files."""
+
+import gzip
+import os
 
 import keras
 import numpy as np
@@ -42,3 +45,28 @@ def _assert_folds_exactly(model, seed, side):
     assert folding.count_gathers(folded) == 0
     assert not any(isinstance(layer, ka.RelaxedShuffle) for layer in folded.layers)
     return folded
+
+
+def _write_idx(path, array, compress=False, magic=None):
+    """An IDX file of uint8 `array`: magic 0x0000080<ndim>, big-endian dims, the bytes."""
+    array = np.asarray(array, np.uint8)
+    magic = 0x800 + array.ndim if magic is None else magic
+    raw = magic.to_bytes(4, "big") + np.asarray(array.shape, ">u4").tobytes() + array.tobytes()
+    with open(path, "wb") as f:
+        f.write(gzip.compress(raw) if compress else raw)
+    return path
+
+
+def _write_fashion(folder, num_train=20, num_test=10, seed=0):
+    """Tiny Fashion-MNIST in `folder`: training files gzip-compressed, test files plain."""
+    os.makedirs(folder, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    arrays = {}
+    for split, count, compress in (("train", num_train, True), ("t10k", num_test, False)):
+        images = rng.integers(0, 256, (count, 28, 28), dtype=np.uint8)
+        labels = (np.arange(count) + seed) % 10
+        suffix = ".gz" if compress else ""
+        _write_idx(folder / f"{split}-images-idx3-ubyte{suffix}", images, compress)
+        _write_idx(folder / f"{split}-labels-idx1-ubyte{suffix}", labels, compress)
+        arrays[split] = (images, labels)
+    return arrays

@@ -5,7 +5,10 @@ kuangliu/pytorch-cifar); the extra relaxed-shuffle counts are recomputed here fr
 published channel tables, not read from the models.
 """
 
+import os
 import re
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -13,7 +16,7 @@ import pytest
 import tensorflow as tf
 from keras import layers
 
-from keras_autoshuffle import RelaxedShuffle, harden_model
+from keras_autoshuffle import ChannelShuffle, RelaxedShuffle, harden_model
 from keras_autoshuffle.applications import (
     Architecture,
     AutoShuffleNetV1,
@@ -21,6 +24,7 @@ from keras_autoshuffle.applications import (
     GroupedConv2D,
     ShuffleNetV1,
     ShuffleNetV2,
+    common,
     count_macs,
     describe,
     preprocess_input,
@@ -219,6 +223,7 @@ def test_batch_norm_matches_pytorch_defaults():
     ],
     ids=["v2", "auto_v2", "v1_g3", "auto_v1_g3", "auto_v1_g1"],
 )
+@pytest.mark.tensorflow_only(reason="tf.GradientTape")
 def test_every_weight_gets_a_gradient(build):
     model = build()
     # v1 starts each residual branch at zero (gamma 0), which blocks the branch's gradients
@@ -358,6 +363,37 @@ def test_weights_path_loads(tmp_path):
     np.testing.assert_allclose(_logits(loaded, x), _logits(model, x), atol=1e-5)
 
 
+def test_learned_weights_are_refused_by_a_manual_model(tmp_path):
+    # Keras loaded an AutoShuffleNetV2 weights file into ShuffleNetV2 silently, dropping
+    # the learned matrices (the manual shuffles have no variables).
+    relaxed = str(tmp_path / "auto_v2.weights.h5")
+    AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10).save_weights(relaxed)
+    assert common.learned_shuffles_in_file(relaxed) == 16
+    # Hardened (no variables left, the permutations are in the config) and .keras files.
+    inputs = keras.Input((4, 4, 6))
+    tiny = keras.Model(inputs, RelaxedShuffle(seed=0)(inputs))
+    harden_model(tiny)
+    hardened, whole = str(tmp_path / "hardened.weights.h5"), str(tmp_path / "hardened.keras")
+    tiny.save_weights(hardened)
+    tiny.save(whole)
+    for path in (relaxed, hardened, whole):
+        received = "Received: weights=" + re.escape(repr(path))
+        with pytest.raises(ValueError, match="learned shuffles.*" + received):
+            ShuffleNetV2(0.5, weights=path, input_shape=CIFAR, classes=10)
+    manual = keras.Model(inputs, ChannelShuffle(2)(inputs))
+    manual.save_weights(str(tmp_path / "manual.weights.h5"))
+    assert common.learned_shuffles_in_file(str(tmp_path / "manual.weights.h5")) == 0
+
+
+def test_weights_file_that_is_not_hdf5_is_named(tmp_path):
+    path = tmp_path / "broken.weights.h5"
+    path.write_text("not an HDF5 file")
+    with pytest.raises(ValueError, match=f"{re.escape(str(path))} cannot be read as one"):
+        ShuffleNetV2(0.5, weights=str(path), input_shape=CIFAR)
+    with pytest.raises(ValueError, match="Received: weights="):
+        AutoShuffleNetV2(0.5, weights=str(path), input_shape=CIFAR)
+
+
 @pytest.mark.parametrize(
     "build",
     [
@@ -387,6 +423,11 @@ def test_keras_file_round_trip_safe_mode(build, tmp_path):
             np.testing.assert_array_equal(mine.permutation, theirs.permutation)
 
 
+CHANNELS_FIRST_REFUSED = (
+    "channels_first ShuffleNets cannot run here.*Received: image_data_format='channels_first'"
+)
+
+
 @pytest.mark.slow
 def test_channels_first_matches_channels_last():
     x = _images(CIFAR)
@@ -394,6 +435,10 @@ def test_channels_first_matches_channels_last():
     last = AutoShuffleNetV2(0.5, input_shape=CIFAR, **kwargs)
     last_v1 = ShuffleNetV1(0.25, 3, input_shape=CIFAR, **kwargs)
     keras.config.set_image_data_format("channels_first")
+    if not common.channels_first_supported():  # TF on a CPU without oneDNN
+        with pytest.raises(ValueError, match=CHANNELS_FIRST_REFUSED):
+            AutoShuffleNetV2(0.5, input_shape=(3, 32, 32), **kwargs)
+        return
     first = AutoShuffleNetV2(0.5, input_shape=(3, 32, 32), **kwargs)
     first_v1 = ShuffleNetV1(0.25, 3, input_shape=(3, 32, 32), **kwargs)
     x_first = np.transpose(x, (0, 3, 1, 2))
@@ -401,6 +446,55 @@ def test_channels_first_matches_channels_last():
         a.set_weights(b.get_weights())  # kernels and matrices do not depend on the layout
         np.testing.assert_allclose(_logits(a, x_first), _logits(b, x), atol=1e-4)
         assert count_macs(a) == count_macs(b)
+
+
+@pytest.mark.parametrize("builder", [ShuffleNetV1, AutoShuffleNetV2])
+def test_channels_first_is_refused_where_the_backend_cannot_run_it(monkeypatch, builder):
+    # As on a CPU without AVX-512: TensorFlow runs without oneDNN and its Conv2D kernel
+    # fails at call time, deep in TF, on NCHW.
+    monkeypatch.setattr(common, "channels_first_supported", lambda: False)
+    keras.config.set_image_data_format("channels_first")
+    with pytest.raises(ValueError, match=CHANNELS_FIRST_REFUSED):
+        builder(input_shape=(3, 32, 32), classes=10)
+    keras.config.set_image_data_format("channels_last")
+    common.check_image_data_format()  # channels_last never needs the probe
+
+
+def test_channels_first_probe_agrees_with_a_real_conv2d():
+    common.channels_first_supported.cache_clear()
+    conv = layers.Conv2D(2, 1, data_format="channels_first")
+    try:
+        conv(np.ones((1, 2, 3, 3), dtype="float32"))
+        runs = True
+    except tf.errors.OpError:
+        runs = False
+    assert common.channels_first_supported() is runs
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow_only(reason="TensorFlow's CPU kernels, in a subprocess")
+def test_channels_first_refused_by_tensorflow_without_onednn():
+    # TF_ENABLE_ONEDNN_OPTS=0 gives TensorFlow's plain CPU kernels, as on CPUs without
+    # AVX-512: a channels_first Conv2D fails there, and the builder says so up front.
+    script = (
+        "import keras\n"
+        "keras.config.set_image_data_format('channels_first')\n"
+        "from keras_autoshuffle.applications import ShuffleNetV2, common\n"
+        "print('supported:', common.channels_first_supported())\n"
+        "ShuffleNetV2(0.5, input_shape=(3, 32, 32), classes=10)\n"
+    )
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("KERAS_BACKEND", None)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300
+    )
+    output = result.stdout + result.stderr
+    if "supported: True" in output:
+        pytest.skip("channels_first convolutions run here even without oneDNN (a GPU)")
+    assert "supported: False" in output, output[-3000:]
+    assert result.returncode != 0
+    assert re.search(CHANNELS_FIRST_REFUSED, output), output[-3000:]
+    assert "UnimplementedError" not in output
 
 
 def test_count_macs_on_another_input_size():
@@ -442,6 +536,7 @@ def test_preprocess_input_matches_torchvision_normalisation():
         dict(filters=6, kernel_size=3, dilation_rate=2, groups=2, use_bias=True),
     ],
 )
+@pytest.mark.tensorflow_only(reason="GroupedConv2D's TensorFlow kernels, tf.GradientTape")
 def test_grouped_conv_matches_keras_conv2d_and_its_gradients(kwargs):
     # Keras's own Conv2D (XLA on the TF backend) is the reference.
     x = tf.constant(np.random.default_rng(0).normal(size=(2, 9, 9, 12)), tf.float32)
@@ -472,7 +567,8 @@ def test_v1_basic_units_start_as_the_identity():
     names = ["stage2_unit1_concat", "stage2_unit2_relu2", "stage3_unit4_relu2"]
     probe = keras.Model(model.inputs, [model.get_layer(n).output for n in names])
     before, after, later = probe(_images(CIFAR, batch=2), training=False)
-    np.testing.assert_array_equal(after.numpy(), before.numpy())
-    assert float(np.abs(later.numpy()).max()) > 0
-    gammas = [model.get_layer(f"stage3_unit{u}_bn2").gamma.numpy() for u in (1, 2)]
+    before, after, later = (keras.ops.convert_to_numpy(t) for t in (before, after, later))
+    np.testing.assert_array_equal(after, before)
+    assert float(np.abs(later).max()) > 0
+    gammas = [np.asarray(model.get_layer(f"stage3_unit{u}_bn2").gamma) for u in (1, 2)]
     assert np.all(gammas[0] == 1) and np.all(gammas[1] == 0)

@@ -203,3 +203,44 @@ def test_validation_needs_accuracy_metric():
 def test_bad_at_epoch(at_epoch):
     with pytest.raises(ValueError, match="at_epoch"):
         HardenShuffles(at_epoch=at_epoch)
+
+
+def test_at_epoch_after_the_last_epoch_warns_and_hardens_at_the_end():
+    model = _crafted_model()
+    model.compile(optimizer=keras.optimizers.SGD(0.0), loss="sparse_categorical_crossentropy")
+    harden = HardenShuffles(at_epoch=5, verbose=0)
+    x = np.zeros((8, 4), dtype="float32")
+    with pytest.warns(UserWarning, match=r"at_epoch=5\) comes after the last epoch.*epochs=2"):
+        model.fit(x, np.zeros(8), epochs=2, verbose=0, callbacks=[harden])
+    assert harden.report["epoch"] is None and model.get_layer("shuffle").is_hardened
+
+
+_X, _Y = np.zeros((8, 4), dtype="float32"), np.zeros(8)
+
+
+@pytest.mark.parametrize(
+    ("validation_data", "message"),
+    [
+        (_X, "not x alone.*Received: validation_data of type ndarray"),
+        ([_X, _Y], "Received: validation_data of type list"),
+        ((_X, _Y, None, None), "Received: a tuple of 4 items"),
+        ((_X,), "Received: a tuple of 1 items"),
+        ((_X[:0], _Y[:0]), r"holds no examples. Received: first dimensions \[0, 0\]"),
+        ((_X, _Y[:5]), r"same number of examples. Received: first dimensions \[8, 5\]"),
+        (tf.data.Dataset.from_tensor_slices((_X, _Y)).batch(4).take(0), "holds no batches"),
+        ((batch for batch in [(_X, _Y)]), "generator or iterator would be used up"),
+        (42, "Received: validation_data of type int"),
+    ],
+    ids="x_only list 4_tuple 1_tuple empty unequal empty_dataset generator int".split(),
+)
+def test_malformed_validation_data_is_refused_up_front(validation_data, message):
+    # Before: "None values not supported", a TypeError about verbose, or a claim that
+    # the model lacks an accuracy metric, at the end of training.
+    with pytest.raises(ValueError, match=message):
+        HardenShuffles(validation_data=validation_data)
+
+
+def test_well_formed_validation_data_is_accepted():
+    dataset = tf.data.Dataset.from_tensor_slices((_X, _Y)).batch(4)
+    for data in [(_X, _Y), (_X, _Y, np.ones(8)), (_X, _Y, None), ({"a": _X}, _Y), dataset]:
+        assert HardenShuffles(validation_data=data).validation_data is data

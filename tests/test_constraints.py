@@ -124,3 +124,71 @@ def test_tiny_positive_columns_and_rows_are_normalised():
     out = keras.ops.convert_to_numpy(DoublyStochastic()(w))
     np.testing.assert_allclose(out.sum(axis=1), 1.0, rtol=1e-6)
     assert np.all(np.isfinite(out))
+
+
+@pytest.mark.parametrize("value", [1e-38, 1e-45, 3e38])
+def test_subnormal_and_near_overflow_matrices_normalise(value):
+    # TensorFlow's CPU kernels flush subnormal float32 numbers (1e-38, 1e-45) to zero,
+    # and column sums of entries near 3e38 overflow: both used to give all zeros.
+    out = _apply(DoublyStochastic(), np.full((3, 3), value))
+    np.testing.assert_allclose(out, np.full((3, 3), 1 / 3), rtol=1e-6)
+
+
+def test_subnormal_entries_keep_their_proportions_and_negatives_are_clipped():
+    m = np.array([[2e-40, 1e-40], [-1e-40, 1e-40]], dtype="float32")
+    expected = _numpy_pass(np.array([[2.0, 1.0], [0.0, 1.0]]))
+    np.testing.assert_allclose(_apply(DoublyStochastic(), m), expected, rtol=1e-5)
+
+
+def test_non_finite_entries_count_as_zero():
+    rng = np.random.default_rng(5)
+    m = rng.random((4, 4)) + 0.1
+    bad = m.copy()
+    bad[0, 1], bad[2, 3], bad[3, 0] = np.nan, np.inf, -np.inf
+    zeroed = m.copy()
+    zeroed[0, 1] = zeroed[2, 3] = zeroed[3, 0] = 0.0
+    out = _apply(DoublyStochastic(), bad)
+    np.testing.assert_allclose(out, _apply(DoublyStochastic(), zeroed), rtol=1e-6)
+    assert np.all(np.isfinite(_apply(DoublyStochastic(3), np.full((3, 3), np.nan))))
+
+
+def test_ordinary_matrices_are_bit_for_bit_algorithm_1():
+    # The power-of-two scaling is exact: the same float32 result as the plain steps.
+    rng = np.random.default_rng(6)
+    for n in (3, 17):
+        m = (rng.normal(size=(n, n)) + 0.5).astype("float32")
+        w = keras.ops.maximum(keras.ops.convert_to_tensor(m), 0.0)
+        w = w / keras.ops.sum(w, axis=0, keepdims=True)
+        w = w / keras.ops.sum(w, axis=1, keepdims=True)
+        np.testing.assert_array_equal(_apply(DoublyStochastic(), m), keras.ops.convert_to_numpy(w))
+
+
+def test_rejects_non_square_matrices():
+    with pytest.raises(ValueError, match=r"square.*Received: shape=\(2, 3\)"):
+        DoublyStochastic()(keras.ops.ones((2, 3)))
+
+
+@pytest.mark.parametrize("iterations", [1001, 100_000_000])
+def test_iterations_are_bounded(iterations):
+    with pytest.raises(ValueError, match=f"at most 1000.*Received: iterations={iterations}"):
+        DoublyStochastic(iterations)
+    assert DoublyStochastic(1000).iterations == 1000
+
+
+def test_a_line_the_clip_would_empty_is_refilled_from_its_pre_clip_values():
+    # Without the refill an all-negative row or column stays 0 for good (a dead channel).
+    m = np.array([[0.5, 0.3, 0.2], [-0.1, -0.4, -0.2], [0.2, 0.3, 0.5]])
+    expected = m.copy()
+    # Shifted so its largest is 1/N of the matrix's largest (0.5): 1/6; the others clip.
+    expected[1] = m[1] - m[1].max() + 0.5 / 3
+    np.testing.assert_allclose(
+        _apply(DoublyStochastic(), m), _numpy_pass(expected), rtol=1e-5, atol=1e-7
+    )
+    column = m.T.copy()
+    expected = column.copy()
+    expected[:, 1] = column[:, 1] - column[:, 1].max() + 0.5 / 3
+    np.testing.assert_allclose(
+        _apply(DoublyStochastic(), column), _numpy_pass(expected), rtol=1e-5, atol=1e-7
+    )
+    out = _apply(DoublyStochastic(), -np.random.default_rng(5).random((6, 6)))
+    assert np.all(out.sum(axis=0) > 0) and np.all(out.sum(axis=1) > 0)

@@ -1,7 +1,6 @@
 """Pipelines: embedded digits, Fashion-MNIST (tiny IDX files), TFDS CIFAR-10 / ImageNet (mock
 data), determinism."""
 
-import gzip
 import os
 from unittest import mock
 
@@ -9,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
+from helpers import _write_fashion, _write_idx
 
 from keras_autoshuffle import data
 
@@ -163,31 +163,6 @@ def test_missing_tfds_data_raises_with_instructions(tmp_path):
         data.load("cifar10", data_dir=str(tmp_path))
     with pytest.raises(data.DataMissingError, match="ILSVRC2012_img_train.tar"):
         data.load("imagenet2012", data_dir=str(tmp_path), manual_dir=str(tmp_path))
-
-
-def _write_idx(path, array, compress=False, magic=None):
-    """An IDX file of uint8 `array`: magic 0x0000080<ndim>, big-endian dims, the bytes."""
-    array = np.asarray(array, np.uint8)
-    magic = 0x800 + array.ndim if magic is None else magic
-    raw = magic.to_bytes(4, "big") + np.asarray(array.shape, ">u4").tobytes() + array.tobytes()
-    with open(path, "wb") as f:
-        f.write(gzip.compress(raw) if compress else raw)
-    return path
-
-
-def _write_fashion(folder, num_train=20, num_test=10, seed=0):
-    """Tiny Fashion-MNIST in `folder`: training files gzip-compressed, test files plain."""
-    os.makedirs(folder, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    arrays = {}
-    for split, count, compress in (("train", num_train, True), ("t10k", num_test, False)):
-        images = rng.integers(0, 256, (count, 28, 28), dtype=np.uint8)
-        labels = (np.arange(count) + seed) % 10
-        suffix = ".gz" if compress else ""
-        _write_idx(folder / f"{split}-images-idx3-ubyte{suffix}", images, compress)
-        _write_idx(folder / f"{split}-labels-idx1-ubyte{suffix}", labels, compress)
-        arrays[split] = (images, labels)
-    return arrays
 
 
 def test_fashion_mnist_reads_idx_files(tmp_path):

@@ -91,3 +91,11 @@ def test_bad_arguments(tmp_path):
         export.export_model(model, str(tmp_path), _inputs(), formats=("onnx",))
     with pytest.raises(ValueError, match="sample_inputs"):
         export.export_model(model, str(tmp_path), np.zeros((2, 4, 4, 3)))
+
+
+def test_empty_sample_batch_is_refused(tmp_path):
+    # It reported max_abs_diff 0.0 for every format: a parity check of nothing.
+    model = _tiny_model(relaxed=False)
+    with pytest.raises(ValueError, match=r"at least one example.*\(0, 8, 8, 3\)"):
+        export.export_model(model, str(tmp_path), _inputs()[:0])
+    assert not list(tmp_path.iterdir())

@@ -86,6 +86,7 @@ def test_fold_refuses_relaxed_and_other_models():
         folding.fold_model(keras.Model(inputs, keras.layers.Conv2D(2, 1)(inputs)))
 
 
+@pytest.mark.tensorflow_only(reason="LiteRT export")
 def test_folded_litert_has_no_gather_and_matches(tmp_path):
     model = ShuffleNetV2(
         width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=4, classifier_activation=None
@@ -130,12 +131,13 @@ def test_decompose_recovers_perm():
 
 
 def test_folded_v2_keras_file_loads_in_a_fresh_process_after_import(tmp_path):
-    # ChannelSlice and ChannelSplit must be registered by `import keras_autoshuffle` alone.
+    # ChannelSlice (defined outside the builders) must be registered by
+    # `import keras_autoshuffle` alone.
     model = ShuffleNetV2(width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=3)
     _harden_randomly(model, np.random.default_rng(4))
     folded = folding.fold_model(model)
     counts = _layer_counts(folded)
-    assert counts.get("ChannelSlice", 0) > 0 and counts.get("ChannelSplit", 0) > 0
+    assert counts.get("ChannelSlice", 0) > 0
     path, x_path, y_path = tmp_path / "folded.keras", tmp_path / "x.npy", tmp_path / "y.npy"
     folded.save(path)
     x = np.random.default_rng(5).normal(size=(2, 8, 8, 3)).astype("float32")
@@ -161,13 +163,13 @@ def test_a_layer_renamed_outside_the_description_fails_loudly():
     # Builders and folding share applications/architecture.py; a layer renamed in one
     # place only must stop folding and balanced hardening, not fold a wrong network.
     model = ShuffleNetV2(width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=3)
-    model.get_layer("stage3_unit2_dwbn")._name = "stage3_unit2_dw_bn"
+    model.get_layer("stage3_unit2_dwbn").name = "stage3_unit2_dw_bn"
     with pytest.raises(ValueError, match="stage3_unit2_dwbn"):
         ka.harden_model(model, balanced=True)
     _harden_randomly(model, np.random.default_rng(0))
     with pytest.raises(ValueError, match="lacks layers.*stage3_unit2_dwbn"):
         folding.fold_model(model)
     v1 = ShuffleNetV1(groups=3, width=0.25, input_shape=(8, 8, 3), classes=3)
-    v1.get_layer("stage4_unit3_add")._name = "stage4_unit3_sum"
+    v1.get_layer("stage4_unit3_add").name = "stage4_unit3_sum"
     with pytest.raises(ValueError, match="stage4_unit3_add"):
         folding.fold_model(v1)

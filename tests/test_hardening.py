@@ -3,6 +3,7 @@ time limits, and `harden_model`'s reports and argument checks."""
 
 import itertools
 
+import keras
 import numpy as np
 import pytest
 from helpers import _assert_folds_exactly, _layer_counts
@@ -228,3 +229,44 @@ def test_balanced_v2_hardening_under_a_tiny_time_limit_reports_it():
     assert all(isinstance(entry["optimal"], bool) for entry in report)
     counts = _layer_counts(folding.fold_model(model))
     assert counts.get("ChannelSlice", 0) == 0
+
+
+def test_v2_routing_counts_of_the_manual_shuffle_by_hand():
+    # Half = 4, four units, traced by hand through the interleaving shuffle:
+    # unit 1 keeps [L0 R0 L1 R1] and sends [L2 R2 L3 R3] to unit 2; unit 2 keeps
+    # [L0 B0 R0 B1], sends [L1 B2 R1 B3] to unit 3; unit 3 keeps [L0 C0 B0 C1], sends
+    # [R0 C2 B1 C3] to unit 4; unit 4's concat goes to the stage end.
+    manual = [permutations.group_shuffle_permutation(8, 2)] * 4
+    producers, consumers, counts = hardening.v2_stage_counts(manual, 4)
+    assert producers == ["left", 1, 2, 3, 4] and consumers == [2, 3, 4, "end"]
+    expected = [[2, 1, 0, 1], [2, 1, 1, 0], [0, 2, 1, 1], [0, 0, 2, 2], [0, 0, 0, 4]]
+    np.testing.assert_array_equal(counts, expected)
+
+
+def test_routing_difference_is_zero_exactly_for_manual_counts():
+    manual = ShuffleNetV2(width=0.5, input_shape=(8, 8, 3), classes=3)
+    assert hardening.routing_difference(manual) == 0.0
+    # v1: balanced hardening keeps the manual block counts, so the manual net re-parametrised.
+    v1 = ShuffleNetV1(groups=3, width=0.25, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    ka.harden_model(v1, balanced=True)
+    assert hardening.routing_difference(v1) == 0.0
+    # Swapping the halves keeps each unit's fresh output and sends the kept half on.
+    v2 = ShuffleNetV2(width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    for layer in ka.relaxed_shuffles(v2):
+        n = layer.matrix.shape[0]
+        layer.harden(np.roll(np.arange(n), n // 2))  # swap the halves
+    entry = hardening.routing_counts(v2)[0]
+    assert entry["counts"][0, 0] == 24  # the down unit's whole left branch goes to unit 2
+    assert 0 < hardening.routing_difference(v2) <= 1
+
+
+def test_harden_model_refuses_a_string_and_an_unbuilt_model():
+    with pytest.raises(ValueError, match="keras.Model. Received: model='model.keras'"):
+        ka.harden_model("model.keras")
+    unbuilt = keras.Sequential([ka.RelaxedShuffle(name="shuffle")], name="unbuilt")
+    with pytest.raises(
+        ValueError, match="built before it is hardened. Received: unbuilt model 'unbuilt'"
+    ):
+        ka.harden_model(unbuilt)
+    with pytest.raises(ValueError, match="Received: unbuilt model"):
+        ka.harden_and_evaluate(unbuilt)

@@ -31,7 +31,12 @@ def _matrix(layer):
 def _small_model(penalty=1e-2, channels=6, data_format="channels_last", seed=0):
     shape = (4, 4, 3) if data_format == "channels_last" else (3, 4, 4)
     inputs = keras.Input(shape)
-    x = layers.Conv2D(channels, 1, use_bias=False, data_format=data_format, name="conv")(inputs)
+    if data_format == "channels_last":
+        x = layers.Conv2D(channels, 1, use_bias=False, name="conv")(inputs)
+    else:
+        # The same 1x1 convolution as a per-pixel matmul: TensorFlow's CPU Conv2D kernel
+        # runs channels_first only with oneDNN (CPUs with AVX-512), the shuffle everywhere.
+        x = layers.EinsumDense("bchw,cd->bdhw", (channels, 4, 4), name="conv")(inputs)
     x = RelaxedShuffle(penalty=penalty, data_format=data_format, seed=seed, name="shuffle")(x)
     x = layers.GlobalAveragePooling2D(data_format=data_format)(x)
     outputs = layers.Dense(3, activation="softmax", name="head")(x)
@@ -161,6 +166,7 @@ def test_mixed_precision_keeps_matrix_float32():
         keras.mixed_precision.set_global_policy("float32")
 
 
+@pytest.mark.tensorflow_only(reason="tf.distribute.MirroredStrategy")
 def test_mirrored_strategy_matches_one_device(two_cpus):
     x, y = _data(n=16)
 
@@ -371,3 +377,81 @@ def test_model_helpers_find_nested_shuffles():
     assert total_l12_penalty(model) == pytest.approx(
         _numpy_penalty(_matrix(inner.get_layer("inner"))), rel=1e-5
     )
+
+
+# --- hostile inputs and tampered files ---------------------------------------------
+
+
+@pytest.mark.parametrize("hardened", [False, True])
+@pytest.mark.parametrize("channels", [12, 4])
+def test_call_on_another_channel_count_raises(hardened, channels):
+    # Before the check: hardened on 12 channels returned 6, on 4 a raw GatherV2 error;
+    # relaxed, a raw MatMul error.
+    layer = RelaxedShuffle(seed=0, name="shuffle")
+    layer(np.ones((2, 6), dtype="float32"))
+    if hardened:
+        layer.harden()
+    with pytest.raises(ValueError, match=rf"'shuffle' was built for 6 channels.*\(2, {channels}\)"):
+        layer(np.ones((2, channels), dtype="float32"))
+
+
+def test_relaxed_shuffle_refuses_integer_inputs():
+    # The matrix cast to int32 is all zeros: the output was silently zero.
+    layer = RelaxedShuffle(seed=0)
+    layer(np.ones((2, 4), dtype="float32"))
+    with pytest.raises(ValueError, match="floating-point inputs. Received: inputs.dtype=int32"):
+        layer(np.ones((2, 4), dtype="int32"))
+    hardened = RelaxedShuffle(permutation=[1, 0, 3, 2])  # a gather works on any dtype
+    out = ops.convert_to_numpy(hardened(np.arange(8, dtype="int32").reshape(2, 4)))
+    np.testing.assert_array_equal(out, [[1, 0, 3, 2], [5, 4, 7, 6]])
+
+
+def _tamper_keras_file(path, edit):
+    """Rewrites config.json inside a `.keras` zip with `edit(layer_config)` for the shuffle."""
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    config = json.loads(members["config.json"])
+    for layer in config["config"]["layers"]:
+        if layer["config"]["name"] == "shuffle":
+            edit(layer["config"])
+    members["config.json"] = json.dumps(config).encode()
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("iterations", 100_000_000, "at most 1000.*Received: iterations=100000000"),
+        ("penalty", 1e300, r"Received: penalty=1e\+300"),
+        ("penalty", float("nan"), "Received: penalty=nan"),
+    ],
+)
+def test_tampered_keras_file_is_refused_fast(tmp_path, key, value, message):
+    # iterations=1e8 used to hang load_model: the initializer ran the constraint 1e8 times.
+    import time
+
+    path = tmp_path / "model.keras"
+    _small_model().save(path)
+    _tamper_keras_file(path, lambda config: config.update({key: value}))
+    start = time.perf_counter()
+    # Keras wraps the layer's ValueError into a TypeError that quotes it.
+    with pytest.raises((TypeError, ValueError), match=message):
+        keras.saving.load_model(path, safe_mode=True)
+    assert time.perf_counter() - start < 10
+
+
+@pytest.mark.parametrize("iterations", [1001, 100_000_000])
+def test_iterations_are_bounded(iterations):
+    with pytest.raises(ValueError, match=f"Received: iterations={iterations}"):
+        RelaxedShuffle(iterations=iterations)
+
+
+def test_penalty_is_capped():
+    with pytest.raises(ValueError, match=r"Received: penalty=1e\+300"):
+        RelaxedShuffle(penalty=1e300)
+    assert RelaxedShuffle(penalty=1e30).penalty == 1e30

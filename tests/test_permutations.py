@@ -110,8 +110,13 @@ def test_group_shuffle_permutation_is_reshape_transpose():
         (lambda: permutation_matrix([0, 0, 1]), "perm"),
         (lambda: invert_permutation([1, 2]), "perm"),
         (lambda: distance_to_permutation(np.eye(2), [0, 2]), "perm"),
-        (lambda: group_shuffle_permutation(10, 3), "channels"),
+        (lambda: group_shuffle_permutation(10, 3), "divide the channel count 10.*groups=3"),
         (lambda: group_shuffle_permutation(10, 0), "groups"),
+        (lambda: group_shuffle_permutation(6, 1.5), r"Received: groups=1\.5"),
+        (lambda: group_shuffle_permutation(6, 2.0), r"Received: groups=2\.0"),
+        (lambda: group_shuffle_permutation(-6, 2), "Received: channels=-6"),
+        (lambda: group_shuffle_permutation(6.0, 2), r"Received: channels=6\.0"),
+        (lambda: group_shuffle_permutation(6, True), "Received: groups=True"),
     ],
 )
 def test_bad_input_raises(call, argument):

@@ -1,5 +1,7 @@
 """Tests of the l1-2 penalty, Eq. (1), and Theorem 1."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -75,6 +77,7 @@ def test_penalty_is_float32_for_half_precision_input():
         np.array([[1.0, 0.0, 0.0], [0.0, 0.3, 0.7], [0.0, 0.7, 0.3]]),  # one one-hot row
     ],
 )
+@pytest.mark.tensorflow_only(reason="tf.GradientTape")
 def test_gradient_is_finite_at_zero_and_one_hot(m):
     variable = tf.Variable(m, dtype="float32")
     with tf.GradientTape() as tape:
@@ -122,3 +125,49 @@ def test_regularizer_serialization():
     assert isinstance(restored, L12Penalty)
     assert restored.get_config() == {"strength": 2e-3}
     assert keras.regularizers.get(config).strength == 2e-3
+
+
+@pytest.mark.parametrize("scale", [1e20, 1e30, 1e-30, 1e-36])
+def test_huge_and_tiny_matrices_give_the_scaled_value(scale):
+    # P is positively homogeneous: P(cM) = c P(M). Squares of 1e20 overflow float32 and
+    # those of 1e-30 underflow: -inf / NaN and wrong values before the scaling. (Below
+    # 1.2e-38 float32 numbers are subnormal, which TF and XLA CPU kernels flush to 0.)
+    m = np.random.default_rng(4).random((3, 3))
+    expected = scale * _numpy_penalty(m)
+    assert _penalty(m * scale) == pytest.approx(expected, rel=1e-5)
+    assert _penalty(np.full((3, 3), scale)) == pytest.approx(scale * 6 * (3 - np.sqrt(3)), rel=1e-5)
+
+
+@pytest.mark.tensorflow_only(reason="JAX without x64 casts float64 inputs to float32")
+def test_float64_input_is_scaled_before_the_float32_cast():
+    m = np.random.default_rng(5).random((4, 4))
+    value = float(keras.ops.convert_to_numpy(l12_penalty(m * 1e36)))
+    assert value == pytest.approx(1e36 * _numpy_penalty(m), rel=1e-5)
+    # Beyond float32's range the value is +inf (float32 overflow), never NaN or -inf;
+    # a permutation's zero stays zero at any scale.
+    assert float(keras.ops.convert_to_numpy(l12_penalty(m * 1e200))) == np.inf
+    assert float(keras.ops.convert_to_numpy(l12_penalty(np.eye(4) * 1e200))) == 0.0
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_entries_give_nan(bad):
+    m = np.random.default_rng(6).random((3, 3))
+    m[1, 2] = bad
+    assert np.isnan(_penalty(m))
+
+
+@pytest.mark.tensorflow_only(reason="tf.GradientTape")
+def test_gradient_of_a_huge_matrix_is_the_analytic_one():
+    variable = tf.Variable(np.full((3, 3), 1e20), dtype="float32")
+    with tf.GradientTape() as tape:
+        value = l12_penalty(variable)
+    # 2 sign(m) - m / ||row|| - m / ||col|| = 2 - 2 / sqrt(3) for a constant matrix.
+    expected = np.full((3, 3), 2 - 2 / np.sqrt(3))
+    np.testing.assert_allclose(tape.gradient(value, variable).numpy(), expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("strength", [1e300, 1e31])
+def test_regularizer_strength_is_capped(strength):
+    with pytest.raises(ValueError, match=re.escape(f"Received: strength={strength}")):
+        L12Penalty(strength)
+    assert L12Penalty(1e30).strength == 1e30

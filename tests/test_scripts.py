@@ -103,3 +103,28 @@ def test_train_cifar10_rejects_bad_arguments(tmp_path):
         "train_cifar10.py", "--max-train-examples", "-5", "--output", str(tmp_path), timeout=120
     )
     assert code != 0 and "--max-train-examples: must be a positive integer, got '-5'" in output
+
+
+@pytest.mark.slow
+def test_train_cifar10_reruns_into_a_used_output_directory(tmp_path):
+    out = tmp_path / "run"
+    args = ["--dataset", "digits", "--max-train-examples", "64", "--epochs", "1", "--no-export",
+            "--output", str(out), "--verbose", "0"]  # fmt: skip
+    code, output = _script("train_cifar10.py", *args)
+    assert code == 0, output[-3000:]
+    # A finished run is not overwritten (--overwrite's removal of every old file is
+    # tests/test_fault_tolerance.py's; a second training would double this test's time).
+    code, output = _script("train_cifar10.py", *args, timeout=120)
+    assert code != 0 and "Traceback" not in output, output[-3000:]
+    assert "holds a finished run" in output and "--overwrite" in output
+    assert (out / "model.keras").exists() and (out / "report.json").exists()
+    # A killed run's backup (its settings kept) is not resumed with another shuffle.
+    settings = json.loads((out / "report.json").read_text())["settings"]
+    for key in ("strategy", "replicas", "jit_compile"):  # how, not what, the run trains
+        settings.pop(key)
+    (out / "report.json").unlink()
+    (out / "backup").mkdir()
+    (out / "backup" / "settings.json").write_text(json.dumps(settings))
+    code, output = _script("train_cifar10.py", *args, "--shuffle", "manual", timeout=120)
+    assert code != 0 and "Traceback" not in output, output[-3000:]
+    assert "shuffle='manual' (backup: 'auto')" in output

@@ -2,7 +2,11 @@
 the layer factories, the classifier head, `preprocess_input` and the multiply-add counter.
 The custom layers themselves live in `keras_autoshuffle.layers`."""
 
+import functools
+import io
 import os
+import re
+import zipfile
 
 import keras
 import numpy as np
@@ -70,6 +74,69 @@ def shuffle_layer(shuffle, groups, penalty, name):
     return ChannelShuffle(groups, data_format=data_format, name=name)
 
 
+@functools.cache
+def channels_first_supported():
+    """Whether the backend runs channels_first convolutions on this machine (probed once).
+
+    TensorFlow's CPU Conv2D kernel takes NCHW only when TensorFlow runs with oneDNN
+    (on by default on x86 CPUs with AVX-512); elsewhere a channels_first model builds
+    and then fails at its first call (`UnimplementedError: The Conv2D op currently only
+    supports the NHWC tensor format on the CPU`). So a 1x1 convolution on a tiny input
+    is tried. Other backends (JAX, PyTorch) run channels_first anywhere.
+    """
+    if keras.backend.backend() != "tensorflow":
+        return True
+    import tensorflow as tf
+
+    try:
+        with tf.init_scope():  # run eagerly even when called inside a tf.function
+            ops.conv(tf.ones((1, 2, 3, 3)), tf.ones((1, 1, 2, 2)), data_format="channels_first")
+    except tf.errors.OpError:
+        return False
+    return True
+
+
+def check_image_data_format():
+    """Refuses `image_data_format() == "channels_first"` where it cannot run."""
+    if keras.config.image_data_format() == "channels_first" and not channels_first_supported():
+        raise ValueError(
+            "channels_first ShuffleNets cannot run here: TensorFlow's CPU convolution "
+            "kernels take NHWC (channels_last) only unless TensorFlow runs with oneDNN (on "
+            "by default on x86 CPUs with AVX-512), and this machine has neither that nor a "
+            "GPU. Build the model with keras.config.set_image_data_format('channels_last'), "
+            "or run on a GPU, or use the JAX backend (KERAS_BACKEND=jax). "
+            "Received: image_data_format='channels_first'"
+        )
+
+
+def learned_shuffles_in_file(path):
+    """How many RelaxedShuffle entries a Keras weights file holds (`.weights.h5`, `.keras`).
+
+    Keras names a layer's entry by its class (`layers/relaxed_shuffle_3`), with or
+    without variables (relaxed or hardened). A file that is neither HDF5 nor a `.keras`
+    archive raises ValueError naming it.
+    """
+    import h5py
+
+    try:
+        if zipfile.is_zipfile(path):
+            with zipfile.ZipFile(path) as archive:
+                handle = h5py.File(io.BytesIO(archive.read("model.weights.h5")), "r")
+        else:
+            handle = h5py.File(path, "r")
+    except (OSError, KeyError, zipfile.BadZipFile) as error:
+        raise ValueError(
+            "`weights` must be a Keras weights file (HDF5 `.weights.h5`, or a `.keras` "
+            f"archive); {path} cannot be read as one ({type(error).__name__}: {error}). "
+            f"Received: weights={path!r}"
+        ) from None
+    names = []
+    with handle:
+        handle.visit(names.append)
+    pattern = re.compile(r"relaxed_shuffle(_\d+)?")
+    return sum(bool(pattern.fullmatch(name.rsplit("/", 1)[-1])) for name in names)
+
+
 def check_common_args(
     weights, shuffle, penalty, stem, include_top, pooling, classes, classifier_activation
 ):
@@ -83,6 +150,15 @@ def check_common_args(
             f"weights file.{hint} Received: weights={weights!r}"
         )
     _validation.choice(shuffle, SHUFFLES, "shuffle")
+    if weights is not None and learned_shuffles_in_file(weights) and shuffle == "manual":
+        raise ValueError(
+            f"The weights file {weights} was saved from a model with learned shuffles "
+            "(RelaxedShuffle layers: an AutoShuffleNet), but this model's shuffles are manual; "
+            "loading would silently drop the learned matrices. Build the model with "
+            "shuffle='auto' (AutoShuffleNetV1/V2) to load them. A hardened model keeps its "
+            "permutations in its config, not in a weights file: save and load it whole as a "
+            f".keras file (keras.saving.load_model). Received: weights={weights!r}"
+        )
     _validation.penalty(penalty)
     _validation.choice(stem, STEMS, "stem")
     if not isinstance(include_top, bool):
@@ -99,6 +175,7 @@ def check_common_args(
                 "`classifier_activation` must be None or a Keras activation. "
                 f"Received: classifier_activation={classifier_activation!r}"
             ) from error
+    check_image_data_format()
 
 
 def resolve_input(input_tensor, input_shape, include_top, stem):

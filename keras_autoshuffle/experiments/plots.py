@@ -1,4 +1,5 @@
-"""The paper's pictures with matplotlib (Figs. pmat, smat, penaltyplot, roundplot).
+"""The pictures of the experiments with matplotlib: the paper's Figs. pmat, smat,
+penaltyplot, roundplot; the lambda sweep and the routing counts of the Fashion-MNIST study.
 
 Needs the `plots` extra (`pip install keras-autoshuffle[plots]`).
 """
@@ -88,4 +89,66 @@ def plot_rounding(history, path, title=None):
     axis.legend()
     if title:
         axis.set_title(title)
+    return _save(figure, path)
+
+
+def plot_lambda_sweep(rows, path, title=None):
+    """Relaxed and rounded accuracy and P(M) at rounding against lambda (Table 5's shape).
+
+    Args:
+        rows: result rows with `lambda`, `relaxed_accuracy`, `rounded_accuracy`, `penalty`
+            (several seeds per lambda are drawn as separate points).
+    """
+    pyplot = _pyplot()
+    lambdas = np.asarray([r["lambda"] for r in rows], dtype=np.float64)
+    positive = lambdas[lambdas > 0]
+    # lambda = 0 drawn one decade left of the smallest positive lambda (log axis).
+    zero_at = positive.min() / 10 if positive.size else 1e-4
+    x = np.where(lambdas > 0, lambdas, zero_at)
+    figure, (left, right) = pyplot.subplots(1, 2, figsize=(9, 3.5))
+    left.semilogx(x, [100 * r["relaxed_accuracy"] for r in rows], "o", label="relaxed")
+    left.semilogx(x, [100 * r["rounded_accuracy"] for r in rows], "s", label="rounded")
+    left.set_xlabel(f"lambda (lambda = 0 drawn at {zero_at:g})")
+    left.set_ylabel("test accuracy (%)")
+    left.legend()
+    right.loglog(x, np.maximum([r["penalty"] for r in rows], 1e-6), "o", color="C2")
+    right.set_xlabel("lambda")
+    right.set_ylabel("sum of P(M) at rounding")
+    if title:
+        figure.suptitle(title)
+    return _save(figure, path)
+
+
+def plot_routing(entries, path, title=None):
+    """Learned vs manual routing counts, one row of panels per entry.
+
+    Args:
+        entries: `hardening.routing_counts` entries (v1: g x g block counts; v2: a
+            stage's producer x consumer counts), each with `counts` and `manual`.
+    """
+    pyplot = _pyplot()
+    figure, axes = pyplot.subplots(len(entries), 2, figsize=(8, 3.2 * len(entries)), squeeze=False)
+    for row, entry in zip(axes, entries, strict=True):
+        label = entry.get("name") or f"stage {entry['stage']}"
+        top = max(int(entry["counts"].max()), int(entry["manual"].max()), 1)
+        for axis, key in zip(row, ("counts", "manual"), strict=True):
+            counts = np.asarray(entry[key])
+            axis.imshow(counts, cmap="viridis", vmin=0, vmax=top)
+            for (i, j), value in np.ndenumerate(counts):
+                axis.text(j, i, str(value), ha="center", va="center", color="w", fontsize=7)
+            axis.set_title(f"{label}: {'learned' if key == 'counts' else 'manual'}")
+            if "producers" in entry:
+                axis.set_yticks(
+                    range(len(entry["producers"])), [str(p) for p in entry["producers"]]
+                )
+                axis.set_xticks(
+                    range(len(entry["consumers"])), [str(c) for c in entry["consumers"]]
+                )
+                axis.set_ylabel("producer (unit branch)")
+                axis.set_xlabel("consumer (unit branch, end)")
+            else:
+                axis.set_ylabel("source group")
+                axis.set_xlabel("target group")
+    if title:
+        figure.suptitle(title)
     return _save(figure, path)

@@ -3,9 +3,10 @@
 In a folded v2 (`keras_autoshuffle.folding`) each unit's output is cut into one piece per
 later unit that consumes part of it. Balanced v2 hardening restricts every shuffle so that
 each output is cut at most once, into two equal halves: the folded network then costs
-what the same net with no shuffle costs. Such a permutation has the manual shuffle's
-routing counts, so it is the manual network re-parametrised (see docs/inference.md): it
-buys speed, not what a learned shuffle learned.
+what the same net with no shuffle costs. That is a restriction of the routing counts
+(`canonical.py`), the only thing a v2 shuffle is: the result is neither the learned routing
+nor the manual one (whose outputs are cut into up to four pieces), but the nearest routing
+of that cheap family to the learned matrices.
 """
 
 import itertools

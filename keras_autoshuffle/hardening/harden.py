@@ -12,7 +12,7 @@ from keras_autoshuffle import _validation, permutations
 from keras_autoshuffle.applications import architecture as arch
 from keras_autoshuffle.hardening.balanced import nearest_balanced_permutation
 from keras_autoshuffle.hardening.balanced_v2 import nearest_balanced_v2_permutation
-from keras_autoshuffle.layers import relaxed_shuffles
+from keras_autoshuffle.layers import attach_state, relaxed_shuffles
 
 
 def shuffle_groups(model):
@@ -63,9 +63,11 @@ def harden_model(model, balanced=False, time_limit=None):
             (`nearest_balanced_v2_permutation`, groups reported as 2). Entries then add
             `groups`, `mass` and `plain_mass` (matched mass of the balanced and the
             plain nearest permutation), `plain_distance`, `optimal` and `seconds`.
-            A balanced permutation has the manual shuffle's routing counts: it makes
-            the folded net as fast as the manual one, but it is the manual network
-            re-parametrised, not the learned routing.
+            A shuffle acts only through its routing counts (`routing_counts`): in v1
+            a balanced permutation has the manual counts, so the network becomes the
+            manual one re-parametrised, not the learned routing; in v2 it is the
+            nearest routing in a cheap family (each output cut at most in halves),
+            which differs from both the learned and the manual routing.
         time_limit: seconds per layer for the balanced solver; it then returns the
             best balanced permutation found so far (`optimal` False if not proven).
             None: prove optimality (can take minutes for wide layers).
@@ -76,6 +78,9 @@ def harden_model(model, balanced=False, time_limit=None):
             f"`balanced` must be True, False or a dict of groups. Received: balanced={balanced!r}"
         )
     time_limit = _validation.optional_positive_float(time_limit, "time_limit")
+    # Mid-fit on JAX the weights are held outside the variables: attach them first. The
+    # trainer then rebuilds its state from the variables at the next step.
+    attach_state(model)
     architecture = arch.describe(model)
     v2 = balanced is True and architecture is not None and architecture.family == "v2"
     if balanced is True and not v2:
@@ -119,11 +124,56 @@ def harden_model(model, balanced=False, time_limit=None):
                 **extra,
             }
         )
+    drop_removed_variables(model)
     model.test_function = model.predict_function = None
     if getattr(model, "train_function", None) is not None:
         # Rebuild rather than clear: a running fit() keeps calling model.train_function.
         model.make_train_function(force=True)
     return report
+
+
+def drop_removed_variables(model):
+    """Removes variables the model no longer has (hardened matrices) from its optimizer.
+
+    Keras optimizers have no API for it. TensorFlow and torch pass the current variables
+    to `optimizer.apply`, but JAX's `fit` calls `stateless_apply`, which needs exactly the
+    list the optimizer was built with (else: "optimizer was built with N variables"), and
+    EMA pairs that list with its averages by position on every backend. The slot lists
+    (momentums, ...) are indexed through `_trainable_variables_indices`, so the other
+    variables keep their slots; the dropped ones' slots stay in `optimizer.variables`,
+    unused, so the optimizer's saved state keeps its layout (`HardeningRecord` resumes
+    from it).
+    """
+    kept = {id(v) for v in model.variables}
+    _drop_from_optimizer(getattr(model, "optimizer", None), kept)
+
+
+def _drop_from_optimizer(optimizer, kept):
+    if optimizer is None or not getattr(optimizer, "built", False):
+        return
+    # A LossScaleOptimizer's inner optimizer, a MultiOptimizer's optimizers.
+    inner = [
+        getattr(optimizer, "inner_optimizer", None),
+        *getattr(optimizer, "_inner_optimizers", []),
+    ]
+    for sub in inner:
+        _drop_from_optimizer(sub, kept)
+    built = list(getattr(optimizer, "_trainable_variables", []))
+    positions = [i for i, v in enumerate(built) if id(v) in kept]
+    if len(positions) == len(built):
+        return
+    for variable in built:
+        if id(variable) not in kept:
+            optimizer._trainable_variables_indices.pop(optimizer._var_key(variable), None)
+    # object.__setattr__ as `build` does without tracking: the optimizer's __setattr__ would
+    # track the model's variables as its own, and changing TensorFlow's list wrapper in
+    # place would make the optimizer unsaveable.
+    object.__setattr__(optimizer, "_trainable_variables", [built[i] for i in positions])
+    averages = getattr(optimizer, "_model_variables_moving_average", None)
+    if averages is not None and len(averages) == len(built):
+        object.__setattr__(
+            optimizer, "_model_variables_moving_average", [averages[i] for i in positions]
+        )
 
 
 def harden_and_evaluate(model, evaluate=None, balanced=False, time_limit=None, epoch=None):

@@ -17,6 +17,8 @@ import os
 
 import keras
 
+from keras_autoshuffle.hardening.harden import drop_removed_variables
+
 BACKUP = "backup"
 HARDENING_FILE = "hardening.json"
 SETTINGS_FILE = "settings.json"
@@ -190,6 +192,7 @@ class HardeningRecord(keras.callbacks.Callback):
                 optimizer.build(self.model.trainable_variables)
         for entry in report["layers"]:
             self.model.get_layer(entry["name"]).harden(entry["permutation"])
+        drop_removed_variables(self.model)  # as harden_model: JAX's fit needs it
         self.model.make_train_function(force=True)
         self.model.test_function = self.model.predict_function = None
         self.hardening.report = report

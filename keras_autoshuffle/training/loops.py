@@ -115,6 +115,11 @@ def train(
         with strategy.scope():
             model = model_fn()
             steps = train_data.steps(recipe.batch_size)
+            if steps < 1:
+                raise ValueError(
+                    f"The batch size is larger than the {train_data.num_examples} training "
+                    f"examples (no full batch per epoch). Received: batch_size={recipe.batch_size}"
+                )
             optimizer = make_optimizer(recipe, steps, model)
         run_settings = {
             **(settings or {}),

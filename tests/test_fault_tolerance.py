@@ -1,0 +1,147 @@
+"""Run-directory safety: finished runs, killed runs with other settings, damaged backups."""
+
+import json
+import re
+
+import keras
+import numpy as np
+import pytest
+
+from keras_autoshuffle import HardenShuffles, RelaxedShuffle
+from keras_autoshuffle.training import fault_tolerance as ft
+from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, prepare_run_directory
+
+SETTINGS = {"dataset": "digits", "shuffle": "auto", "epochs": 2, "penalty": 0.05}
+
+
+def _killed_run(output_dir, settings=SETTINGS, epoch=1):
+    """The backup a run killed after `epoch` epochs leaves behind (settings, metadata)."""
+    backup = output_dir / ft.BACKUP
+    backup.mkdir(parents=True)
+    (backup / ft.SETTINGS_FILE).write_text(json.dumps(settings))
+    (backup / ft.METADATA_FILE).write_text(json.dumps({"epoch": epoch, "batch": -1}))
+    return backup
+
+
+def _finished_run(output_dir):
+    output_dir.mkdir(parents=True)
+    for name in ("report.json", "model.keras", "best.keras", "history.csv", "model.tflite"):
+        (output_dir / name).write_text("{}")
+    for folder in ("saved_model/variables", "logs/train"):
+        (output_dir / folder).mkdir(parents=True)
+        (output_dir / folder / "file").write_text("x")
+    (output_dir / "notes.txt").write_text("the user's own file")
+
+
+def test_a_fresh_directory_starts_a_run(tmp_path):
+    assert prepare_run_directory(str(tmp_path / "run"), SETTINGS) is False
+    saved = json.loads((tmp_path / "run" / ft.BACKUP / ft.SETTINGS_FILE).read_text())
+    assert saved == SETTINGS
+
+
+def test_a_finished_run_is_not_overwritten(tmp_path):
+    out = tmp_path / "run"
+    _finished_run(out)
+    with pytest.raises(RunDirectoryError, match="holds a finished run.*--overwrite"):
+        prepare_run_directory(str(out), SETTINGS)
+    assert (out / "model.tflite").exists() and (out / "saved_model").exists()
+
+
+def test_overwrite_removes_every_file_of_the_old_run(tmp_path):
+    out = tmp_path / "run"
+    _finished_run(out)
+    assert prepare_run_directory(str(out), SETTINGS, overwrite=True) is False
+    # No stale SavedModel or LiteRT file stays beside the new run's files.
+    assert sorted(p.name for p in out.iterdir()) == ["backup", "notes.txt"]
+
+
+def test_a_killed_run_resumes_with_the_same_settings(tmp_path):
+    out = tmp_path / "run"
+    _killed_run(out)
+    assert prepare_run_directory(str(out), SETTINGS) is True
+
+
+def test_a_killed_run_with_other_settings_is_refused_naming_them(tmp_path):
+    out = tmp_path / "run"
+    _killed_run(out)
+    other = {**SETTINGS, "shuffle": "manual", "penalty": 0.1}
+    expected = "Received: penalty=0.1 (backup: 0.05), shuffle='manual' (backup: 'auto')"
+    with pytest.raises(RunDirectoryError, match=re.escape(expected)):
+        prepare_run_directory(str(out), other)
+    # --overwrite replaces finished runs only: a killed run's backup is never mixed.
+    with pytest.raises(RunDirectoryError, match="other settings"):
+        prepare_run_directory(str(out), other, overwrite=True)
+    assert json.loads((out / ft.BACKUP / ft.SETTINGS_FILE).read_text()) == SETTINGS
+
+
+def test_a_truncated_weights_backup_is_named(tmp_path):
+    out = tmp_path / "run"
+    backup = _killed_run(out)
+    inputs = keras.Input((4,))
+    keras.Model(inputs, keras.layers.Dense(3)(inputs)).save_weights(backup / ft.WEIGHTS_FILE)
+    data = (backup / ft.WEIGHTS_FILE).read_bytes()
+    (backup / ft.WEIGHTS_FILE).write_bytes(data[: len(data) // 2])
+    path = re.escape(str(backup / ft.WEIGHTS_FILE))
+    with pytest.raises(RunDirectoryError, match=f"backup weights file {path} is damaged"):
+        prepare_run_directory(str(out), SETTINGS)
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "message"),
+    [
+        (ft.METADATA_FILE, '{"epoch": 1, "bat', "backup metadata file"),
+        (ft.METADATA_FILE, '{"batch": 3}', "backup metadata file"),
+        (ft.METADATA_FILE, '{"epoch": -2}', "backup metadata file"),
+        (ft.SETTINGS_FILE, "[1, 2", "run settings file"),
+        (ft.HARDENING_FILE, "{", "hardening record file"),
+    ],
+    ids=["truncated_metadata", "metadata_without_epoch", "negative_epoch", "settings", "hardening"],
+)
+def test_a_broken_backup_file_is_named(tmp_path, name, content, message):
+    out = tmp_path / "run"
+    backup = _killed_run(out)
+    (backup / name).write_text(content)
+    path = re.escape(str(backup / name))
+    with pytest.raises(RunDirectoryError, match=f"{message} {path} is damaged"):
+        prepare_run_directory(str(out), SETTINGS)
+
+
+def _shuffle_model():
+    inputs = keras.Input((4,))
+    model = keras.Model(inputs, RelaxedShuffle(seed=0, name="shuffle")(inputs))
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def test_hardening_record_reapplies_the_permutation_on_resume(tmp_path):
+    backup = _killed_run(tmp_path / "run", epoch=2)
+    report = {"epoch": 1, "layers": [{"name": "shuffle", "permutation": [2, 0, 3, 1]}]}
+    ft.write_json(str(backup / ft.HARDENING_FILE), report)
+    model, hardening = _shuffle_model(), HardenShuffles(verbose=0)
+    record = ft.HardeningRecord(str(backup), hardening)
+    record.set_model(model)
+    record.on_train_begin()
+    np.testing.assert_array_equal(model.get_layer("shuffle").permutation, [2, 0, 3, 1])
+    assert hardening.report == report
+
+
+def test_hardening_record_ahead_of_the_backup_is_ignored(tmp_path):
+    # Written just before a kill, before the backup of that epoch: harden again on time.
+    backup = _killed_run(tmp_path / "run", epoch=1)
+    report = {"epoch": 2, "layers": [{"name": "shuffle", "permutation": [2, 0, 3, 1]}]}
+    ft.write_json(str(backup / ft.HARDENING_FILE), report)
+    model, hardening = _shuffle_model(), HardenShuffles(verbose=0)
+    record = ft.HardeningRecord(str(backup), hardening)
+    record.set_model(model)
+    record.on_train_begin()
+    assert not model.get_layer("shuffle").is_hardened and hardening.report is None
+
+
+def test_a_broken_hardening_record_is_named_on_resume(tmp_path):
+    backup = _killed_run(tmp_path / "run")
+    (backup / ft.HARDENING_FILE).write_text('{"epoch": 1, "lay')
+    record = ft.HardeningRecord(str(backup), HardenShuffles(verbose=0))
+    record.set_model(_shuffle_model())
+    path = re.escape(str(backup / ft.HARDENING_FILE))
+    with pytest.raises(RunDirectoryError, match=f"hardening record file {path} is damaged"):
+        record.on_train_begin()
