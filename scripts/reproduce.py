@@ -33,8 +33,11 @@ def _study(args):
     settings = dataclasses.replace(
         study.StudySettings(), **{k: v for k, v in changes.items() if v is not None}
     )
-    results = study.study(settings, args.output, jobs=args.jobs)
-    print(f"Report: {os.path.join(args.output, 'report.md')} ({len(results['runs'])} runs)")
+    results = study.study(settings, args.output, jobs=args.jobs, train=not args.report_only)
+    print(
+        f"Report: {os.path.join(args.output, 'report.md')} ({len(results['runs'])} of "
+        f"{results['runs_planned']} runs)"
+    )
     return results
 
 
@@ -49,6 +52,11 @@ def main(argv=None):
     parser.add_argument("--penalty", type=float, default=None, help="the study's lambda")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="the study's seeds")
     parser.add_argument("--harden-at-epoch", type=int, default=None)
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="the study's report from the runs finished so far (trains nothing)",
+    )
     parser.add_argument("--max-train-examples", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument(

@@ -145,3 +145,11 @@ def test_a_broken_hardening_record_is_named_on_resume(tmp_path):
     path = re.escape(str(backup / ft.HARDENING_FILE))
     with pytest.raises(RunDirectoryError, match=f"hardening record file {path} is damaged"):
         record.on_train_begin()
+
+
+def test_a_backup_without_recorded_settings_still_resumes(tmp_path):
+    # Backups written before settings were recorded: resume (append the logs), record them.
+    backup = _killed_run(tmp_path / "run")
+    (backup / ft.SETTINGS_FILE).unlink()
+    assert prepare_run_directory(str(tmp_path / "run"), SETTINGS) is True
+    assert json.loads((backup / ft.SETTINGS_FILE).read_text()) == SETTINGS

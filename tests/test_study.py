@@ -67,3 +67,8 @@ def test_tiny_study_runs_and_resumes(tmp_path):
     again = study.study(settings, str(out))
     assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/model.keras")} == before
     assert json.dumps(again["runs"], sort_keys=True) == json.dumps(results["runs"], sort_keys=True)
+    # A report of the finished runs only, while others are still to run.
+    (out / "runs" / "v1_manual_seed0" / "result.json").unlink()
+    partial = study.study(settings, str(out), train=False)
+    assert len(partial["runs"]) == 5 and partial["runs_planned"] == 6
+    assert "5 of 6 planned runs are finished" in (out / "report.md").read_text()

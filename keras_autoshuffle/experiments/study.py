@@ -73,15 +73,23 @@ def specs(settings):
     return runs
 
 
-def study(settings, output_dir, log=print, jobs=1):
-    """Runs the study (resuming) and writes results.json, report.md and the pictures."""
+def study(settings, output_dir, log=print, jobs=1, train=True):
+    """Runs the study (resuming) and writes results.json, report.md and the pictures.
+
+    With `train=False` nothing is trained: the report covers the runs finished so far
+    (their rows in `runs/<name>/result.json`), e.g. while the study still runs.
+    """
     start = time.time()
     os.makedirs(output_dir, exist_ok=True)
     train_data, test_data = data.load(
         settings.dataset, seed=settings.seeds[0], data_dir=settings.data_dir
     )
     train_images = min(train_data.num_examples, settings.max_train_examples or np.inf)
-    rows = run_all(settings, specs(settings), os.path.join(output_dir, "runs"), log, jobs)
+    runs_dir = os.path.join(output_dir, "runs")
+    todo = specs(settings)
+    if not train:
+        todo = [s for s in todo if os.path.exists(os.path.join(runs_dir, s.name, "result.json"))]
+    rows = run_all(settings, todo, runs_dir, log, jobs)
     runs = [_public(row) for row in rows.values()]
     results = {
         "dataset": settings.dataset,
@@ -89,6 +97,7 @@ def study(settings, output_dir, log=print, jobs=1):
         "test_images": int(test_data.num_examples),
         "settings": dataclasses.asdict(settings),
         "runs": runs,
+        "runs_planned": len(specs(settings)),
         "summary": summarize(runs, settings),
         "figures": _figures(rows, settings, output_dir),
         "wall_seconds_this_invocation": time.time() - start,
@@ -246,6 +255,13 @@ def render_report(results):
         f"(linear decay), v1 g=3 width {s['v1_width']}, v2 width {s['v2_width']}, lambda "
         f"{s['penalty']:g}, seeds {list(s['seeds'])}. Accuracies in %, mean ± standard "
         "deviation over seeds (n = number of runs).",
+        "",
+        f"**{len(results['runs'])} of {results['runs_planned']} planned runs are finished**"
+        + (
+            " (the study is still running or was stopped; rerunning it resumes)."
+            if len(results["runs"]) < results["runs_planned"]
+            else "."
+        ),
         "",
         "## Manual vs learned shuffle (paper Tables 1 and 3)",
         "",

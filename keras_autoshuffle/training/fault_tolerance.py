@@ -118,12 +118,13 @@ def prepare_run_directory(output_dir, settings, overwrite=False):
                 f"directory, or delete {backup_dir}. Received: "
                 + ", ".join(f"{k}={settings.get(k)!r} (backup: {saved.get(k)!r})" for k in differ)
             )
-        backed_up_epochs(backup_dir)
+        epochs = backed_up_epochs(backup_dir)
         _check_weights_file(backup_dir)
         if os.path.exists(os.path.join(backup_dir, HARDENING_FILE)):
             read_json(os.path.join(backup_dir, HARDENING_FILE), "hardening record")
         write_json(settings_path, settings)
-        return saved is not None
+        # A backup from before settings were recorded resumes too (its logs are appended).
+        return saved is not None or epochs > 0
     if os.path.exists(os.path.join(output_dir, "report.json")):
         if not overwrite:
             raise RunDirectoryError(
