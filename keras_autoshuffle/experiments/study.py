@@ -16,7 +16,7 @@ import numpy as np
 
 from keras_autoshuffle import _validation, data
 from keras_autoshuffle.experiments import plots
-from keras_autoshuffle.experiments.reproduce import RunSpec, run_all
+from keras_autoshuffle.experiments.runs import RunSpec, run_all
 from keras_autoshuffle.training.fault_tolerance import write_json
 
 

@@ -2,7 +2,8 @@
 
 - `recipes.py`: `Recipe`, `RECIPES`, `get_recipe`, `make_optimizer`;
 - `distribution.py`: `make_strategy` and the strategy facts the loops need;
-- `loops.py`: `train()` (fit, or a custom step across hosts), hardening, export;
+- `loops.py`: `train()` (fit on one host), hardening, export; `multi_worker.py`: the
+  custom step across hosts;
 - `fault_tolerance.py`: resuming killed runs, the hardening record, run-directory checks;
 - `cli.py`: the scripts' options, `run_from_args`, `format_run_summary`.
 

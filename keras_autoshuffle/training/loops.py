@@ -1,8 +1,8 @@
-"""Training loops: `train()` builds, trains, hardens and exports one model.
+"""`train()`: builds, trains, hardens and exports one model.
 
-`fit` on one host (one device or MirroredStrategy); a custom step under
-MultiWorkerMirroredStrategy. Both harden through `hardening.harden_and_evaluate` and
-write the same report.
+`fit` on one host (one device or MirroredStrategy, here); a custom step under
+MultiWorkerMirroredStrategy (`multi_worker.py`). Both harden through
+`hardening.harden_and_evaluate` and write the same report.
 """
 
 import dataclasses
@@ -10,14 +10,10 @@ import os
 import time
 
 import keras
-import numpy as np
-import tensorflow as tf
-from keras import ops
 
 from keras_autoshuffle import _validation
 from keras_autoshuffle.callbacks import HardenShuffles, ShufflePenaltyLogger, evaluate_accuracy
 from keras_autoshuffle.data import EpochCounter
-from keras_autoshuffle.hardening import harden_and_evaluate
 from keras_autoshuffle.training import distribution
 from keras_autoshuffle.training.fault_tolerance import (
     BACKUP,
@@ -25,6 +21,7 @@ from keras_autoshuffle.training.fault_tolerance import (
     prepare_run_directory,
     write_json,
 )
+from keras_autoshuffle.training.multi_worker import custom_loop
 from keras_autoshuffle.training.recipes import make_optimizer
 
 # Seconds per layer for balanced hardening (then the best balanced permutation so far).
@@ -135,24 +132,38 @@ def train(
             "test_examples": test_data.num_examples,
         }
         resumed = prepare_run_directory(own_dir, run_settings, overwrite=overwrite)
-        loop = _custom_loop if multi_worker else _fit
         history_path = os.path.join(own_dir, "history.csv")
-        report = loop(
-            model,
-            optimizer,
-            strategy,
-            train_data,
-            test_data,
-            recipe,
-            own_dir,
-            history_path,
-            resumed=resumed,
-            jit_compile=jit_compile,
-            verbose=verbose if chief else 0,
-            extra=list(callbacks or []),
-            balanced=balanced,
-            harden_at_epoch=harden_at_epoch,
-        )
+        if multi_worker:
+            report = custom_loop(
+                model,
+                optimizer,
+                strategy,
+                train_data,
+                test_data,
+                recipe,
+                _callbacks(own_dir, history_path, resumed, chief, list(callbacks or [])),
+                jit_compile=jit_compile,
+                verbose=verbose if chief else 0,
+                balanced=balanced,
+                time_limit=BALANCED_TIME_LIMIT,
+            )
+        else:
+            report = _fit(
+                model,
+                optimizer,
+                strategy,
+                train_data,
+                test_data,
+                recipe,
+                own_dir,
+                history_path,
+                resumed=resumed,
+                jit_compile=jit_compile,
+                verbose=verbose,
+                extra=list(callbacks or []),
+                balanced=balanced,
+                harden_at_epoch=harden_at_epoch,
+            )
     finally:
         keras.config.set_dtype_policy(previous_policy)
 
@@ -288,136 +299,3 @@ def _fit(
         else evaluate_accuracy(model, test)[1]
     )
     return report
-
-
-def _custom_loop(
-    model,
-    optimizer,
-    strategy,
-    train_data,
-    test_data,
-    recipe,
-    output_dir,
-    history_path,
-    resumed,
-    jit_compile,
-    verbose,
-    extra=(),
-    harden_at_epoch=None,
-    balanced=False,
-):
-    """MultiWorkerMirroredStrategy with a hand-written step (fit is broken there).
-
-    Each step: loss averaged over the global batch plus the penalty (`model.losses`,
-    scaled by 1 / replicas since gradients are summed), `optimizer.apply_gradients` (which
-    applies the DoublyStochastic constraint after the update). Keras callbacks are driven
-    by hand; each worker backs up to its own directory.
-    """
-    batch = recipe.batch_size
-    steps = train_data.steps(batch)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=None)
-    with strategy.scope():
-        # compile() only records the optimizer and loss here (callbacks read them).
-        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
-        optimizer.build(model.trainable_variables)
-
-    def step_fn(images, labels):
-        with tf.GradientTape() as tape:
-            probs = model(images, training=True)
-            per_example = loss_fn(labels, probs)
-            loss = tf.nn.compute_average_loss(per_example, global_batch_size=batch)
-            if model.losses:
-                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-            scaled = optimizer.scale_loss(loss)
-        grads = tape.gradient(scaled, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return _sums(per_example, probs, labels)
-
-    def eval_fn(images, labels):
-        probs = model(images, training=False)
-        return _sums(loss_fn(labels, probs), probs, labels)
-
-    @tf.function(jit_compile=False)
-    def train_step(iterator):
-        results = strategy.run(tf.function(step_fn, jit_compile=jit_compile), next(iterator))
-        return [strategy.reduce("SUM", r, axis=None) for r in results]
-
-    def evaluate():
-        # A fresh tf.function each time: hardening changes the graph.
-        @tf.function
-        def eval_step(images, labels):
-            results = strategy.run(eval_fn, (images, labels))
-            return [strategy.reduce("SUM", r, axis=None) for r in results]
-
-        data = strategy.experimental_distribute_dataset(test_data.eval_dataset(batch))
-        totals = np.zeros(3)
-        for images, labels in data:
-            totals += [float(t) for t in eval_step(images, labels)]
-        return totals[0] / totals[2], totals[1] / totals[2]
-
-    statistics = [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
-
-    @tf.function
-    def mean_statistics():
-        def fn():
-            context = tf.distribute.get_replica_context()
-            return [context.all_reduce("MEAN", v.value.read_value()) for v in statistics]
-
-        return strategy.run(fn)
-
-    def average_statistics():
-        # BatchNorm moving statistics are updated per replica; average them over all
-        # replicas so every worker evaluates and checkpoints the same model.
-        for variable, mean in zip(statistics, mean_statistics(), strict=True):
-            variable.assign(strategy.experimental_local_results(mean)[0])
-
-    def epoch_data(epoch):
-        def fn(context):
-            return train_data.epoch_dataset(
-                epoch,
-                context.get_per_replica_batch_size(batch),
-                num_shards=context.num_input_pipelines,
-                shard_index=context.input_pipeline_id,
-            )
-
-        return strategy.distribute_datasets_from_function(fn)
-
-    callbacks = keras.callbacks.CallbackList(
-        _callbacks(output_dir, history_path, resumed, distribution.is_chief(strategy), extra),
-        add_progbar=verbose > 0,
-        model=model,
-        verbose=verbose,
-        epochs=recipe.epochs,
-        steps=steps,
-    )
-    callbacks.on_train_begin()
-    # BackupAndRestore's restored epoch (the attribute fit itself reads).
-    initial_epoch = getattr(model, "_initial_epoch", None) or 0
-    logs = {}
-    for epoch in range(initial_epoch, recipe.epochs):
-        callbacks.on_epoch_begin(epoch)
-        iterator = iter(epoch_data(epoch))
-        totals = np.zeros(3)
-        for step in range(steps):
-            callbacks.on_train_batch_begin(step)
-            totals += [float(t) for t in train_step(iterator)]
-            logs = {"loss": totals[0] / totals[2], "accuracy": totals[1] / totals[2]}
-            callbacks.on_train_batch_end(step, logs)
-        if statistics:
-            average_statistics()
-        val_loss, val_accuracy = evaluate()
-        logs = {**logs, "val_loss": val_loss, "val_accuracy": val_accuracy}
-        logs["learning_rate"] = float(optimizer.learning_rate)
-        callbacks.on_epoch_end(epoch, logs)
-    # Harden before the backup is deleted: a run killed during a long hardening
-    # restarts after its last epoch, not from scratch.
-    report = harden_and_evaluate(model, evaluate, balanced=balanced, time_limit=BALANCED_TIME_LIMIT)
-    callbacks.on_train_end(logs)
-    report["final_accuracy"] = report["rounded_accuracy"]
-    return report
-
-
-def _sums(per_example, probs, labels):
-    correct = ops.cast(ops.equal(ops.argmax(probs, axis=-1), ops.cast(labels, "int32")), "float32")
-    count = ops.cast(ops.shape(labels)[0], "float32")
-    return ops.sum(ops.cast(per_example, "float32")), ops.sum(correct), count

@@ -1,0 +1,237 @@
+"""Running the experiments' trainings: one run per spec, resumable, in parallel processes.
+
+Each run trains with `training.train` into its own directory and keeps its result row in
+`result.json`; a rerun reads finished rows back and resumes a killed training from its
+backup. Shared by the small-scale reproduction (`reproduce.py`) and the Fashion-MNIST
+study (`study.py`).
+"""
+
+import concurrent.futures
+import dataclasses
+import json
+import multiprocessing
+import os
+
+import keras
+import numpy as np
+
+from keras_autoshuffle import _validation, data, hardening, training
+from keras_autoshuffle.callbacks import RoundingMonitor
+from keras_autoshuffle.layers import relaxed_shuffles, shuffle_layers
+from keras_autoshuffle.training.fault_tolerance import write_json
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """One training of a reproduction: its directory name and what defines it."""
+
+    name: str
+    model: str
+    shuffle: str
+    penalty: float
+    seed: int = 0
+    harden_at_epoch: int | None = None
+
+
+class _Snapshot(keras.callbacks.Callback):
+    """Keeps each epoch's logs (the rounding monitor's included) and the last relaxed
+    matrices on disk, so that a killed and resumed run loses nothing."""
+
+    def __init__(self, output_dir):
+        super().__init__()
+        self.history_path = os.path.join(output_dir, "epochs.json")
+        self.matrices_path = os.path.join(output_dir, "relaxed.npz")
+
+    def on_epoch_end(self, epoch, logs=None):
+        history = _read_json(self.history_path) or {}
+        history[str(epoch)] = {k: float(v) for k, v in (logs or {}).items()}
+        write_json(self.history_path, history)
+        matrices = [keras.ops.convert_to_numpy(s.matrix) for s in relaxed_shuffles(self.model)]
+        if matrices:
+            np.savez(self.matrices_path + ".tmp.npz", *matrices)
+            os.replace(self.matrices_path + ".tmp.npz", self.matrices_path)
+
+
+def _read_json(path):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)
+
+
+def recipe_name(dataset):
+    """The training recipe a reproduction on `dataset` starts from (then overridden)."""
+    return dataset if dataset in training.RECIPES else "cifar10"
+
+
+def run_one(settings, splits, spec, output_dir):
+    """Trains one run of `spec` (resuming a killed one) and returns its result row.
+
+    A finished run's row is kept in `output_dir/result.json` and read back instead of
+    training again; the row is built from the run's files (report, saved model, epoch
+    logs), so a run killed after training and before its row was written loses nothing.
+
+    Args:
+        settings: `Settings` (or the study's): data set, epochs, batch, lr, widths.
+        splits: `(train_data, test_data)`.
+        spec: a `RunSpec`.
+        output_dir: the run's directory.
+    """
+    result_path = os.path.join(output_dir, "result.json")
+    row = _read_json(result_path)
+    if row is None:
+        if not os.path.exists(os.path.join(output_dir, "report.json")):
+            _train(settings, splits, spec, output_dir)
+        row = _row_from_files(settings, splits[1], spec, output_dir)
+        write_json(result_path, row)
+    return _with_arrays(row, output_dir)
+
+
+def _train(settings, splits, spec, output_dir):
+    train_data, test_data = splits
+    recipe = training.get_recipe(
+        recipe_name(settings.dataset),
+        epochs=settings.epochs,
+        batch_size=settings.batch_size,
+        penalty=spec.penalty,
+        learning_rate=settings.learning_rate,
+    )
+    width = settings.v1_width if spec.model == "v1" else settings.v2_width
+    model_fn = training.make_model_fn(
+        spec.model, width, spec.shuffle, spec.penalty, train_data, "cifar"
+    )
+    snapshot = _Snapshot(output_dir)
+    monitor = RoundingMonitor(test_data.eval_dataset(settings.batch_size))
+    training.train(
+        model_fn,
+        train_data,
+        test_data,
+        recipe,
+        output_dir,
+        seed=spec.seed,
+        export=False,
+        callbacks=[monitor, snapshot] if spec.shuffle == "auto" else [snapshot],
+        harden_at_epoch=spec.harden_at_epoch,
+        verbose=0,
+    )
+
+
+def _row_from_files(settings, test_data, spec, output_dir):
+    report = _read_json(os.path.join(output_dir, "report.json"))
+    epochs = _read_json(os.path.join(output_dir, "epochs.json")) or {}
+    history = {}
+    for epoch in sorted(epochs, key=int):
+        for key, value in epochs[epoch].items():
+            history.setdefault(key, []).append(value)
+    model_path = os.path.join(output_dir, "model.keras")
+    # The final accuracy is recomputed from the saved hardened model, not taken from training.
+    hardened = keras.saving.load_model(model_path, safe_mode=True)
+    return {
+        "name": spec.name,
+        "model": spec.model,
+        "shuffle": spec.shuffle,
+        "lambda": spec.penalty,
+        "seed": spec.seed,
+        "epochs": settings.epochs,
+        "harden_at_epoch": spec.harden_at_epoch,
+        "relaxed_accuracy": report.get("relaxed_accuracy"),
+        "rounded_accuracy": report.get("rounded_accuracy"),
+        "relative_change": report.get("relative_change"),
+        "final_accuracy": evaluate_saved(hardened, test_data, settings.batch_size),
+        "penalty": report["l12_penalty_at_hardening"],
+        "routing_difference": hardening.routing_difference(hardened),
+        "routing": [
+            {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in entry.items()}
+            for entry in hardening.routing_counts(hardened)
+        ],
+        "seconds": report["time"],
+        "model_path": model_path,
+        "history": history,
+    }
+
+
+def _with_arrays(row, output_dir):
+    """The row with its first relaxed matrix and first hardened permutation (for figures)."""
+    matrices_path = os.path.join(output_dir, "relaxed.npz")
+    first_matrix = None
+    if os.path.exists(matrices_path):
+        with np.load(matrices_path) as saved:
+            first_matrix = saved["arr_0"] if "arr_0" in saved else None
+    first = None
+    if os.path.exists(row["model_path"]):  # only the rows may be kept (docs/fashion_mnist)
+        model = keras.saving.load_model(row["model_path"], safe_mode=True)
+        first = next(iter(shuffle_layers(model)), None)
+    return {
+        **row,
+        "time": row["seconds"],
+        "_first_matrix": first_matrix,
+        "_first_permutation": None if first is None else np.asarray(first.permutation),
+    }
+
+
+def evaluate_saved(model, test_data, batch_size=64):
+    """Test accuracy of a (loaded) model, computed with NumPy from its predictions."""
+    correct = total = 0
+    for images, labels in test_data.eval_dataset(batch_size):
+        predicted = np.argmax(model.predict_on_batch(images), axis=-1)
+        correct += int(np.sum(predicted == labels.numpy()))
+        total += int(labels.shape[0])
+    return correct / total
+
+
+def run_all(settings, specs, runs_dir, log=print, jobs=1):
+    """Runs (or reads back) every spec; returns {name: row}. `jobs` > 1: that many
+    trainings at once, each in its own process with `cpu_count // jobs` TF threads."""
+    _validation.positive_int(jobs, "jobs")
+    rows = {}
+    if jobs == 1:
+        for spec in specs:
+            rows[spec.name] = _log(log, spec.name, _run_job(settings, spec, runs_dir))
+        return rows
+    context = multiprocessing.get_context("spawn")  # TF is not fork-safe
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    with concurrent.futures.ProcessPoolExecutor(
+        jobs, mp_context=context, initializer=_init_worker, initargs=(threads,)
+    ) as pool:
+        futures = {pool.submit(_run_job, settings, spec, runs_dir): spec for spec in specs}
+        for future in concurrent.futures.as_completed(futures):
+            name = futures[future].name
+            rows[name] = _log(log, name, future.result())
+    return rows
+
+
+def _init_worker(threads):
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(threads)
+    tf.config.threading.set_inter_op_parallelism_threads(threads)
+
+
+def _run_job(settings, spec, runs_dir):
+    """One training: the splits are loaded once per process (seeded data order)."""
+    key = (
+        settings.dataset,
+        spec.seed,
+        settings.max_train_examples,
+        getattr(settings, "data_dir", None),
+    )
+    if key not in _SPLITS:
+        splits = data.load(
+            settings.dataset, seed=spec.seed, data_dir=getattr(settings, "data_dir", None)
+        )
+        if settings.max_train_examples:
+            splits = (splits[0].subset(settings.max_train_examples), splits[1])
+        _SPLITS[key] = splits
+    return run_one(settings, _SPLITS[key], spec, os.path.join(runs_dir, spec.name))
+
+
+# Splits per (data set, seed, subset) in this process: loading Fashion-MNIST takes seconds.
+_SPLITS = {}
+
+
+def _log(log, name, row):
+    log(
+        f"{name}: relaxed {row['relaxed_accuracy']:.4f} rounded {row['rounded_accuracy']:.4f}"
+        f" penalty {row['penalty']:.3g} ({row['time']:.0f} s)"
+    )
+    return row

@@ -1,0 +1,143 @@
+"""Training across hosts: MultiWorkerMirroredStrategy driving a hand-written step.
+
+Keras 3.15's `fit` is broken under that strategy (keras-team/keras#20585), so each step is
+written here with tf.distribute; the callbacks are driven by hand and the end is the same
+hardening (`hardening.harden_and_evaluate`) and report as `fit`'s loop.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+from keras import ops
+
+from keras_autoshuffle.hardening import harden_and_evaluate
+
+
+def custom_loop(
+    model,
+    optimizer,
+    strategy,
+    train_data,
+    test_data,
+    recipe,
+    callbacks,
+    jit_compile,
+    verbose,
+    balanced=False,
+    time_limit=None,
+):
+    """MultiWorkerMirroredStrategy with a hand-written step (fit is broken there).
+
+    Each step: loss averaged over the global batch plus the penalty (`model.losses`,
+    scaled by 1 / replicas since gradients are summed), `optimizer.apply_gradients` (which
+    applies the DoublyStochastic constraint after the update). Keras callbacks are driven
+    by hand; each worker backs up to its own directory.
+    """
+    batch = recipe.batch_size
+    steps = train_data.steps(batch)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=None)
+    with strategy.scope():
+        # compile() only records the optimizer and loss here (callbacks read them).
+        model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy")
+        optimizer.build(model.trainable_variables)
+
+    def step_fn(images, labels):
+        with tf.GradientTape() as tape:
+            probs = model(images, training=True)
+            per_example = loss_fn(labels, probs)
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=batch)
+            if model.losses:
+                loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+            scaled = optimizer.scale_loss(loss)
+        grads = tape.gradient(scaled, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return _sums(per_example, probs, labels)
+
+    def eval_fn(images, labels):
+        probs = model(images, training=False)
+        return _sums(loss_fn(labels, probs), probs, labels)
+
+    @tf.function(jit_compile=False)
+    def train_step(iterator):
+        results = strategy.run(tf.function(step_fn, jit_compile=jit_compile), next(iterator))
+        return [strategy.reduce("SUM", r, axis=None) for r in results]
+
+    def evaluate():
+        # A fresh tf.function each time: hardening changes the graph.
+        @tf.function
+        def eval_step(images, labels):
+            results = strategy.run(eval_fn, (images, labels))
+            return [strategy.reduce("SUM", r, axis=None) for r in results]
+
+        data = strategy.experimental_distribute_dataset(test_data.eval_dataset(batch))
+        totals = np.zeros(3)
+        for images, labels in data:
+            totals += [float(t) for t in eval_step(images, labels)]
+        return totals[0] / totals[2], totals[1] / totals[2]
+
+    statistics = [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
+
+    @tf.function
+    def mean_statistics():
+        def fn():
+            context = tf.distribute.get_replica_context()
+            return [context.all_reduce("MEAN", v.value.read_value()) for v in statistics]
+
+        return strategy.run(fn)
+
+    def average_statistics():
+        # BatchNorm moving statistics are updated per replica; average them over all
+        # replicas so every worker evaluates and checkpoints the same model.
+        for variable, mean in zip(statistics, mean_statistics(), strict=True):
+            variable.assign(strategy.experimental_local_results(mean)[0])
+
+    def epoch_data(epoch):
+        def fn(context):
+            return train_data.epoch_dataset(
+                epoch,
+                context.get_per_replica_batch_size(batch),
+                num_shards=context.num_input_pipelines,
+                shard_index=context.input_pipeline_id,
+            )
+
+        return strategy.distribute_datasets_from_function(fn)
+
+    callbacks = keras.callbacks.CallbackList(
+        callbacks,
+        add_progbar=verbose > 0,
+        model=model,
+        verbose=verbose,
+        epochs=recipe.epochs,
+        steps=steps,
+    )
+    callbacks.on_train_begin()
+    # BackupAndRestore's restored epoch (the attribute fit itself reads).
+    initial_epoch = getattr(model, "_initial_epoch", None) or 0
+    logs = {}
+    for epoch in range(initial_epoch, recipe.epochs):
+        callbacks.on_epoch_begin(epoch)
+        iterator = iter(epoch_data(epoch))
+        totals = np.zeros(3)
+        for step in range(steps):
+            callbacks.on_train_batch_begin(step)
+            totals += [float(t) for t in train_step(iterator)]
+            logs = {"loss": totals[0] / totals[2], "accuracy": totals[1] / totals[2]}
+            callbacks.on_train_batch_end(step, logs)
+        if statistics:
+            average_statistics()
+        val_loss, val_accuracy = evaluate()
+        logs = {**logs, "val_loss": val_loss, "val_accuracy": val_accuracy}
+        logs["learning_rate"] = float(optimizer.learning_rate)
+        callbacks.on_epoch_end(epoch, logs)
+    # Harden before the backup is deleted: a run killed during a long hardening
+    # restarts after its last epoch, not from scratch.
+    report = harden_and_evaluate(model, evaluate, balanced=balanced, time_limit=time_limit)
+    callbacks.on_train_end(logs)
+    report["final_accuracy"] = report["rounded_accuracy"]
+    return report
+
+
+def _sums(per_example, probs, labels):
+    correct = ops.cast(ops.equal(ops.argmax(probs, axis=-1), ops.cast(labels, "int32")), "float32")
+    count = ops.cast(ops.shape(labels)[0], "float32")
+    return ops.sum(ops.cast(per_example, "float32")), ops.sum(correct), count
