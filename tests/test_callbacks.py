@@ -139,7 +139,7 @@ def test_training_continues_with_fixed_permutation_after_at_epoch():
     assert all(np.isfinite(history.history["loss"]))
 
 
-def test_shuffle_penalty_in_history_and_csv(tmp_path):
+def test_l12_penalty_in_history_and_csv(tmp_path):
     model = _crafted_model(penalty=0.5)
     rng = np.random.default_rng(2)
     x = rng.normal(size=(32, 4)).astype("float32")
