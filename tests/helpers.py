@@ -1,6 +1,7 @@
 """Helpers shared by the tests: model checks for folding and hardening, tiny IDX files."""
 
 import gzip
+import itertools
 import os
 
 import keras
@@ -70,3 +71,14 @@ def _write_fashion(folder, num_train=20, num_test=10, seed=0):
         _write_idx(folder / f"{split}-labels-idx1-ubyte{suffix}", labels, compress)
         arrays[split] = (images, labels)
     return arrays
+
+
+def _brute_force_best(matrix, keep):
+    """Max matched mass over all permutations with keep(perm) True."""
+    n = matrix.shape[0]
+    masses = [
+        matrix[np.arange(n), perm].sum()
+        for perm in map(np.asarray, itertools.permutations(range(n)))
+        if keep(perm)
+    ]
+    return max(masses) if masses else None

@@ -6,23 +6,12 @@ import itertools
 import keras
 import numpy as np
 import pytest
-from helpers import _assert_folds_exactly, _layer_counts
+from helpers import _assert_folds_exactly, _brute_force_best, _layer_counts
 
 import keras_autoshuffle as ka
 from keras_autoshuffle import folding, hardening, permutations
 from keras_autoshuffle.applications import ShuffleNetV1, ShuffleNetV2
 from keras_autoshuffle.hardening import balanced, balanced_v2
-
-
-def _brute_force_best(matrix, keep):
-    """Max matched mass over all permutations with keep(perm) True."""
-    n = matrix.shape[0]
-    masses = [
-        matrix[np.arange(n), perm].sum()
-        for perm in map(np.asarray, itertools.permutations(range(n)))
-        if keep(perm)
-    ]
-    return max(masses) if masses else None
 
 
 def _brute_force_balanced(matrix, groups, counts):

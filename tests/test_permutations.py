@@ -4,6 +4,7 @@ import itertools
 
 import numpy as np
 import pytest
+from helpers import _brute_force_best
 
 from keras_autoshuffle import (
     argmax_agrees,
@@ -134,17 +135,6 @@ def test_block_counts_independent_numpy():
     np.testing.assert_array_equal(permutations.block_counts(np.arange(6), 2), [[3, 0], [0, 3]])
     with pytest.raises(ValueError, match="groups"):
         permutations.block_counts(np.arange(6), 4)
-
-
-def _brute_force_best(matrix, keep):
-    """Max matched mass over all permutations with keep(perm) True."""
-    n = matrix.shape[0]
-    masses = [
-        matrix[np.arange(n), perm].sum()
-        for perm in map(np.asarray, itertools.permutations(range(n)))
-        if keep(perm)
-    ]
-    return max(masses) if masses else None
 
 
 def test_nearest_permutation_with_allowed_mask_by_brute_force():

@@ -17,7 +17,7 @@ import time
 
 from keras_autoshuffle import _validation
 from keras_autoshuffle.experiments import plots
-from keras_autoshuffle.experiments.runs import RunSpec, run_all
+from keras_autoshuffle.experiments.runs import RunSpec, check_settings, run_all
 
 # The paper's Table 5 (CIFAR-10, ShuffleNet v1 g=3, 200 epochs).
 PAPER_TABLE5 = {
@@ -53,16 +53,7 @@ class Settings:
     seed: int = 0
 
     def __post_init__(self):
-        if self.penalty not in self.lambdas or 0.0 not in self.lambdas:
-            raise ValueError(
-                f"`lambdas` must include 0 and penalty={self.penalty} (the figures compare "
-                f"them). Received: lambdas={self.lambdas}"
-            )
-        if not 1 <= self.harden_at_epoch < self.epochs:
-            raise ValueError(
-                f"`harden_at_epoch` must be in [1, epochs - 1] (epochs={self.epochs}). "
-                f"Received: harden_at_epoch={self.harden_at_epoch}"
-            )
+        check_settings(self)
 
 
 def quick(dataset="digits"):

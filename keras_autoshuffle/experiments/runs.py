@@ -21,6 +21,22 @@ from keras_autoshuffle.layers import relaxed_shuffles, shuffle_layers
 from keras_autoshuffle.training.fault_tolerance import write_json
 
 
+def check_settings(settings):
+    """The checks every experiment's settings need: lambda = 0 and the recommended lambda
+    among those swept (the reports compare them), hardening before the last epoch."""
+    _validation.positive_int(settings.epochs, "epochs")
+    if settings.penalty not in settings.lambdas or 0.0 not in settings.lambdas:
+        raise ValueError(
+            f"`lambdas` must include 0 and penalty={settings.penalty}. "
+            f"Received: lambdas={settings.lambdas}"
+        )
+    if not 1 <= settings.harden_at_epoch < settings.epochs:
+        raise ValueError(
+            f"`harden_at_epoch` must be in [1, epochs - 1] (epochs={settings.epochs}). "
+            f"Received: harden_at_epoch={settings.harden_at_epoch}"
+        )
+
+
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
     """One training of a reproduction: its directory name and what defines it."""

@@ -14,9 +14,9 @@ import time
 
 import numpy as np
 
-from keras_autoshuffle import _validation, data
+from keras_autoshuffle import data
 from keras_autoshuffle.experiments import plots
-from keras_autoshuffle.experiments.runs import RunSpec, run_all
+from keras_autoshuffle.experiments.runs import RunSpec, check_settings, run_all
 from keras_autoshuffle.training.fault_tolerance import write_json
 
 
@@ -38,17 +38,7 @@ class StudySettings:
     data_dir: str | None = None
 
     def __post_init__(self):
-        _validation.positive_int(self.epochs, "epochs")
-        if self.penalty not in self.lambdas or 0.0 not in self.lambdas:
-            raise ValueError(
-                f"`lambdas` must include 0 and penalty={self.penalty}. "
-                f"Received: lambdas={self.lambdas}"
-            )
-        if not 1 <= self.harden_at_epoch < self.epochs:
-            raise ValueError(
-                f"`harden_at_epoch` must be in [1, epochs - 1] (epochs={self.epochs}). "
-                f"Received: harden_at_epoch={self.harden_at_epoch}"
-            )
+        check_settings(self)
         if not self.seeds:
             raise ValueError(f"`seeds` must not be empty. Received: seeds={self.seeds}")
 
