@@ -101,7 +101,7 @@ def _apply_tail(model, x, after):
 
 def _stem(model, x):
     names = {layer.name for layer in model.layers}
-    for name in (*arch.STEM, arch.STEM_POOL):
+    for name in arch.IMAGENET_STEM:
         if name in names:
             x = _copy(model.get_layer(name), x)
     return x
@@ -110,6 +110,14 @@ def _stem(model, x):
 def _unit(model, stage, unit):
     """`part -> layer` for one unit, names from the shared architecture description."""
     return lambda part: model.get_layer(arch.unit_layer(stage, unit, part))
+
+
+def _copy_padding(model, stage, unit, part, x):
+    """Copies the ZeroPadding2D `part` of a unit when the model has it (see `arch.PADS`)."""
+    name = arch.unit_layer(stage, unit, part)
+    if name in {layer.name for layer in model.layers}:
+        return _copy(model.get_layer(name), x)
+    return x
 
 
 # ---------------------------------------------------------------- ShuffleNet v1
@@ -191,6 +199,7 @@ def _fold_v1_unit(model, stage, unit, x, route_manual):
     # After the canonical shuffle, channel j feeds what tau^-1 sends it to.
     inverse = permutations.invert_permutation(tau)
     dw = dwconv.get_weights()
+    x = _copy_padding(model, stage, unit, "dwconv_pad", x)
     x = _copy(dwconv, x, [np.take(dw[0], inverse, axis=2), *_take(dw[1:], inverse)])
     x = _copy(dwbn, x, _take(dwbn.get_weights(), inverse))
     kernel = conv2.get_weights()[0]
@@ -241,6 +250,7 @@ def _fold_v1(model, architecture, inputs, route_manual=True):
             branch = _fold_v1_unit(model, stage, unit, x, route_manual)
             if unit == 1:
                 branch = _copy(get("relu2"), branch)
+                shortcut = _copy_padding(model, stage, unit, "pool_pad", shortcut)
                 x = _copy(get("concat"), [_copy(get("pool"), shortcut), branch])
                 last = get("concat").name
             else:
@@ -315,12 +325,24 @@ def _gather_input(consumer, consumer_channels, pieces, name):
     return _concat(inputs, f"{name}_gather"), np.asarray(rows, dtype=np.int64)
 
 
-def _v2_branch(get, x, rows, columns):
+def _present(get, parts):
+    """The layers of `parts` the model has (paddings may be absent: `arch.PADS`)."""
+    found = []
+    for part in parts:
+        try:
+            found.append(get(part))
+        except ValueError:
+            if part not in arch.PADS:
+                raise
+    return found
+
+
+def _v2_branch(get, unit, x, rows, columns):
     """conv1 .. relu2 with conv1's input rows and conv2's output columns permuted."""
-    first, *middle, conv2, bn2, relu2 = (get(part) for part in arch.V2_BRANCH)
+    first, *middle, conv2, bn2, relu2 = _present(get, arch.branch_parts("v2", unit))
     weights = first.get_weights()
     x = _copy(first, x, [weights[0][:, :, rows, :], *weights[1:]])
-    for layer in middle:  # BN, ReLU, the depthwise conv and its BN: per channel
+    for layer in middle:  # BN, ReLU, padding, the depthwise conv and its BN: per channel
         x = _copy(layer, x)
     weights = conv2.get_weights()
     x = _copy(conv2, x, [weights[0][..., columns], *_take(weights[1:], columns)])
@@ -330,7 +352,9 @@ def _v2_branch(get, x, rows, columns):
 
 def _v2_left(get, x, rows, columns):
     """The down unit's left branch with its input rows and output columns permuted."""
-    dwconv, dwbn, conv, bn, relu = (get(part) for part in arch.V2_LEFT)
+    *padding, dwconv, dwbn, conv, bn, relu = _present(get, arch.V2_LEFT)
+    for layer in padding:
+        x = _copy(layer, x)
     weights = dwconv.get_weights()
     x = _copy(dwconv, x, [np.take(weights[0], rows, axis=2), *_take(weights[1:], rows)])
     x = _copy(dwbn, x, _take(dwbn.get_weights(), rows))
@@ -351,12 +375,13 @@ def _fold_v2(model, architecture, inputs):
             "left": _producer_pieces(
                 _v2_left(get, x, rows, columns["left"]), orders["left"], f"{prefix}_left"
             ),
-            1: _producer_pieces(_v2_branch(get, x, rows, columns[1]), orders[1], prefix),
+            1: _producer_pieces(_v2_branch(get, 1, x, rows, columns[1]), orders[1], prefix),
         }
         for unit in range(2, repeats + 1):
             prefix = arch.unit_prefix(stage, unit)
             branch_input, branch_rows = _gather_input(unit, consumers[unit], pieces, prefix)
-            output = _v2_branch(_unit(model, stage, unit), branch_input, branch_rows, columns[unit])
+            get = _unit(model, stage, unit)
+            output = _v2_branch(get, unit, branch_input, branch_rows, columns[unit])
             pieces[unit] = _producer_pieces(output, orders[unit], prefix)
         x, rows = _gather_input("end", consumers["end"], pieces, f"stage{stage}_end")
     conv, bn, relu = (model.get_layer(name) for name in arch.V2_HEAD)

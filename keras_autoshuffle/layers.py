@@ -52,6 +52,11 @@ class RelaxedShuffle(keras.layers.Layer):
             hardened layer is loaded; users call `harden()` instead).
         data_format: "channels_last" or "channels_first" (default: Keras's).
         seed: seed of the initial matrix.
+        initial_groups: None (default) starts M as the paper does, |N(0, 1)| made
+            doubly stochastic; an integer g starts M at ShuffleNet's shuffle over g
+            groups (`ChannelShuffle(g)`; 1: the identity), so a net built around a
+            manual shuffle, pretrained weights included, computes exactly the same
+            before its first step.
 
     Example:
         >>> shuffle = RelaxedShuffle(penalty=1e-3)
@@ -69,9 +74,11 @@ class RelaxedShuffle(keras.layers.Layer):
         permutation=None,
         data_format=None,
         seed=None,
+        initial_groups=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.initial_groups = _validation.optional_positive_int(initial_groups, "initial_groups")
         self.regularizer = L12Penalty(_validation.penalty(penalty))
         self.constraint = DoublyStochastic(iterations)
         self.penalty = self.regularizer.strength
@@ -112,6 +119,9 @@ class RelaxedShuffle(keras.layers.Layer):
         )
 
     def _initial_matrix(self, shape, dtype=None):
+        if self.initial_groups is not None:
+            perm = permutations.group_shuffle_permutation(shape[0], self.initial_groups)
+            return ops.convert_to_tensor(permutations.permutation_matrix(perm), "float32")
         sample = ops.abs(keras.random.normal(shape, dtype="float32", seed=self.seed))
         return self.constraint(sample)
 
@@ -201,6 +211,7 @@ class RelaxedShuffle(keras.layers.Layer):
                 "permutation": None if self._permutation is None else self._permutation.tolist(),
                 "data_format": self.data_format,
                 "seed": self.seed,
+                "initial_groups": self.initial_groups,
             }
         )
         return config

@@ -9,8 +9,12 @@ samples, the variants' order rotated every round), for ShuffleNet v1 g3 1.0x and
   and 64;
 - litert_infer: the LiteRT interpreter (XNNPACK) at 224x224, batch 1, `--threads` 2.
 
-Variants: manual (ChannelShuffle), relaxed (dense N x N shuffle), hardened_gather (a
-randomly initialised relaxed matrix rounded to its nearest permutation: a GATHER),
+Variants: manual (ChannelShuffle), manual_folded (the manual net through `fold_model`:
+v1 keeps the reshape-transpose, v2 routes by slices and concats, as a hardened net),
+manual_same_padding (the manual net built with `padding="same"`: Keras's 'same' on the
+stride-2 layers instead of PyTorch's padding, no PAD ops), relaxed (dense N x N
+shuffle), hardened_gather (a randomly initialised relaxed matrix rounded to its nearest
+permutation: a GATHER),
 hardened_folded (the same, folded by `fold_model`), balanced_folded (balanced
 hardening of such a matrix, folded: v1 keeps the manual reshape-transpose, v2 one
 SPLIT and one CONCAT per unit) and no_shuffle (the manual net with Identity in place of each
@@ -42,6 +46,8 @@ from keras_autoshuffle.applications import ShuffleNetV1, ShuffleNetV2  # noqa: E
 TASKS = ("train_step", "keras_infer", "litert_infer")
 VARIANTS = (
     "manual",
+    "manual_folded",
+    "manual_same_padding",
     "relaxed",
     "hardened_gather",
     "hardened_folded",
@@ -84,6 +90,10 @@ def build_variants(name, spec, side, classes, variants, time_limit):
     for variant in variants:
         if variant == "manual":
             models[variant] = manual
+        elif variant == "manual_folded":
+            models[variant] = folding.fold_model(manual)
+        elif variant == "manual_same_padding":
+            models[variant] = builder(shuffle="manual", padding="same", **common)
         elif variant == "relaxed":
             models[variant] = builder(shuffle="auto", **common)
         elif variant in ("hardened_gather", "hardened_folded"):

@@ -184,6 +184,7 @@ def test_layer_names_and_shuffle_order():
         (AutoShuffleNetV2, "v2", "imagenet", {"include_top": False, "pooling": "avg"}),
         (ShuffleNetV1, "v1", "cifar", {"groups": 1}),
         (AutoShuffleNetV1, "v1", "imagenet", {"groups": 3, "include_top": False}),
+        (ShuffleNetV2, "v2", "imagenet", {"padding": "same"}),
     ],
 )
 def test_builders_name_layers_by_the_architecture_description(build, family, stem, kwargs):
@@ -198,6 +199,7 @@ def test_builders_name_layers_by_the_architecture_description(build, family, ste
         include_top=kwargs.get("include_top", True),
         pooling=kwargs.get("pooling"),
         shuffles=bool(shuffle_layers(model)),
+        pads=kwargs.get("padding", "torch") == "torch",
     )
     built = [layer.name for layer in model.layers if not isinstance(layer, layers.InputLayer)]
     assert sorted(built) == sorted(expected)

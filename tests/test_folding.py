@@ -77,6 +77,20 @@ def test_v2_folding_exact(width):
     _assert_folds_exactly(learned, 2, 8)
 
 
+@pytest.mark.parametrize(
+    "build, kwargs", [(ShuffleNetV2, {"width": 0.5}), (ShuffleNetV1, {"groups": 3, "width": 0.25})]
+)
+@pytest.mark.parametrize("padding", ["torch", "same"])
+def test_folding_keeps_the_padding(build, kwargs, padding):
+    common = dict(input_shape=(16, 16, 3), stem="cifar", classes=5, classifier_activation=None)
+    model = build(shuffle="manual", padding=padding, **common, **kwargs)
+    folded = _assert_folds_exactly(model, 3, 16)
+    pads = [layer for layer in folded.layers if isinstance(layer, keras.layers.ZeroPadding2D)]
+    # Two stride-2 layers per stage with the CIFAR stem (v2: both branches' depthwise
+    # convs; v1: the depthwise conv and the average-pool shortcut).
+    assert len(pads) == (6 if padding == "torch" else 0)
+
+
 def test_fold_refuses_relaxed_and_other_models():
     model = ShuffleNetV2(width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=3)
     with pytest.raises(ValueError, match="relaxed"):

@@ -4,6 +4,7 @@ from keras_autoshuffle.applications.architecture import Architecture, describe
 from keras_autoshuffle.applications.common import count_macs, preprocess_input
 from keras_autoshuffle.applications.shufflenet_v1 import AutoShuffleNetV1, ShuffleNetV1
 from keras_autoshuffle.applications.shufflenet_v2 import AutoShuffleNetV2, ShuffleNetV2
+from keras_autoshuffle.applications.torchvision_weights import load_torchvision_weights
 from keras_autoshuffle.layers import ChannelSplit, GroupedConv2D, shuffle_layers
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "ShuffleNetV2",
     "count_macs",
     "describe",
+    "load_torchvision_weights",
     "preprocess_input",
     "shuffle_layers",
 ]

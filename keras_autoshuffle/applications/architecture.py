@@ -11,25 +11,32 @@ import dataclasses
 
 from keras_autoshuffle.layers import shuffle_permutation
 
-# Stem (the pool only with the ImageNet stem), v2 head and the classifier or pooling.
+# Stem (the paddings and the pool only with the ImageNet stem), v2 head and the
+# classifier or pooling. A `<layer>_pad` (ZeroPadding2D) precedes every stride-2 layer:
+# see `applications/common.py` on padding.
 STEM = ("stem_conv", "stem_bn", "stem_relu")
-STEM_POOL = "stem_pool"
+IMAGENET_STEM = ("stem_conv_pad", "stem_conv", "stem_bn", "stem_relu", "stem_pool_pad", "stem_pool")
 V2_HEAD = ("head_conv", "head_bn", "head_relu")
 TOP = ("avg_pool", "predictions")
 POOLING = {"avg": "avg_pool", "max": "max_pool"}
 
 # v2: the down-sampling unit's left branch, the branch of every unit, the basic unit's
 # channel split, and the join (concat, then the shuffle).
-V2_LEFT = ("left_dwconv", "left_dwbn", "left_conv", "left_bn", "left_relu")
-V2_BRANCH = ("conv1", "bn1", "relu1", "dwconv", "dwbn", "conv2", "bn2", "relu2")
+V2_LEFT = ("left_dwconv_pad", "left_dwconv", "left_dwbn", "left_conv", "left_bn", "left_relu")
+V2_BRANCH = ("conv1", "bn1", "relu1", "dwconv_pad", "dwconv", "dwbn", "conv2", "bn2", "relu2")
 V2_SPLIT = "split"
 V2_JOIN = ("concat", "shuffle")
 
 # v1: the bottleneck branch (the shuffle is absent from manual g=1 units); the
 # down-sampling unit joins an average-pooled shortcut by concat, the others add.
-V1_BRANCH = ("conv1", "bn1", "relu1", "shuffle", "dwconv", "dwbn", "conv2", "bn2")
+V1_BRANCH = ("conv1", "bn1", "relu1", "shuffle", "dwconv_pad", "dwconv", "dwbn", "conv2", "bn2")
 V1_OPTIONAL = ("shuffle",)
-V1_DOWN_JOIN = ("relu2", "pool", "concat")
+V1_DOWN_JOIN = ("relu2", "pool_pad", "pool", "concat")
+# Parts that only a down-sampling unit (unit 1, stride 2) has.
+DOWN_ONLY = ("dwconv_pad",)
+# Paddings: models saved before they existed ('same' padding) lack them, and are still
+# described (and folded) as they were built.
+PADS = ("stem_conv_pad", "stem_pool_pad", "left_dwconv_pad", "dwconv_pad", "pool_pad")
 V1_JOIN = ("add", "relu2")
 
 FAMILIES = ("v1", "v2")
@@ -45,13 +52,20 @@ def unit_layer(stage, unit, part):
     return f"{unit_prefix(stage, unit)}_{part}"
 
 
+def branch_parts(family, unit):
+    """The part names of one unit's branch (conv1 .. the last BN or ReLU), in order."""
+    parts = V2_BRANCH if family == "v2" else V1_BRANCH
+    return tuple(part for part in parts if unit == 1 or part not in DOWN_ONLY)
+
+
 def unit_parts(family, unit):
     """The part names of one unit, in data-flow order."""
+    branch = branch_parts(family, unit)
     if family == "v2":
         if unit == 1:
-            return (*V2_LEFT, *V2_BRANCH, *V2_JOIN)
-        return (V2_SPLIT, *V2_BRANCH, *V2_JOIN)
-    return (*V1_BRANCH, *(V1_DOWN_JOIN if unit == 1 else V1_JOIN))
+            return (*V2_LEFT, *branch, *V2_JOIN)
+        return (V2_SPLIT, *branch, *V2_JOIN)
+    return (*branch, *(V1_DOWN_JOIN if unit == 1 else V1_JOIN))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,20 +91,23 @@ class Architecture:
         )
 
 
-def layer_names(architecture, stem, include_top=True, pooling=None, shuffles=True):
+def layer_names(architecture, stem, include_top=True, pooling=None, shuffles=True, pads=True):
     """Every layer name a builder creates for `architecture` (the input layer excluded).
 
     Args:
         stem: "imagenet" or "cifar".
         shuffles: False for a manual v1 with g = 1 (its units have no shuffle).
+        pads: False for `padding="same"` (no ZeroPadding2D layers).
     """
-    names = [*STEM] + ([STEM_POOL] if stem == "imagenet" else [])
+    names = list(IMAGENET_STEM if stem == "imagenet" else STEM)
     for stage, units in architecture.stages():
         for unit in range(1, units + 1):
             for part in unit_parts(architecture.family, unit):
                 if part == "shuffle" and architecture.family == "v1" and not shuffles:
                     continue
-                names.append(unit_layer(stage, unit, part))
+                if pads or part not in PADS:
+                    names.append(unit_layer(stage, unit, part))
+    names = [name for name in names if pads or name not in PADS]
     if architecture.family == "v2":
         names += V2_HEAD
     if include_top:
@@ -125,7 +142,7 @@ def describe(model):
         for stage, units in architecture.stages()
         for unit in range(1, units + 1)
         for part in unit_parts(family, unit)
-        if part not in (V1_OPTIONAL if family == "v1" else ())
+        if part not in (*PADS, *(V1_OPTIONAL if family == "v1" else ()))
         and unit_layer(stage, unit, part) not in names
     ]
     missing += [name for name in (*STEM, *(V2_HEAD if family == "v2" else ())) if name not in names]

@@ -2,6 +2,7 @@
 the layer factories, the classifier head, `preprocess_input` and the multiply-add counter.
 The custom layers themselves live in `keras_autoshuffle.layers`."""
 
+import dataclasses
 import functools
 import io
 import os
@@ -48,30 +49,102 @@ def batch_norm(name, gamma_initializer="ones"):
     )
 
 
-def conv(filters, kernel_size, name, strides=1, groups=1):
-    """A bias-free convolution with 'same' padding (see the module docstrings on padding)."""
-    return GroupedConv2D(
-        filters,
-        kernel_size,
-        strides=strides,
-        padding="same",
-        groups=groups,
-        use_bias=False,
-        name=name,
-    )
+PADDINGS = ("torch", "same")
 
 
-def dwconv(strides, name):
-    """A bias-free 3x3 depthwise convolution with 'same' padding."""
-    return layers.DepthwiseConv2D(3, strides=strides, padding="same", use_bias=False, name=name)
+def _pad(x, strides, name, padding):
+    """Pads `x` for the 3x3 layer `name`; returns `(x, padding)` for that layer.
+
+    "torch": PyTorch's padding=1. At stride 1 Keras's 'same' already pads one pixel on
+    each side. At stride 2 'same' pads one pixel at the bottom/right only on an even
+    side (on an odd side, one on each side), a grid shifted by one pixel from PyTorch's,
+    so torchvision's weights would give other logits: a stride-2 layer gets an explicit
+    one-pixel ZeroPadding2D (`<name>_pad`) and 'valid', as keras.applications does
+    (ResNet's `conv1_pad`). "same": Keras's 'same' everywhere (no PAD ops in LiteRT).
+    """
+    if strides == 1 or padding == "same":
+        return x, "same"
+    return layers.ZeroPadding2D(1, name=f"{name}_pad")(x), "valid"
 
 
-def shuffle_layer(shuffle, groups, penalty, name):
-    """The unit's shuffle: ChannelShuffle(groups) for "manual", RelaxedShuffle for "auto"."""
-    data_format = keras.config.image_data_format()
-    if shuffle == "auto":
-        return RelaxedShuffle(penalty=penalty, data_format=data_format, name=name)
-    return ChannelShuffle(groups, data_format=data_format, name=name)
+def conv(filters, kernel_size, name, strides=1, groups=1, padding="torch"):
+    """A bias-free convolution (1x1, or 3x3 padded as `_pad`)."""
+
+    def apply(x):
+        x, mode = _pad(x, strides, name, padding)
+        return GroupedConv2D(
+            filters,
+            kernel_size,
+            strides=strides,
+            padding=mode,
+            groups=groups,
+            use_bias=False,
+            name=name,
+        )(x)
+
+    return apply
+
+
+def dwconv(strides, name, padding="torch"):
+    """A bias-free 3x3 depthwise convolution padded as `_pad`."""
+
+    def apply(x):
+        x, mode = _pad(x, strides, name, padding)
+        return layers.DepthwiseConv2D(3, strides=strides, padding=mode, use_bias=False, name=name)(
+            x
+        )
+
+    return apply
+
+
+def pool(kind, name, padding="torch"):
+    """A 3x3 stride-2 max or average pool padded as `_pad`.
+
+    With "torch" the zeros stand in for PyTorch's padding: for the max-pool (after a
+    ReLU, inputs >= 0) they never win over a real pixel, and the average-pool divides by
+    9 at the border too, as PyTorch's AvgPool2d (count_include_pad=True, megvii's v1
+    shortcut). TF's 'same' average-pool divides by the pixels inside the image.
+    """
+    pooling = {"max": layers.MaxPooling2D, "avg": layers.AveragePooling2D}[kind]
+
+    def apply(x):
+        x, mode = _pad(x, 2, name, padding)
+        return pooling(3, strides=2, padding=mode, name=name)(x)
+
+    return apply
+
+
+SHUFFLE_INITIALIZERS = ("random", "manual")
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """The checked builder arguments that shape every unit."""
+
+    shuffle: str  # "manual" or "auto"
+    penalty: float
+    shuffle_initializer: str  # "random" or "manual": where a learned matrix starts
+    padding: str  # "torch" or "same"
+
+    def shuffle_layer(self, groups, name):
+        """ChannelShuffle(groups) for "manual"; a RelaxedShuffle for "auto", started at
+        that same shuffle when `shuffle_initializer` is "manual"."""
+        data_format = keras.config.image_data_format()
+        if self.shuffle == "auto":
+            start = groups if self.shuffle_initializer == "manual" else None
+            return RelaxedShuffle(
+                penalty=self.penalty, data_format=data_format, initial_groups=start, name=name
+            )
+        return ChannelShuffle(groups, data_format=data_format, name=name)
+
+    def conv(self, filters, kernel_size, name, strides=1, groups=1):
+        return conv(filters, kernel_size, name, strides, groups, self.padding)
+
+    def dwconv(self, strides, name):
+        return dwconv(strides, name, self.padding)
+
+    def pool(self, kind, name):
+        return pool(kind, name, self.padding)
 
 
 @functools.cache
@@ -138,9 +211,22 @@ def learned_shuffles_in_file(path):
 
 
 def check_common_args(
-    weights, shuffle, penalty, stem, include_top, pooling, classes, classifier_activation
+    weights,
+    shuffle,
+    penalty,
+    stem,
+    include_top,
+    pooling,
+    classes,
+    classifier_activation,
+    shuffle_initializer,
+    padding,
 ):
-    """Validates the arguments shared by both families, in a fixed order."""
+    """Validates the arguments shared by both families, in a fixed order.
+
+    Returns:
+        The `Options` the builder makes its units with.
+    """
     if weights is not None and not (
         isinstance(weights, (str, os.PathLike)) and os.path.isfile(weights)
     ):
@@ -159,7 +245,9 @@ def check_common_args(
             "permutations in its config, not in a weights file: save and load it whole as a "
             f".keras file (keras.saving.load_model). Received: weights={weights!r}"
         )
-    _validation.penalty(penalty)
+    penalty = _validation.penalty(penalty)
+    _validation.choice(shuffle_initializer, SHUFFLE_INITIALIZERS, "shuffle_initializer")
+    _validation.choice(padding, PADDINGS, "padding")
     _validation.choice(stem, STEMS, "stem")
     if not isinstance(include_top, bool):
         raise ValueError(
@@ -176,6 +264,7 @@ def check_common_args(
                 f"Received: classifier_activation={classifier_activation!r}"
             ) from error
     check_image_data_format()
+    return Options(shuffle, penalty, shuffle_initializer, padding)
 
 
 def resolve_input(input_tensor, input_shape, include_top, stem):
@@ -237,8 +326,16 @@ def resolve_input(input_tensor, input_shape, include_top, stem):
     return (sources[0] if len(sources) == 1 else sources), input_tensor, stem
 
 
-def finish(inputs, x, include_top, pooling, classes, classifier_activation, weights, name):
-    """Adds the classifier (or the optional pooling), makes the Model, loads `weights`."""
+def finish(
+    inputs, x, include_top, pooling, classes, classifier_activation, weights, name, manual_twin
+):
+    """Adds the classifier (or the optional pooling), makes the Model, loads `weights`.
+
+    `manual_twin`: for a learned-shuffle model, a function that builds the same net with
+    manual shuffles from `weights`. A weights file without learned shuffles (a manual
+    net's, e.g. converted from torchvision) is loaded through it and copied layer by
+    layer by name; Keras's `load_weights` cannot take it, the file has no matrices.
+    """
     if include_top:
         x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
         # N(0, 0.01) as megvii's ShuffleNet v1 / v2: the initial logits are near 0. With
@@ -255,7 +352,11 @@ def finish(inputs, x, include_top, pooling, classes, classifier_activation, weig
     elif pooling == "max":
         x = layers.GlobalMaxPooling2D(name="max_pool")(x)
     model = keras.Model(inputs, x, name=name)
-    if weights is not None:
+    if weights is not None and manual_twin is not None and not learned_shuffles_in_file(weights):
+        for layer in manual_twin().layers:
+            if layer.weights:
+                model.get_layer(layer.name).set_weights(layer.get_weights())
+    elif weights is not None:
         model.load_weights(weights)
     return model
 

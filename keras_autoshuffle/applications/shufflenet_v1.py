@@ -2,13 +2,15 @@
 
 Layer names, in order (S = stage 2..4, K = unit 1..repeats):
 
-    stem:  stem_conv, stem_bn, stem_relu, stem_pool (imagenet stem only)
+    stem:  stem_conv, stem_bn, stem_relu (cifar stem) or stem_conv_pad, stem_conv,
+           stem_bn, stem_relu, stem_pool_pad, stem_pool (imagenet stem)
     every unit:
         stageS_unitK_conv1 (1x1, grouped except in stage2_unit1), _bn1, _relu1,
-        stageS_unitK_shuffle (see below), _dwconv (3x3, stride 2 in unit 1), _dwbn,
-        stageS_unitK_conv2 (1x1 grouped), _bn2
-    down-sampling unit (K = 1): stageS_unit1_relu2 (branch), stageS_unit1_pool
-        (3x3 stride-2 average pool of the unit input), stageS_unit1_concat ([pool, branch])
+        stageS_unitK_shuffle (see below), _dwconv_pad (unit 1 only), _dwconv (3x3,
+        stride 2 in unit 1), _dwbn, stageS_unitK_conv2 (1x1 grouped), _bn2
+    down-sampling unit (K = 1): stageS_unit1_relu2 (branch), stageS_unit1_pool_pad,
+        stageS_unit1_pool (3x3 stride-2 average pool of the unit input),
+        stageS_unit1_concat ([pool, branch])
     basic unit (K > 1): stageS_unitK_add (input + branch), stageS_unitK_relu2
     head:  avg_pool, predictions (include_top) or avg_pool / max_pool (pooling);
            v1 has no head convolution.
@@ -23,15 +25,19 @@ permutation the two are the same network up to a permutation of the depthwise we
 "auto": a RelaxedShuffle in every unit, for groups == 1 too (there it learns a mixing /
 permutation between the 1x1 conv and the depthwise conv; hardened, it folds into conv1).
 
-Padding: Keras's 'same' for the 3x3 convolutions and pools (see shufflenet_v2.py: the
-same sizes, parameters and MACs as PyTorch's padding=1, a one-pixel grid shift on even
-sides, and no separate PAD op in TF / LiteRT). The average-pool shortcut averages over the
-valid pixels only at the border (TF's 'same'), where PyTorch divides by 9.
+Padding: as megvii's code (PyTorch's padding=1 on every 3x3 layer): 'same' at stride 1,
+an explicit one-pixel `<name>_pad` (ZeroPadding2D) and 'valid' before every stride-2
+layer (see `common._pad`). The average-pool shortcut divides by 9 at the border too, as
+PyTorch's AvgPool2d.
+`padding="same"` builds the net with Keras's 'same' everywhere instead (no `_pad` layers,
+no PAD ops in LiteRT; the average-pool then divides by the pixels inside the image).
 
 Initialisation: Keras's defaults, except the classifier (N(0, 0.01), as megvii) and the
 last BatchNormalization of each basic unit's branch (gamma 0: the unit starts as the
 identity, so training at the paper's learning rates does not diverge; see `_unit`).
 """
+
+import functools
 
 import keras
 from keras import layers
@@ -71,7 +77,11 @@ BASE_DOCSTRING = """Instantiates the {title} architecture.
         width: width multiplier, one of 0.25, 0.5, 1.0, 1.5, 2.0 (default {width}).
         groups: groups of the 1x1 convolutions, one of 1, 2, 3, 4, 8.
         include_top: whether to include the global pooling and the classifier.
-        weights: None (random initialization) or the path to a weights file.
+        weights: None (random initialization) or the path to a Keras weights file
+            (`.weights.h5`). A learned-shuffle net also takes the file of the same
+            net with manual shuffles (e.g. written by
+            `scripts/convert_torchvision_weights.py`); its shuffles then start as
+            `shuffle_initializer` says.
         input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
         input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
             Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
@@ -85,6 +95,15 @@ BASE_DOCSTRING = """Instantiates the {title} architecture.
         stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar"
             (3x3 stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial
             sides are at most 64).
+        shuffle_initializer: where learned shuffles start: "random" (the paper: |N(0, 1)|
+            made doubly stochastic) or "manual" (the manual shuffle's permutation, so
+            the net starts as the manual ShuffleNet: for fine-tuning pretrained weights,
+            e.g. from `load_torchvision_weights`). Ignored by manual shuffles.
+        padding: "torch" (default: PyTorch's padding=1 on every 3x3 layer, an explicit
+            one-pixel ZeroPadding2D before each stride-2 layer, so torchvision's weights
+            give torchvision's outputs) or "same" (Keras's 'same' everywhere: the stride-2
+            layers sample a grid one pixel off on even sides, no PAD ops in LiteRT,
+            5-10% faster there; for nets trained from scratch).
 
     Returns:
         A `keras.Model`.
@@ -114,7 +133,7 @@ def v1_channels(groups, width):
     return (nearest(STEM_WIDTH * width, groups), *stages)
 
 
-def _unit(inputs, filters, groups, stride, first_group, shuffle, penalty, prefix):
+def _unit(inputs, filters, groups, stride, first_group, options, prefix):
     """One unit: `inputs` -> `filters` channels; stride 2 concats an avg-pool shortcut."""
     bottleneck = filters // 4
     branch = filters - inputs if stride == 2 else filters
@@ -122,14 +141,14 @@ def _unit(inputs, filters, groups, stride, first_group, shuffle, penalty, prefix
 
     def apply(x):
         shortcut = x
-        x = common.conv(bottleneck, 1, f"{prefix}_conv1", groups=1 if first_group else groups)(x)
+        x = options.conv(bottleneck, 1, f"{prefix}_conv1", groups=1 if first_group else groups)(x)
         x = bn(f"{prefix}_bn1")(x)
         x = layers.ReLU(name=f"{prefix}_relu1")(x)
-        if shuffle == "auto" or groups > 1:
-            x = common.shuffle_layer(shuffle, groups, penalty, f"{prefix}_shuffle")(x)
-        x = common.dwconv(stride, f"{prefix}_dwconv")(x)
+        if options.shuffle == "auto" or groups > 1:
+            x = options.shuffle_layer(groups, f"{prefix}_shuffle")(x)
+        x = options.dwconv(stride, f"{prefix}_dwconv")(x)
         x = bn(f"{prefix}_dwbn")(x)
-        x = common.conv(branch, 1, f"{prefix}_conv2", groups=groups)(x)
+        x = options.conv(branch, 1, f"{prefix}_conv2", groups=groups)(x)
         # The residual branch starts at zero (Goyal et al., 2017): each unit starts as
         # the identity. With gamma 1 the sum grows unit by unit and training at lr 0.1
         # diverged in its first steps (digits: loss 2.3 -> 59 in 7 steps, 54% after 10
@@ -139,9 +158,7 @@ def _unit(inputs, filters, groups, stride, first_group, shuffle, penalty, prefix
             x = layers.Add(name=f"{prefix}_add")([shortcut, x])
             return layers.ReLU(name=f"{prefix}_relu2")(x)
         x = layers.ReLU(name=f"{prefix}_relu2")(x)
-        shortcut = layers.AveragePooling2D(3, strides=2, padding="same", name=f"{prefix}_pool")(
-            shortcut
-        )
+        shortcut = options.pool("avg", f"{prefix}_pool")(shortcut)
         return layers.Concatenate(axis=common.channel_axis(), name=f"{prefix}_concat")(
             [shortcut, x]
         )
@@ -163,35 +180,66 @@ def _shufflenet_v1(
     shuffle,
     penalty,
     stem,
+    shuffle_initializer,
+    padding,
     prefix,
 ):
-    common.check_common_args(
-        weights, shuffle, penalty, stem, include_top, pooling, classes, classifier_activation
+    options = common.check_common_args(
+        weights,
+        shuffle,
+        penalty,
+        stem,
+        include_top,
+        pooling,
+        classes,
+        classifier_activation,
+        shuffle_initializer,
+        padding,
     )
     _validation.choice(width, WIDTHS, "width")
     _validation.choice(groups, tuple(STAGE2_WIDTHS), "groups")
     channels = v1_channels(groups, width)
     inputs, x, stem = common.resolve_input(input_tensor, input_shape, include_top, stem)
+    image_shape = tuple(x.shape[1:])
 
-    x = common.conv(channels[0], 3, "stem_conv", strides=2 if stem == "imagenet" else 1)(x)
+    x = options.conv(channels[0], 3, "stem_conv", strides=2 if stem == "imagenet" else 1)(x)
     x = common.batch_norm("stem_bn")(x)
     x = layers.ReLU(name="stem_relu")(x)
     if stem == "imagenet":
-        x = layers.MaxPooling2D(3, strides=2, padding="same", name="stem_pool")(x)
+        x = options.pool("max", "stem_pool")(x)
     in_channels = channels[0]
     for stage, (filters, repeats) in enumerate(zip(channels[1:], REPEATS, strict=True), 2):
         for unit in range(1, repeats + 1):
             stride = 2 if unit == 1 else 1
             first_group = stage == 2 and unit == 1
             prefix_ = architecture.unit_prefix(stage, unit)
-            x = _unit(in_channels, filters, groups, stride, first_group, shuffle, penalty, prefix_)(
-                x
-            )
+            x = _unit(in_channels, filters, groups, stride, first_group, options, prefix_)(x)
             in_channels = filters
 
     name = name or f"{prefix}_g{groups}_{common.width_name(width)}"
+    manual_twin = None
+    if options.shuffle == "auto":
+        manual_twin = functools.partial(
+            _shufflenet_v1,
+            width,
+            groups,
+            include_top,
+            weights,
+            None,
+            image_shape,
+            pooling,
+            classes,
+            classifier_activation,
+            None,
+            "manual",
+            penalty,
+            stem,
+            "random",
+            padding,
+            prefix,
+        )
     return common.finish(
-        inputs, x, include_top, pooling, classes, classifier_activation, weights, name
+        inputs, x, include_top, pooling, classes, classifier_activation, weights, name, manual_twin
     )
 
 
@@ -209,6 +257,8 @@ def ShuffleNetV1(
     shuffle="manual",
     penalty=1e-3,
     stem="auto",
+    shuffle_initializer="random",
+    padding="torch",
 ) -> keras.Model:
     return _shufflenet_v1(
         width,
@@ -224,6 +274,8 @@ def ShuffleNetV1(
         shuffle,
         penalty,
         stem,
+        shuffle_initializer,
+        padding,
         prefix="shufflenet_v1" if shuffle == "manual" else "autoshufflenet_v1",
     )
 
@@ -242,6 +294,8 @@ def AutoShuffleNetV1(
     shuffle="auto",
     penalty=1e-3,
     stem="auto",
+    shuffle_initializer="random",
+    padding="torch",
 ) -> keras.Model:
     return _shufflenet_v1(
         width,
@@ -257,6 +311,8 @@ def AutoShuffleNetV1(
         shuffle,
         penalty,
         stem,
+        shuffle_initializer,
+        padding,
         prefix="autoshufflenet_v1" if shuffle == "auto" else "shufflenet_v1",
     )
 
