@@ -124,9 +124,9 @@ def describe(model):
     ShuffleNet but lacks layers the description expects (a renamed layer).
     """
     names = {layer.name for layer in getattr(model, "layers", [])}
-    if unit_layer(2, 1, V2_LEFT[0]) in names:
+    if unit_layer(2, 1, "left_dwconv") in names:
         family = "v2"
-    elif unit_layer(2, 1, V1_DOWN_JOIN[1]) in names:
+    elif unit_layer(2, 1, "pool") in names:
         family = "v1"
     else:
         return None
