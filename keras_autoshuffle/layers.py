@@ -106,6 +106,11 @@ class RelaxedShuffle(keras.layers.Layer):
                     f"{channels} channels. Received: input_shape={input_shape}"
                 )
             return
+        if self.initial_groups is not None and channels % self.initial_groups:
+            raise ValueError(
+                f"`initial_groups` must divide the {channels} input channels. "
+                f"Received: initial_groups={self.initial_groups}"
+            )
         # float32 even under mixed precision: the constraint and the penalty need it.
         self.matrix = self.add_weight(
             name="matrix",

@@ -455,3 +455,20 @@ def test_penalty_is_capped():
     with pytest.raises(ValueError, match=r"Received: penalty=1e\+300"):
         RelaxedShuffle(penalty=1e300)
     assert RelaxedShuffle(penalty=1e30).penalty == 1e30
+
+
+def test_relaxed_shuffle_can_start_at_the_manual_shuffle():
+    x = np.random.default_rng(0).normal(size=(2, 3, 3, 12)).astype("float32")
+    for groups in (1, 2, 3):
+        start = RelaxedShuffle(initial_groups=groups)
+        np.testing.assert_array_equal(
+            keras.ops.convert_to_numpy(start(x)),
+            keras.ops.convert_to_numpy(ChannelShuffle(groups)(x)),
+        )
+        assert start.l12_penalty() == 0.0  # a permutation: the penalty's zero
+        clone = RelaxedShuffle.from_config(start.get_config())
+        assert clone.initial_groups == groups
+    with pytest.raises(ValueError, match="initial_groups"):
+        RelaxedShuffle(initial_groups=0)
+    with pytest.raises(ValueError, match="initial_groups=5"):
+        RelaxedShuffle(initial_groups=5)(x)
