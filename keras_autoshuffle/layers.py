@@ -55,7 +55,7 @@ class RelaxedShuffle(keras.layers.Layer):
         initial_groups: None (default) starts M as the paper does, |N(0, 1)| made
             doubly stochastic; an integer g starts M at ShuffleNet's shuffle over g
             groups (`ChannelShuffle(g)`; 1: the identity), so a net built around a
-            manual shuffle, pretrained weights included, computes exactly the same
+            manual shuffle, pretrained weights included, computes the same function
             before its first step.
 
     Example:

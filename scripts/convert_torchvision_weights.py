@@ -21,7 +21,8 @@ import os
 import sys
 
 from keras_autoshuffle.applications import ShuffleNetV2, load_torchvision_weights
-from keras_autoshuffle.applications.shufflenet_v2 import V2_CONFIGS
+from keras_autoshuffle.applications.common import mark_padding
+from keras_autoshuffle.applications.torchvision_weights import torchvision_width
 
 
 def read_checkpoint(path):
@@ -43,20 +44,18 @@ def read_checkpoint(path):
 
 def model_for(state_dict, include_top=True):
     """The ShuffleNetV2 the state dict's shapes describe."""
-    head = state_dict.get("conv5.0.weight")
     fc = state_dict.get("fc.weight")
-    if head is None or fc is None or len(head.shape) != 4 or len(fc.shape) != 2:
+    if "conv5.0.weight" not in state_dict or (include_top and fc is None):
         sys.exit("The checkpoint is not a torchvision ShuffleNetV2 (no conv5.0 / fc weights).")
-    widths = {config[3]: width for width, config in V2_CONFIGS.items()}
-    stage4 = int(head.shape[1])
-    if stage4 not in widths:
-        sys.exit(f"No torchvision ShuffleNetV2 width has {stage4} stage-4 channels.")
+    width = torchvision_width(state_dict)
+    if width is None:
+        sys.exit("No torchvision ShuffleNetV2 width has this checkpoint's stage-4 channels.")
     return ShuffleNetV2(
-        widths[stage4],
+        width,
         include_top=include_top,
         stem="imagenet",
         input_shape=(224, 224, 3),
-        classes=int(fc.shape[0]),
+        classes=int(fc.shape[0]) if include_top else 1000,
         classifier_activation=None,
     )
 
@@ -81,6 +80,7 @@ def main(argv=None):
     except ValueError as error:
         sys.exit(str(error))
     model.save_weights(args.output)
+    mark_padding(args.output, "torch")  # so a padding="same" net refuses the file
     top = "no classifier" if args.no_top else f"{model.output_shape[-1]} classes"
     print(f"wrote {args.output}: {model.name}, {model.count_params():,} parameters, {top}")
 

@@ -10,6 +10,7 @@ and torchvision's logits for them. Remake it with (needs torch and torchvision):
         --output tests/fixtures/torchvision_shufflenet_v2_x0_5.npz
 """
 
+import importlib.util
 import json
 import os
 
@@ -26,6 +27,7 @@ from keras_autoshuffle.applications import (
     ShuffleNetV2,
     load_torchvision_weights,
 )
+from keras_autoshuffle.applications.common import mark_padding
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "torchvision_shufflenet_v2_x0_5.npz")
 
@@ -152,3 +154,31 @@ def test_stride_two_layers_pad_as_pytorch():
     assert {"stem_conv_pad", "stem_pool_pad", "stage3_unit1_dwconv_pad"} <= names
     assert model.get_layer("stage3_unit1_dwconv").padding == "valid"
     assert model.get_layer("stage3_unit2_dwconv").padding == "same"
+
+
+def test_converted_weights_fit_only_nets_with_the_torch_padding(tmp_path, reference):
+    _, state_dict, arrays = reference
+    path = str(tmp_path / "x0_5.weights.h5")
+    load_torchvision_weights(_v2(224), state_dict).save_weights(path)
+    mark_padding(path, "torch")  # as scripts/convert_torchvision_weights.py does
+    loaded = _v2(224, weights=path)
+    logits = loaded.predict(arrays["inputs_224"], verbose=0)
+    np.testing.assert_allclose(logits, arrays["logits_224"], rtol=0, atol=1e-4)
+    with pytest.raises(ValueError, match="padding='torch'.*Received: padding='same'"):
+        _v2(224, weights=path, padding="same")
+
+
+def test_conversion_script_reads_the_width_and_classes(reference):
+    path = os.path.join(
+        os.path.dirname(__file__), "..", "scripts", "convert_torchvision_weights.py"
+    )
+    spec = importlib.util.spec_from_file_location("convert_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    _, state_dict, _ = reference
+    model = script.model_for(state_dict)
+    assert (model.name, model.output_shape[-1]) == ("shufflenet_v2_x0_5", 10)
+    backbone = {k: v for k, v in state_dict.items() if not k.startswith("fc.")}
+    assert "predictions" not in [layer.name for layer in script.model_for(backbone, False).layers]
+    with pytest.raises(SystemExit, match="not a torchvision ShuffleNetV2"):
+        script.model_for(backbone)

@@ -210,6 +210,29 @@ def learned_shuffles_in_file(path):
     return sum(bool(pattern.fullmatch(name.rsplit("/", 1)[-1])) for name in names)
 
 
+PADDING_ATTRIBUTE = "keras_autoshuffle_padding"
+
+
+def mark_padding(path, padding):
+    """Records in a `.weights.h5` file the padding of the net it fits (see `_file_padding`)."""
+    import h5py
+
+    with h5py.File(path, "a") as handle:
+        handle.attrs[PADDING_ATTRIBUTE] = padding
+
+
+def _file_padding(path):
+    """The padding a weights file was marked with (`mark_padding`), or None."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as handle:
+            value = handle.attrs.get(PADDING_ATTRIBUTE)
+    except OSError:  # not HDF5 (e.g. a .keras archive): unmarked
+        return None
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def check_common_args(
     weights,
     shuffle,
@@ -248,6 +271,13 @@ def check_common_args(
     penalty = _validation.penalty(penalty)
     _validation.choice(shuffle_initializer, SHUFFLE_INITIALIZERS, "shuffle_initializer")
     _validation.choice(padding, PADDINGS, "padding")
+    marked = None if weights is None else _file_padding(weights)
+    if marked is not None and marked != padding:
+        raise ValueError(
+            f"The weights file {weights} fits nets built with padding={marked!r} (e.g. "
+            "weights converted from torchvision); with another padding the net would compute "
+            f"another function. Build it with padding={marked!r}. Received: padding={padding!r}"
+        )
     _validation.choice(stem, STEMS, "stem")
     if not isinstance(include_top, bool):
         raise ValueError(

@@ -72,11 +72,18 @@ def _to_keras(value, kind, parameter):
 
 def _as_array(key, value):
     """`value` (NumPy, or anything with `.numpy()`, e.g. a torch tensor) as float32."""
-    if hasattr(value, "detach"):
-        value = value.detach().cpu()
-    if hasattr(value, "numpy"):
-        value = value.numpy()
-    array = np.asarray(value)
+    try:
+        if hasattr(value, "detach"):  # a torch tensor: NumPy has no bfloat16
+            value = value.detach().cpu()
+            value = value.float() if value.is_floating_point() else value
+        if hasattr(value, "numpy"):
+            value = value.numpy()
+        array = np.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise ValueError(
+            f"`state_dict[{key!r}]` cannot be read as an array ({type(error).__name__}: "
+            f"{error}). Received: {type(value).__name__}"
+        ) from None
     if not (np.issubdtype(array.dtype, np.floating) or array.dtype.name == "bfloat16"):
         raise ValueError(
             f"`state_dict[{key!r}]` must hold floating-point numbers. Received: dtype={array.dtype}"
@@ -111,6 +118,14 @@ def _check_model(model):
         )
 
 
+def torchvision_width(state_dict):
+    """The width (0.5 .. 2.0) of a torchvision ShuffleNetV2 state dict, from its stage-4
+    channels; None when they match no width."""
+    shape = np.shape(_as_array("conv5.0.weight", state_dict["conv5.0.weight"]))
+    widths = {config[3]: width for width, config in V2_CONFIGS.items()}
+    return widths.get(shape[1]) if len(shape) == 4 else None
+
+
 def _check_width(model, state_dict):
     """Names both widths when the state dict is of another torchvision variant."""
     if "conv5.0.weight" not in state_dict:
@@ -118,9 +133,8 @@ def _check_width(model, state_dict):
     channels = np.shape(_as_array("conv5.0.weight", state_dict["conv5.0.weight"]))
     ours = model.get_layer("head_conv").get_weights()[0].shape
     if len(channels) == 4 and (channels[1], channels[0]) != (ours[2], ours[3]):
-        widths = {c[3]: w for w, c in V2_CONFIGS.items()}
-        theirs = widths.get(channels[1], "unknown")
-        mine = widths.get(ours[2], "unknown")
+        theirs = torchvision_width(state_dict) or "unknown"
+        mine = {c[3]: w for w, c in V2_CONFIGS.items()}.get(ours[2], "unknown")
         raise ValueError(
             f"The state dict is of torchvision's ShuffleNetV2 at width {theirs} (stage 4: "
             f"{channels[1]} channels), the model is width {mine} ({ours[2]} channels). "
@@ -135,8 +149,8 @@ def load_torchvision_weights(model, state_dict):
     Every weight of `model` is assigned exactly once, by name; nothing is assigned
     unless the whole state dict matches. A learned model's relaxed shuffles are not in
     torchvision's state dict: they keep their initial matrices (start them at the manual
-    shuffle with `shuffle_initializer="manual"`, and the relaxed net computes exactly
-    the pretrained manual one).
+    shuffle with `shuffle_initializer="manual"`, and the relaxed net computes the
+    pretrained manual one).
 
     Args:
         model: `ShuffleNetV2(width, stem="imagenet", ...)` or `AutoShuffleNetV2(...)`
@@ -165,7 +179,8 @@ def load_torchvision_weights(model, state_dict):
     given = [str(k) for k in state_dict.keys() if not str(k).endswith(".num_batches_tracked")]
     ignored = () if include_top else ("fc.weight", "fc.bias")
     missing = [k for k in expected if k not in state_dict]
-    extra = [k for k in given if k not in set(expected) and k not in ignored]
+    known = {*expected, *ignored}
+    extra = [k for k in given if k not in known]
     if missing or extra:
         raise ValueError(
             "The state dict does not match torchvision's ShuffleNetV2. Missing keys "
@@ -201,10 +216,15 @@ def load_torchvision_weights(model, state_dict):
             values.append(value)
         assignments.append((layer, values))
     assigned = {id(layer) for layer, _ in assignments}
+    # The ShuffleNet's own layers (an `input_tensor` may bring other layers along).
+    own = ("stem_", "stage", "head_", "predictions")
     unassigned = [
         layer.name
         for layer in model.layers
-        if layer.weights and id(layer) not in assigned and not isinstance(layer, RelaxedShuffle)
+        if layer.weights
+        and layer.name.startswith(own)
+        and id(layer) not in assigned
+        and not isinstance(layer, RelaxedShuffle)
     ]
     if unassigned:
         raise ValueError(

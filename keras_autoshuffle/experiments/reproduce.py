@@ -51,6 +51,8 @@ class Settings:
     harden_at_epoch: int = 5
     max_train_examples: int | None = None
     seed: int = 0
+    # Keras's 'same', the graph docs/example_report was made with (see study.py).
+    padding: str = "same"
 
     def __post_init__(self):
         check_settings(self)

@@ -25,6 +25,7 @@ def check_settings(settings):
     """The checks every experiment's settings need: lambda = 0 and the recommended lambda
     among those swept (the reports compare them), hardening before the last epoch."""
     _validation.positive_int(settings.epochs, "epochs")
+    _validation.choice(settings.padding, ("torch", "same"), "padding")
     if settings.penalty not in settings.lambdas or 0.0 not in settings.lambdas:
         raise ValueError(
             f"`lambdas` must include 0 and penalty={settings.penalty}. "
@@ -114,7 +115,7 @@ def _train(settings, splits, spec, output_dir):
     )
     width = settings.v1_width if spec.model == "v1" else settings.v2_width
     model_fn = training.make_model_fn(
-        spec.model, width, spec.shuffle, spec.penalty, train_data, "cifar"
+        spec.model, width, spec.shuffle, spec.penalty, train_data, "cifar", padding=settings.padding
     )
     snapshot = _Snapshot(output_dir)
     monitor = RoundingMonitor(test_data.eval_dataset(settings.batch_size))

@@ -36,6 +36,9 @@ class StudySettings:
     seeds: tuple = (0, 1, 2)
     harden_at_epoch: int = 8
     data_dir: str | None = None
+    # Keras's 'same': the graph the study's first runs were trained with, before the
+    # builders' default became PyTorch's padding. Trained from scratch, no weights to match.
+    padding: str = "same"
 
     def __post_init__(self):
         check_settings(self)
@@ -243,7 +246,8 @@ def render_report(results):
         f"{results['train_images']} training images, the full {results['test_images']}-image "
         f"test set; {s['epochs']} epochs, batch {s['batch_size']}, lr {s['learning_rate']} "
         f"(linear decay), v1 g=3 width {s['v1_width']}, v2 width {s['v2_width']}, lambda "
-        f"{s['penalty']:g}, seeds {list(s['seeds'])}. Accuracies in %, mean ± standard "
+        f"{s['penalty']:g}, seeds {list(s['seeds'])}, CIFAR stem, padding "
+        f"{s.get('padding', 'same')!r}. Accuracies in %, mean ± standard "
         "deviation over seeds (n = number of runs).",
         "",
         f"**{len(results['runs'])} of {results['runs_planned']} planned runs are finished**"

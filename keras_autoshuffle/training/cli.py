@@ -67,6 +67,13 @@ def add_arguments(parser, datasets, default_dataset):
     parser.add_argument("--groups", type=_positive_int, default=3, help="v1 group count")
     parser.add_argument("--shuffle", choices=("manual", "auto"), default="auto")
     parser.add_argument(
+        "--padding",
+        choices=("torch", "same"),
+        default="torch",
+        help="stride-2 padding: PyTorch's (torchvision-compatible) or Keras's 'same' (no PAD "
+        "ops in LiteRT)",
+    )
+    parser.add_argument(
         "--penalty",
         "--lambda",
         dest="penalty",
@@ -110,7 +117,7 @@ def add_arguments(parser, datasets, default_dataset):
     return parser
 
 
-def make_model_fn(model, width, shuffle, penalty, train_data, stem, groups=3):
+def make_model_fn(model, width, shuffle, penalty, train_data, stem, groups=3, padding="torch"):
     """A function building ShuffleNet `model` ("v1" or "v2") for `train_data`'s images."""
     from keras_autoshuffle import applications
 
@@ -123,6 +130,7 @@ def make_model_fn(model, width, shuffle, penalty, train_data, stem, groups=3):
             shuffle=shuffle,
             penalty=penalty,
             stem=stem,
+            padding=padding,
             **({} if model == "v2" else {"groups": groups}),
         )
 
@@ -152,7 +160,14 @@ def run_from_args(args, recipe_name, stem, manual_dir=None):
         train_data = train_data.subset(args.max_train_examples)
 
     model_fn = make_model_fn(
-        args.model, args.width, args.shuffle, recipe.penalty, train_data, stem, args.groups
+        args.model,
+        args.width,
+        args.shuffle,
+        recipe.penalty,
+        train_data,
+        stem,
+        args.groups,
+        args.padding,
     )
     # What defines the run (and must match to resume it); not where or how it is shown.
     skip = ("output", "verbose", "no_export", "overwrite", "strategy", "jit_compile")

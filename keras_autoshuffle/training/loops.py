@@ -5,6 +5,7 @@ MultiWorkerMirroredStrategy (`multi_worker.py`). Both harden through
 `hardening.harden_and_evaluate` and write the same report.
 """
 
+import collections
 import dataclasses
 import os
 import time
@@ -124,6 +125,10 @@ def train(
             "epochs": recipe.epochs,
             "model_name": model.name,
             "parameters": int(model.count_params()),
+            # The graph, coarsely: a builder change (e.g. its padding) is not resumed into.
+            "layer_types": dict(
+                sorted(collections.Counter(type(x).__name__ for x in model.layers).items())
+            ),
             "mixed_precision": distribution.mixed_precision_policy() if mixed_precision else False,
             "seed": seed,
             "harden_at_epoch": harden_at_epoch,
