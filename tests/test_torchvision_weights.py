@@ -121,7 +121,12 @@ def test_converter_errors_name_the_mismatch(reference):
 
 @pytest.mark.parametrize(
     "manual, auto, kwargs",
-    [(ShuffleNetV2, AutoShuffleNetV2, {}), (ShuffleNetV1, AutoShuffleNetV1, {"groups": 3})],
+    [
+        (ShuffleNetV2, AutoShuffleNetV2, {}),
+        (ShuffleNetV1, AutoShuffleNetV1, {"groups": 3}),
+        # g = 1: the manual net has no shuffle layers, the learned one starts at identities.
+        (ShuffleNetV1, AutoShuffleNetV1, {"groups": 1}),
+    ],
 )
 def test_learned_net_starts_from_a_manual_weights_file(tmp_path, manual, auto, kwargs):
     common = dict(width=0.5, input_shape=(64, 64, 3), classes=5, classifier_activation=None)
