@@ -356,6 +356,22 @@ def resolve_input(input_tensor, input_shape, include_top, stem):
     return (sources[0] if len(sources) == 1 else sources), input_tensor, stem
 
 
+def manual_twin(builder, arguments, options, image_shape):
+    """For a learned-shuffle net, a function building the same net with manual shuffles
+    (from `arguments`, the private builder's call) on `image_shape`; None otherwise."""
+    if options.shuffle != "auto":
+        return None
+    twin = {
+        **arguments,
+        "input_tensor": None,
+        "input_shape": image_shape,
+        "name": None,
+        "shuffle": "manual",
+        "shuffle_initializer": "random",
+    }
+    return functools.partial(builder, **twin)
+
+
 def finish(
     inputs, x, include_top, pooling, classes, classifier_activation, weights, name, manual_twin
 ):

@@ -37,8 +37,6 @@ last BatchNormalization of each basic unit's branch (gamma 0: the unit starts as
 identity, so training at the paper's learning rates does not diverge; see `_unit`).
 """
 
-import functools
-
 import keras
 from keras import layers
 
@@ -184,6 +182,7 @@ def _shufflenet_v1(
     padding,
     prefix,
 ):
+    arguments = dict(locals())  # the call, for `common.manual_twin`
     options = common.check_common_args(
         weights,
         shuffle,
@@ -217,27 +216,7 @@ def _shufflenet_v1(
             in_channels = filters
 
     name = name or f"{prefix}_g{groups}_{common.width_name(width)}"
-    manual_twin = None
-    if options.shuffle == "auto":
-        manual_twin = functools.partial(
-            _shufflenet_v1,
-            width=width,
-            groups=groups,
-            include_top=include_top,
-            weights=weights,
-            input_tensor=None,
-            input_shape=image_shape,
-            pooling=pooling,
-            classes=classes,
-            classifier_activation=classifier_activation,
-            name=None,
-            shuffle="manual",
-            penalty=penalty,
-            stem=stem,
-            shuffle_initializer="random",
-            padding=padding,
-            prefix=prefix,
-        )
+    manual_twin = common.manual_twin(_shufflenet_v1, arguments, options, image_shape)
     return common.finish(
         inputs, x, include_top, pooling, classes, classifier_activation, weights, name, manual_twin
     )

@@ -29,8 +29,6 @@ one-pixel `<name>_pad` (ZeroPadding2D) and 'valid' before every stride-2 layer
 no PAD ops in LiteRT; not torchvision's function on even sides).
 """
 
-import functools
-
 import keras
 from keras import layers
 
@@ -161,6 +159,7 @@ def _shufflenet_v2(
     padding,
     prefix,
 ):
+    arguments = dict(locals())  # the call, for `common.manual_twin`
     options = common.check_common_args(
         weights,
         shuffle,
@@ -192,26 +191,7 @@ def _shufflenet_v2(
     x = layers.ReLU(name="head_relu")(x)
 
     name = name or f"{prefix}_{common.width_name(width)}"
-    manual_twin = None
-    if options.shuffle == "auto":
-        manual_twin = functools.partial(
-            _shufflenet_v2,
-            width=width,
-            include_top=include_top,
-            weights=weights,
-            input_tensor=None,
-            input_shape=image_shape,
-            pooling=pooling,
-            classes=classes,
-            classifier_activation=classifier_activation,
-            name=None,
-            shuffle="manual",
-            penalty=penalty,
-            stem=stem,
-            shuffle_initializer="random",
-            padding=padding,
-            prefix=prefix,
-        )
+    manual_twin = common.manual_twin(_shufflenet_v2, arguments, options, image_shape)
     return common.finish(
         inputs, x, include_top, pooling, classes, classifier_activation, weights, name, manual_twin
     )
