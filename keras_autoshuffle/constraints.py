@@ -12,6 +12,17 @@ from keras_autoshuffle import _validation
 MAX_ITERATIONS = 1000
 
 
+def check_iterations(value, name="iterations"):
+    """`value` as an int in [1, MAX_ITERATIONS]; ValueError naming `name` otherwise."""
+    value = _validation.positive_int(value, name)
+    if value > MAX_ITERATIONS:
+        raise ValueError(
+            f"`{name}` must be at most {MAX_ITERATIONS} (Sinkhorn passes per step; "
+            f"more only cost time). Received: {name}={value!r}"
+        )
+    return value
+
+
 def _rescaled(w):
     """Divided by a power of two near its largest entry, non-finite entries set to 0.
 
@@ -93,13 +104,7 @@ class DoublyStochastic(keras.constraints.Constraint):
     """
 
     def __init__(self, iterations=1):
-        iterations = _validation.positive_int(iterations, "iterations")
-        if iterations > MAX_ITERATIONS:
-            raise ValueError(
-                f"`iterations` must be at most {MAX_ITERATIONS} (Sinkhorn passes per step; "
-                f"more only cost time). Received: iterations={iterations!r}"
-            )
-        self.iterations = iterations
+        self.iterations = check_iterations(iterations)
 
     def __call__(self, w):
         w = ops.convert_to_tensor(w)

@@ -10,24 +10,30 @@ from helpers import _write_fashion
 from keras_autoshuffle.experiments import study
 
 
-def test_specs_cover_the_comparison_the_sweep_and_early_hardening():
+def test_specs_cover_the_comparison_the_sweep_early_hardening_and_sinkhorn():
     settings = study.StudySettings(seeds=(0, 1), lambdas=(0.0, 1e-3, 5e-2), penalty=5e-2)
     names = [spec.name for spec in study.specs(settings)]
-    assert len(names) == len(set(names)) == 2 * 4 + 2 + 2
+    assert len(names) == len(set(names)) == 2 * 4 + 2 + 2 + 2
     assert "v1_auto_lambda0.05_seed1" in names and "v2_auto_lambda0_seed0" in names
     assert "v2_auto_lambda0.05_harden8_seed1" in names
+    sinkhorn = [spec for spec in study.specs(settings) if "sinkhorn" in spec.name]
+    assert [(s.name, s.sinkhorn_iterations, s.penalty) for s in sinkhorn] == [
+        ("v2_auto_lambda0.05_sinkhorn10_seed0", 10, 5e-2),
+        ("v2_auto_lambda0.05_sinkhorn10_seed1", 10, 5e-2),
+    ]
     with pytest.raises(ValueError, match="Received: lambdas"):
         study.StudySettings(lambdas=(0.0, 1e-3))
     with pytest.raises(ValueError, match="Received: seeds"):
         study.StudySettings(seeds=())
 
 
-def _row(model, shuffle, lam, seed, relaxed, rounded, harden=None):
+def _row(model, shuffle, lam, seed, relaxed, rounded, harden=None, passes=1):
     return {
         "model": model, "shuffle": shuffle, "lambda": lam, "seed": seed, "epochs": 10,
-        "harden_at_epoch": harden, "relaxed_accuracy": relaxed, "rounded_accuracy": rounded,
-        "final_accuracy": rounded, "penalty": 1.0, "routing_difference": 0.5, "seconds": 1.0,
-        "name": f"{model}_{shuffle}_{lam}_{seed}_{harden}",
+        "harden_at_epoch": harden, "sinkhorn_iterations": passes, "relaxed_accuracy": relaxed,
+        "rounded_accuracy": rounded, "final_accuracy": rounded, "penalty": 1.0,
+        "routing_difference": 0.5, "seconds": 1.0,
+        "name": f"{model}_{shuffle}_{lam}_{seed}_{harden}_{passes}",
     }  # fmt: skip
 
 
@@ -37,12 +43,20 @@ def test_summary_means_and_spreads_match_numpy():
     auto = [0.92, 0.90, 0.95]
     runs = [_row("v2", "manual", 0.0, s, m, m) for s, m in enumerate(manual)]
     runs += [_row("v2", "auto", 5e-2, s, a + 0.01, a) for s, a in enumerate(auto)]
-    summary = study.summarize(runs, settings)["comparison"]["v2"]
+    # Ten passes per step: kept out of the comparison, compared with one pass by seed.
+    passes = [0.93, 0.92, 0.94]
+    runs += [_row("v2", "auto", 5e-2, s, p, p, passes=10) for s, p in enumerate(passes)]
+    summaries = study.summarize(runs, settings)
+    summary = summaries["comparison"]["v2"]
     difference = np.subtract(auto, manual)
     assert summary["auto_minus_manual"]["mean"] == pytest.approx(difference.mean())
     assert summary["auto_minus_manual"]["std"] == pytest.approx(difference.std(ddof=1))
     assert summary["rounding_change"]["mean"] == pytest.approx(-0.01)
-    assert summary["manual"]["n"] == 3
+    assert summary["manual"]["n"] == summary["auto_rounded"]["n"] == 3
+    sinkhorn = summaries["sinkhorn"]
+    assert sinkhorn["minus_one_pass"]["mean"] == pytest.approx(np.subtract(passes, auto).mean())
+    assert sinkhorn["minus_one_pass"]["std"] == pytest.approx(np.subtract(passes, auto).std(ddof=1))
+    assert sinkhorn["rounding_change"]["mean"] == pytest.approx(0.0)
 
 
 @pytest.mark.slow
@@ -55,7 +69,7 @@ def test_tiny_study_runs_and_resumes(tmp_path):
     out = tmp_path / "study"
     results = study.study(settings, str(out))
     assert (results["train_images"], results["test_images"]) == (64, 32)
-    assert len(results["runs"]) == len(study.specs(settings)) == 6
+    assert len(results["runs"]) == len(study.specs(settings)) == 7
     for row in results["runs"]:
         assert set(row) >= {"model", "shuffle", "lambda", "seed", "epochs", "relaxed_accuracy",
                             "rounded_accuracy", "penalty", "seconds"}  # fmt: skip
@@ -70,5 +84,7 @@ def test_tiny_study_runs_and_resumes(tmp_path):
     # A report of the finished runs only, while others are still to run.
     (out / "runs" / "v1_manual_seed0" / "result.json").unlink()
     partial = study.study(settings, str(out), train=False)
-    assert len(partial["runs"]) == 5 and partial["runs_planned"] == 6
-    assert "5 of 6 planned runs are finished" in (out / "report.md").read_text()
+    assert len(partial["runs"]) == 6 and partial["runs_planned"] == 7
+    report = (out / "report.md").read_text()
+    assert "6 of 7 planned runs are finished" in report
+    assert "| 10 | " in report  # the ten-pass row of the Sinkhorn table

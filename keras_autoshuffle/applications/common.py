@@ -14,6 +14,7 @@ import numpy as np
 from keras import layers, ops
 
 from keras_autoshuffle import _validation
+from keras_autoshuffle.constraints import check_iterations
 from keras_autoshuffle.layers import ChannelShuffle, GroupedConv2D, RelaxedShuffle
 
 SHUFFLES = ("manual", "auto")
@@ -125,6 +126,7 @@ class Options:
     penalty: float
     shuffle_initializer: str  # "random" or "manual": where a learned matrix starts
     padding: str  # "torch" or "same"
+    sinkhorn_iterations: int = 1  # constraint passes per step of a learned shuffle
 
     def shuffle_layer(self, groups, name):
         """ChannelShuffle(groups) for "manual"; a RelaxedShuffle for "auto", started at
@@ -133,7 +135,11 @@ class Options:
         if self.shuffle == "auto":
             start = groups if self.shuffle_initializer == "manual" else None
             return RelaxedShuffle(
-                penalty=self.penalty, data_format=data_format, initial_groups=start, name=name
+                penalty=self.penalty,
+                iterations=self.sinkhorn_iterations,
+                data_format=data_format,
+                initial_groups=start,
+                name=name,
             )
         return ChannelShuffle(groups, data_format=data_format, name=name)
 
@@ -244,6 +250,7 @@ def check_common_args(
     classifier_activation,
     shuffle_initializer,
     padding,
+    sinkhorn_iterations=1,
 ):
     """Validates the arguments shared by both families, in a fixed order.
 
@@ -271,6 +278,7 @@ def check_common_args(
     penalty = _validation.penalty(penalty)
     _validation.choice(shuffle_initializer, SHUFFLE_INITIALIZERS, "shuffle_initializer")
     _validation.choice(padding, PADDINGS, "padding")
+    sinkhorn_iterations = check_iterations(sinkhorn_iterations, "sinkhorn_iterations")
     marked = None if weights is None else _file_padding(weights)
     if marked is not None and marked != padding:
         raise ValueError(
@@ -294,7 +302,7 @@ def check_common_args(
                 f"Received: classifier_activation={classifier_activation!r}"
             ) from error
     check_image_data_format()
-    return Options(shuffle, penalty, shuffle_initializer, padding)
+    return Options(shuffle, penalty, shuffle_initializer, padding, sinkhorn_iterations)
 
 
 def resolve_input(input_tensor, input_shape, include_top, stem):

@@ -102,6 +102,10 @@ BASE_DOCSTRING = """Instantiates the {title} architecture.
             give torchvision's outputs) or "same" (Keras's 'same' everywhere: the stride-2
             layers sample a grid one pixel off on even sides, no PAD ops in LiteRT,
             5-10% faster there; for nets trained from scratch).
+        sinkhorn_iterations: clip/column/row passes of each learned shuffle's constraint
+            per SGD step, an integer in [1, 1000]. 1 is the paper's Algorithm 1; 10 ends
+            on exact permutations where one pass stalls on non-permutation fixed points
+            (docs/training.md). Ignored by manual shuffles.
 
     Returns:
         A `keras.Model`.
@@ -181,6 +185,7 @@ def _shufflenet_v1(
     shuffle_initializer,
     padding,
     prefix,
+    sinkhorn_iterations=1,
 ):
     arguments = dict(locals())  # the call, for `common.manual_twin`
     options = common.check_common_args(
@@ -194,6 +199,7 @@ def _shufflenet_v1(
         classifier_activation,
         shuffle_initializer,
         padding,
+        sinkhorn_iterations,
     )
     _validation.choice(width, WIDTHS, "width")
     _validation.choice(groups, tuple(STAGE2_WIDTHS), "groups")
@@ -238,6 +244,7 @@ def ShuffleNetV1(
     stem="auto",
     shuffle_initializer="random",
     padding="torch",
+    sinkhorn_iterations=1,
 ) -> keras.Model:
     return _shufflenet_v1(
         width,
@@ -256,6 +263,7 @@ def ShuffleNetV1(
         shuffle_initializer,
         padding,
         prefix="shufflenet_v1" if shuffle == "manual" else "autoshufflenet_v1",
+        sinkhorn_iterations=sinkhorn_iterations,
     )
 
 
@@ -275,6 +283,7 @@ def AutoShuffleNetV1(
     stem="auto",
     shuffle_initializer="random",
     padding="torch",
+    sinkhorn_iterations=1,
 ) -> keras.Model:
     return _shufflenet_v1(
         width,
@@ -293,6 +302,7 @@ def AutoShuffleNetV1(
         shuffle_initializer,
         padding,
         prefix="autoshufflenet_v1" if shuffle == "auto" else "shufflenet_v1",
+        sinkhorn_iterations=sinkhorn_iterations,
     )
 
 

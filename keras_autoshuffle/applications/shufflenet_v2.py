@@ -83,6 +83,10 @@ BASE_DOCSTRING = """Instantiates the {title} architecture.
             give torchvision's outputs) or "same" (Keras's 'same' everywhere: the stride-2
             layers sample a grid one pixel off on even sides, no PAD ops in LiteRT,
             5-10% faster there; for nets trained from scratch).
+        sinkhorn_iterations: clip/column/row passes of each learned shuffle's constraint
+            per SGD step, an integer in [1, 1000]. 1 is the paper's Algorithm 1; 10 ends
+            on exact permutations where one pass stalls on non-permutation fixed points
+            (docs/training.md). Ignored by manual shuffles.
 
     Returns:
         A `keras.Model`.
@@ -158,6 +162,7 @@ def _shufflenet_v2(
     shuffle_initializer,
     padding,
     prefix,
+    sinkhorn_iterations=1,
 ):
     arguments = dict(locals())  # the call, for `common.manual_twin`
     options = common.check_common_args(
@@ -171,6 +176,7 @@ def _shufflenet_v2(
         classifier_activation,
         shuffle_initializer,
         padding,
+        sinkhorn_iterations,
     )
     _validation.choice(width, tuple(V2_CONFIGS), "width")
     inputs, x, stem = common.resolve_input(input_tensor, input_shape, include_top, stem)
@@ -212,6 +218,7 @@ def ShuffleNetV2(
     stem="auto",
     shuffle_initializer="random",
     padding="torch",
+    sinkhorn_iterations=1,
 ) -> keras.Model:
     return _shufflenet_v2(
         width,
@@ -229,6 +236,7 @@ def ShuffleNetV2(
         shuffle_initializer,
         padding,
         prefix="shufflenet_v2" if shuffle == "manual" else "autoshufflenet_v2",
+        sinkhorn_iterations=sinkhorn_iterations,
     )
 
 
@@ -247,6 +255,7 @@ def AutoShuffleNetV2(
     stem="auto",
     shuffle_initializer="random",
     padding="torch",
+    sinkhorn_iterations=1,
 ) -> keras.Model:
     return _shufflenet_v2(
         width,
@@ -264,6 +273,7 @@ def AutoShuffleNetV2(
         shuffle_initializer,
         padding,
         prefix="autoshufflenet_v2" if shuffle == "auto" else "shufflenet_v2",
+        sinkhorn_iterations=sinkhorn_iterations,
     )
 
 

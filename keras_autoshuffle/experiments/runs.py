@@ -48,6 +48,7 @@ class RunSpec:
     penalty: float
     seed: int = 0
     harden_at_epoch: int | None = None
+    sinkhorn_iterations: int = 1  # constraint passes per step of the learned shuffles
 
 
 class _Snapshot(keras.callbacks.Callback):
@@ -115,7 +116,14 @@ def _train(settings, splits, spec, output_dir):
     )
     width = settings.v1_width if spec.model == "v1" else settings.v2_width
     model_fn = training.make_model_fn(
-        spec.model, width, spec.shuffle, spec.penalty, train_data, "cifar", padding=settings.padding
+        spec.model,
+        width,
+        spec.shuffle,
+        spec.penalty,
+        train_data,
+        "cifar",
+        padding=settings.padding,
+        sinkhorn_iterations=spec.sinkhorn_iterations,
     )
     snapshot = _Snapshot(output_dir)
     monitor = RoundingMonitor(test_data.eval_dataset(settings.batch_size))
@@ -127,6 +135,7 @@ def _train(settings, splits, spec, output_dir):
         output_dir,
         seed=spec.seed,
         export=False,
+        settings={"sinkhorn_iterations": spec.sinkhorn_iterations},
         callbacks=[monitor, snapshot] if spec.shuffle == "auto" else [snapshot],
         harden_at_epoch=spec.harden_at_epoch,
         verbose=0,
@@ -151,6 +160,7 @@ def _row_from_files(settings, test_data, spec, output_dir):
         "seed": spec.seed,
         "epochs": settings.epochs,
         "harden_at_epoch": spec.harden_at_epoch,
+        "sinkhorn_iterations": spec.sinkhorn_iterations,
         "relaxed_accuracy": report.get("relaxed_accuracy"),
         "rounded_accuracy": report.get("rounded_accuracy"),
         "relative_change": report.get("relative_change"),

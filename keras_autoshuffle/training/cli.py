@@ -42,6 +42,15 @@ def _positive_int(text):
     return value
 
 
+def _sinkhorn_iterations(text):
+    from keras_autoshuffle.constraints import check_iterations
+
+    try:
+        return check_iterations(_positive_int(text), "sinkhorn_iterations")
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
 def _non_negative_float(text):
     try:
         value = float(text)
@@ -72,6 +81,13 @@ def add_arguments(parser, datasets, default_dataset):
         default="torch",
         help="stride-2 padding: PyTorch's (torchvision-compatible) or Keras's 'same' (no PAD "
         "ops in LiteRT)",
+    )
+    parser.add_argument(
+        "--sinkhorn-iterations",
+        type=_sinkhorn_iterations,
+        default=1,
+        help="constraint passes per step of each learned shuffle (1: the paper's Algorithm 1; "
+        "10 ends on exact permutations where one pass stalls, see docs/training.md)",
     )
     parser.add_argument(
         "--penalty",
@@ -117,7 +133,17 @@ def add_arguments(parser, datasets, default_dataset):
     return parser
 
 
-def make_model_fn(model, width, shuffle, penalty, train_data, stem, groups=3, padding="torch"):
+def make_model_fn(
+    model,
+    width,
+    shuffle,
+    penalty,
+    train_data,
+    stem,
+    groups=3,
+    padding="torch",
+    sinkhorn_iterations=1,
+):
     """A function building ShuffleNet `model` ("v1" or "v2") for `train_data`'s images."""
     from keras_autoshuffle import applications
 
@@ -131,6 +157,7 @@ def make_model_fn(model, width, shuffle, penalty, train_data, stem, groups=3, pa
             penalty=penalty,
             stem=stem,
             padding=padding,
+            sinkhorn_iterations=sinkhorn_iterations,
             **({} if model == "v2" else {"groups": groups}),
         )
 
@@ -168,6 +195,7 @@ def run_from_args(args, recipe_name, stem, manual_dir=None):
         stem,
         args.groups,
         args.padding,
+        args.sinkhorn_iterations,
     )
     # What defines the run (and must match to resume it); not where or how it is shown.
     skip = ("output", "verbose", "no_export", "overwrite", "strategy", "jit_compile")
