@@ -94,8 +94,22 @@ def test_a_truncated_weights_backup_is_named(tmp_path):
         (ft.METADATA_FILE, '{"epoch": -2}', "backup metadata file"),
         (ft.SETTINGS_FILE, "[1, 2", "run settings file"),
         (ft.HARDENING_FILE, "{", "hardening record file"),
+        (ft.ELAPSED_FILE, '{"seconds": 1', "elapsed time file"),
+        (ft.ELAPSED_FILE, '{"seconds": NaN}', "elapsed time file"),
+        (ft.ELAPSED_FILE, '{"seconds": -5}', "elapsed time file"),
+        (ft.ELAPSED_FILE, "[3]", "elapsed time file"),
     ],
-    ids=["truncated_metadata", "metadata_without_epoch", "negative_epoch", "settings", "hardening"],
+    ids=[
+        "truncated_metadata",
+        "metadata_without_epoch",
+        "negative_epoch",
+        "settings",
+        "hardening",
+        "truncated_elapsed",
+        "nan_elapsed",
+        "negative_elapsed",
+        "elapsed_not_a_dict",
+    ],
 )
 def test_a_broken_backup_file_is_named(tmp_path, name, content, message):
     out = tmp_path / "run"

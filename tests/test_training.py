@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 
 import keras
 import numpy as np
@@ -269,12 +270,18 @@ def test_two_process_multi_worker_run_holds_identical_weights(tmp_path):
 def test_killed_run_resumes_and_ends_with_the_same_weights(tmp_path):
     code, output = _run_child(tmp_path, tmp_path / "whole", epochs=4)
     assert code == 0, output[-3000:]
+    started = time.time()
     code, output = _run_child(tmp_path, tmp_path / "killed", epochs=4, kill_at=2)
+    killed_after = time.time() - started
     assert code == -signal.SIGKILL, output[-3000:]
     assert (tmp_path / "killed" / "backup").exists()
     assert _epochs_logged(tmp_path / "killed" / "history.csv") == [0, 1]
     code, output = _run_child(tmp_path, tmp_path / "killed", epochs=4)
     assert code == 0, output[-3000:]
+    # The reported time counts the killed invocation's training too (kept in the backup).
+    report = json.loads((tmp_path / "killed" / "report.json").read_text())
+    before = report["time"] - report["time_this_invocation"]
+    assert 0 < before < killed_after
     # Resumed at epoch 2: the log holds each epoch once.
     assert _epochs_logged(tmp_path / "killed" / "history.csv") == [0, 1, 2, 3]
     whole = _weights_and_permutations(str(tmp_path / "whole" / "model.keras"))

@@ -14,12 +14,14 @@ on Keras's public callback API:
 
 import json
 import os
+import time
 
 import keras
 
 from keras_autoshuffle.hardening.harden import drop_removed_variables
 
 BACKUP = "backup"
+ELAPSED_FILE = "elapsed.json"
 HARDENING_FILE = "hardening.json"
 SETTINGS_FILE = "settings.json"
 # Keras's BackupAndRestore files (its documented backup_dir layout).
@@ -122,6 +124,7 @@ def prepare_run_directory(output_dir, settings, overwrite=False):
         _check_weights_file(backup_dir)
         if os.path.exists(os.path.join(backup_dir, HARDENING_FILE)):
             read_json(os.path.join(backup_dir, HARDENING_FILE), "hardening record")
+        elapsed_before(output_dir)
         write_json(settings_path, settings)
         # A backup from before settings were recorded resumes too (its logs are appended).
         return saved is not None or epochs > 0
@@ -156,6 +159,43 @@ def _remove_run_files(output_dir):
             shutil.rmtree(path)
         elif os.path.exists(path):
             os.remove(path)
+
+
+def elapsed_before(output_dir):
+    """Seconds a killed run trained before this invocation (0 without a backup of it)."""
+    path = os.path.join(output_dir, BACKUP, ELAPSED_FILE)
+    if not os.path.exists(path):
+        return 0.0
+    saved = read_json(path, "elapsed time")
+    seconds = saved.get("seconds") if isinstance(saved, dict) else None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+        seconds = None
+    if seconds is None or not 0 <= seconds < float("inf"):
+        raise RunDirectoryError(
+            f"The elapsed time file {path} is damaged: 'seconds' must be a finite number >= 0. "
+            f"Delete it (the run's reported time then starts from this invocation) and run "
+            f"again. Received: {saved!r}"
+        )
+    return float(seconds)
+
+
+class ElapsedTime(keras.callbacks.Callback):
+    """Keeps the run's training time so far in the backup after every epoch, so that a
+    killed and resumed run reports the time of all its invocations, not the last one's.
+
+    Args:
+        backup_dir: the BackupAndRestore directory.
+        start: `time.time()` when this invocation began.
+        before: seconds of the invocations before it (`elapsed_before`).
+    """
+
+    def __init__(self, backup_dir, start, before):
+        super().__init__()
+        self.path = os.path.join(backup_dir, ELAPSED_FILE)
+        self.start, self.before = start, before
+
+    def on_epoch_end(self, epoch, logs=None):
+        write_json(self.path, {"seconds": self.before + time.time() - self.start})
 
 
 class HardeningRecord(keras.callbacks.Callback):

@@ -18,7 +18,9 @@ from keras_autoshuffle.data import EpochCounter
 from keras_autoshuffle.training import distribution
 from keras_autoshuffle.training.fault_tolerance import (
     BACKUP,
+    ElapsedTime,
     HardeningRecord,
+    elapsed_before,
     prepare_run_directory,
     write_json,
 )
@@ -137,6 +139,7 @@ def train(
             "test_examples": test_data.num_examples,
         }
         resumed = prepare_run_directory(own_dir, run_settings, overwrite=overwrite)
+        elapsed = ElapsedTime(os.path.join(own_dir, BACKUP), start, elapsed_before(own_dir))
         history_path = os.path.join(own_dir, "history.csv")
         if multi_worker:
             report = custom_loop(
@@ -146,7 +149,9 @@ def train(
                 train_data,
                 test_data,
                 recipe,
-                _callbacks(own_dir, history_path, resumed, chief, list(callbacks or [])),
+                _callbacks(
+                    own_dir, history_path, resumed, chief, list(callbacks or []), elapsed=elapsed
+                ),
                 jit_compile=jit_compile,
                 verbose=verbose if chief else 0,
                 balanced=balanced,
@@ -168,6 +173,7 @@ def train(
                 extra=list(callbacks or []),
                 balanced=balanced,
                 harden_at_epoch=harden_at_epoch,
+                elapsed=elapsed,
             )
     finally:
         keras.config.set_dtype_policy(previous_policy)
@@ -201,7 +207,9 @@ def train(
         "replicas": strategy.num_replicas_in_sync,
         "jit_compile": jit_compile,
     }
-    report["time"] = time.time() - start
+    # Every invocation's training time: a resumed run's backup kept the earlier ones'.
+    report["time_this_invocation"] = time.time() - start
+    report["time"] = elapsed.before + report["time_this_invocation"]
     write_json(report["files"]["report"], report)
     return report
 
@@ -227,9 +235,9 @@ def _export(model, output_dir, sample):
     return results
 
 
-def _callbacks(output_dir, history_path, resumed, chief, extra, hardening=None):
+def _callbacks(output_dir, history_path, resumed, chief, extra, hardening=None, elapsed=None):
     """The run's callbacks in order: logging (ShufflePenaltyLogger before the loggers),
-    hardening and its record, the backup, then the user's. So the backup of the
+    hardening and its record, the elapsed time, the backup, then the user's. So the backup of the
     hardening epoch holds the hardened weights, the end-of-training hardening runs
     before the backup is deleted, and a user's callback sees each epoch backed up."""
     backup_dir = os.path.join(output_dir, BACKUP)
@@ -247,6 +255,7 @@ def _callbacks(output_dir, history_path, resumed, chief, extra, hardening=None):
         keras.callbacks.CSVLogger(history_path, append=resumed),
         hardening,
         None if hardening is None else HardeningRecord(backup_dir, hardening),
+        elapsed,
         keras.callbacks.BackupAndRestore(backup_dir),
         *extra,
     ]
@@ -268,6 +277,7 @@ def _fit(
     extra=(),
     harden_at_epoch=None,
     balanced=False,
+    elapsed=None,
 ):
     with strategy.scope():
         model.compile(
@@ -291,7 +301,7 @@ def _fit(
         validation_data=test,
         callbacks=[
             counter.callback(),
-            *_callbacks(output_dir, history_path, resumed, True, extra, hardening),
+            *_callbacks(output_dir, history_path, resumed, True, extra, hardening, elapsed),
         ],
         shuffle=False,  # the order is the dataset's, a function of (seed, epoch)
         verbose=verbose,
