@@ -126,7 +126,7 @@ class Options:
     penalty: float
     shuffle_initializer: str  # "random" or "manual": where a learned matrix starts
     padding: str  # "torch" or "same"
-    sinkhorn_iterations: int = 1  # constraint passes per step of a learned shuffle
+    sinkhorn_iterations: int  # constraint passes per step of a learned shuffle
 
     def shuffle_layer(self, groups, name):
         """ChannelShuffle(groups) for "manual"; a RelaxedShuffle for "auto", started at
@@ -250,7 +250,7 @@ def check_common_args(
     classifier_activation,
     shuffle_initializer,
     padding,
-    sinkhorn_iterations=1,
+    sinkhorn_iterations,
 ):
     """Validates the arguments shared by both families, in a fixed order.
 

@@ -103,8 +103,9 @@ BASE_DOCSTRING = """Instantiates the {title} architecture.
             layers sample a grid one pixel off on even sides, no PAD ops in LiteRT,
             5-10% faster there; for nets trained from scratch).
         sinkhorn_iterations: clip/column/row passes of each learned shuffle's constraint
-            per SGD step, an integer in [1, 1000]. 1 is the paper's Algorithm 1; 10 ends
-            on exact permutations where one pass stalls on non-permutation fixed points
+            per SGD step, an integer in [1, 1000] (default 10). 1 is the paper's
+            Algorithm 1, which stalls on fixed points that are not permutations, so
+            rounding then changes the net; with 10 the matrices end on permutations
             (docs/training.md). Ignored by manual shuffles.
 
     Returns:
@@ -185,7 +186,7 @@ def _shufflenet_v1(
     shuffle_initializer,
     padding,
     prefix,
-    sinkhorn_iterations=1,
+    sinkhorn_iterations,
 ):
     arguments = dict(locals())  # the call, for `common.manual_twin`
     options = common.check_common_args(
@@ -244,7 +245,7 @@ def ShuffleNetV1(
     stem="auto",
     shuffle_initializer="random",
     padding="torch",
-    sinkhorn_iterations=1,
+    sinkhorn_iterations=10,
 ) -> keras.Model:
     return _shufflenet_v1(
         width,
@@ -283,7 +284,7 @@ def AutoShuffleNetV1(
     stem="auto",
     shuffle_initializer="random",
     padding="torch",
-    sinkhorn_iterations=1,
+    sinkhorn_iterations=10,
 ) -> keras.Model:
     return _shufflenet_v1(
         width,

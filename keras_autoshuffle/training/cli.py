@@ -85,9 +85,9 @@ def add_arguments(parser, datasets, default_dataset):
     parser.add_argument(
         "--sinkhorn-iterations",
         type=_sinkhorn_iterations,
-        default=1,
-        help="constraint passes per step of each learned shuffle (1: the paper's Algorithm 1; "
-        "10 ends on exact permutations where one pass stalls, see docs/training.md)",
+        default=10,
+        help="constraint passes per step of each learned shuffle (1: the paper's Algorithm 1, "
+        "which stalls short of permutations; 10 ends on them, see docs/training.md)",
     )
     parser.add_argument(
         "--penalty",
@@ -142,7 +142,7 @@ def make_model_fn(
     stem,
     groups=3,
     padding="torch",
-    sinkhorn_iterations=1,
+    sinkhorn_iterations=10,
 ):
     """A function building ShuffleNet `model` ("v1" or "v2") for `train_data`'s images."""
     from keras_autoshuffle import applications
