@@ -57,6 +57,7 @@ def test_summary_means_and_spreads_match_numpy():
     assert sinkhorn["minus_one_pass"]["mean"] == pytest.approx(np.subtract(passes, auto).mean())
     assert sinkhorn["minus_one_pass"]["std"] == pytest.approx(np.subtract(passes, auto).std(ddof=1))
     assert sinkhorn["rounding_change"]["mean"] == pytest.approx(0.0)
+    assert sinkhorn["minus_manual"]["mean"] == pytest.approx(np.subtract(passes, manual).mean())
 
 
 @pytest.mark.slow
