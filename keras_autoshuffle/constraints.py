@@ -84,8 +84,11 @@ class DoublyStochastic(keras.constraints.Constraint):
     One iteration is Algorithm 1, steps 4-6: clip at 0, divide each column by its
     sum, then each row by its sum; exactly so unless the clip would empty a whole row
     or column, which is refilled instead of staying 0 for good (`_revive_dead_lines`).
-    More iterations are Sinkhorn (RAS) scaling; the paper found one per SGD step
-    enough. The optimizer applies the constraint after each update of the variable.
+    More iterations are Sinkhorn (RAS) scaling. The paper found one per SGD step
+    enough for validation accuracy; in this package's measurements (docs/training.md)
+    one pass stalled on fixed points that are not permutations, so rounding changed the
+    net, and ten ended on permutations: the ShuffleNet builders default to ten. The
+    optimizer applies the constraint after each update of the variable.
 
     The matrix is first divided by a power of two near its largest entry (exact, and
     normalising is scale invariant), so huge and tiny matrices normalise like

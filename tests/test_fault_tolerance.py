@@ -161,6 +161,15 @@ def test_a_broken_hardening_record_is_named_on_resume(tmp_path):
         record.on_train_begin()
 
 
+def test_a_backup_from_before_sinkhorn_iterations_were_recorded(tmp_path):
+    # Those runs had one pass per step: they resume with 1 and are refused otherwise.
+    _killed_run(tmp_path / "run")
+    assert prepare_run_directory(str(tmp_path / "run"), {**SETTINGS, "sinkhorn_iterations": 1})
+    _killed_run(tmp_path / "other")
+    with pytest.raises(RunDirectoryError, match=r"sinkhorn_iterations=10 \(backup: 1\)"):
+        prepare_run_directory(str(tmp_path / "other"), {**SETTINGS, "sinkhorn_iterations": 10})
+
+
 def test_a_backup_without_recorded_settings_still_resumes(tmp_path):
     # Backups written before settings were recorded: resume (append the logs), record them.
     backup = _killed_run(tmp_path / "run")

@@ -35,6 +35,7 @@ def test_train_cifar10_script_on_digits_writes_everything(tmp_path):
         "--dataset", "digits", "--model", "v2", "--width", "0.5", "--shuffle", "auto",
         "--epochs", "2", "--batch-size", "32", "--max-train-examples", "96",
         "--harden-at-epoch", "1", "--balanced", "--output", str(out), "--verbose", "0",
+        "--sinkhorn-iterations", "3",
     )  # fmt: skip
     assert code == 0, output[-3000:]
     for name in ("model.keras", "saved_model", "model.tflite", "report.json", "history.csv"):
@@ -77,6 +78,9 @@ def test_train_cifar10_script_on_digits_writes_everything(tmp_path):
     model = keras.saving.load_model(out / "model.keras", safe_mode=True)
     shuffles = [layer for layer in model.layers if isinstance(layer, RelaxedShuffle)]
     assert len(shuffles) == 16 and all(layer.is_hardened for layer in shuffles)
+    # --sinkhorn-iterations reached every learned shuffle, and the run's settings.
+    assert {layer.iterations for layer in shuffles} == {3}
+    assert report["settings"]["sinkhorn_iterations"] == 3
     # The saved model's test accuracy is the report's final accuracy (hardened after
     # epoch 1, then trained on).
     _, test = data.digits()
@@ -103,6 +107,10 @@ def test_train_cifar10_rejects_bad_arguments(tmp_path):
         "train_cifar10.py", "--max-train-examples", "-5", "--output", str(tmp_path), timeout=120
     )
     assert code != 0 and "--max-train-examples: must be a positive integer, got '-5'" in output
+    code, output = _script(
+        "train_cifar10.py", "--sinkhorn-iterations", "1001", "--output", str(tmp_path), timeout=120
+    )
+    assert code != 0 and "Received: sinkhorn_iterations=1001" in output
 
 
 @pytest.mark.slow

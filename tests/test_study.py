@@ -25,6 +25,14 @@ def test_specs_cover_the_comparison_the_sweep_early_hardening_and_sinkhorn():
         study.StudySettings(lambdas=(0.0, 1e-3))
     with pytest.raises(ValueError, match="Received: seeds"):
         study.StudySettings(seeds=())
+    for passes in (1, 0, "10"):  # 1 would repeat the comparison's one-pass runs
+        with pytest.raises(ValueError, match=f"Received: sinkhorn_iterations={passes!r}"):
+            study.StudySettings(sinkhorn_iterations=passes)
+    # Rows written before the ten-pass runs existed ran one pass.
+    old = {
+        k: v for k, v in _row("v2", "auto", 5e-2, 0, 0.9, 0.9).items() if k != "sinkhorn_iterations"
+    }
+    assert study._public(old)["sinkhorn_iterations"] == 1
 
 
 def _row(model, shuffle, lam, seed, relaxed, rounded, harden=None, passes=1):
@@ -88,4 +96,5 @@ def test_tiny_study_runs_and_resumes(tmp_path):
     assert len(partial["runs"]) == 6 and partial["runs_planned"] == 7
     report = (out / "report.md").read_text()
     assert "6 of 7 planned runs are finished" in report
-    assert "| 10 | " in report  # the ten-pass row of the Sinkhorn table
+    assert partial["summary"]["sinkhorn"]["rounded"]["n"] == 1  # the ten-pass row is filled
+    assert "| 10 | -" not in report

@@ -85,9 +85,9 @@ BASE_DOCSTRING = """Instantiates the {title} architecture.
             5-10% faster there; for nets trained from scratch).
         sinkhorn_iterations: clip/column/row passes of each learned shuffle's constraint
             per SGD step, an integer in [1, 1000] (default 10). 1 is the paper's
-            Algorithm 1, which stalls on fixed points that are not permutations, so
-            rounding then changes the net; with 10 the matrices end on permutations
-            (docs/training.md). Ignored by manual shuffles.
+            Algorithm 1, whose matrices stalled on fixed points that are not
+            permutations, so rounding changed the net; with 10 they ended on
+            permutations in docs/training.md's runs. Ignored by manual shuffles.
 
     Returns:
         A `keras.Model`.

@@ -2,10 +2,11 @@
 
 Manual vs learned shuffles for ShuffleNet v1 (g=3) and v2 over several seeds (the paper's
 Tables 1 and 3), a lambda sweep with lambda = 0 (Table 5), plain rounding at the end vs
-hardening early and fine-tuning, and how far each learned routing is from the manual one
-(`hardening.routing_difference`). Every run keeps its row on disk (`runs/<name>/
-result.json`); a rerun reads finished rows back and resumes a killed training from its
-backup, so the study can span sessions.
+hardening early and fine-tuning, one constraint pass per step (the paper's, which the
+comparison and the sweep use) vs `sinkhorn_iterations`, and how far each learned routing
+is from the manual one (`hardening.routing_difference`). Every run keeps its row on disk
+(`runs/<name>/result.json`); a rerun reads finished rows back and resumes a killed
+training from its backup, so the study can span sessions.
 """
 
 import dataclasses
@@ -15,6 +16,7 @@ import time
 import numpy as np
 
 from keras_autoshuffle import data
+from keras_autoshuffle.constraints import check_iterations
 from keras_autoshuffle.experiments import plots
 from keras_autoshuffle.experiments.runs import RunSpec, check_settings, run_all
 from keras_autoshuffle.training.fault_tolerance import write_json
@@ -45,6 +47,12 @@ class StudySettings:
 
     def __post_init__(self):
         check_settings(self)
+        check_iterations(self.sinkhorn_iterations, "sinkhorn_iterations")
+        if self.sinkhorn_iterations == 1:
+            raise ValueError(
+                "`sinkhorn_iterations` is what the study compares one pass per step with (the "
+                "comparison's runs); it must be at least 2. Received: sinkhorn_iterations=1"
+            )
         if not self.seeds:
             raise ValueError(f"`seeds` must not be empty. Received: seeds={self.seeds}")
 

@@ -87,7 +87,7 @@ def add_arguments(parser, datasets, default_dataset):
         type=_sinkhorn_iterations,
         default=10,
         help="constraint passes per step of each learned shuffle (1: the paper's Algorithm 1, "
-        "which stalls short of permutations; 10 ends on them, see docs/training.md)",
+        "which stalled short of permutations in docs/training.md's runs; 10 ended on them)",
     )
     parser.add_argument(
         "--penalty",

@@ -2,7 +2,7 @@
 
 Keras's `BackupAndRestore` restores weights and optimizer state at epoch granularity;
 data order and augmentation are functions of (seed, epoch, example) (`data.py`), so a
-resumed run ends with the weights of an uninterrupted one. Two things are added here,
+resumed run ends with the weights of an uninterrupted one. Three things are added here,
 on Keras's public callback API:
 
 - `HardeningRecord` keeps a mid-training hardening (`HardenShuffles(at_epoch=k)`) in
@@ -10,6 +10,8 @@ on Keras's public callback API:
   so the permutations are saved next to the backup and re-applied before it is loaded.
 - `prepare_run_directory` refuses to resume a backup made with other settings, and to
   overwrite a finished run, and names the damaged file when a backup cannot be read.
+- `ElapsedTime` keeps the training time so far in the backup, so a resumed run reports
+  the time of all its invocations.
 """
 
 import json
@@ -19,6 +21,10 @@ import time
 import keras
 
 from keras_autoshuffle.hardening.harden import drop_removed_variables
+
+# Settings added after runs were already backed up, with the value those runs had:
+# their backups lack the key and resume when the run asks for that value.
+_SETTINGS_BEFORE_RECORDED = {"sinkhorn_iterations": 1}
 
 BACKUP = "backup"
 ELAPSED_FILE = "elapsed.json"
@@ -110,6 +116,10 @@ def prepare_run_directory(output_dir, settings, overwrite=False):
     if os.path.isdir(backup_dir):
         settings_path = os.path.join(backup_dir, SETTINGS_FILE)
         saved = read_json(settings_path, "run settings") if os.path.exists(settings_path) else None
+        if isinstance(saved, dict):
+            for key, value in _SETTINGS_BEFORE_RECORDED.items():
+                if key in settings:
+                    saved.setdefault(key, value)
         if saved is not None and saved != settings:
             differ = sorted(
                 k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k)
