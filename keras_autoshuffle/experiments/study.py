@@ -207,15 +207,16 @@ def summarize(runs, settings):
         ),
         "early_final": _mean_std(r["final_accuracy"] for r in early),
     }
+    k = settings.sinkhorn_iterations
     passes = {
         r["seed"]: r
-        for r in select(model="v2", shuffle="auto", harden_at_epoch=None)
-        if r["lambda"] == lam and r["sinkhorn_iterations"] == settings.sinkhorn_iterations
+        for r in select(model="v2", shuffle="auto", harden_at_epoch=None, sinkhorn_iterations=k)
+        if r["lambda"] == lam
     }
     paired = sorted(set(passes) & set(plain))
     manual_v2 = {r["seed"]: r for r in select(model="v2", shuffle="manual")}
     summary["sinkhorn"] = {
-        "iterations": settings.sinkhorn_iterations,
+        "iterations": k,
         "relaxed": _mean_std(r["relaxed_accuracy"] for r in passes.values()),
         "rounded": _mean_std(r["rounded_accuracy"] for r in passes.values()),
         "rounding_change": _mean_std(
@@ -230,8 +231,6 @@ def summarize(runs, settings):
             for x, r in passes.items()
             if x in manual_v2
         ),
-        "seconds": _mean_std(r["seconds"] for r in passes.values()),
-        "one_pass_seconds": _mean_std(plain[x]["seconds"] for x in paired),
     }
     return summary
 
