@@ -33,6 +33,42 @@ def _permute_channels(x, perm, channel_axis):
     return ops.take(x, ops.convert_to_tensor(perm, dtype="int32"), axis=channel_axis)
 
 
+FORWARDS = ("relaxed", "hard")
+
+
+def _assignment_int32(matrix):
+    return permutations.nearest_permutation(np.asarray(matrix, np.float64)).astype(np.int32)
+
+
+def nearest_permutation_op(matrix):
+    """The nearest permutation of a square `matrix` as an int32 tensor, inside a traced
+    (compiled) step too: SciPy's linear assignment runs on the host, through
+    `tf.numpy_function` on TensorFlow (so not under XLA, `jit_compile=True`) and
+    `jax.pure_callback` on JAX; eagerly on other backends."""
+    size = matrix.shape[0]
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        perm = tf.numpy_function(_assignment_int32, [matrix], tf.int32, stateful=False)
+        perm.set_shape((size,))
+        return perm
+    if backend == "jax":
+        import jax
+
+        shape = jax.ShapeDtypeStruct((size,), np.int32)
+        return jax.pure_callback(_assignment_int32, shape, matrix)
+    return ops.convert_to_tensor(_assignment_int32(ops.convert_to_numpy(matrix)), "int32")
+
+
+def _straight_through(matrix):
+    """The permutation matrix nearest to `matrix` in the forward pass (exactly: P + (M - M)),
+    the identity map to `matrix` in the backward pass."""
+    hard = ops.one_hot(nearest_permutation_op(ops.stop_gradient(matrix)), matrix.shape[0])
+    hard = ops.cast(hard, matrix.dtype)
+    return ops.stop_gradient(hard) + (matrix - ops.stop_gradient(matrix))
+
+
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")
 class RelaxedShuffle(keras.layers.Layer):
     """A learned channel shuffle: `y[..., i] = sum_j M[i, j] * x[..., j]`.
@@ -57,6 +93,11 @@ class RelaxedShuffle(keras.layers.Layer):
             groups (`ChannelShuffle(g)`; 1: the identity), so a net built around a
             manual shuffle, pretrained weights included, computes the same function
             before its first step.
+        forward: "relaxed" (default, the paper: y = M x) or "hard": y = P x with P the
+            nearest permutation of M (linear assignment on the host at every call),
+            and the gradient of M taken as if y = M x (straight-through). Training
+            and inference then compute an exact permutation; M, its constraint and
+            its penalty are trained as in the relaxed form, and `harden()` gives P.
 
     Example:
         >>> shuffle = RelaxedShuffle(penalty=1e-3)
@@ -75,9 +116,11 @@ class RelaxedShuffle(keras.layers.Layer):
         data_format=None,
         seed=None,
         initial_groups=None,
+        forward="relaxed",
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.forward = _validation.choice(forward, FORWARDS, "forward")
         self.initial_groups = _validation.optional_positive_int(initial_groups, "initial_groups")
         self.regularizer = L12Penalty(_validation.penalty(penalty))
         self.constraint = DoublyStochastic(iterations)
@@ -141,7 +184,10 @@ class RelaxedShuffle(keras.layers.Layer):
                 f"A relaxed RelaxedShuffle needs floating-point inputs. Received: "
                 f"inputs.dtype={keras.backend.standardize_dtype(inputs.dtype)}"
             )
-        matrix = ops.cast(self.matrix, inputs.dtype)
+        matrix = self.matrix
+        if self.forward == "hard":
+            matrix = _straight_through(ops.convert_to_tensor(matrix))
+        matrix = ops.cast(matrix, inputs.dtype)
         # tensordot, not an ellipsis einsum: the latter's gradient is ~60x slower on TF CPU.
         if self._channel_axis == -1:
             return ops.tensordot(inputs, matrix, axes=[[-1], [1]])
@@ -217,6 +263,7 @@ class RelaxedShuffle(keras.layers.Layer):
                 "data_format": self.data_format,
                 "seed": self.seed,
                 "initial_groups": self.initial_groups,
+                "forward": self.forward,
             }
         )
         return config

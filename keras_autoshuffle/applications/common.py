@@ -116,6 +116,7 @@ def pool(kind, name, padding="torch"):
 
 
 SHUFFLE_INITIALIZERS = ("random", "manual")
+SHUFFLE_FORWARDS = ("relaxed", "hard")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,21 +128,46 @@ class Options:
     shuffle_initializer: str  # "random" or "manual": where a learned matrix starts
     padding: str  # "torch" or "same"
     sinkhorn_iterations: int  # constraint passes per step of a learned shuffle
+    forward: str = "relaxed"  # "relaxed" (M x) or "hard" (nearest permutation, straight-through)
+    permutations: dict | None = None  # {shuffle name: permutation}: fixed from the first step
 
     def shuffle_layer(self, groups, name):
         """ChannelShuffle(groups) for "manual"; a RelaxedShuffle for "auto", started at
-        that same shuffle when `shuffle_initializer` is "manual"."""
+        that same shuffle when `shuffle_initializer` is "manual", or hardened at
+        `permutations[name]` when permutations are given."""
         data_format = keras.config.image_data_format()
         if self.shuffle == "auto":
+            fixed = None
+            if self.permutations is not None:
+                if name not in self.permutations:
+                    raise ValueError(
+                        f"`shuffle_permutations` has no entry for the shuffle layer {name!r}. "
+                        f"Received: keys {sorted(self.permutations)}"
+                    )
+                fixed = self.permutations[name]
             start = groups if self.shuffle_initializer == "manual" else None
             return RelaxedShuffle(
                 penalty=self.penalty,
                 iterations=self.sinkhorn_iterations,
                 data_format=data_format,
                 initial_groups=start,
+                permutation=fixed,
+                forward=self.forward,
                 name=name,
             )
         return ChannelShuffle(groups, data_format=data_format, name=name)
+
+    def check_permutations_used(self, model):
+        """Refuses `shuffle_permutations` entries that name no shuffle layer of `model`."""
+        if self.permutations is None:
+            return
+        names = {layer.name for layer in model.layers if isinstance(layer, RelaxedShuffle)}
+        unused = sorted(set(self.permutations) - names)
+        if unused:
+            raise ValueError(
+                f"`shuffle_permutations` names layers the model does not have as shuffles: "
+                f"{unused}. Received: keys {sorted(self.permutations)}"
+            )
 
     def conv(self, filters, kernel_size, name, strides=1, groups=1):
         return conv(filters, kernel_size, name, strides, groups, self.padding)
@@ -240,6 +266,7 @@ def _file_padding(path):
 
 
 def check_common_args(
+    *,
     weights,
     shuffle,
     penalty,
@@ -251,6 +278,8 @@ def check_common_args(
     shuffle_initializer,
     padding,
     sinkhorn_iterations,
+    shuffle_forward="relaxed",
+    shuffle_permutations=None,
 ):
     """Validates the arguments shared by both families, in a fixed order.
 
@@ -301,8 +330,56 @@ def check_common_args(
                 "`classifier_activation` must be None or a Keras activation. "
                 f"Received: classifier_activation={classifier_activation!r}"
             ) from error
+    _validation.choice(shuffle_forward, SHUFFLE_FORWARDS, "shuffle_forward")
+    shuffle_permutations = _check_permutations(shuffle_permutations, shuffle)
     check_image_data_format()
-    return Options(shuffle, penalty, shuffle_initializer, padding, sinkhorn_iterations)
+    return Options(
+        shuffle,
+        penalty,
+        shuffle_initializer,
+        padding,
+        sinkhorn_iterations,
+        shuffle_forward,
+        shuffle_permutations,
+    )
+
+
+def _check_permutations(value, shuffle):
+    """`shuffle_permutations` as {name: permutation}: a dict, and only with learned shuffles
+    (each permutation is checked by the layer it fixes)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ValueError(
+            "`shuffle_permutations` must be a dict {shuffle layer name: permutation}. "
+            f"Received: shuffle_permutations of type {type(value).__name__}"
+        )
+    if shuffle != "auto":
+        raise ValueError(
+            "`shuffle_permutations` fixes learned shuffles; it needs shuffle='auto'. "
+            f"Received: shuffle={shuffle!r}"
+        )
+    return dict(value)
+
+
+def check_config(values, length, name, multiple=1):
+    """A builder's `channels` / `repeats` override: `length` positive integers, each a
+    multiple of `multiple`; returned as a tuple."""
+    try:
+        values = tuple(values)
+    except TypeError:
+        values = None
+    if (
+        values is None
+        or len(values) != length
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+        or any(v % multiple for v in values)
+    ):
+        rule = f", each a multiple of {multiple}" if multiple > 1 else ""
+        raise ValueError(
+            f"`{name}` must be {length} positive integers{rule}. Received: {name}={values!r}"
+        )
+    return values
 
 
 def resolve_input(input_tensor, input_shape, include_top, stem):
@@ -376,6 +453,8 @@ def manual_twin(builder, arguments, options, image_shape):
         "name": None,
         "shuffle": "manual",
         "shuffle_initializer": "random",
+        "shuffle_forward": "relaxed",
+        "shuffle_permutations": None,
     }
     return functools.partial(builder, **twin)
 

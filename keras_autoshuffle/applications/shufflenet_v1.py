@@ -107,6 +107,16 @@ BASE_DOCSTRING = """Instantiates the {title} architecture.
             Algorithm 1, whose matrices stalled on fixed points that are not
             permutations, so rounding changed the net; with 10 they ended on
             permutations in docs/training.md's runs. Ignored by manual shuffles.
+        shuffle_forward: what a learned shuffle computes while it trains: "relaxed"
+            (the paper: y = M x) or "hard" (y = P x with P the nearest permutation of M,
+            found by linear assignment at every step; the gradient passes straight
+            through to M). Started at `shuffle_initializer="manual"` a hard net is the
+            manual net at step 0 and changes a routing only where the loss moves M far
+            enough. Ignored by manual shuffles.
+        shuffle_permutations: a dict {{shuffle layer name: permutation}} that fixes every
+            learned shuffle from the first step (the layers start hardened; e.g. the
+            permutations of an earlier, hardened net: "search, then retrain"). Needs
+            shuffle="auto"; one entry per shuffle layer.
 
     Returns:
         A `keras.Model`.
@@ -170,6 +180,7 @@ def _unit(inputs, filters, groups, stride, first_group, options, prefix):
 
 
 def _shufflenet_v1(
+    *,
     width,
     groups,
     include_top,
@@ -185,26 +196,43 @@ def _shufflenet_v1(
     stem,
     shuffle_initializer,
     padding,
-    prefix,
     sinkhorn_iterations,
+    shuffle_forward,
+    shuffle_permutations,
+    prefix,
+    channels=None,
+    repeats=None,
 ):
+    """The builder behind `ShuffleNetV1` / `AutoShuffleNetV1`.
+
+    `channels` (stem, stage2, stage3, stage4; each stage a multiple of 4 x groups) and
+    `repeats` (units per stage 2-4) replace the width's configuration: small nets with
+    the same structure, for tests (`channels=(6, 24, 48, 96), repeats=(1, 1, 1)`, g=3).
+    """
     arguments = dict(locals())  # the call, for `common.manual_twin`
     options = common.check_common_args(
-        weights,
-        shuffle,
-        penalty,
-        stem,
-        include_top,
-        pooling,
-        classes,
-        classifier_activation,
-        shuffle_initializer,
-        padding,
-        sinkhorn_iterations,
+        weights=weights,
+        shuffle=shuffle,
+        penalty=penalty,
+        stem=stem,
+        include_top=include_top,
+        pooling=pooling,
+        classes=classes,
+        classifier_activation=classifier_activation,
+        shuffle_initializer=shuffle_initializer,
+        padding=padding,
+        sinkhorn_iterations=sinkhorn_iterations,
+        shuffle_forward=shuffle_forward,
+        shuffle_permutations=shuffle_permutations,
     )
-    _validation.choice(width, WIDTHS, "width")
     _validation.choice(groups, tuple(STAGE2_WIDTHS), "groups")
-    channels = v1_channels(groups, width)
+    if channels is None:
+        _validation.choice(width, WIDTHS, "width")
+        channels = v1_channels(groups, width)
+    else:
+        channels = common.check_config(channels, 4, "channels")
+        common.check_config(channels[1:], 3, "channels[1:]", multiple=4 * groups)
+    repeats = common.check_config(REPEATS if repeats is None else repeats, 3, "repeats")
     inputs, x, stem = common.resolve_input(input_tensor, input_shape, include_top, stem)
     image_shape = tuple(x.shape[1:])
 
@@ -214,8 +242,8 @@ def _shufflenet_v1(
     if stem == "imagenet":
         x = options.pool("max", "stem_pool")(x)
     in_channels = channels[0]
-    for stage, (filters, repeats) in enumerate(zip(channels[1:], REPEATS, strict=True), 2):
-        for unit in range(1, repeats + 1):
+    for stage, (filters, units) in enumerate(zip(channels[1:], repeats, strict=True), 2):
+        for unit in range(1, units + 1):
             stride = 2 if unit == 1 else 1
             first_group = stage == 2 and unit == 1
             prefix_ = architecture.unit_prefix(stage, unit)
@@ -224,9 +252,11 @@ def _shufflenet_v1(
 
     name = name or f"{prefix}_g{groups}_{common.width_name(width)}"
     manual_twin = common.manual_twin(_shufflenet_v1, arguments, options, image_shape)
-    return common.finish(
+    model = common.finish(
         inputs, x, include_top, pooling, classes, classifier_activation, weights, name, manual_twin
     )
+    options.check_permutations_used(model)
+    return model
 
 
 def ShuffleNetV1(
@@ -246,26 +276,11 @@ def ShuffleNetV1(
     shuffle_initializer="random",
     padding="torch",
     sinkhorn_iterations=10,
+    shuffle_forward="relaxed",
+    shuffle_permutations=None,
 ) -> keras.Model:
-    return _shufflenet_v1(
-        width,
-        groups,
-        include_top,
-        weights,
-        input_tensor,
-        input_shape,
-        pooling,
-        classes,
-        classifier_activation,
-        name,
-        shuffle,
-        penalty,
-        stem,
-        shuffle_initializer,
-        padding,
-        prefix="shufflenet_v1" if shuffle == "manual" else "autoshufflenet_v1",
-        sinkhorn_iterations=sinkhorn_iterations,
-    )
+    # locals(): exactly the arguments above, forwarded by name.
+    return _shufflenet_v1(**locals(), prefix="shufflenet_v1" if shuffle == "manual" else "autoshufflenet_v1")
 
 
 def AutoShuffleNetV1(
@@ -285,26 +300,11 @@ def AutoShuffleNetV1(
     shuffle_initializer="random",
     padding="torch",
     sinkhorn_iterations=10,
+    shuffle_forward="relaxed",
+    shuffle_permutations=None,
 ) -> keras.Model:
-    return _shufflenet_v1(
-        width,
-        groups,
-        include_top,
-        weights,
-        input_tensor,
-        input_shape,
-        pooling,
-        classes,
-        classifier_activation,
-        name,
-        shuffle,
-        penalty,
-        stem,
-        shuffle_initializer,
-        padding,
-        prefix="autoshufflenet_v1" if shuffle == "auto" else "shufflenet_v1",
-        sinkhorn_iterations=sinkhorn_iterations,
-    )
+    # locals(): exactly the arguments above, forwarded by name.
+    return _shufflenet_v1(**locals(), prefix="autoshufflenet_v1" if shuffle == "auto" else "shufflenet_v1")
 
 
 ShuffleNetV1.__doc__ = BASE_DOCSTRING.format(

@@ -88,6 +88,16 @@ BASE_DOCSTRING = """Instantiates the {title} architecture.
             Algorithm 1, whose matrices stalled on fixed points that are not
             permutations, so rounding changed the net; with 10 they ended on
             permutations in docs/training.md's runs. Ignored by manual shuffles.
+        shuffle_forward: what a learned shuffle computes while it trains: "relaxed"
+            (the paper: y = M x) or "hard" (y = P x with P the nearest permutation of M,
+            found by linear assignment at every step; the gradient passes straight
+            through to M). Started at `shuffle_initializer="manual"` a hard net is the
+            manual net at step 0 and changes a routing only where the loss moves M far
+            enough. Ignored by manual shuffles.
+        shuffle_permutations: a dict {{shuffle layer name: permutation}} that fixes every
+            learned shuffle from the first step (the layers start hardened; e.g. the
+            permutations of an earlier, hardened net: "search, then retrain"). Needs
+            shuffle="auto"; one entry per shuffle layer.
 
     Returns:
         A `keras.Model`.
@@ -148,6 +158,7 @@ def _branch(filters, strides, options, prefix):
 
 
 def _shufflenet_v2(
+    *,
     width,
     include_top,
     weights,
@@ -162,35 +173,50 @@ def _shufflenet_v2(
     stem,
     shuffle_initializer,
     padding,
-    prefix,
     sinkhorn_iterations,
+    shuffle_forward,
+    shuffle_permutations,
+    prefix,
+    channels=None,
+    repeats=None,
 ):
+    """The builder behind `ShuffleNetV2` / `AutoShuffleNetV2`.
+
+    `channels` (stem, stage2, stage3, stage4, head) and `repeats` (units per stage 2-4)
+    replace the width's configuration: small nets with the same structure, for tests
+    (`channels=(8, 16, 32, 64, 64), repeats=(1, 1, 1)`).
+    """
     arguments = dict(locals())  # the call, for `common.manual_twin`
     options = common.check_common_args(
-        weights,
-        shuffle,
-        penalty,
-        stem,
-        include_top,
-        pooling,
-        classes,
-        classifier_activation,
-        shuffle_initializer,
-        padding,
-        sinkhorn_iterations,
+        weights=weights,
+        shuffle=shuffle,
+        penalty=penalty,
+        stem=stem,
+        include_top=include_top,
+        pooling=pooling,
+        classes=classes,
+        classifier_activation=classifier_activation,
+        shuffle_initializer=shuffle_initializer,
+        padding=padding,
+        sinkhorn_iterations=sinkhorn_iterations,
+        shuffle_forward=shuffle_forward,
+        shuffle_permutations=shuffle_permutations,
     )
-    _validation.choice(width, tuple(V2_CONFIGS), "width")
+    if channels is None:
+        _validation.choice(width, tuple(V2_CONFIGS), "width")
+        channels = V2_CONFIGS[width]
+    channels = common.check_config(channels, 5, "channels", multiple=2)
+    repeats = common.check_config(REPEATS if repeats is None else repeats, 3, "repeats")
     inputs, x, stem = common.resolve_input(input_tensor, input_shape, include_top, stem)
     image_shape = tuple(x.shape[1:])
-    channels = V2_CONFIGS[width]
 
     x = options.conv(channels[0], 3, "stem_conv", strides=2 if stem == "imagenet" else 1)(x)
     x = common.batch_norm("stem_bn")(x)
     x = layers.ReLU(name="stem_relu")(x)
     if stem == "imagenet":
         x = options.pool("max", "stem_pool")(x)
-    for stage, (filters, repeats) in enumerate(zip(channels[1:4], REPEATS, strict=True), 2):
-        for unit in range(1, repeats + 1):
+    for stage, (filters, units) in enumerate(zip(channels[1:4], repeats, strict=True), 2):
+        for unit in range(1, units + 1):
             block = _down_unit if unit == 1 else _basic_unit
             x = block(filters, options, architecture.unit_prefix(stage, unit))(x)
     x = options.conv(channels[4], 1, "head_conv")(x)
@@ -199,9 +225,11 @@ def _shufflenet_v2(
 
     name = name or f"{prefix}_{common.width_name(width)}"
     manual_twin = common.manual_twin(_shufflenet_v2, arguments, options, image_shape)
-    return common.finish(
+    model = common.finish(
         inputs, x, include_top, pooling, classes, classifier_activation, weights, name, manual_twin
     )
+    options.check_permutations_used(model)
+    return model
 
 
 def ShuffleNetV2(
@@ -220,25 +248,11 @@ def ShuffleNetV2(
     shuffle_initializer="random",
     padding="torch",
     sinkhorn_iterations=10,
+    shuffle_forward="relaxed",
+    shuffle_permutations=None,
 ) -> keras.Model:
-    return _shufflenet_v2(
-        width,
-        include_top,
-        weights,
-        input_tensor,
-        input_shape,
-        pooling,
-        classes,
-        classifier_activation,
-        name,
-        shuffle,
-        penalty,
-        stem,
-        shuffle_initializer,
-        padding,
-        prefix="shufflenet_v2" if shuffle == "manual" else "autoshufflenet_v2",
-        sinkhorn_iterations=sinkhorn_iterations,
-    )
+    # locals(): exactly the arguments above, forwarded by name.
+    return _shufflenet_v2(**locals(), prefix="shufflenet_v2" if shuffle == "manual" else "autoshufflenet_v2")
 
 
 def AutoShuffleNetV2(
@@ -257,25 +271,11 @@ def AutoShuffleNetV2(
     shuffle_initializer="random",
     padding="torch",
     sinkhorn_iterations=10,
+    shuffle_forward="relaxed",
+    shuffle_permutations=None,
 ) -> keras.Model:
-    return _shufflenet_v2(
-        width,
-        include_top,
-        weights,
-        input_tensor,
-        input_shape,
-        pooling,
-        classes,
-        classifier_activation,
-        name,
-        shuffle,
-        penalty,
-        stem,
-        shuffle_initializer,
-        padding,
-        prefix="autoshufflenet_v2" if shuffle == "auto" else "shufflenet_v2",
-        sinkhorn_iterations=sinkhorn_iterations,
-    )
+    # locals(): exactly the arguments above, forwarded by name.
+    return _shufflenet_v2(**locals(), prefix="autoshufflenet_v2" if shuffle == "auto" else "shufflenet_v2")
 
 
 ShuffleNetV2.__doc__ = BASE_DOCSTRING.format(
