@@ -23,6 +23,13 @@ def positive_int(value, name):
     return int(value)
 
 
+def non_negative_int(value, name):
+    """`value` as an int; ValueError unless it is an integer >= 0."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)) or value < 0:
+        raise ValueError(f"`{name}` must be an integer >= 0. Received: {name}={value!r}")
+    return int(value)
+
+
 def optional_positive_int(value, name):
     """None, or `positive_int(value, name)`."""
     return None if value is None else positive_int(value, name)

@@ -280,7 +280,9 @@ def ShuffleNetV1(
     shuffle_permutations=None,
 ) -> keras.Model:
     # locals(): exactly the arguments above, forwarded by name.
-    return _shufflenet_v1(**locals(), prefix="shufflenet_v1" if shuffle == "manual" else "autoshufflenet_v1")
+    return _shufflenet_v1(
+        **locals(), prefix="shufflenet_v1" if shuffle == "manual" else "autoshufflenet_v1"
+    )
 
 
 def AutoShuffleNetV1(
@@ -304,7 +306,9 @@ def AutoShuffleNetV1(
     shuffle_permutations=None,
 ) -> keras.Model:
     # locals(): exactly the arguments above, forwarded by name.
-    return _shufflenet_v1(**locals(), prefix="autoshufflenet_v1" if shuffle == "auto" else "shufflenet_v1")
+    return _shufflenet_v1(
+        **locals(), prefix="autoshufflenet_v1" if shuffle == "auto" else "shufflenet_v1"
+    )
 
 
 ShuffleNetV1.__doc__ = BASE_DOCSTRING.format(

@@ -252,7 +252,9 @@ def ShuffleNetV2(
     shuffle_permutations=None,
 ) -> keras.Model:
     # locals(): exactly the arguments above, forwarded by name.
-    return _shufflenet_v2(**locals(), prefix="shufflenet_v2" if shuffle == "manual" else "autoshufflenet_v2")
+    return _shufflenet_v2(
+        **locals(), prefix="shufflenet_v2" if shuffle == "manual" else "autoshufflenet_v2"
+    )
 
 
 def AutoShuffleNetV2(
@@ -275,7 +277,9 @@ def AutoShuffleNetV2(
     shuffle_permutations=None,
 ) -> keras.Model:
     # locals(): exactly the arguments above, forwarded by name.
-    return _shufflenet_v2(**locals(), prefix="autoshufflenet_v2" if shuffle == "auto" else "shufflenet_v2")
+    return _shufflenet_v2(
+        **locals(), prefix="autoshufflenet_v2" if shuffle == "auto" else "shufflenet_v2"
+    )
 
 
 ShuffleNetV2.__doc__ = BASE_DOCSTRING.format(

@@ -51,6 +51,13 @@ class RunSpec:
     # Constraint passes per step of the learned shuffles; 1 = the paper's Algorithm 1,
     # what the reproductions reproduce (the builders' default is 10).
     sinkhorn_iterations: int = 1
+    # The study's arms (docs/fashion_mnist): where a learned shuffle starts, what it
+    # computes while training, and search-then-retrain (`search_epochs`, `balanced`).
+    shuffle_initializer: str = "random"
+    shuffle_forward: str = "relaxed"
+    search_epochs: int | None = None
+    balanced: bool = False
+    arm: str | None = None
 
 
 class _Snapshot(keras.callbacks.Callback):
@@ -126,22 +133,38 @@ def _train(settings, splits, spec, output_dir):
         "cifar",
         padding=settings.padding,
         sinkhorn_iterations=spec.sinkhorn_iterations,
+        shuffle_initializer=spec.shuffle_initializer,
+        shuffle_forward=spec.shuffle_forward,
     )
     snapshot = _Snapshot(output_dir)
+    learned = spec.shuffle == "auto" and spec.search_epochs is None
     monitor = RoundingMonitor(test_data.eval_dataset(settings.batch_size))
-    training.train(
-        model_fn,
-        train_data,
-        test_data,
-        recipe,
-        output_dir,
+    run_settings = {"sinkhorn_iterations": spec.sinkhorn_iterations}
+    if spec.arm is not None:  # rows from before the arms keep their recorded settings
+        run_settings.update(
+            shuffle_initializer=spec.shuffle_initializer, shuffle_forward=spec.shuffle_forward
+        )
+    arguments = dict(
         seed=spec.seed,
         export=False,
-        settings={"sinkhorn_iterations": spec.sinkhorn_iterations},
-        callbacks=[monitor, snapshot] if spec.shuffle == "auto" else [snapshot],
+        settings=run_settings,
+        callbacks=[monitor, snapshot] if learned else [snapshot],
         harden_at_epoch=spec.harden_at_epoch,
         verbose=0,
     )
+    if spec.search_epochs is None:
+        training.train(model_fn, train_data, test_data, recipe, output_dir, **arguments)
+    else:
+        training.search_then_retrain(
+            model_fn,
+            train_data,
+            test_data,
+            recipe,
+            output_dir,
+            search_epochs=spec.search_epochs,
+            balanced=spec.balanced,
+            **arguments,
+        )
 
 
 def _row_from_files(settings, test_data, spec, output_dir):
@@ -154,8 +177,17 @@ def _row_from_files(settings, test_data, spec, output_dir):
     model_path = os.path.join(output_dir, "model.keras")
     # The final accuracy is recomputed from the saved hardened model, not taken from training.
     hardened = keras.saving.load_model(model_path, safe_mode=True)
+    search = report.get("search") or {}
+    routing_difference = hardening.routing_difference(hardened)
     return {
         "name": spec.name,
+        "arm": spec.arm,
+        "shuffle_initializer": spec.shuffle_initializer,
+        "shuffle_forward": spec.shuffle_forward,
+        "search_epochs": spec.search_epochs,
+        "balanced": spec.balanced,
+        # P(M) where the routing was chosen: at the search's hardening for searched arms.
+        "search_penalty": search.get("l12_penalty_at_hardening"),
         "model": spec.model,
         "shuffle": spec.shuffle,
         "lambda": spec.penalty,
@@ -168,13 +200,16 @@ def _row_from_files(settings, test_data, spec, output_dir):
         "relative_change": report.get("relative_change"),
         "final_accuracy": evaluate_saved(hardened, test_data, settings.batch_size),
         "penalty": report["l12_penalty_at_hardening"],
-        "routing_difference": hardening.routing_difference(hardened),
+        "routing_difference": routing_difference,
+        # Equal counts: the manual function class (a re-parametrised manual net).
+        "equals_manual": routing_difference == 0.0,
         "routing": [
             {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in entry.items()}
             for entry in hardening.routing_counts(hardened)
         ],
         "seconds": report["time"],
-        "model_path": model_path,
+        # Relative to the study's folder: rows stay valid on another machine.
+        "model_path": os.path.join("runs", spec.name, "model.keras"),
         "history": history,
     }
 
@@ -187,8 +222,9 @@ def _with_arrays(row, output_dir):
         with np.load(matrices_path) as saved:
             first_matrix = saved["arr_0"] if "arr_0" in saved else None
     first = None
-    if os.path.exists(row["model_path"]):  # only the rows may be kept (docs/fashion_mnist)
-        model = keras.saving.load_model(row["model_path"], safe_mode=True)
+    model_path = os.path.join(output_dir, "model.keras")
+    if os.path.exists(model_path):  # only the rows may be kept (docs/fashion_mnist)
+        model = keras.saving.load_model(model_path, safe_mode=True)
         first = next(iter(shuffle_layers(model)), None)
     return {
         **row,

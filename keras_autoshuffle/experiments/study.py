@@ -44,6 +44,14 @@ class StudySettings:
     # Keras's 'same': the graph the study's first runs were trained with, before the
     # builders' default became PyTorch's padding. Trained from scratch, no weights to match.
     padding: str = "same"
+    # The arms screened on v2 over `seeds` against the manual shuffle (see ARMS).
+    arms: tuple = ("warm", "warm_hard", "search_retrain", "balanced_fixed")
+    # The arms that go on to the verdict: v1 and v2 over `verdict_seeds`, with the manual
+    # nets of those seeds and v1 with `sinkhorn_iterations` passes (chosen after screening).
+    finalists: tuple = ()
+    verdict_seeds: tuple = (0, 1, 2, 3, 4)
+    # Epochs of the search in "search_retrain" (then the whole schedule from fresh weights).
+    search_epochs: int = 3
 
     def __post_init__(self):
         check_settings(self)
@@ -55,6 +63,37 @@ class StudySettings:
             )
         if not self.seeds:
             raise ValueError(f"`seeds` must not be empty. Received: seeds={self.seeds}")
+        for name in ("arms", "finalists"):
+            unknown = [arm for arm in getattr(self, name) if arm not in ARMS]
+            if unknown:
+                raise ValueError(
+                    f"`{name}` must name arms among {sorted(ARMS)}. "
+                    f"Received: {name}={getattr(self, name)!r}"
+                )
+        if not 1 <= self.search_epochs < self.epochs:
+            raise ValueError(
+                f"`search_epochs` must be in [1, epochs - 1]. "
+                f"Received: search_epochs={self.search_epochs!r}"
+            )
+
+
+# The arms that end on exact permutations, beside the paper's (one pass, random start,
+# rounded at the end), measured against the manual shuffle by seed (docs/training.md):
+ARMS = {
+    # the manual permutation as the starting matrix, trained relaxed
+    "warm": {"shuffle_initializer": "manual"},
+    # the manual start with a hard forward pass (nearest permutation, straight-through)
+    "warm_hard": {"shuffle_initializer": "manual", "shuffle_forward": "hard"},
+    # the paper's start searched for `search_epochs`, hardened, then a fresh net trained
+    # with those permutations fixed (initialised as the manual net of the same seed)
+    "search_retrain": {"search_epochs": None},
+    # a v2 routing that folds as cheaply as the manual one (v1: the manual counts), the
+    # balanced hardening of the fresh net's matrices, fixed from the first step
+    "balanced_fixed": {"search_epochs": 0, "balanced": True},
+    # ten constraint passes per step, random start, rounded at the end (runs named
+    # `_sinkhorn<k>_`, the study's first fix)
+    "ten_passes": {},
+}
 
 
 def specs(settings):
@@ -70,22 +109,53 @@ def specs(settings):
         for x in settings.lambdas
         if x != lam
     ]
-    k = settings.sinkhorn_iterations
     for seed in settings.seeds:
         runs.append(
             RunSpec(f"v2_auto_lambda{lam:g}_harden{at}_seed{seed}", "v2", "auto", lam, seed, at)
         )
-        runs.append(
-            RunSpec(
-                f"v2_auto_lambda{lam:g}_sinkhorn{k}_seed{seed}",
-                "v2",
-                "auto",
-                lam,
-                seed,
-                sinkhorn_iterations=k,
-            )
-        )
-    return runs
+        runs.append(arm_spec("v2", "ten_passes", seed, settings))
+    # Screening: every arm on v2, seed by seed (partial results stay paired).
+    for seed in settings.seeds:
+        runs += [arm_spec("v2", arm, seed, settings) for arm in settings.arms]
+    # The verdict: the finalists on both nets over more seeds, with their manual nets.
+    if settings.finalists:
+        for seed in settings.verdict_seeds:
+            for model in ("v2", "v1"):
+                runs.append(RunSpec(f"{model}_manual_seed{seed}", model, "manual", 0.0, seed))
+                runs += [arm_spec(model, arm, seed, settings) for arm in settings.finalists]
+            runs.append(arm_spec("v1", "ten_passes", seed, settings))
+    unique = {}
+    for spec in runs:
+        unique.setdefault(spec.name, spec)
+    return list(unique.values())
+
+
+def arm_spec(model, arm, seed, settings):
+    """The run of `arm` (a key of ARMS) for `model` and `seed`: lambda = the study's
+    penalty, `sinkhorn_iterations` passes per step."""
+    k, lam = settings.sinkhorn_iterations, settings.penalty
+    if arm == "ten_passes":
+        name = f"{model}_auto_lambda{lam:g}_sinkhorn{k}_seed{seed}"
+        return RunSpec(name, model, "auto", lam, seed, sinkhorn_iterations=k, arm=arm)
+    options = dict(ARMS[arm])
+    if "search_epochs" in options and options["search_epochs"] is None:
+        options["search_epochs"] = settings.search_epochs
+    name = f"{model}_{arm}_seed{seed}"
+    return RunSpec(name, model, "auto", lam, seed, sinkhorn_iterations=k, arm=arm, **options)
+
+
+def arm_of(row, settings):
+    """The arm of a run row: recorded by runs since the arms; derived for older rows."""
+    if row.get("arm"):
+        return row["arm"]
+    if row["shuffle"] == "manual":
+        return "manual"
+    if row["harden_at_epoch"] is not None:
+        return f"harden{row['harden_at_epoch']}"
+    passes = row.get("sinkhorn_iterations", 1)
+    if row["lambda"] != settings.penalty:
+        return f"paper_lambda{row['lambda']:g}"
+    return "paper" if passes == 1 else "ten_passes"
 
 
 def study(settings, output_dir, log=print, jobs=1, train=True):
@@ -105,7 +175,7 @@ def study(settings, output_dir, log=print, jobs=1, train=True):
     if not train:
         todo = [s for s in todo if os.path.exists(os.path.join(runs_dir, s.name, "result.json"))]
     rows = run_all(settings, todo, runs_dir, log, jobs)
-    runs = [_public(row) for row in rows.values()]
+    runs = [_public(row, settings) for row in rows.values()]
     results = {
         "dataset": settings.dataset,
         "train_images": int(train_images),
@@ -114,6 +184,7 @@ def study(settings, output_dir, log=print, jobs=1, train=True):
         "runs": runs,
         "runs_planned": len(specs(settings)),
         "summary": summarize(runs, settings),
+        "verdict": verdict(runs, settings.harden_at_epoch),
         "figures": _figures(rows, settings, output_dir),
         "wall_seconds_this_invocation": time.time() - start,
     }
@@ -131,6 +202,11 @@ _PUBLIC = (
     "epochs",
     "harden_at_epoch",
     "sinkhorn_iterations",
+    "shuffle_initializer",
+    "shuffle_forward",
+    "search_epochs",
+    "balanced",
+    "search_penalty",
     "relaxed_accuracy",
     "rounded_accuracy",
     "final_accuracy",
@@ -141,9 +217,25 @@ _PUBLIC = (
 )
 
 
-def _public(row):
-    # Rows written before the Sinkhorn runs were added ran Algorithm 1's single pass.
-    return {key: row.get(key, 1) if key == "sinkhorn_iterations" else row[key] for key in _PUBLIC}
+# Entries of rows written before the arms existed: what those runs did.
+_BEFORE_ARMS = {
+    "sinkhorn_iterations": 1,  # before the Sinkhorn runs: Algorithm 1's single pass
+    "shuffle_initializer": "random",
+    "shuffle_forward": "relaxed",
+    "search_epochs": None,
+    "balanced": False,
+    "search_penalty": None,
+}
+
+
+def _public(row, settings=None):
+    public = {key: row.get(key, _BEFORE_ARMS.get(key)) for key in _PUBLIC}
+    if "equals_manual" in row:
+        public["equals_manual"] = row["equals_manual"]
+    else:
+        public["equals_manual"] = row["routing_difference"] == 0.0
+    public["arm"] = arm_of(row, settings or StudySettings())
+    return public
 
 
 def _mean_std(values):
@@ -208,11 +300,7 @@ def summarize(runs, settings):
         "early_final": _mean_std(r["final_accuracy"] for r in early),
     }
     k = settings.sinkhorn_iterations
-    passes = {
-        r["seed"]: r
-        for r in select(model="v2", shuffle="auto", harden_at_epoch=None, sinkhorn_iterations=k)
-        if r["lambda"] == lam
-    }
+    passes = {r["seed"]: r for r in select(model="v2", arm="ten_passes")}
     paired = sorted(set(passes) & set(plain))
     manual_v2 = {r["seed"]: r for r in select(model="v2", shuffle="manual")}
     summary["sinkhorn"] = {
@@ -233,6 +321,98 @@ def summarize(runs, settings):
         ),
     }
     return summary
+
+
+# The arms the verdict weighs (the lambda sweep and early hardening are the paper's
+# study, not candidates for the default).
+VERDICT_ARMS = ("paper", "harden{}", *ARMS)
+# A candidate default keeps rounding within this many points (the issue's target).
+ROUNDING_TOLERANCE = 0.2
+# ... and a paired difference to manual whose 95% interval starts above this (points).
+TARGET_CI_LOW = -0.3
+
+
+def verdict(runs, harden_at_epoch=8):
+    """Each arm against the manual shuffle of the same net and seed, in points.
+
+    Per net and arm: `n` paired seeds, `accuracy` (mean final accuracy), `diff_mean`
+    and its 95% Student-t interval `ci_low`, `ci_high`, the sign count, the mean
+    rounding change, P(M), routing difference and how many nets equal the manual
+    counts. `recommended`: per net, the arm with the highest `ci_low` among those with
+    the most seeds (at least 3) and a rounding change within ROUNDING_TOLERANCE.
+    """
+    entries = []
+    for model in ("v2", "v1"):
+        manual = {r["seed"]: r for r in runs if r["model"] == model and r["arm"] == "manual"}
+        for arm in (a.format(harden_at_epoch) for a in VERDICT_ARMS):
+            rows = [
+                r for r in runs if r["model"] == model and r["arm"] == arm and r["seed"] in manual
+            ]
+            if not rows:
+                continue
+            rows.sort(key=lambda r: r["seed"])
+            diffs = np.array(
+                [100 * (r["final_accuracy"] - manual[r["seed"]]["final_accuracy"]) for r in rows]
+            )
+            changes = [
+                100 * (r["rounded_accuracy"] - r["relaxed_accuracy"])
+                for r in rows
+                if r["rounded_accuracy"] is not None and r["relaxed_accuracy"] is not None
+            ]
+            low, high = _t_interval(diffs)
+            entries.append(
+                {
+                    "model": model,
+                    "arm": arm,
+                    "n": len(rows),
+                    "seeds": [r["seed"] for r in rows],
+                    "accuracy": float(100 * np.mean([r["final_accuracy"] for r in rows])),
+                    "accuracy_std": _std(100 * np.array([r["final_accuracy"] for r in rows])),
+                    "diff_mean": float(diffs.mean()),
+                    "diff_std": _std(diffs),
+                    "ci_low": low,
+                    "ci_high": high,
+                    "wins": int(np.sum(diffs > 0)),
+                    "losses": int(np.sum(diffs < 0)),
+                    "rounding_change": float(np.mean(changes)) if changes else None,
+                    "penalty": float(np.mean([r["penalty"] for r in rows])),
+                    "routing_difference": float(np.mean([r["routing_difference"] for r in rows])),
+                    "equals_manual": int(sum(bool(r["equals_manual"]) for r in rows)),
+                    # The issue's bar for a default: CI above -0.3 points, rounding free.
+                    "meets_target": low is not None
+                    and low >= TARGET_CI_LOW
+                    and abs(float(np.mean(changes)) if changes else 0.0) <= ROUNDING_TOLERANCE,
+                    "recommended": False,
+                }
+            )
+    for model in ("v2", "v1"):
+        candidates = [
+            e
+            for e in entries
+            if e["model"] == model
+            and e["n"] >= 3
+            and e["ci_low"] is not None
+            and abs(e["rounding_change"] or 0.0) <= ROUNDING_TOLERANCE
+        ]
+        if candidates:
+            most = max(e["n"] for e in candidates)
+            best = max((e for e in candidates if e["n"] == most), key=lambda e: e["ci_low"])
+            best["recommended"] = True
+    return entries
+
+
+def _std(values):
+    return float(np.std(values, ddof=1)) if len(values) > 1 else None
+
+
+def _t_interval(values, level=0.95):
+    """The Student-t confidence interval of the mean (None for fewer than 2 values)."""
+    from scipy import stats
+
+    if len(values) < 2:
+        return None, None
+    half = stats.t.ppf(0.5 + level / 2, len(values) - 1) * stats.sem(values)
+    return float(values.mean() - half), float(values.mean() + half)
 
 
 def _figures(rows, settings, output_dir):
@@ -293,6 +473,7 @@ def render_report(results):
     lines = [
         "# AutoShuffleNet on Fashion-MNIST",
         "",
+        *render_verdict(results.get("verdict", [])),
         f"{results['train_images']} training images, the full {results['test_images']}-image "
         f"test set; {s['epochs']} epochs, batch {s['batch_size']}, lr {s['learning_rate']} "
         f"(linear decay), v1 g=3 width {s['v1_width']}, v2 width {s['v2_width']}, lambda "
@@ -372,3 +553,35 @@ def render_report(results):
     for key, name in results["figures"].items():
         lines += [f"![{key}]({name})", ""]
     return "\n".join(lines)
+
+
+def render_verdict(entries):
+    """The verdict table: each arm minus the manual shuffle, paired by seed (points)."""
+    lines = [
+        "## Verdict: each way to learn the shuffle against the manual one",
+        "",
+        "Final accuracy on exact permutations, and its difference to the manual net of the "
+        "same seed in points with the 95% Student-t interval over seeds; wins/losses count "
+        "seeds. Rounding change: rounded minus relaxed (0 for arms whose net has no relaxed "
+        "phase). Equal to manual: nets whose routing counts are the manual counts (the "
+        "manual function class). Meets target: CI lower bound at least -0.3 points and "
+        "rounding change within 0.2 points. Recommended: per net, the best lower bound among "
+        "the arms with the most seeds (at least 3) and rounding within 0.2 points.",
+        "",
+        "| net | arm | n | accuracy | - manual | 95% CI | wins/losses | rounding change "
+        "| P(M) | routing differing | equal to manual | meets target | recommended |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        ci = "-" if e["ci_low"] is None else f"[{e['ci_low']:+.2f}, {e['ci_high']:+.2f}]"
+        spread = "" if e["accuracy_std"] is None else f" ± {e['accuracy_std']:.2f}"
+        diff = "" if e["diff_std"] is None else f" ± {e['diff_std']:.2f}"
+        change = "-" if e["rounding_change"] is None else f"{e['rounding_change']:+.2f}"
+        lines.append(
+            f"| {e['model']}{' g3' if e['model'] == 'v1' else ''} | {e['arm']} | {e['n']} "
+            f"| {e['accuracy']:.2f}{spread} | {e['diff_mean']:+.2f}{diff} | {ci} "
+            f"| {e['wins']}/{e['losses']} | {change} | {e['penalty']:.3g} "
+            f"| {100 * e['routing_difference']:.1f}% | {e['equals_manual']}/{e['n']} "
+            f"| {'yes' if e['meets_target'] else 'no'} | {'yes' if e['recommended'] else ''} |"
+        )
+    return [*lines, ""]

@@ -5,6 +5,8 @@
 - `loops.py`: `train()` (fit on one host), hardening, export; `multi_worker.py`: the
   custom step across hosts;
 - `fault_tolerance.py`: resuming killed runs, the hardening record, run-directory checks;
+- `search.py`: `search_then_retrain`, learned shuffles searched, hardened, then fixed
+  in a net trained from fresh weights;
 - `cli.py`: the scripts' options, `run_from_args`, `format_run_summary`.
 
 Reference:
@@ -27,3 +29,4 @@ from keras_autoshuffle.training.distribution import (
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 from keras_autoshuffle.training.loops import BALANCED_TIME_LIMIT, train
 from keras_autoshuffle.training.recipes import RECIPES, Recipe, get_recipe, make_optimizer
+from keras_autoshuffle.training.search import search_then_retrain

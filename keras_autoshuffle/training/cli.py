@@ -1,12 +1,14 @@
 """The training scripts' command line: shared options, `run_from_args`, the summary."""
 
 import argparse
+import functools
 import sys
 
 from keras_autoshuffle.training.distribution import STRATEGIES, make_strategy
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 from keras_autoshuffle.training.loops import train
 from keras_autoshuffle.training.recipes import get_recipe
+from keras_autoshuffle.training.search import search_then_retrain
 
 
 def format_run_summary(report):
@@ -51,6 +53,16 @@ def _sinkhorn_iterations(text):
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
+def _non_negative_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
+    return value
+
+
 def _non_negative_float(text):
     try:
         value = float(text)
@@ -88,6 +100,27 @@ def add_arguments(parser, datasets, default_dataset):
         default=10,
         help="constraint passes per step of each learned shuffle (1: the paper's Algorithm 1, "
         "which stalled short of permutations in docs/training.md's runs; 10 ended on them)",
+    )
+    parser.add_argument(
+        "--shuffle-initializer",
+        choices=("random", "manual"),
+        default="random",
+        help="where learned shuffles start: the paper's random matrix or the manual shuffle",
+    )
+    parser.add_argument(
+        "--shuffle-forward",
+        choices=("relaxed", "hard"),
+        default="relaxed",
+        help="learned shuffles compute M x (relaxed) or the nearest permutation of M, with a "
+        "straight-through gradient (hard)",
+    )
+    parser.add_argument(
+        "--search-epochs",
+        type=_non_negative_int,
+        default=None,
+        help="search, then retrain: learn the shuffles this many epochs (0: harden the fresh "
+        "net's matrices; with --balanced, balanced hardening), then train the net with them "
+        "fixed from fresh weights for the whole recipe",
     )
     parser.add_argument(
         "--penalty",
@@ -143,13 +176,16 @@ def make_model_fn(
     groups=3,
     padding="torch",
     sinkhorn_iterations=10,
+    shuffle_initializer="random",
+    shuffle_forward="relaxed",
 ):
-    """A function building ShuffleNet `model` ("v1" or "v2") for `train_data`'s images."""
+    """A function building ShuffleNet `model` ("v1" or "v2") for `train_data`'s images;
+    its keyword arguments override the builder's (e.g. `shuffle_permutations`)."""
     from keras_autoshuffle import applications
 
-    def model_fn():
+    def model_fn(**overrides):
         builder = applications.ShuffleNetV2 if model == "v2" else applications.ShuffleNetV1
-        return builder(
+        arguments = dict(
             width=width,
             input_shape=tuple(train_data.input_shape),
             classes=train_data.num_classes,
@@ -158,8 +194,11 @@ def make_model_fn(
             stem=stem,
             padding=padding,
             sinkhorn_iterations=sinkhorn_iterations,
+            shuffle_initializer=shuffle_initializer,
+            shuffle_forward=shuffle_forward,
             **({} if model == "v2" else {"groups": groups}),
         )
+        return builder(**{**arguments, **overrides})
 
     return model_fn
 
@@ -196,11 +235,21 @@ def run_from_args(args, recipe_name, stem, manual_dir=None):
         args.groups,
         args.padding,
         args.sinkhorn_iterations,
+        args.shuffle_initializer,
+        args.shuffle_forward,
     )
+    if args.search_epochs is not None and args.shuffle != "auto":
+        sys.exit(
+            "error: --search-epochs searches learned shuffles; it needs --shuffle auto. "
+            f"Received: --shuffle {args.shuffle}"
+        )
     # What defines the run (and must match to resume it); not where or how it is shown.
     skip = ("output", "verbose", "no_export", "overwrite", "strategy", "jit_compile")
+    run = train
+    if args.search_epochs is not None:
+        run = functools.partial(search_then_retrain, search_epochs=args.search_epochs)
     try:
-        report = train(
+        report = run(
             model_fn,
             train_data,
             test_data,
