@@ -1,0 +1,255 @@
+"""The ways to learn a shuffle that the study compares with the manual one: a hard forward
+pass with a straight-through gradient, shuffles fixed from the first step, search then
+retrain, and the study's arms and verdict."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+from scipy.optimize import linear_sum_assignment
+
+from keras_autoshuffle import RelaxedShuffle, data, hardening, training
+from keras_autoshuffle.applications import shufflenet_v1, shufflenet_v2
+from keras_autoshuffle.layers import _straight_through, shuffle_layers
+from keras_autoshuffle.training import search
+
+TINY = dict(
+    include_top=True,
+    weights=None,
+    input_tensor=None,
+    input_shape=(16, 16, 3),
+    pooling=None,
+    classes=10,
+    classifier_activation="softmax",
+    name=None,
+    penalty=1e-2,
+    stem="cifar",
+    shuffle_initializer="random",
+    padding="same",
+    sinkhorn_iterations=10,
+    shuffle_forward="relaxed",
+    shuffle_permutations=None,
+    prefix="tiny",
+)
+
+
+def tiny_v2(**overrides):
+    arguments = {**TINY, "width": 0.5, "shuffle": "auto", "channels": (8, 16, 32, 64, 64)}
+    return shufflenet_v2._shufflenet_v2(**{**arguments, "repeats": (2, 1, 1), **overrides})
+
+
+def tiny_v1(**overrides):
+    arguments = {**TINY, "width": 0.25, "groups": 3, "shuffle": "auto"}
+    arguments.update(channels=(6, 24, 48, 96), repeats=(2, 1, 1))
+    return shufflenet_v1._shufflenet_v1(**{**arguments, **overrides})
+
+
+def _gradient(function, value):
+    """d sum(function(value)) / d value on the current backend."""
+    backend = keras.backend.backend()
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        value = tf.Variable(value)
+        with tf.GradientTape() as tape:
+            total = tf.reduce_sum(function(value))
+        return tape.gradient(total, value).numpy()
+    if backend == "jax":
+        import jax
+
+        return np.asarray(jax.grad(lambda v: function(v).sum())(value))
+    pytest.skip(f"no gradient helper for {backend}")
+
+
+def test_hard_forward_is_the_nearest_permutation_with_a_straight_through_gradient():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 3, 3, 6)).astype("float32")
+    weights = rng.normal(size=(2, 3, 3, 6)).astype("float32")
+    layer = RelaxedShuffle(penalty=0.0, forward="hard", seed=3)
+    layer.build(x.shape)
+    matrix = keras.ops.convert_to_numpy(layer.matrix)
+    rows, cols = linear_sum_assignment(-matrix)  # the assignment maximising trace(P^T M)
+    perm = cols[np.argsort(rows)]
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer(x)), x[..., perm])
+
+    def loss(m):
+        y = keras.ops.tensordot(x, _straight_through(m), axes=[[-1], [1]])
+        return y * weights
+
+    # Straight-through: the gradient of y = M x taken at M, i.e. sum over pixels of
+    # upstream_i * x_j, whatever permutation the forward pass used.
+    expected = np.einsum("bhwi,bhwj->ij", weights, x)
+    np.testing.assert_allclose(_gradient(loss, matrix), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_hard_forward_round_trips_and_is_checked(tmp_path):
+    layer = RelaxedShuffle(forward="hard")
+    assert RelaxedShuffle.from_config(layer.get_config()).forward == "hard"
+    with pytest.raises(ValueError, match="Received: forward='soft'"):
+        RelaxedShuffle(forward="soft")
+    model = tiny_v2(shuffle_forward="hard")
+    x = np.random.default_rng(1).normal(size=(2, 16, 16, 3)).astype("float32")
+    path = str(tmp_path / "hard.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path, safe_mode=True)
+    assert {layer.forward for layer in shuffle_layers(loaded)} == {"hard"}
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+    with pytest.raises(ValueError, match="Received: shuffle_forward='soft'"):
+        tiny_v2(shuffle_forward="soft")
+
+
+@pytest.mark.parametrize("build", [tiny_v2, tiny_v1], ids=["v2", "v1"])
+def test_a_hard_net_started_at_manual_is_the_manual_net_and_trains(build):
+    x = np.random.default_rng(2).normal(size=(8, 16, 16, 3)).astype("float32")
+    keras.utils.set_random_seed(5)
+    manual = build(shuffle="manual")
+    keras.utils.set_random_seed(5)
+    hard = build(shuffle_initializer="manual", shuffle_forward="hard")
+    # The same initial weights (the shuffles draw nothing) and the same function.
+    np.testing.assert_array_equal(hard.predict(x, verbose=0), manual.predict(x, verbose=0))
+    hard.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
+    hard.fit(x, np.arange(8) % 10, epochs=2, batch_size=4, verbose=0)
+    assert np.isfinite(hard.predict(x, verbose=0)).all()
+    # Every training step computed an exact permutation: hardening changes nothing.
+    before = hard.predict(x, verbose=0)
+    hardening.harden_model(hard)
+    np.testing.assert_allclose(hard.predict(x, verbose=0), before, atol=1e-6)
+
+
+def test_fixed_permutations_start_as_the_manual_net_of_the_seed():
+    rng = np.random.default_rng(3)
+    relaxed = tiny_v2()
+    perms = {
+        layer.name: rng.permutation(layer.matrix.shape[0]) for layer in shuffle_layers(relaxed)
+    }
+    keras.utils.set_random_seed(7)
+    manual = tiny_v2(shuffle="manual")
+    keras.utils.set_random_seed(7)
+    fixed = tiny_v2(shuffle_permutations=perms)
+    assert all(layer.is_hardened for layer in shuffle_layers(fixed))
+    for layer in shuffle_layers(fixed):
+        np.testing.assert_array_equal(layer.permutation, perms[layer.name])
+    assert len(fixed.trainable_weights) == len(manual.trainable_weights)
+    for a, b in zip(fixed.get_weights(), manual.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    missing = dict(perms)
+    name = missing.popitem()[0]
+    with pytest.raises(ValueError, match=f"no entry for the shuffle layer '{name}'"):
+        tiny_v2(shuffle_permutations=missing)
+    with pytest.raises(ValueError, match="does not have as shuffles: \\['nope'\\]"):
+        tiny_v2(shuffle_permutations={**perms, "nope": [0]})
+    with pytest.raises(ValueError, match="Received: shuffle='manual'"):
+        tiny_v2(shuffle="manual", shuffle_permutations=perms)
+    with pytest.raises(ValueError, match="must be a dict"):
+        tiny_v2(shuffle_permutations=list(perms.values()))
+
+
+def _splits(count=48):
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(count, 16, 16, 3)).astype("float32")
+    labels = np.arange(count) % 10
+    return data.ArrayData(images, labels, 10), data.ArrayData(images[:16], labels[:16], 10)
+
+
+def _model_fn(**overrides):
+    return tiny_v2(**overrides)
+
+
+@pytest.mark.tensorflow_only(reason="train() runs on the TensorFlow backend")
+def test_search_then_retrain_fixes_the_searched_permutations(tmp_path):
+    train_data, test_data = _splits(32)
+    recipe = training.get_recipe("digits", epochs=2, batch_size=16)
+    out = tmp_path / "run"
+    report = training.search_then_retrain(
+        _model_fn, train_data, test_data, recipe, str(out), search_epochs=1, seed=4,
+        export=False, verbose=0,
+    )  # fmt: skip
+    record = json.loads((out / "search" / "permutations.json").read_text())
+    searched = keras.saving.load_model(str(out / "search" / "model.keras"), safe_mode=True)
+    final = keras.saving.load_model(str(out / "model.keras"), safe_mode=True)
+    for layer in shuffle_layers(searched):
+        assert record["permutations"][layer.name] == layer.permutation.tolist()
+        np.testing.assert_array_equal(final.get_layer(layer.name).permutation, layer.permutation)
+    assert report["search"]["epochs"] == 1 and report["settings"]["search_epochs"] == 1
+    history = (out / "history.csv").read_text().strip().splitlines()
+    assert len(history) == 1 + recipe.epochs  # the retraining ran the whole schedule
+    # Searching again reads the record back instead of training (a killed retraining
+    # resumes with the same permutations).
+    stamp = (out / "search" / "model.keras").stat().st_mtime_ns
+    again, penalty = search._search(
+        _model_fn, train_data, test_data, recipe, str(out / "search"), 1, False, 4, None, 0
+    )
+    assert again == record["permutations"] and penalty == record["l12_penalty_at_hardening"]
+    assert (out / "search" / "model.keras").stat().st_mtime_ns == stamp
+    with pytest.raises(ValueError, match="Received: search_epochs=3"):
+        training.search_then_retrain(
+            _model_fn, train_data, test_data, recipe, str(tmp_path / "x"), search_epochs=3
+        )
+
+
+@pytest.mark.tensorflow_only(reason="train() runs on the TensorFlow backend")
+def test_search_of_zero_epochs_fixes_the_balanced_routing_of_the_fresh_net(tmp_path):
+    train_data, test_data = _splits(32)
+    recipe = training.get_recipe("digits", epochs=1, batch_size=16)
+    out = tmp_path / "run"
+    training.search_then_retrain(
+        _model_fn, train_data, test_data, recipe, str(out), search_epochs=0, balanced=True,
+        seed=9, export=False, verbose=0,
+    )  # fmt: skip
+    # Independently: the same fresh net, balanced-hardened by hand.
+    keras.utils.set_random_seed(9)
+    fresh = _model_fn()
+    hardening.harden_model(fresh, balanced=True)
+    final = keras.saving.load_model(str(out / "model.keras"), safe_mode=True)
+    for layer in shuffle_layers(fresh):
+        np.testing.assert_array_equal(final.get_layer(layer.name).permutation, layer.permutation)
+
+
+def test_study_arms_and_verdict():
+    from keras_autoshuffle.experiments import study
+
+    settings = study.StudySettings(finalists=("warm_hard",), verdict_seeds=(0, 1, 2, 3))
+    specs = {spec.name: spec for spec in study.specs(settings)}
+    assert specs["v2_warm_hard_seed0"].shuffle_forward == "hard"
+    assert specs["v2_warm_hard_seed0"].shuffle_initializer == "manual"
+    assert specs["v2_search_retrain_seed1"].search_epochs == settings.search_epochs
+    assert (
+        specs["v2_balanced_fixed_seed2"].balanced
+        and specs["v2_balanced_fixed_seed2"].search_epochs == 0
+    )
+    assert {"v1_warm_hard_seed3", "v1_manual_seed3", "v1_auto_lambda0.01_sinkhorn10_seed3"} <= set(
+        specs
+    )
+    assert len(specs) == len(study.specs(settings))  # no run twice
+    with pytest.raises(ValueError, match="Received: finalists=\\('best',\\)"):
+        study.StudySettings(finalists=("best",))
+
+    def row(model, arm, seed, accuracy, relaxed=None):
+        return {
+            "model": model, "arm": arm, "seed": seed, "final_accuracy": accuracy,
+            "rounded_accuracy": accuracy, "relaxed_accuracy": relaxed,
+            "penalty": 0.0, "routing_difference": 0.0 if arm == "warm" else 0.1,
+            "equals_manual": arm == "warm",
+        }  # fmt: skip
+
+    manual = [0.90, 0.91, 0.92]
+    warm = [0.905, 0.905, 0.93]
+    runs = [row("v2", "manual", s, a) for s, a in enumerate(manual)]
+    runs += [row("v2", "warm", s, a, a) for s, a in enumerate(warm)]
+    runs += [row("v2", "warm_hard", 0, 0.95, 0.95)]
+    (entry, single) = study.verdict(runs)
+    diffs = 100 * (np.array(warm) - np.array(manual))  # +0.5, -0.5, +1.0 points
+    assert entry["n"] == 3 and entry["diff_mean"] == pytest.approx(diffs.mean())
+    # 95% two-sided Student t with 2 degrees of freedom: 4.302653 (a t table).
+    half = 4.302653 * diffs.std(ddof=1) / np.sqrt(3)
+    assert entry["ci_low"] == pytest.approx(diffs.mean() - half, abs=1e-5)
+    assert entry["ci_high"] == pytest.approx(diffs.mean() + half, abs=1e-5)
+    assert (entry["wins"], entry["losses"], entry["equals_manual"]) == (2, 1, 3)
+    assert entry["recommended"] and not single["recommended"]  # one seed is no verdict
+    assert single["ci_low"] is None and not single["meets_target"]
+    # Rows from before the arms existed get theirs from what they recorded.
+    old = {"shuffle": "auto", "harden_at_epoch": None, "lambda": 1e-2, "sinkhorn_iterations": 10}
+    assert study.arm_of(old, settings) == "ten_passes"
+    assert study.arm_of({**old, "sinkhorn_iterations": 1}, settings) == "paper"
+    assert study.arm_of({**old, "harden_at_epoch": 8}, settings) == "harden8"
