@@ -187,3 +187,28 @@ def test_conversion_script_reads_the_width_and_classes(reference):
     assert "predictions" not in [layer.name for layer in script.model_for(backbone, False).layers]
     with pytest.raises(SystemExit, match="not a torchvision ShuffleNetV2"):
         script.model_for(backbone)
+
+
+def test_negative_or_non_finite_batch_norm_statistics_are_refused(reference):
+    # (issue 21) A negative running variance makes BatchNorm divide by sqrt(var + eps):
+    # the model would output NaN. The error names the key, the index and the value.
+    _, state_dict, _ = reference
+    small = _v2(64)
+    before = [w.copy() for w in small.get_weights()]
+    key = "stage3.1.branch2.4.running_var"
+    variance = state_dict[key].copy()
+    variance[5] = -0.25
+    message = _error(small, {**state_dict, key: variance})
+    assert "negative BatchNorm variance" in message
+    assert message.endswith(f"Received: {key}[5]=-0.25")
+    variance[5] = np.inf
+    assert _error(small, {**state_dict, key: variance}).endswith(f"Received: {key}[5]=inf")
+    mean = state_dict["conv1.1.running_mean"].copy()
+    mean[3] = np.nan
+    message = _error(small, {**state_dict, "conv1.1.running_mean": mean})
+    assert "NaN or inf" in message and message.endswith("conv1.1.running_mean[3]=nan")
+    # A variance of 0 is valid (BatchNorm adds epsilon); nothing was assigned before.
+    for old, new in zip(before, small.get_weights(), strict=True):
+        np.testing.assert_array_equal(old, new)
+    variance[5] = 0.0
+    load_torchvision_weights(small, {**state_dict, key: variance})

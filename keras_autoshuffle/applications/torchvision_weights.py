@@ -89,8 +89,17 @@ def _as_array(key, value):
             f"`state_dict[{key!r}]` must hold floating-point numbers. Received: dtype={array.dtype}"
         )
     array = array.astype(np.float32)
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"`state_dict[{key!r}]` holds NaN or infinite values.")
+    bad = ~np.isfinite(array)
+    if key.endswith(".running_var"):  # the model would divide by sqrt(negative + eps): NaN
+        bad |= array < 0
+    if np.any(bad):
+        index = tuple(int(i) for i in np.argwhere(bad)[0])
+        what = "a negative BatchNorm variance" if np.isfinite(array[index]) else "NaN or inf"
+        raise ValueError(
+            f"`state_dict[{key!r}]` holds {what} ({int(bad.sum())} of {array.size} values; "
+            "a BatchNorm running variance must be finite and >= 0, every other value "
+            f"finite). Received: {key}{list(index) if index else ''}={array[index].item()!r}"
+        )
     return array
 
 
