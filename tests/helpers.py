@@ -1,6 +1,9 @@
-"""Helpers shared by the tests: model checks for folding and hardening, tiny IDX files."""
+"""Helpers shared by the tests: tiny ShuffleNets, model checks for folding and hardening,
+tiny IDX files."""
 
 import gzip
+import importlib.util
+import inspect
 import itertools
 import os
 
@@ -9,6 +12,59 @@ import numpy as np
 
 import keras_autoshuffle as ka
 from keras_autoshuffle import folding
+from keras_autoshuffle.applications import ShuffleNetV1, ShuffleNetV2, shufflenet_v1, shufflenet_v2
+
+# Tiny nets: the real layer structure (every layer kind, a down-sampling unit in every
+# stage and basic units after it in stage 3), a few channels, 16x16 inputs (the CIFAR stem).
+# For tests of structure (builders, hardening, folding, export, training loops), where
+# the size of the published nets is not the point.
+TINY_SIDE = 16
+TINY_SHAPE = (TINY_SIDE, TINY_SIDE, 3)
+TINY_REPEATS = (1, 3, 1)
+TINY_UNITS = sum(TINY_REPEATS)
+# v2: stem, stages 2-4 (even), head.
+TINY_V2_CHANNELS = (8, 16, 32, 64, 64)
+# v1: stem, stages 2-4, each stage a multiple of 4 x groups (the stem: of groups). As in
+# the real 0.25x and 0.5x nets, the bottlenecks (stage // 4) hold an odd number of
+# channels per group in stages 2 and 3 (g3: 9 = 3 x 3, 15 = 3 x 5).
+TINY_V1_CHANNELS = {
+    1: (6, 36, 60, 120),
+    2: (8, 40, 80, 160),
+    3: (6, 36, 60, 120),
+    4: (8, 48, 80, 160),
+    8: (8, 96, 160, 320),
+}
+
+
+def _public_defaults(builder):
+    return {name: p.default for name, p in inspect.signature(builder).parameters.items()}
+
+
+def _tiny_arguments(builder, overrides):
+    arguments = {**_public_defaults(builder), "input_shape": TINY_SHAPE, **overrides}
+    if "input_tensor" in overrides and "input_shape" not in overrides:
+        arguments["input_shape"] = None
+    arguments.setdefault("repeats", TINY_REPEATS)
+    return arguments
+
+
+def tiny_v2(**overrides):
+    """A tiny ShuffleNet v2 (manual shuffles unless `shuffle="auto"`): the public
+    builders' defaults, 16x16x3 inputs, `TINY_V2_CHANNELS`, `TINY_REPEATS` units; any
+    builder argument (or `channels`, `repeats`) overrides them."""
+    arguments = _tiny_arguments(ShuffleNetV2, overrides)
+    arguments.setdefault("channels", TINY_V2_CHANNELS)
+    prefix = "shufflenet_v2" if arguments["shuffle"] == "manual" else "autoshufflenet_v2"
+    return shufflenet_v2._shufflenet_v2(**arguments, prefix=prefix)
+
+
+def tiny_v1(**overrides):
+    """A tiny ShuffleNet v1 (g = 3 and manual shuffles unless overridden), as `tiny_v2`;
+    its channels are `TINY_V1_CHANNELS[groups]`."""
+    arguments = _tiny_arguments(ShuffleNetV1, overrides)
+    arguments.setdefault("channels", TINY_V1_CHANNELS[arguments["groups"]])
+    prefix = "shufflenet_v1" if arguments["shuffle"] == "manual" else "autoshufflenet_v1"
+    return shufflenet_v1._shufflenet_v1(**arguments, prefix=prefix)
 
 
 def _randomize_batch_norm(model, rng):
@@ -82,3 +138,17 @@ def _brute_force_best(matrix, keep):
         if keep(perm)
     ]
     return max(masses) if masses else None
+
+
+SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+
+
+def load_script(name):
+    """scripts/<name>.py as a module (the scripts are not a package): its `main(argv)` runs
+    in the test process, without a fresh interpreter's imports."""
+    spec = importlib.util.spec_from_file_location(
+        f"script_{name}", os.path.join(SCRIPTS, f"{name}.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

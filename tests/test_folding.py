@@ -1,5 +1,7 @@
-"""Folding shuffles into weights: exact for v1 (every group count) and v2 (every width),
-with random, balanced and manual permutations."""
+"""Folding shuffles into weights: exact for v1 (every group count) and v2 (even and odd
+channel quarters, as the published widths have), with random, balanced and manual
+permutations. Tiny nets (tests/helpers.py): folding depends on the layer structure, not
+on the size; tests/test_torchvision_weights.py folds the real 0.5x net."""
 
 import os
 import subprocess
@@ -8,11 +10,18 @@ import sys
 import keras
 import numpy as np
 import pytest
-from helpers import _assert_folds_exactly, _layer_counts, _randomize_batch_norm
+from helpers import (
+    TINY_SIDE,
+    TINY_UNITS,
+    _assert_folds_exactly,
+    _layer_counts,
+    _randomize_batch_norm,
+    tiny_v1,
+    tiny_v2,
+)
 
 import keras_autoshuffle as ka
 from keras_autoshuffle import export, folding, hardening, permutations
-from keras_autoshuffle.applications import ShuffleNetV1, ShuffleNetV2
 
 
 def _harden_randomly(model, rng, perm_fn=None):
@@ -21,7 +30,7 @@ def _harden_randomly(model, rng, perm_fn=None):
         layer.harden(rng.permutation(n) if perm_fn is None else perm_fn(layer, n))
 
 
-V1_CASES = [(1, 0.25), (2, 0.25), (3, 0.25), (4, 0.25), (8, 0.5)]
+V1_GROUPS = [1, 2, 3, 4, 8]
 
 
 def _balanced_permutation(n, groups, rng):
@@ -33,18 +42,18 @@ def _balanced_permutation(n, groups, rng):
     return sigma[permutations.group_shuffle_permutation(n, groups)[tau]]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("groups,width", V1_CASES)
-def test_v1_folding_exact(groups, width):
-    common = dict(groups=groups, width=width, input_shape=(8, 8, 3), classes=7)
-    manual = ShuffleNetV1(shuffle="manual", classifier_activation=None, **common)
-    folded = _assert_folds_exactly(manual, groups, 8)
-    # The manual shuffle stays the manual reshape-transpose, once per unit (g > 1).
-    assert _layer_counts(folded).get("ChannelShuffle", 0) == (15 if groups > 1 else 0)
+@pytest.mark.parametrize("groups", V1_GROUPS)
+def test_v1_folding_exact(groups):
+    common = dict(groups=groups, classes=7, classifier_activation=None)
+    manual = tiny_v1(shuffle="manual", **common)
+    folded = _assert_folds_exactly(manual, groups, TINY_SIDE)
+    # The manual shuffle stays the manual reshape-transpose, once per unit (g > 1) but
+    # stage 2 unit 1, whose ungrouped conv1 takes it.
+    assert _layer_counts(folded).get("ChannelShuffle", 0) == (TINY_UNITS - 1 if groups > 1 else 0)
     assert _layer_counts(folded).get("ChannelSlice", 0) == 0
 
     # Learned: every other shuffle random, the others balanced (manual block counts).
-    learned = ShuffleNetV1(shuffle="auto", classifier_activation=None, **common)
+    learned = tiny_v1(shuffle="auto", **common)
     rng = np.random.default_rng(groups)
     balanced = 0
     for k, layer in enumerate(ka.relaxed_shuffles(learned)):
@@ -58,33 +67,40 @@ def test_v1_folding_exact(groups, width):
             permutations.group_shuffle_permutation(n, g), g
         )
         balanced += bool(g) and np.array_equal(permutations.block_counts(perm, g), manual_counts)
-    folded = _assert_folds_exactly(learned, groups + 10, 8)
+    folded = _assert_folds_exactly(learned, groups + 10, TINY_SIDE)
     # Stage 2 unit 1 (ungrouped conv1) folds away completely; balanced shuffles become
     # the manual reshape-transpose; random ones slices.
     assert _layer_counts(folded).get("ChannelShuffle", 0) == balanced
     assert (_layer_counts(folded).get("ChannelSlice", 0) > 0) == (groups > 1)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("width", [0.5, 1.0, 1.5, 2.0])
-def test_v2_folding_exact(width):
-    common = dict(width=width, input_shape=(8, 8, 3), stem="cifar", classes=5)
-    manual = ShuffleNetV2(shuffle="manual", classifier_activation=None, **common)
-    folded = _assert_folds_exactly(manual, 1, 8)
+# Stage widths (stem, stages 2-4, head). The published widths' halves are even (0.5x:
+# 24, 48, 96; 1.5x: 88, ...) or twice an odd number (1.0x: 58 = 2 x 29; 2.0x: 122);
+# "odd_quarters" has halves 6, 10, 18. "x1_0" is the real 1.0x net's channels and units.
+V2_CASES = {
+    "even_quarters": dict(channels=(8, 16, 32, 64, 64)),
+    "odd_quarters": dict(channels=(8, 12, 20, 36, 64)),
+    "x1_0": dict(channels=(24, 116, 232, 464, 1024), repeats=(4, 8, 4)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(V2_CASES))
+def test_v2_folding_exact(case):
+    common = dict(classes=5, classifier_activation=None, **V2_CASES[case])
+    manual = tiny_v2(shuffle="manual", **common)
+    folded = _assert_folds_exactly(manual, 1, TINY_SIDE)
     assert _layer_counts(folded).get("ChannelShuffle", 0) == 0
-    learned = ShuffleNetV2(shuffle="auto", classifier_activation=None, **common)
-    _harden_randomly(learned, np.random.default_rng(int(width * 10)))
-    _assert_folds_exactly(learned, 2, 8)
+    learned = tiny_v2(shuffle="auto", **common)
+    _harden_randomly(learned, np.random.default_rng(len(case)))
+    _assert_folds_exactly(learned, 2, TINY_SIDE)
 
 
-@pytest.mark.parametrize(
-    "build, kwargs", [(ShuffleNetV2, {"width": 0.5}), (ShuffleNetV1, {"groups": 3, "width": 0.25})]
-)
+@pytest.mark.parametrize("build", [tiny_v2, tiny_v1], ids=["v2", "v1_g3"])
 @pytest.mark.parametrize("padding", ["torch", "same"])
-def test_folding_keeps_the_padding(build, kwargs, padding):
-    common = dict(input_shape=(16, 16, 3), stem="cifar", classes=5, classifier_activation=None)
-    model = build(shuffle="manual", padding=padding, **common, **kwargs)
-    folded = _assert_folds_exactly(model, 3, 16)
+def test_folding_keeps_the_padding(build, padding):
+    common = dict(stem="cifar", classes=5, classifier_activation=None)
+    model = build(shuffle="manual", padding=padding, **common)
+    folded = _assert_folds_exactly(model, 3, TINY_SIDE)
     pads = [layer for layer in folded.layers if isinstance(layer, keras.layers.ZeroPadding2D)]
     # Two stride-2 layers per stage with the CIFAR stem (v2: both branches' depthwise
     # convs; v1: the depthwise conv and the average-pool shortcut).
@@ -92,7 +108,7 @@ def test_folding_keeps_the_padding(build, kwargs, padding):
 
 
 def test_fold_refuses_relaxed_and_other_models():
-    model = ShuffleNetV2(width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    model = tiny_v2(shuffle="auto", classes=3)
     with pytest.raises(ValueError, match="relaxed"):
         folding.fold_model(model)
     inputs = keras.Input((4, 4, 3))
@@ -102,13 +118,11 @@ def test_fold_refuses_relaxed_and_other_models():
 
 @pytest.mark.tensorflow_only(reason="LiteRT export")
 def test_folded_litert_has_no_gather_and_matches(tmp_path):
-    model = ShuffleNetV2(
-        width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=4, classifier_activation=None
-    )
+    model = tiny_v2(shuffle="auto", classes=4, classifier_activation=None)
     _harden_randomly(model, np.random.default_rng(0))
     rng = np.random.default_rng(1)
     _randomize_batch_norm(model, rng)
-    x = rng.normal(size=(2, 8, 8, 3)).astype("float32")
+    x = rng.normal(size=(2, TINY_SIDE, TINY_SIDE, 3)).astype("float32")
 
     def ops_of(path):
         interpreter = export.litert_interpreter(path)
@@ -124,11 +138,11 @@ def test_folded_litert_has_no_gather_and_matches(tmp_path):
 
 
 def test_folded_model_round_trips_safe_mode(tmp_path):
-    model = ShuffleNetV1(groups=3, width=0.25, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    model = tiny_v1(groups=3, shuffle="auto", classes=3)
     _harden_randomly(model, np.random.default_rng(0))
     folded = folding.fold_model(model)
     assert _layer_counts(folded).get("ChannelSlice", 0) > 0
-    x = np.random.default_rng(2).normal(size=(2, 8, 8, 3)).astype("float32")
+    x = np.random.default_rng(2).normal(size=(2, TINY_SIDE, TINY_SIDE, 3)).astype("float32")
     result = export.export_model(folded, str(tmp_path), x, formats=("keras",))
     assert result["keras"]["max_abs_diff"] <= 1e-6
 
@@ -147,14 +161,14 @@ def test_decompose_recovers_perm():
 def test_folded_v2_keras_file_loads_in_a_fresh_process_after_import(tmp_path):
     # ChannelSlice (defined outside the builders) must be registered by
     # `import keras_autoshuffle` alone.
-    model = ShuffleNetV2(width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    model = tiny_v2(shuffle="auto", classes=3)
     _harden_randomly(model, np.random.default_rng(4))
     folded = folding.fold_model(model)
     counts = _layer_counts(folded)
     assert counts.get("ChannelSlice", 0) > 0
     path, x_path, y_path = tmp_path / "folded.keras", tmp_path / "x.npy", tmp_path / "y.npy"
     folded.save(path)
-    x = np.random.default_rng(5).normal(size=(2, 8, 8, 3)).astype("float32")
+    x = np.random.default_rng(5).normal(size=(2, TINY_SIDE, TINY_SIDE, 3)).astype("float32")
     np.save(x_path, x)
     code = (
         "import sys, numpy as np, keras, keras_autoshuffle\n"
@@ -176,14 +190,14 @@ def test_folded_v2_keras_file_loads_in_a_fresh_process_after_import(tmp_path):
 def test_a_layer_renamed_outside_the_description_fails_loudly():
     # Builders and folding share applications/architecture.py; a layer renamed in one
     # place only must stop folding and balanced hardening, not fold a wrong network.
-    model = ShuffleNetV2(width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    model = tiny_v2(shuffle="auto", classes=3)
     model.get_layer("stage3_unit2_dwbn").name = "stage3_unit2_dw_bn"
     with pytest.raises(ValueError, match="stage3_unit2_dwbn"):
         ka.harden_model(model, balanced=True)
     _harden_randomly(model, np.random.default_rng(0))
     with pytest.raises(ValueError, match="lacks layers.*stage3_unit2_dwbn"):
         folding.fold_model(model)
-    v1 = ShuffleNetV1(groups=3, width=0.25, input_shape=(8, 8, 3), classes=3)
-    v1.get_layer("stage4_unit3_add").name = "stage4_unit3_sum"
-    with pytest.raises(ValueError, match="stage4_unit3_add"):
+    v1 = tiny_v1(groups=3, classes=3)
+    v1.get_layer("stage3_unit3_add").name = "stage3_unit3_sum"
+    with pytest.raises(ValueError, match="stage3_unit3_add"):
         folding.fold_model(v1)

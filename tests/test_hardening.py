@@ -6,11 +6,19 @@ import itertools
 import keras
 import numpy as np
 import pytest
-from helpers import _assert_folds_exactly, _brute_force_best, _layer_counts
+from helpers import (
+    TINY_SIDE,
+    TINY_UNITS,
+    TINY_V2_CHANNELS,
+    _assert_folds_exactly,
+    _brute_force_best,
+    _layer_counts,
+    tiny_v1,
+    tiny_v2,
+)
 
 import keras_autoshuffle as ka
 from keras_autoshuffle import folding, hardening, permutations
-from keras_autoshuffle.applications import ShuffleNetV1, ShuffleNetV2
 from keras_autoshuffle.hardening import balanced, balanced_v2
 
 
@@ -59,7 +67,7 @@ def test_balanced_with_prescribed_counts_and_bad_counts():
 
 
 def test_harden_model_balanced_report():
-    model = ShuffleNetV1(groups=3, width=0.25, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    model = tiny_v1(groups=3, shuffle="auto", classes=3)
     report = ka.harden_model(model, balanced=True)
     groups = hardening.shuffle_groups(model)
     assert groups["stage2_unit1_shuffle"] is None
@@ -78,7 +86,8 @@ def test_harden_model_balanced_report():
             assert "mass" not in entry
     folded = folding.fold_model(model)
     assert _layer_counts(folded).get("ChannelSlice", 0) == 0
-    assert _layer_counts(folded)["ChannelShuffle"] == 15
+    # One manual reshape-transpose per unit but stage 2 unit 1 (ungrouped conv1).
+    assert _layer_counts(folded)["ChannelShuffle"] == TINY_UNITS - 1
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -137,37 +146,40 @@ def test_v2_routed_hardening_is_optimal_by_brute_force(blocks, seed):
 
 
 def test_harden_model_balanced_v2_folds_into_splits_and_concats():
-    common = dict(width=0.5, input_shape=(8, 8, 3), stem="cifar", classes=5)
-    model = ShuffleNetV2(shuffle="auto", classifier_activation=None, **common)
+    common = dict(stem="cifar", classes=5, classifier_activation=None)
+    model = tiny_v2(shuffle="auto", **common)
     report = ka.harden_model(model, balanced=True)
-    assert len(report) == 16
+    assert len(report) == TINY_UNITS
     for entry in report:
         assert entry["groups"] == 2 and entry["optimal"]
         assert entry["mass"] <= entry["plain_mass"] + 1e-9
-    folded = _assert_folds_exactly(model, 3, 8)
+    folded = _assert_folds_exactly(model, 3, TINY_SIDE)
     counts = _layer_counts(folded)
     # Each unit's output cut at most once into two halves, each unit input (and stage
-    # end) one concat of whole pieces: no slices, at most 16 SPLIT + 16 CONCAT for the
-    # 16 units (the net without shuffles has 13 + 16, copying twice the channels).
+    # end) one concat of whole pieces: no slices, at most one SPLIT and one CONCAT per
+    # unit (the net without shuffles has a SPLIT per basic unit and a CONCAT per unit,
+    # copying twice the channels).
     assert counts.get("ChannelSlice", 0) == 0
-    assert counts.get("ChannelSplit", 0) <= 16 and counts.get("Concatenate", 0) <= 16
+    assert counts.get("ChannelSplit", 0) <= TINY_UNITS
+    assert counts.get("Concatenate", 0) <= TINY_UNITS
     # Plain hardening of the same kind of matrices needs slices.
-    plain = ShuffleNetV2(shuffle="auto", classifier_activation=None, **common)
+    plain = tiny_v2(shuffle="auto", **common)
     ka.harden_model(plain)
-    assert _layer_counts(folding.fold_model(plain)).get("ChannelSlice", 0) > 20
+    assert _layer_counts(folding.fold_model(plain)).get("ChannelSlice", 0) > TINY_UNITS
 
 
 def test_balanced_v2_rejects_bad_arguments():
-    model = ShuffleNetV2(width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=3)
-    ok = np.full((48, 48), 1 / 48)
-    for name in ("head_conv", "stage2_unit0_shuffle", "stage2_unit7_shuffle", None):
+    model = tiny_v2(shuffle="auto", classes=3)
+    n = TINY_V2_CHANNELS[1]  # stage 2
+    ok = np.full((n, n), 1 / n)
+    for name in ("head_conv", "stage2_unit0_shuffle", "stage2_unit2_shuffle", None):
         with pytest.raises(ValueError, match=f"Received: shuffle_name={name!r}"):
             hardening.nearest_balanced_v2_permutation(model, name, ok)
     with pytest.raises(ValueError, match=r"Received: matrix.shape=\(4, 4\)"):
         hardening.nearest_balanced_v2_permutation(model, "stage2_unit1_shuffle", np.eye(4))
     with pytest.raises(ValueError, match="Received: time_limit=-1"):
         hardening.nearest_balanced_v2_permutation(model, "stage2_unit1_shuffle", ok, time_limit=-1)
-    v1 = ShuffleNetV1(groups=3, width=0.25, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    v1 = tiny_v1(groups=3, shuffle="auto", classes=3)
     with pytest.raises(ValueError, match="needs a ShuffleNet v2"):
         hardening.nearest_balanced_v2_permutation(v1, "stage2_unit1_shuffle", ok)
 
@@ -212,9 +224,9 @@ def test_repair_reaches_any_prescribed_counts_from_any_start():
 
 
 def test_balanced_v2_hardening_under_a_tiny_time_limit_reports_it():
-    model = ShuffleNetV2(width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    model = tiny_v2(shuffle="auto", classes=3)
     report = ka.harden_model(model, balanced=True, time_limit=1e-3)
-    assert len(report) == 16
+    assert len(report) == TINY_UNITS
     assert all(isinstance(entry["optimal"], bool) for entry in report)
     counts = _layer_counts(folding.fold_model(model))
     assert counts.get("ChannelSlice", 0) == 0
@@ -233,19 +245,20 @@ def test_v2_routing_counts_of_the_manual_shuffle_by_hand():
 
 
 def test_routing_difference_is_zero_exactly_for_manual_counts():
-    manual = ShuffleNetV2(width=0.5, input_shape=(8, 8, 3), classes=3)
+    manual = tiny_v2(classes=3)
     assert hardening.routing_difference(manual) == 0.0
     # v1: balanced hardening keeps the manual block counts, so the manual net re-parametrised.
-    v1 = ShuffleNetV1(groups=3, width=0.25, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    v1 = tiny_v1(groups=3, shuffle="auto", classes=3)
     ka.harden_model(v1, balanced=True)
     assert hardening.routing_difference(v1) == 0.0
     # Swapping the halves keeps each unit's fresh output and sends the kept half on.
-    v2 = ShuffleNetV2(width=0.5, shuffle="auto", input_shape=(8, 8, 3), classes=3)
+    v2 = tiny_v2(shuffle="auto", classes=3)
     for layer in ka.relaxed_shuffles(v2):
         n = layer.matrix.shape[0]
         layer.harden(np.roll(np.arange(n), n // 2))  # swap the halves
-    entry = hardening.routing_counts(v2)[0]
-    assert entry["counts"][0, 0] == 24  # the down unit's whole left branch goes to unit 2
+    # Stage 3 (three units): the down unit's whole left branch goes to unit 2.
+    entry = next(e for e in hardening.routing_counts(v2) if e["stage"] == 3)
+    assert entry["counts"][0, 0] == TINY_V2_CHANNELS[2] // 2
     assert 0 < hardening.routing_difference(v2) <= 1
 
 
