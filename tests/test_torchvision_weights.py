@@ -10,18 +10,16 @@ and torchvision's logits for them. Remake it with (needs torch and torchvision):
         --output tests/fixtures/torchvision_shufflenet_v2_x0_5.npz
 """
 
-import importlib.util
 import json
 import os
 
 import keras
 import numpy as np
 import pytest
-from helpers import _randomize_batch_norm
+from helpers import _randomize_batch_norm, load_script, tiny_v1, tiny_v2
 
 from keras_autoshuffle import folding
 from keras_autoshuffle.applications import (
-    AutoShuffleNetV1,
     AutoShuffleNetV2,
     ShuffleNetV1,
     ShuffleNetV2,
@@ -120,39 +118,43 @@ def test_converter_errors_name_the_mismatch(reference):
 
 
 @pytest.mark.parametrize(
-    "manual, auto, kwargs",
+    "build, kwargs",
     [
-        (ShuffleNetV2, AutoShuffleNetV2, {}),
-        (ShuffleNetV1, AutoShuffleNetV1, {"groups": 3}),
+        (tiny_v2, {}),
+        (tiny_v1, {"groups": 3}),
         # g = 1: the manual net has no shuffle layers, the learned one starts at identities.
-        (ShuffleNetV1, AutoShuffleNetV1, {"groups": 1}),
+        (tiny_v1, {"groups": 1}),
     ],
+    ids=["v2", "v1_g3", "v1_g1"],
 )
-def test_learned_net_starts_from_a_manual_weights_file(tmp_path, manual, auto, kwargs):
-    common = dict(width=0.5, input_shape=(64, 64, 3), classes=5, classifier_activation=None)
-    pretrained = manual(stem="imagenet", **common, **kwargs)
+def test_learned_net_starts_from_a_manual_weights_file(tmp_path, build, kwargs):
+    # Tiny nets (tests/helpers.py) with the ImageNet stem: the weights file's layout and
+    # the shuffles' start are what matter, not the size.
+    common = dict(input_shape=(32, 32, 3), stem="imagenet", classes=5, classifier_activation=None)
+    pretrained = build(shuffle="manual", **common, **kwargs)
     _randomize_batch_norm(pretrained, np.random.default_rng(0))
     path = str(tmp_path / "manual.weights.h5")
     pretrained.save_weights(path)
-    warm = auto(stem="imagenet", weights=path, shuffle_initializer="manual", **common, **kwargs)
-    x = np.random.default_rng(1).normal(size=(2, 64, 64, 3)).astype("float32")
-    expected = pretrained.predict(x, verbose=0)
+    warm = build(shuffle="auto", weights=path, shuffle_initializer="manual", **common, **kwargs)
+    x = np.random.default_rng(1).normal(size=(2, 32, 32, 3)).astype("float32")
+    expected = keras.ops.convert_to_numpy(pretrained(x, training=False))
     assert np.abs(expected).max() > 1e-2
-    np.testing.assert_array_equal(warm.predict(x, verbose=0), expected)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(warm(x, training=False)), expected)
     # "random" starts the matrices where the paper does: the same weights, another net.
-    cold = auto(stem="imagenet", weights=path, **common, **kwargs)
-    assert np.abs(cold.predict(x, verbose=0) - expected).max() > 1e-4
+    cold = build(shuffle="auto", weights=path, **common, **kwargs)
+    assert np.abs(keras.ops.convert_to_numpy(cold(x, training=False)) - expected).max() > 1e-4
 
 
 def test_stride_two_layers_pad_as_pytorch():
     # PyTorch's AvgPool2d(3, 2, padding=1) divides by 9 at the border
     # (count_include_pad): a corner of an all-ones map averages 4 ones.
-    model = ShuffleNetV1(0.5, 3, stem="imagenet", input_shape=(64, 64, 3))
+    model = tiny_v1(groups=3, stem="imagenet", input_shape=(32, 32, 3))
     pool = keras.Model(
         model.get_layer("stage2_unit1_pool_pad").input, model.get_layer("stage2_unit1_pool").output
     )
-    out = pool.predict(np.ones((1, 16, 16, 12), "float32"), verbose=0)
-    assert out.shape == (1, 8, 8, 12)
+    channels = model.get_layer("stem_conv").filters
+    out = keras.ops.convert_to_numpy(pool(np.ones((1, 8, 8, channels), "float32")))
+    assert out.shape == (1, 4, 4, channels)
     np.testing.assert_allclose(out[0, 0, 0], 4 / 9, rtol=1e-6)
     np.testing.assert_allclose(out[0, 1, 1], 1.0, rtol=1e-6)
     names = {layer.name for layer in model.layers}
@@ -174,12 +176,7 @@ def test_converted_weights_fit_only_nets_with_the_torch_padding(tmp_path, refere
 
 
 def test_conversion_script_reads_the_width_and_classes(reference):
-    path = os.path.join(
-        os.path.dirname(__file__), "..", "scripts", "convert_torchvision_weights.py"
-    )
-    spec = importlib.util.spec_from_file_location("convert_script", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("convert_torchvision_weights")
     _, state_dict, _ = reference
     model = script.model_for(state_dict)
     assert (model.name, model.output_shape[-1]) == ("shufflenet_v2_x0_5", 10)
