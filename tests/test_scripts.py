@@ -1,42 +1,57 @@
-"""The training scripts end to end on the embedded digits, with tiny settings."""
+"""The training scripts end to end on the embedded digits, with tiny settings.
 
+The scripts' `main(argv)` runs in the test process (a fresh interpreter would add its
+imports, ~10 s, to every call); a run's refusals end in SystemExit as on the command
+line. The digits job below is the real 0.5x net, trained once for the module.
+"""
+
+import contextlib
 import csv
+import io
 import json
-import os
-import subprocess
-import sys
+import shutil
 
 import keras
 import numpy as np
 import pytest
+from helpers import load_script
 
 from keras_autoshuffle import RelaxedShuffle, data
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIGITS_JOB = [
+    "--dataset", "digits", "--model", "v2", "--width", "0.5", "--shuffle", "auto",
+    "--epochs", "2", "--batch-size", "32", "--max-train-examples", "96",
+    "--harden-at-epoch", "1", "--balanced", "--verbose", "0", "--sinkhorn-iterations", "3",
+]  # fmt: skip
 
 
-def _script(name, *args, timeout=300):
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", name), *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
-    return result.returncode, result.stdout + result.stderr
+def _main(name, *args):
+    """scripts/<name>.py's main(args): (exit status, what it printed or exited with)."""
+    script = load_script(name)
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+            script.main(list(args))
+    except SystemExit as exit:
+        code = exit.code
+        if isinstance(code, str):  # sys.exit("error: ..."): printed, status 1
+            return 1, printed.getvalue() + code
+        return code or 0, printed.getvalue()
+    return 0, printed.getvalue()
+
+
+@pytest.fixture(scope="module")
+def digits_job(tmp_path_factory):
+    """scripts/train_cifar10.py's digits job, run once: (output folder, exit, printed)."""
+    keras.backend.clear_session()
+    out = tmp_path_factory.mktemp("digits_job") / "run"
+    code, output = _main("train_cifar10", *DIGITS_JOB, "--output", str(out))
+    return out, code, output
 
 
 @pytest.mark.slow
-def test_train_cifar10_script_on_digits_writes_everything(tmp_path):
-    out = tmp_path / "run"
-    code, output = _script(
-        "train_cifar10.py",
-        "--dataset", "digits", "--model", "v2", "--width", "0.5", "--shuffle", "auto",
-        "--epochs", "2", "--batch-size", "32", "--max-train-examples", "96",
-        "--harden-at-epoch", "1", "--balanced", "--output", str(out), "--verbose", "0",
-        "--sinkhorn-iterations", "3",
-    )  # fmt: skip
+def test_train_cifar10_script_on_digits_writes_everything(digits_job):
+    out, code, output = digits_job
     assert code == 0, output[-3000:]
     for name in ("model.keras", "saved_model", "model.tflite", "report.json", "history.csv"):
         assert (out / name).exists(), name
@@ -89,40 +104,38 @@ def test_train_cifar10_script_on_digits_writes_everything(tmp_path):
 
 
 def test_train_imagenet_without_data_fails_fast_with_instructions(tmp_path):
-    code, output = _script(
-        "train_imagenet.py",
+    # An error the script explains ends in SystemExit; any other exception (a
+    # traceback on the command line) fails the test by propagating.
+    code, output = _main(
+        "train_imagenet",
         "--data-dir", str(tmp_path), "--manual-dir", str(tmp_path), "--output", str(tmp_path / "o"),
-        timeout=120,
     )  # fmt: skip
     assert code != 0
     assert "ILSVRC2012_img_train.tar" in output and "Traceback" not in output
 
 
 def test_train_cifar10_rejects_bad_arguments(tmp_path):
-    code, output = _script(
-        "train_cifar10.py", "--epochs", "0", "--output", str(tmp_path), timeout=120
-    )
+    code, output = _main("train_cifar10", "--epochs", "0", "--output", str(tmp_path))
     assert code != 0 and "--epochs: must be a positive integer, got '0'" in output
-    code, output = _script(
-        "train_cifar10.py", "--max-train-examples", "-5", "--output", str(tmp_path), timeout=120
-    )
+    code, output = _main("train_cifar10", "--max-train-examples", "-5", "--output", str(tmp_path))
     assert code != 0 and "--max-train-examples: must be a positive integer, got '-5'" in output
-    code, output = _script(
-        "train_cifar10.py", "--sinkhorn-iterations", "1001", "--output", str(tmp_path), timeout=120
+    code, output = _main(
+        "train_cifar10", "--sinkhorn-iterations", "1001", "--output", str(tmp_path)
     )
     assert code != 0 and "Received: sinkhorn_iterations=1001" in output
 
 
 @pytest.mark.slow
-def test_train_cifar10_reruns_into_a_used_output_directory(tmp_path):
-    out = tmp_path / "run"
-    args = ["--dataset", "digits", "--max-train-examples", "64", "--epochs", "1", "--no-export",
-            "--output", str(out), "--verbose", "0"]  # fmt: skip
-    code, output = _script("train_cifar10.py", *args)
+def test_train_cifar10_reruns_into_a_used_output_directory(digits_job, tmp_path):
+    # The digits job's finished run, copied: the reruns below must not train or write.
+    finished, code, output = digits_job
     assert code == 0, output[-3000:]
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    args = [*DIGITS_JOB, "--output", str(out)]
     # A finished run is not overwritten (--overwrite's removal of every old file is
-    # tests/test_fault_tolerance.py's; a second training would double this test's time).
-    code, output = _script("train_cifar10.py", *args, timeout=120)
+    # tests/test_fault_tolerance.py's).
+    code, output = _main("train_cifar10", *args)
     assert code != 0 and "Traceback" not in output, output[-3000:]
     assert "holds a finished run" in output and "--overwrite" in output
     assert (out / "model.keras").exists() and (out / "report.json").exists()
@@ -133,6 +146,6 @@ def test_train_cifar10_reruns_into_a_used_output_directory(tmp_path):
     (out / "report.json").unlink()
     (out / "backup").mkdir()
     (out / "backup" / "settings.json").write_text(json.dumps(settings))
-    code, output = _script("train_cifar10.py", *args, "--shuffle", "manual", timeout=120)
+    code, output = _main("train_cifar10", *args, "--shuffle", "manual")
     assert code != 0 and "Traceback" not in output, output[-3000:]
     assert "shuffle='manual' (backup: 'auto')" in output
