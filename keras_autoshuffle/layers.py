@@ -36,6 +36,20 @@ def _permute_channels(x, perm, channel_axis):
 FORWARDS = ("relaxed", "hard")
 
 
+def checked_permutation(value, name="permutation"):
+    """`value` as an int64 permutation vector of 0..n-1: integers, not booleans (which
+    NumPy sorts as 0 and 1) nor fractions; ValueError naming `name` otherwise."""
+    array = np.asarray(None if isinstance(value, (str, bytes, dict)) else value)
+    whole = array.dtype.kind in "iu" or (
+        array.dtype.kind == "f" and np.all(np.isfinite(array) & (array == np.round(array)))
+    )
+    if array.dtype == bool or not whole:
+        raise ValueError(
+            f"`{name}` must be a vector of integers 0..n-1. Received: {name}={str(value)[:200]}"
+        )
+    return permutations._as_permutation(array.astype(np.int64), name)
+
+
 def _assignment_int32(matrix):
     return permutations.nearest_permutation(np.asarray(matrix, np.float64)).astype(np.int32)
 
@@ -130,16 +144,14 @@ class RelaxedShuffle(keras.layers.Layer):
         self.seed = seed
         self.matrix = None
         self._permutation = (
-            None
-            if permutation is None
-            else permutations._as_permutation(permutation, "permutation")
+            None if permutation is None else checked_permutation(permutation, "permutation")
         )
 
     def build(self, input_shape):
         channels = input_shape[self._channel_axis]
-        if channels is None:
+        if channels is None or channels < 1:
             raise ValueError(
-                "RelaxedShuffle needs a known channel dimension. "
+                "RelaxedShuffle needs a known channel dimension of at least one channel. "
                 f"Received: input_shape={input_shape}"
             )
         if self._permutation is not None:
@@ -241,7 +253,7 @@ class RelaxedShuffle(keras.layers.Layer):
         matrix = self._matrix_numpy()
         if permutation is None:
             permutation = permutations.nearest_permutation(matrix)
-        permutation = permutations._as_permutation(permutation, "permutation")
+        permutation = checked_permutation(permutation, "permutation")
         if permutation.size != matrix.shape[0]:
             raise ValueError(
                 f"`permutation` must have {matrix.shape[0]} entries. "
@@ -252,6 +264,40 @@ class RelaxedShuffle(keras.layers.Layer):
         self.matrix = None
         self._permutation = permutation
         return permutation.copy()
+
+    def save_own_variables(self, store):
+        """A hardened layer writes its permutation (int64) where a relaxed one writes M,
+        so weights files and backups carry it, not only the `.keras` config."""
+        if self.is_hardened:
+            store["permutation"] = self._permutation.astype(np.int64)
+        else:
+            super().save_own_variables(store)
+
+    def load_own_variables(self, store):
+        """Reads M, or a permutation: a relaxed layer given a hardened layer's entry is
+        hardened at that permutation (a fresh builder takes a hardened net's weights)."""
+        if "permutation" not in store.keys():
+            if self.is_hardened and len(store.keys()):
+                raise ValueError(
+                    f"Layer '{self.name}' is hardened, but the weights file holds a relaxed "
+                    "matrix for it. Load it into the relaxed model it was saved from. "
+                    f"Received: entries {sorted(store.keys())}"
+                )
+            if not self.is_hardened:
+                super().load_own_variables(store)
+            return
+        permutation = permutations._as_permutation(store["permutation"], "permutation")
+        size = self._permutation.size if self.is_hardened else self.matrix.shape[0]
+        if permutation.size != size:
+            raise ValueError(
+                f"The weights file's permutation for layer '{self.name}' has "
+                f"{permutation.size} entries; the layer shuffles {size} channels. "
+                f"Received: permutation of size {permutation.size}"
+            )
+        if self.is_hardened:
+            self._permutation = permutation
+        else:
+            self.harden(permutation)
 
     def get_config(self):
         config = super().get_config()

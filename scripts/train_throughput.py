@@ -4,7 +4,9 @@
 
 Times `train_on_batch` on random data for ShuffleNet v1 (g=3) and v2 with the manual
 shuffle, the relaxed shuffle (training an AutoShuffleNet; "relaxed_sinkhorn10" with ten
-constraint passes per step) and the hardened one;
+constraint passes per step), the hard forward pass started at the manual shuffle
+("hard_sinkhorn10": the nearest permutation by linear assignment on the host at every
+step, straight-through gradient) and the hardened one;
 the variants are interleaved and repeated, the medians reported with the ratio to
 manual. Uses only keras and the backend-neutral parts of the package, so it runs where
 TensorFlow is not installed (e.g. a GPU machine with JAX).
@@ -16,6 +18,9 @@ import os
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+
+VARIANTS = ("manual", "relaxed", "relaxed_sinkhorn10", "hard_sinkhorn10", "hardened")
 
 
 def build(family, shuffle, input_size, classes, mixed):
@@ -32,7 +37,9 @@ def build(family, shuffle, input_size, classes, mixed):
         input_shape=(input_size, input_size, 3),
         classes=classes,
         shuffle="manual" if shuffle == "manual" else "auto",
-        sinkhorn_iterations=10 if shuffle == "relaxed_sinkhorn10" else 1,
+        sinkhorn_iterations=10 if shuffle.endswith("sinkhorn10") else 1,
+        shuffle_initializer="manual" if shuffle.startswith("hard") else "random",
+        shuffle_forward="hard" if shuffle.startswith("hard") else "relaxed",
         **kwargs,
     )
     if shuffle == "hardened":
@@ -56,6 +63,7 @@ def main(argv=None):
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
     parser.add_argument("--mixed-precision", action="store_true", help="bfloat16 compute")
     parser.add_argument("--json", default=None, help="write the rows here")
+    parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     args = parser.parse_args(argv)
 
     import keras
@@ -66,7 +74,7 @@ def main(argv=None):
     y = rng.integers(0, 1000, size=(args.batch,))
     # On the device once: time the steps, not the host-to-device copy of the batch.
     x, y = keras.ops.convert_to_tensor(x), keras.ops.convert_to_tensor(y)
-    variants = ("manual", "relaxed", "relaxed_sinkhorn10", "hardened")
+    variants = ("manual", *[v for v in args.variants if v != "manual"])
     models = {
         (m, v): build(m, v, args.input, 1000, args.mixed_precision)
         for m in args.models

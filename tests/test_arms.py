@@ -253,3 +253,20 @@ def test_study_arms_and_verdict():
     assert study.arm_of(old, settings) == "ten_passes"
     assert study.arm_of({**old, "sinkhorn_iterations": 1}, settings) == "paper"
     assert study.arm_of({**old, "harden_at_epoch": 8}, settings) == "harden8"
+
+
+def test_a_hardened_nets_weights_file_carries_its_permutations(tmp_path):
+    x = np.random.default_rng(4).normal(size=(2, 16, 16, 3)).astype("float32")
+    model = tiny_v2()
+    hardening.harden_model(model)
+    path = str(tmp_path / "hardened.weights.h5")
+    model.save_weights(path)
+    fresh = tiny_v2()  # relaxed: each shuffle is hardened by the file's permutation
+    fresh.load_weights(path)
+    assert all(layer.is_hardened for layer in shuffle_layers(fresh))
+    np.testing.assert_array_equal(fresh.predict(x, verbose=0), model.predict(x, verbose=0))
+    # A relaxed matrix is not loaded into a hardened layer.
+    relaxed_path = str(tmp_path / "relaxed.weights.h5")
+    tiny_v2().save_weights(relaxed_path)
+    with pytest.raises(ValueError, match="holds a relaxed matrix"):
+        fresh.load_weights(relaxed_path)
