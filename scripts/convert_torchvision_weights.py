@@ -1,12 +1,13 @@
 """Converts a torchvision ShuffleNetV2 checkpoint (`.pth`) into a Keras weights file.
 
-Needs torch (not a dependency of this package: `pip install torch`). The width and the
-class count are read from the checkpoint; the Keras net is
+Reads the checkpoint with torch where it is installed, else with
+`keras_autoshuffle.applications.read_torch_checkpoint` (no torch needed; both of PyTorch's
+formats). The width and the class count are read from the checkpoint; the Keras net is
 `ShuffleNetV2(width, stem="imagenet", classes=...)`, whose logits equal torchvision's
 (max difference 1e-5 to 5e-5 measured at 224x224 and 225x225 for every width).
 
 Usage:
-    python scripts/convert_torchvision_weights.py shufflenet_v2_x1-5666bf0f80.pth \\
+    python scripts/convert_torchvision_weights.py shufflenetv2_x1-5666bf0f80.pth \\
         shufflenet_v2_x1_0.weights.h5
 
 `--no-top` leaves the classifier out (for `include_top=False`, to fine-tune a new head).
@@ -20,17 +21,27 @@ import argparse
 import os
 import sys
 
-from keras_autoshuffle.applications import ShuffleNetV2, load_torchvision_weights
+from keras_autoshuffle.applications import (
+    CheckpointError,
+    ShuffleNetV2,
+    load_torchvision_weights,
+    read_torch_checkpoint,
+)
 from keras_autoshuffle.applications.common import mark_padding
 from keras_autoshuffle.applications.torchvision_weights import torchvision_width
 
 
 def read_checkpoint(path):
-    """The state dict of a `.pth` file, read without running any pickled code."""
+    """The state dict of a `.pth` file, read without running any pickled code: with
+    `torch.load(weights_only=True)` where torch is installed, else with this package's
+    `read_torch_checkpoint` (NumPy only; the same arrays, bit for bit, on the test files)."""
     try:
         import torch
     except ImportError:
-        sys.exit("Reading a .pth file needs torch: pip install torch")
+        try:
+            return read_torch_checkpoint(path)
+        except CheckpointError as error:
+            sys.exit(str(error))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many types for a damaged or foreign file

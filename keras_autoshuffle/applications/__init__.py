@@ -2,8 +2,10 @@
 
 from keras_autoshuffle.applications.architecture import Architecture, describe
 from keras_autoshuffle.applications.common import count_macs, preprocess_input
+from keras_autoshuffle.applications.pretrained import CHECKPOINTS, decode_predictions
 from keras_autoshuffle.applications.shufflenet_v1 import AutoShuffleNetV1, ShuffleNetV1
 from keras_autoshuffle.applications.shufflenet_v2 import AutoShuffleNetV2, ShuffleNetV2
+from keras_autoshuffle.applications.torch_checkpoint import CheckpointError, read_torch_checkpoint
 from keras_autoshuffle.applications.torchvision_weights import load_torchvision_weights
 from keras_autoshuffle.layers import ChannelSplit, GroupedConv2D, shuffle_layers
 
@@ -11,13 +13,17 @@ __all__ = [
     "Architecture",
     "AutoShuffleNetV1",
     "AutoShuffleNetV2",
+    "CHECKPOINTS",
+    "CheckpointError",
     "ChannelSplit",
     "GroupedConv2D",
     "ShuffleNetV1",
     "ShuffleNetV2",
     "count_macs",
+    "decode_predictions",
     "describe",
     "load_torchvision_weights",
     "preprocess_input",
+    "read_torch_checkpoint",
     "shuffle_layers",
 ]

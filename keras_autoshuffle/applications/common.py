@@ -286,13 +286,30 @@ def check_common_args(
     Returns:
         The `Options` the builder makes its units with.
     """
-    if weights is not None and not (
+    if isinstance(weights, str) and weights == "imagenet":
+        # torchvision's network: the width, stem and classes are checked by `finish`
+        # (`pretrained.imagenet_weights_file`), once the model is built.
+        if padding != "torch":
+            raise ValueError(
+                "weights='imagenet' are torchvision's network, which pads as PyTorch: build "
+                f"it with padding='torch' (the default). Received: padding={padding!r}"
+            )
+        if stem == "cifar":
+            raise ValueError(
+                "weights='imagenet' are torchvision's network, which has the ImageNet stem: "
+                f"build it with stem='imagenet' or 'auto'. Received: stem={stem!r}"
+            )
+        # Learned shuffles always start at the manual shuffle: the pretrained net.
+        _validation.choice(shuffle_initializer, SHUFFLE_INITIALIZERS, "shuffle_initializer")
+        shuffle_initializer = "manual"
+        weights = None  # no file to check here; `finish` fetches it
+    elif weights is not None and not (
         isinstance(weights, (str, os.PathLike)) and os.path.isfile(weights)
     ):
-        hint = " No pretrained weights are published." if weights == "imagenet" else ""
         raise ValueError(
-            "`weights` must be None (random initialization) or the path to an existing "
-            f"weights file.{hint} Received: weights={weights!r}"
+            "`weights` must be None (random initialization), 'imagenet' (torchvision's "
+            "ImageNet weights, ShuffleNet v2 only) or the path to an existing weights file. "
+            f"Received: weights={weights!r}"
         )
     _validation.choice(shuffle, SHUFFLES, "shuffle")
     if weights is not None and learned_shuffles_in_file(weights) and shuffle == "manual":
@@ -464,6 +481,8 @@ def finish(
 ):
     """Adds the classifier (or the optional pooling), makes the Model, loads `weights`.
 
+    `weights="imagenet"` is torchvision's checkpoint for the model's width, converted and
+    cached once (`pretrained.imagenet_weights_file`), then loaded as a file.
     `manual_twin`: for a learned-shuffle model, a function that builds the same net with
     manual shuffles from `weights`. A weights file without learned shuffles (a manual
     net's, e.g. converted from torchvision) is loaded through it and copied layer by
@@ -485,6 +504,10 @@ def finish(
     elif pooling == "max":
         x = layers.GlobalMaxPooling2D(name="max_pool")(x)
     model = keras.Model(inputs, x, name=name)
+    if isinstance(weights, str) and weights == "imagenet":
+        from keras_autoshuffle.applications import pretrained
+
+        weights = pretrained.imagenet_weights_file(model, include_top, classes)
     if weights is not None and manual_twin is not None and not learned_shuffles_in_file(weights):
         for layer in manual_twin().layers:
             if layer.weights:

@@ -56,9 +56,18 @@ BASE_DOCSTRING = """Instantiates the {title} architecture.
     Args:
         width: width multiplier, one of 0.5, 1.0, 1.5, 2.0 (default {width}).
         include_top: whether to include the global pooling and the classifier.
-        weights: None (random initialization) or the path to a Keras weights file
-            (`.weights.h5`). A learned-shuffle net also takes the file of the same
-            net with manual shuffles (e.g. written by
+        weights: None (random initialization), "imagenet" or the path to a Keras
+            weights file (`.weights.h5`). "imagenet": torchvision's ImageNet-1K
+            checkpoint for `width` (`applications.CHECKPOINTS`: URL, SHA-256, accuracy,
+            preprocessing), downloaded once with `keras.utils.get_file` into Keras's
+            cache (`$KERAS_HOME/models`; `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` replaces
+            the download location's base, `file://` included), its hash checked, read
+            without torch, converted and cached as a `.weights.h5`: later calls need
+            no network. It needs `stem="imagenet"` (or "auto" with input sides above
+            64), `padding="torch"`, and `classes=1000` with `include_top`; learned
+            shuffles are then always started at the manual shuffle (the pretrained
+            net; `shuffle_initializer` is ignored). A learned-shuffle net also takes the
+            file of the same net with manual shuffles (e.g. written by
             `scripts/convert_torchvision_weights.py`); its shuffles then start as
             `shuffle_initializer` says.
         input_tensor: optional Keras tensor (output of `keras.Input()`) as input.

@@ -1,0 +1,353 @@
+"""torchvision's ImageNet ShuffleNetV2 checkpoints behind `weights="imagenet"`.
+
+`CHECKPOINTS` (below) is the registry: for each width, torchvision's published file
+(`ShuffleNet_V2_X*_Weights.IMAGENET1K_V1`), its SHA-256, parameter count, the ImageNet-1K
+accuracy torchvision reports and its evaluation preprocessing. `ShuffleNetV2(width,
+weights="imagenet")` then:
+
+1. uses `<cache>/models/<checkpoint>.weights.h5` (or `..._notop.weights.h5`) if it is
+   there: no network, no torch;
+2. otherwise takes the checkpoint from `<cache>/models/<file name>` if it is there with
+   the right hash, else downloads it with `keras.utils.get_file` from
+   `https://download.pytorch.org/models/<file name>` (or from `$KERAS_AUTOSHUFFLE_WEIGHTS_URL/
+   <file name>`: a mirror, or `file:///a/folder`) and checks its SHA-256 (a mismatch
+   deletes the download: nothing is cached);
+3. reads it with `read_torch_checkpoint` (no torch, no code from the file), converts it
+   with `load_torchvision_weights` and writes the Keras weights file atomically.
+
+`<cache>` is Keras's cache folder, `$KERAS_HOME` (read at each call) or `~/.keras`.
+
+Test seam: `CHECKPOINTS` is a plain dict {width: Checkpoint}; a test may replace an entry
+(e.g. `monkeypatch.setitem(CHECKPOINTS, 0.5, Checkpoint(...))`) to serve a small
+checkpoint of its own through the same download, hash and conversion code.
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+import urllib.parse
+
+import keras
+import numpy as np
+
+from keras_autoshuffle.applications import architecture as arch
+from keras_autoshuffle.applications.common import IMAGENET_MEAN, IMAGENET_STD, mark_padding
+from keras_autoshuffle.applications.shufflenet_v2 import REPEATS, V2_CONFIGS, ShuffleNetV2
+from keras_autoshuffle.applications.torch_checkpoint import read_torch_checkpoint
+from keras_autoshuffle.applications.torchvision_weights import load_torchvision_weights
+
+BASE_URL = "https://download.pytorch.org/models/"
+URL_VARIABLE = "KERAS_AUTOSHUFFLE_WEIGHTS_URL"
+CACHE_SUBDIR = "models"
+# Keras's ImageNet class index (keras.applications.imagenet_utils), the same file, URL
+# and MD5, so both share one cached copy.
+CLASS_INDEX_FILE = "imagenet_class_index.json"
+CLASS_INDEX_URL = "https://storage.googleapis.com/download.tensorflow.org/data/" + CLASS_INDEX_FILE
+CLASS_INDEX_MD5 = "c2c37ea517e94d9795004a39431a14cb"
+
+
+@dataclasses.dataclass(frozen=True)
+class Checkpoint:
+    """One published ShuffleNetV2 ImageNet checkpoint and what torchvision says of it.
+
+    Attributes:
+        file_name: the file's name (the download URL's last part).
+        sha256: the file's SHA-256 in hex: all 64 digits where a full hash is published,
+            else the prefix torchvision puts in the file name, which is what
+            `torch.hub.load_state_dict_from_url(check_hash=True)` checks too. The
+            download must start with it.
+        num_params: trainable parameters with the 1000-class classifier.
+        acc1, acc5: ImageNet-1K validation accuracy (%) that torchvision reports.
+        resize_size, crop_size: torchvision's evaluation transform
+            (`ImageClassification`): resize the shorter side to `resize_size`
+            (bilinear), center-crop `crop_size`, then `preprocess_input` (scale to [0, 1],
+            normalise with `mean` / `std`).
+        classes: the classifier's class count.
+        mean, std: the normalisation, per RGB channel.
+    """
+
+    file_name: str
+    sha256: str
+    num_params: int
+    acc1: float
+    acc5: float
+    resize_size: int = 256
+    crop_size: int = 224
+    classes: int = 1000
+    mean: tuple = IMAGENET_MEAN
+    std: tuple = IMAGENET_STD
+
+    @property
+    def url(self):
+        """Where the file is downloaded from (`KERAS_AUTOSHUFFLE_WEIGHTS_URL` applied)."""
+        return checkpoint_url(self.file_name)
+
+    @property
+    def stem(self):
+        """The file name without `.pth`: the converted files are named after it."""
+        return self.file_name.removesuffix(".pth")
+
+
+# torchvision 0.2x `ShuffleNet_V2_X*_Weights.IMAGENET1K_V1` (torchvision/models/
+# shufflenetv2.py): URL, num_params, acc@1 / acc@5, transforms. x0.5 and x1.0 were ported
+# from ericsun99/Shufflenet-v2-Pytorch (legacy torch format, resize 256); x1.5 and x2.0
+# were trained with torchvision's new recipe (resize 232). Only the x1.0 file's full
+# SHA-256 was found published (OpenVINO Open Model Zoo, models/public/
+# shufflenet-v2-x1.0/model.yml: 9,218,294 bytes; it starts with torchvision's prefix);
+# for the other three the prefix in torchvision's file name is all that is checked.
+CHECKPOINTS = {
+    0.5: Checkpoint("shufflenetv2_x0.5-f707e7126e.pth", "f707e7126e", 1_366_792, 60.552, 81.746),
+    1.0: Checkpoint(
+        "shufflenetv2_x1-5666bf0f80.pth",
+        "5666bf0f80d1e7f8fb61f6a65742b9c27c37f3208c1f087cdcd7c1ec1aa8b848",
+        2_278_604,
+        69.362,
+        88.316,
+    ),
+    1.5: Checkpoint(
+        "shufflenetv2_x1_5-3c479a10.pth", "3c479a10", 3_503_624, 72.996, 91.086, resize_size=232
+    ),
+    2.0: Checkpoint(
+        "shufflenetv2_x2_0-8be3c8ee.pth", "8be3c8ee", 7_393_996, 76.230, 93.006, resize_size=232
+    ),
+}
+
+
+def checkpoint_url(file_name):
+    """`<base>/<file_name>`: the base is `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` when set (an
+    http(s):// or file:// URL, or an absolute folder path), else torchvision's."""
+    base = os.environ.get(URL_VARIABLE, "").strip() or BASE_URL
+    scheme = urllib.parse.urlsplit(base).scheme
+    if not scheme and os.path.isabs(base):
+        base = pathlib.Path(base).as_uri()
+    elif scheme not in ("http", "https", "file", "ftp"):
+        raise ValueError(
+            f"The environment variable {URL_VARIABLE} must be the URL of a folder holding "
+            "torchvision's checkpoint files (https://mirror/models/, file:///path/to/folder) "
+            f"or an absolute folder path. Received: {URL_VARIABLE}={base!r}"
+        )
+    return base.rstrip("/") + "/" + urllib.parse.quote(file_name)
+
+
+def cache_dir():
+    """Keras's cache folder: `$KERAS_HOME` at the time of the call, else `~/.keras`
+    (`/tmp/.keras` when that cannot be written, as `keras.utils.get_file` does)."""
+    base = os.path.expanduser(
+        os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    )
+    try:
+        os.makedirs(os.path.join(base, CACHE_SUBDIR), exist_ok=True)
+    except OSError:
+        base = None
+    if base is None or not os.access(base, os.W_OK):
+        base = os.path.join(tempfile.gettempdir(), ".keras")
+        os.makedirs(os.path.join(base, CACHE_SUBDIR), exist_ok=True)
+    return base
+
+
+def sha256_of(path):
+    """The SHA-256 of a file, in hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _convert_by_hand(entry, width):
+    """The offline recipe that every download error ends with."""
+    return (
+        f"Offline: download {entry.url} elsewhere and either put it at "
+        f"{os.path.join(cache_dir(), CACHE_SUBDIR, entry.file_name)}, or set {URL_VARIABLE} to "
+        "the folder or mirror that holds it (file:///path/to/folder works), or convert it by "
+        f"hand with `python scripts/convert_torchvision_weights.py {entry.file_name} "
+        f"x{width:g}.weights.h5` and pass weights='x{width:g}.weights.h5' (shufflenet_v2 "
+        "builders with stem='imagenet')."
+    )
+
+
+def download_checkpoint(width):
+    """The path of torchvision's checkpoint for `width` in Keras's cache, downloaded if it
+    is not there, its SHA-256 checked.
+
+    Args:
+        width: a key of `CHECKPOINTS`.
+
+    Returns:
+        The path of the checked `.pth` file under `<cache>/models`.
+    """
+    entry = CHECKPOINTS[width]
+    expected = entry.sha256.lower()
+    base = cache_dir()
+    path = os.path.join(base, CACHE_SUBDIR, entry.file_name)
+    if os.path.isfile(path) and sha256_of(path).startswith(expected):
+        return path
+    url = entry.url
+    partial = f"{entry.file_name}.download"  # renamed to `path` once its hash is right
+    try:
+        download = keras.utils.get_file(
+            partial, url, cache_subdir=CACHE_SUBDIR, cache_dir=base, force_download=True
+        )
+    except Exception as error:  # get_file raises a bare Exception on network errors
+        raise OSError(
+            f"Could not download torchvision's ImageNet ShuffleNetV2 x{width:g} weights from "
+            f"{url} ({type(error).__name__}: {error}). {_convert_by_hand(entry, width)} "
+            "Received: weights='imagenet'"
+        ) from None
+    digest = sha256_of(download)
+    if not digest.startswith(expected):
+        os.remove(download)
+        raise ValueError(
+            f"The file downloaded from {url} is not torchvision's checkpoint: its SHA-256 is "
+            f"{digest}, torchvision's starts with {expected}. It was deleted; nothing was "
+            f"cached. A mirror set with {URL_VARIABLE} must serve the original file. "
+            f"{_convert_by_hand(entry, width)} Received: SHA-256 {digest}"
+        )
+    os.replace(download, path)
+    return path
+
+
+def converted_weights(width, include_top=True):
+    """The Keras weights file of torchvision's ImageNet ShuffleNetV2 at `width`, from the
+    cache, or downloaded, read (no torch), converted and cached once.
+
+    Args:
+        width: a key of `CHECKPOINTS` (0.5, 1.0, 1.5, 2.0).
+        include_top: with the classifier, or without it (`..._notop.weights.h5`).
+
+    Returns:
+        The path of `<cache>/models/<checkpoint>[_notop].weights.h5`, marked as fitting
+        nets with PyTorch's padding.
+    """
+    entry = CHECKPOINTS[width]
+    suffix = "" if include_top else "_notop"
+    path = os.path.join(cache_dir(), CACHE_SUBDIR, f"{entry.stem}{suffix}.weights.h5")
+    if os.path.isfile(path):
+        return path
+    checkpoint = download_checkpoint(width)
+    state_dict = read_torch_checkpoint(checkpoint)
+    model = ShuffleNetV2(
+        width,
+        include_top=include_top,
+        stem="imagenet",
+        classes=entry.classes,
+        classifier_activation=None,
+        name=f"shufflenet_v2_x{width:g}_imagenet",
+    )
+    try:
+        load_torchvision_weights(model, state_dict)
+    except ValueError as error:
+        raise ValueError(
+            f"The checkpoint {checkpoint} (from {entry.url}) does not convert to "
+            f"ShuffleNetV2 x{width:g}: {error}"
+        ) from None
+    partial = os.path.join(
+        os.path.dirname(path), f".{entry.stem}{suffix}.{os.getpid()}.partial.weights.h5"
+    )
+    try:
+        model.save_weights(partial)
+        mark_padding(partial, "torch")
+        os.replace(partial, path)  # atomic: a reader never sees half a file
+    finally:
+        if os.path.exists(partial):
+            os.remove(partial)
+    return path
+
+
+def imagenet_weights_file(model, include_top, classes):
+    """For a builder's `weights="imagenet"`: checks that `model` is the network the
+    checkpoints fit and returns the converted weights file (`converted_weights`).
+
+    Args:
+        model: the ShuffleNetV2 / AutoShuffleNetV2 just built (ImageNet stem, PyTorch's
+            padding, torchvision's width and stage repeats).
+        include_top: whether the model has the classifier.
+        classes: its class count; with `include_top`, the checkpoint's (1000).
+
+    Returns:
+        The path of the Keras weights file to load.
+    """
+    found = arch.describe(model)
+    if found is None or found.family != "v2":
+        raise ValueError(
+            "weights='imagenet' exists for ShuffleNet v2 only (torchvision's checkpoints); "
+            "no ImageNet weights are published for ShuffleNet v1 in this layout. Use "
+            "ShuffleNetV2 / AutoShuffleNetV2, or weights=None or a weights file. "
+            "Received: weights='imagenet'"
+        )
+    names = {layer.name for layer in model.layers}
+    head = model.get_layer("head_conv").weights[0].shape
+    width = {config[3:]: w for w, config in V2_CONFIGS.items()}.get((head[-2], head[-1]))
+    if found.repeats != REPEATS or width not in CHECKPOINTS:
+        raise ValueError(
+            "weights='imagenet' needs torchvision's ShuffleNetV2 layout: one of the widths "
+            f"{sorted(CHECKPOINTS)} with stage repeats {REPEATS} (no `channels` / `repeats` "
+            f"overrides). Received: repeats={found.repeats}, head {head[-2]} -> {head[-1]}"
+        )
+    if "stem_pool" not in names:
+        raise ValueError(
+            "weights='imagenet' are torchvision's network, which has the ImageNet stem; "
+            "stem='auto' picks the CIFAR stem when both input sides are at most 64. Build "
+            "it with stem='imagenet'. Received: weights='imagenet' with the CIFAR stem "
+            f"(input shape {tuple(model.inputs[0].shape[1:])})"
+        )
+    entry = CHECKPOINTS[width]
+    if include_top and classes != entry.classes:
+        raise ValueError(
+            f"With weights='imagenet' and include_top=True, `classes` must be "
+            f"{entry.classes} (torchvision's ImageNet classifier). For another classifier "
+            "build with include_top=False (and pooling='avg') and add your own head. "
+            f"Received: classes={classes}"
+        )
+    return converted_weights(width, include_top)
+
+
+def decode_predictions(preds, top=5):
+    """Decodes ImageNet predictions into (class id, class name, score), best first.
+
+    keras.applications' `decode_predictions`, with the class index Keras uses (the
+    synset order torchvision's classifiers share): `imagenet_class_index.json` is
+    fetched once with `keras.utils.get_file` (MD5-checked) into Keras's cache
+    (`$KERAS_HOME/models`, read at each call), where Keras's own copy is found too.
+
+    Args:
+        preds: scores of shape (samples, 1000): probabilities or logits, NumPy or tensor.
+        top: how many classes per sample, an integer in [1, 1000].
+
+    Returns:
+        A list with, per sample, a list of `top` tuples `(class_id, class_name, score)`,
+        by decreasing score.
+    """
+    preds = np.asarray(keras.ops.convert_to_numpy(preds))
+    if preds.ndim != 2 or preds.shape[1] != 1000:
+        raise ValueError(
+            "`preds` must be ImageNet scores of shape (samples, 1000). "
+            f"Received: preds.shape={preds.shape}"
+        )
+    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= 1000:
+        raise ValueError(f"`top` must be an integer in [1, 1000]. Received: top={top!r}")
+    try:
+        path = keras.utils.get_file(
+            CLASS_INDEX_FILE,
+            CLASS_INDEX_URL,
+            cache_subdir=CACHE_SUBDIR,
+            file_hash=CLASS_INDEX_MD5,
+            cache_dir=cache_dir(),
+        )
+    except Exception as error:  # get_file raises a bare Exception on network errors
+        where = os.path.join(cache_dir(), CACHE_SUBDIR, CLASS_INDEX_FILE)
+        raise OSError(
+            f"Could not get ImageNet's class names from {CLASS_INDEX_URL} ({type(error).__name__}"
+            f": {error}). Offline: download it elsewhere and put it at {where}. "
+            f"Received: preds.shape={preds.shape}"
+        ) from None
+    with open(path) as handle:
+        index = json.load(handle)
+    results = []
+    for row in preds:
+        best = np.argsort(row)[::-1][:top]
+        results.append([(*index[str(i)], row[i]) for i in best])
+    return results

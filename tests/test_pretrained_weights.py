@@ -1,0 +1,343 @@
+"""`weights="imagenet"`: torchvision's checkpoints downloaded for real from a local HTTP
+server (127.0.0.1), hash-checked, read without torch, converted and cached once.
+
+The real checkpoints (5-28 MB) are not here, so the tests register a registry entry of
+their own (`pretrained.CHECKPOINTS` is a plain dict, the documented test seam):
+`fixtures/torch_checkpoints/torchvision_shufflenet_v2_x0_5_legacy.pth`, written by torch
+in the legacy format of torchvision's x0.5 / x1.0 files (scripts/make_torch_checkpoints.py),
+with the weights of the parity fixture `fixtures/torchvision_shufflenet_v2_x0_5.npz`
+(torchvision's x0.5, 10 classes), so the converted net must give torchvision's logits.
+Every test has its own Keras cache (KERAS_HOME in a temporary folder): none writes to
+~/.keras.
+"""
+
+import http.server
+import importlib.util
+import os
+import pickle
+import re
+import shutil
+import threading
+import zipfile
+
+import keras
+import numpy as np
+import pytest
+
+from keras_autoshuffle.applications import (
+    AutoShuffleNetV2,
+    CheckpointError,
+    ShuffleNetV1,
+    ShuffleNetV2,
+    decode_predictions,
+    pretrained,
+)
+from keras_autoshuffle.layers import RelaxedShuffle
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+CHECKPOINT = os.path.join(
+    FIXTURES, "torch_checkpoints", "torchvision_shufflenet_v2_x0_5_legacy.pth"
+)
+NAME = os.path.basename(CHECKPOINT)
+PARITY = os.path.join(FIXTURES, "torchvision_shufflenet_v2_x0_5.npz")
+# Trainable parameters of torchvision's shufflenet_v2_x0_5(num_classes=10).
+PARAMS_10_CLASSES = 352_042
+
+
+class LocalServer:
+    """Serves `folder` over HTTP on 127.0.0.1 (a free port) in a thread; records requests."""
+
+    def __init__(self, folder):
+        self.requests = []
+        requests = self.requests
+
+        class Handler(http.server.SimpleHTTPRequestHandler):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, directory=str(folder), **kwargs)
+
+            def do_GET(self):
+                requests.append(self.path)
+                super().do_GET()
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_port}/models/"
+        self.folder = folder
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    def serve(self, source, name=None):
+        """Puts `source` in the served folder (as `name`)."""
+        target = os.path.join(self.folder, "models", name or os.path.basename(source))
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(source, target)
+
+    def stop(self):
+        if self.thread.is_alive():
+            self.httpd.shutdown()
+            self.httpd.server_close()
+            self.thread.join()
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh Keras cache (KERAS_HOME); returns its `models` folder. No proxy for 127.0.0.1."""
+    home = tmp_path / "keras_home"
+    monkeypatch.setenv("KERAS_HOME", str(home))
+    monkeypatch.delenv(pretrained.URL_VARIABLE, raising=False)
+    for variable in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(variable, raising=False)
+    return home / "models"
+
+
+@pytest.fixture
+def server(tmp_path, monkeypatch):
+    """A local server whose folder the weights URL points at."""
+    folder = tmp_path / "served"
+    folder.mkdir()
+    local = LocalServer(folder)
+    monkeypatch.setenv(pretrained.URL_VARIABLE, local.url)
+    yield local
+    local.stop()
+
+
+@pytest.fixture(scope="module")
+def parity():
+    with np.load(PARITY) as data:
+        return {key: data[key] for key in data.files}
+
+
+def register(monkeypatch, path=CHECKPOINT, sha256=None, name=None):
+    """Registers `path` as the x0.5 checkpoint (a 10-class net), under `name`."""
+    entry = pretrained.Checkpoint(
+        file_name=name or os.path.basename(path),
+        sha256=sha256 or pretrained.sha256_of(path),
+        num_params=PARAMS_10_CLASSES,
+        acc1=0.0,
+        acc5=0.0,
+        classes=10,
+    )
+    monkeypatch.setitem(pretrained.CHECKPOINTS, 0.5, entry)
+    return entry
+
+
+def imagenet_v2(builder=ShuffleNetV2, **kwargs):
+    options = dict(weights="imagenet", classes=10, classifier_activation=None)
+    return builder(0.5, **{**options, **kwargs})
+
+
+def logits(model, x):
+    return keras.ops.convert_to_numpy(model(x, training=False))
+
+
+def test_download_convert_then_the_cache_alone(cache, server, monkeypatch, parity):
+    entry = register(monkeypatch)
+    server.serve(CHECKPOINT)
+    model = imagenet_v2(stem="imagenet", input_shape=(None, None, 3))
+    # torchvision's own logits for this checkpoint (the converter's parity, end to end).
+    x = parity["inputs_224"]
+    np.testing.assert_allclose(logits(model, x), parity["logits_224"], rtol=0, atol=1e-4)
+    trainable = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+    assert trainable == entry.num_params
+    assert server.requests == [f"/models/{NAME}"]
+    stem = NAME.removesuffix(".pth")
+    assert sorted(os.listdir(cache)) == sorted([NAME, f"{stem}.weights.h5"])
+    server.stop()  # the second call needs no network (and no torch: none is installed)
+    small = np.random.default_rng(0).normal(size=(2, 64, 64, 3)).astype("float32")
+    again = imagenet_v2(stem="imagenet", input_shape=(64, 64, 3))
+    np.testing.assert_array_equal(logits(again, small), logits(model, small))
+    assert server.requests == [f"/models/{NAME}"]
+
+
+def place_in_cache(cache):
+    """The checkpoint put in Keras's cache by hand (the offline recipe): no download."""
+    cache.mkdir(parents=True)
+    shutil.copyfile(CHECKPOINT, cache / NAME)
+
+
+def test_learned_shuffles_start_at_the_pretrained_manual_net(cache, monkeypatch, parity):
+    register(monkeypatch)
+    place_in_cache(cache)
+    # shuffle_initializer is forced to "manual" (the default "random" would discard the
+    # pretrained routing): the relaxed net computes torchvision's.
+    auto = imagenet_v2(AutoShuffleNetV2, stem="imagenet", input_shape=(None, None, 3))
+    shuffles = [layer for layer in auto.layers if isinstance(layer, RelaxedShuffle)]
+    assert len(shuffles) == 16 and not any(layer.is_hardened for layer in shuffles)
+    x = parity["inputs_224"]
+    np.testing.assert_allclose(logits(auto, x), parity["logits_224"], rtol=0, atol=1e-4)
+
+
+def test_without_the_classifier(cache, monkeypatch, parity):
+    register(monkeypatch)
+    place_in_cache(cache)
+    backbone = imagenet_v2(include_top=False, pooling="avg", stem="imagenet")
+    features = logits(backbone, parity["inputs_224"])
+    head = features @ parity["weights/fc.weight"].T + parity["weights/fc.bias"]
+    np.testing.assert_allclose(head, parity["logits_224"], rtol=0, atol=1e-4)
+    stem = NAME.removesuffix(".pth")
+    assert sorted(os.listdir(cache)) == sorted([NAME, f"{stem}_notop.weights.h5"])
+
+
+def test_a_wrong_hash_caches_nothing(cache, server, monkeypatch):
+    server.serve(CHECKPOINT)
+    for wrong in ("0" * 64, "0123456789"):  # a full hash, a published prefix
+        register(monkeypatch, sha256=wrong)
+        with pytest.raises(ValueError) as info:
+            pretrained.download_checkpoint(0.5)
+        message = str(info.value)
+        assert f"{server.url}{NAME}" in message and wrong in message
+        assert pretrained.sha256_of(CHECKPOINT) in message and "nothing was cached" in message
+        assert os.listdir(cache) == []
+    # A damaged file in the cache is replaced by a good download.
+    register(monkeypatch)
+    (cache / NAME).write_bytes(b"damaged")
+    path = pretrained.download_checkpoint(0.5)
+    assert pretrained.sha256_of(path) == pretrained.sha256_of(CHECKPOINT)
+    assert sorted(os.listdir(cache)) == [NAME]
+
+
+def test_an_unreachable_server_says_how_to_convert_by_hand(cache, server, monkeypatch):
+    register(monkeypatch)
+    server.stop()  # the port is closed: connection refused
+    with pytest.raises(OSError) as info:
+        imagenet_v2(input_shape=(64, 64, 3), stem="imagenet")
+    message = str(info.value)
+    assert f"{server.url}{NAME}" in message
+    assert "scripts/convert_torchvision_weights.py" in message
+    assert str(cache / NAME) in message and pretrained.URL_VARIABLE in message
+    assert os.listdir(cache) == []
+
+
+def test_the_location_variable_takes_file_urls_and_folders(cache, monkeypatch):
+    register(monkeypatch)
+    folder = os.path.dirname(CHECKPOINT)
+    for base in (f"file://{folder}", f"file://{folder}/", folder):
+        monkeypatch.setenv(pretrained.URL_VARIABLE, base)
+        assert pretrained.CHECKPOINTS[0.5].url == f"file://{folder}/{NAME}"
+    path = pretrained.download_checkpoint(0.5)
+    assert path == str(cache / NAME) and pretrained.sha256_of(path) == pretrained.sha256_of(
+        CHECKPOINT
+    )
+    monkeypatch.setenv(pretrained.URL_VARIABLE, "mirror/models")
+    with pytest.raises(ValueError, match="KERAS_AUTOSHUFFLE_WEIGHTS_URL='mirror/models'"):
+        pretrained.checkpoint_url(NAME)
+    monkeypatch.delenv(pretrained.URL_VARIABLE)
+    assert pretrained.checkpoint_url("a.pth") == "https://download.pytorch.org/models/a.pth"
+
+
+class _System:
+    """Pickled as `os.system(command)`."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def test_a_hostile_checkpoint_is_refused_and_nothing_cached(cache, server, monkeypatch, tmp_path):
+    marker = tmp_path / "marker"
+    evil = tmp_path / "evil.pth"
+    with zipfile.ZipFile(evil, "w") as archive:  # PyTorch's zip layout around a hostile pickle
+        archive.writestr("archive/data.pkl", pickle.dumps(_System(f"touch {marker}"), 2))
+    register(monkeypatch, path=evil)
+    server.serve(evil)
+    expected = f"{re.escape(str(cache / 'evil.pth'))}.*{os.system.__module__}.system"
+    with pytest.raises(CheckpointError, match=expected):
+        imagenet_v2(input_shape=(64, 64, 3), stem="imagenet")
+    assert not marker.exists()
+    assert os.listdir(cache) == ["evil.pth"]  # it has the registered hash; no weights file
+
+
+def test_arguments_that_do_not_fit_the_checkpoints_are_refused(cache, monkeypatch):
+    # None of these downloads anything (no server, and no network here).
+    small = dict(input_shape=(32, 32, 3))
+    with pytest.raises(ValueError, match="`classes` must be 1000.*Received: classes=10"):
+        ShuffleNetV2(0.5, weights="imagenet", classes=10, stem="imagenet", **small)
+    with pytest.raises(ValueError, match="Received: padding='same'"):
+        ShuffleNetV2(0.5, weights="imagenet", padding="same", **small)
+    with pytest.raises(ValueError, match="Received: stem='cifar'"):
+        ShuffleNetV2(0.5, weights="imagenet", stem="cifar", **small)
+    with pytest.raises(ValueError, match="stem='auto' picks the CIFAR stem.*stem='imagenet'"):
+        ShuffleNetV2(0.5, weights="imagenet", **small)  # 32x32: "auto" is the CIFAR stem
+    with pytest.raises(ValueError, match="ShuffleNet v2 only"):
+        ShuffleNetV1(0.5, 3, weights="imagenet", stem="imagenet", **small)
+    with pytest.raises(ValueError, match="'imagenet'.*Received: weights='imagenet1k'"):
+        ShuffleNetV2(0.5, weights="imagenet1k", **small)
+    assert not cache.exists() or os.listdir(cache) == []
+
+
+def test_decode_predictions_with_keras_class_index(cache):
+    # Keras's imagenet_class_index.json (MD5 c2c37ea5..., as keras.applications checks it),
+    # placed where keras.utils.get_file looks for it: no download.
+    cache.mkdir(parents=True)
+    shutil.copyfile(
+        os.path.join(FIXTURES, "imagenet_class_index.json"), cache / "imagenet_class_index.json"
+    )
+    preds = np.zeros((2, 1000), "float32")
+    preds[0, [1, 0, 999]] = [0.7, 0.2, 0.1]
+    preds[1, 281] = 1.0
+    decoded = decode_predictions(preds, top=3)
+    assert decoded[0] == [
+        ("n01443537", "goldfish", pytest.approx(0.7)),
+        ("n01440764", "tench", pytest.approx(0.2)),
+        ("n15075141", "toilet_tissue", pytest.approx(0.1)),
+    ]
+    assert decoded[1][0][:2] == ("n02123045", "tabby") and len(decoded[1]) == 3
+    assert len(decode_predictions(keras.ops.convert_to_tensor(preds))[0]) == 5
+    with pytest.raises(ValueError, match=r"Received: preds.shape=\(2, 10\)"):
+        decode_predictions(np.zeros((2, 10)))
+    with pytest.raises(ValueError, match="Received: top=0"):
+        decode_predictions(preds, top=0)
+
+
+def test_registry_is_torchvisions():
+    # torchvision's ShuffleNet_V2_X*_Weights.IMAGENET1K_V1 (num_params, acc@1, acc@5).
+    published = {
+        0.5: ("shufflenetv2_x0.5-f707e7126e.pth", 1_366_792, 60.552, 81.746, 256),
+        1.0: ("shufflenetv2_x1-5666bf0f80.pth", 2_278_604, 69.362, 88.316, 256),
+        1.5: ("shufflenetv2_x1_5-3c479a10.pth", 3_503_624, 72.996, 91.086, 232),
+        2.0: ("shufflenetv2_x2_0-8be3c8ee.pth", 7_393_996, 76.230, 93.006, 232),
+    }
+    for width, (name, params, acc1, acc5, resize) in published.items():
+        entry = pretrained.CHECKPOINTS[width]
+        assert (entry.file_name, entry.num_params, entry.acc1, entry.acc5) == (
+            name,
+            params,
+            acc1,
+            acc5,
+        )
+        assert (entry.resize_size, entry.crop_size, entry.classes) == (resize, 224, 1000)
+        # The hex in the name is the start of the SHA-256 (torch.hub's check_hash).
+        assert entry.sha256.startswith(name.rsplit("-", 1)[1].removesuffix(".pth"))
+        assert len(entry.sha256) in (8, 10, 64)
+
+
+def test_conversion_script_reads_the_checkpoint_without_torch(tmp_path, parity):
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed: the script reads with torch.load")
+    path = os.path.join(
+        os.path.dirname(__file__), "..", "scripts", "convert_torchvision_weights.py"
+    )
+    spec = importlib.util.spec_from_file_location("convert_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    output = str(tmp_path / "x0_5.weights.h5")
+    script.main([CHECKPOINT, output, "--no-top"])
+    backbone = ShuffleNetV2(
+        0.5,
+        include_top=False,
+        pooling="avg",
+        stem="imagenet",
+        weights=output,
+        input_shape=(224, 224, 3),
+    )
+    features = logits(backbone, parity["inputs_224"])
+    head = features @ parity["weights/fc.weight"].T + parity["weights/fc.bias"]
+    np.testing.assert_allclose(head, parity["logits_224"], rtol=0, atol=1e-4)
+    damaged = tmp_path / "damaged.pth"
+    damaged.write_bytes(b"PK")
+    with pytest.raises(SystemExit, match="damaged.pth"):
+        script.main([str(damaged), str(tmp_path / "y.weights.h5")])
