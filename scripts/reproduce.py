@@ -29,6 +29,8 @@ def _study(args):
         "harden_at_epoch": args.harden_at_epoch,
         "max_train_examples": args.max_train_examples,
         "seeds": None if args.seeds is None else tuple(args.seeds),
+        "arms": None if args.arms is None else tuple(args.arms),
+        "finalists": None if args.finalists is None else tuple(args.finalists),
     }
     settings = dataclasses.replace(
         study.StudySettings(), **{k: v for k, v in changes.items() if v is not None}
@@ -52,6 +54,15 @@ def main(argv=None):
     parser.add_argument("--penalty", type=float, default=None, help="the study's lambda")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="the study's seeds")
     parser.add_argument("--harden-at-epoch", type=int, default=None)
+    parser.add_argument(
+        "--arms", nargs="+", default=None, help="the study's arms screened on v2, in run order"
+    )
+    parser.add_argument(
+        "--finalists",
+        nargs="+",
+        default=None,
+        help="the arms of the verdict (v1 and v2, seeds 0-4)",
+    )
     parser.add_argument(
         "--report-only",
         action="store_true",
