@@ -186,7 +186,9 @@ def download_checkpoint(width):
     if os.path.isfile(path) and sha256_of(path).startswith(expected):
         return path
     url = entry.url
-    partial = f"{entry.file_name}.download"  # renamed to `path` once its hash is right
+    # Renamed to `path` once its hash is right; one name per process, so two processes
+    # downloading at once never write into the same file.
+    partial = f".{entry.file_name}.{os.getpid()}.download"
     try:
         download = keras.utils.get_file(
             partial, url, cache_subdir=CACHE_SUBDIR, cache_dir=base, force_download=True
