@@ -152,3 +152,14 @@ def load_script(name):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def use_tiny_builders(monkeypatch):
+    """For one test, `keras_autoshuffle.applications.ShuffleNetV1/V2` (the builders the
+    training command line's model functions call, by width) build `tiny_v1` / `tiny_v2`:
+    trainings set up by width (the reproduction, the study) run on tiny nets in this
+    process. Processes started by the test build the real nets."""
+    from keras_autoshuffle import applications
+
+    monkeypatch.setattr(applications, "ShuffleNetV1", tiny_v1)
+    monkeypatch.setattr(applications, "ShuffleNetV2", tiny_v2)

@@ -1,35 +1,36 @@
-"""Smoke test of scripts/reproduce.py's quick path with tiny settings."""
+"""Smoke test of scripts/reproduce.py's quick path with tiny settings.
+
+The script's `main(argv)` runs in the test process on tiny nets (tests/helpers.py: the
+real ones took 60-130 s per run, mostly tracing); a second invocation with two jobs reads
+every finished run back through worker processes.
+"""
 
 import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
 import pytest
+from helpers import load_script, use_tiny_builders
 
 from keras_autoshuffle import data
 from keras_autoshuffle.experiments import reproduce
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
 
 @pytest.mark.slow
-def test_quick_path_writes_report_json_and_pictures(tmp_path):
+def test_quick_path_writes_report_json_and_pictures(tmp_path, monkeypatch):
+    use_tiny_builders(monkeypatch)
     out = tmp_path / "report"
-    command = [
-        sys.executable,
-        os.path.join(ROOT, "scripts", "reproduce.py"),
+    argv = [
         "--quick",
         "--output", str(out),
         "--epochs", "2",
         "--lambdas", "0", "0.05",
         "--harden-at-epoch", "1",
         "--max-train-examples", "128",
-        "--jobs", "2",  # the process pool path (rows come back from worker processes)
     ]  # fmt: skip
-    subprocess.run(command, check=True, timeout=900)
+    script = load_script("reproduce")
+    script.main(argv)
 
     for name in ("report.md", "results.json", "pmat.png", "smat.png", "penaltyplot.png",
                  "roundplot.png"):  # fmt: skip
@@ -51,12 +52,23 @@ def test_quick_path_writes_report_json_and_pictures(tmp_path):
     images = np.concatenate([x.numpy() for x, _ in test.eval_dataset(100)])
     labels = np.concatenate([y.numpy() for _, y in test.eval_dataset(100)])
     for row in results["lambda_sweep"] + results["comparison"]:
-        model = keras.saving.load_model(row["model_path"], safe_mode=True)
+        # The row's path: absolute, or relative to the output folder.
+        model = keras.saving.load_model(os.path.join(out, row["model_path"]), safe_mode=True)
         accuracy = float(np.mean(np.argmax(model.predict(images, verbose=0), -1) == labels))
         assert accuracy == pytest.approx(row["rounded_accuracy"], abs=1e-6)
         assert not any(getattr(layer, "is_hardened", True) is False for layer in model.layers), (
             "the saved model must be hardened"
         )
+
+    # The process pool path: every row comes back from a worker process (the finished
+    # runs are read back, none trained again), the same rows as before.
+    models = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/model.keras")}
+    assert len(models) == 6
+    script.main([*argv, "--jobs", "2"])
+    assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/model.keras")} == models
+    again = json.loads((out / "results.json").read_text())
+    for key in ("lambda_sweep", "comparison", "early_hardening"):
+        assert again[key] == results[key], key
 
 
 def test_settings_are_validated():
