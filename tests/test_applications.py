@@ -2,7 +2,11 @@
 
 Parameter counts and MACs are REFERENCE.md's (torchvision, megvii, osmr imgclsmob,
 kuangliu/pytorch-cifar); the extra relaxed-shuffle counts are recomputed here from the
-published channel tables, not read from the models.
+published channel tables, not read from the models. Those checks build the real nets;
+the others (names, inputs, gradients, files, layouts) use the tiny nets of
+tests/helpers.py, built by the same private builders with fewer units and channels.
+The real-size counts depend on the layers' shapes only, not on the backend: the JAX run
+skips them (`tensorflow_only`).
 """
 
 import os
@@ -14,6 +18,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import TINY_REPEATS, TINY_SHAPE, TINY_UNITS, tiny_v1, tiny_v2
 from keras import layers
 
 from keras_autoshuffle import ChannelShuffle, RelaxedShuffle, harden_model
@@ -72,6 +77,13 @@ def _images(shape, batch=2, seed=0):
     return np.random.default_rng(seed).uniform(-1, 1, (batch, *shape)).astype("float32")
 
 
+# Checks of the real nets against published numbers: the same on every backend.
+REAL_SIZE = pytest.mark.tensorflow_only(
+    reason="real-size counts depend on the layers' shapes only; the JAX run builds tiny nets"
+)
+
+
+@REAL_SIZE
 @pytest.mark.parametrize("width", sorted(V2_REFERENCE))
 def test_v2_params_and_macs_match_reference(width):
     params, macs = V2_REFERENCE[width]
@@ -80,6 +92,7 @@ def test_v2_params_and_macs_match_reference(width):
     assert count_macs(model) == pytest.approx(macs, rel=0.01)
 
 
+@REAL_SIZE
 @pytest.mark.parametrize("groups", sorted(V1_REFERENCE))
 def test_v1_params_match_reference(groups):
     model = ShuffleNetV1(1.0, groups, input_shape=IMAGENET)
@@ -88,6 +101,7 @@ def test_v1_params_match_reference(groups):
         assert count_macs(model) == pytest.approx(V1_MACS[groups], rel=0.01)
 
 
+@REAL_SIZE
 def test_v1_quarter_width_params_match_osmr():
     model = ShuffleNetV1(0.25, 3, input_shape=IMAGENET)
     assert _trainable(model) == 305_902
@@ -95,6 +109,7 @@ def test_v1_quarter_width_params_match_osmr():
     assert model.get_layer("stem_conv").filters == 6 and channels == [60, 120, 240]
 
 
+@REAL_SIZE
 @pytest.mark.parametrize("width", sorted(V2_CIFAR_REFERENCE))
 def test_v2_cifar_params_match_reference(width):
     model = ShuffleNetV2(width, input_shape=CIFAR, classes=10)
@@ -121,6 +136,7 @@ def _v1_g3_shuffles():
     return out
 
 
+@REAL_SIZE
 @pytest.mark.parametrize(
     "build_manual, build_auto, shuffles",
     [
@@ -152,47 +168,59 @@ def test_auto_adds_n_squared_then_hardens_to_manual(build_manual, build_auto, sh
 
 
 def test_layer_names_and_shuffle_order():
-    model = ShuffleNetV2(0.5, input_shape=CIFAR)
+    model = tiny_v2()
     names = [layer.name for layer in model.layers]
     for name in ("stem_conv", "stem_bn", "stem_relu", "head_conv", "head_bn", "head_relu"):
         assert name in names
     assert names[-2:] == ["avg_pool", "predictions"]
     expected = [
         f"stage{s}_unit{u}_shuffle"
-        for s, r in zip((2, 3, 4), (4, 8, 4), strict=True)
+        for s, r in zip((2, 3, 4), TINY_REPEATS, strict=True)
         for u in range(1, r + 1)
     ]
     assert [layer.name for layer in shuffle_layers(model)] == expected
     assert all(layer.groups == 2 for layer in shuffle_layers(model))
-    v1 = ShuffleNetV1(0.5, 8, input_shape=CIFAR)
+    v1 = tiny_v1(groups=8)
     assert [layer.name for layer in shuffle_layers(v1)] == expected
     assert all(layer.groups == 8 for layer in shuffle_layers(v1))
     # megvii: the first pointwise conv of stage 2 is not grouped, all others are.
     assert v1.get_layer("stage2_unit1_conv1").groups == 1
-    assert v1.get_layer("stage2_unit2_conv1").groups == 8
+    assert v1.get_layer("stage3_unit2_conv1").groups == 8
     assert v1.get_layer("stage3_unit1_conv1").groups == 8
-    assert v1.get_layer("stage2_unit1_concat") and v1.get_layer("stage2_unit2_add")
+    assert v1.get_layer("stage2_unit1_concat") and v1.get_layer("stage3_unit2_add")
     # groups=1: no manual shuffle (megvii); "auto" learns one in every unit.
-    assert shuffle_layers(ShuffleNetV1(0.5, 1, input_shape=CIFAR)) == []
-    assert len(shuffle_layers(AutoShuffleNetV1(0.5, 1, input_shape=CIFAR))) == 16
+    assert shuffle_layers(tiny_v1(groups=1)) == []
+    assert len(shuffle_layers(tiny_v1(groups=1, shuffle="auto"))) == TINY_UNITS
+
+
+def _real(builder):
+    """The real 0.5x net of `builder` (published repeats 4, 8, 4)."""
+    return lambda **kwargs: builder(0.5, **kwargs)
 
 
 @pytest.mark.parametrize(
-    "build, family, stem, kwargs",
+    "build, repeats, family, stem, kwargs",
     [
-        (ShuffleNetV2, "v2", "cifar", {}),
-        (AutoShuffleNetV2, "v2", "imagenet", {"include_top": False, "pooling": "avg"}),
-        (ShuffleNetV1, "v1", "cifar", {"groups": 1}),
-        (AutoShuffleNetV1, "v1", "imagenet", {"groups": 3, "include_top": False}),
-        (ShuffleNetV2, "v2", "imagenet", {"padding": "same"}),
+        (tiny_v2, TINY_REPEATS, "v2", "cifar", {}),
+        (tiny_v2, TINY_REPEATS, "v2", "imagenet", {"shuffle": "auto", "include_top": False,
+                                                   "pooling": "avg"}),
+        (tiny_v1, TINY_REPEATS, "v1", "cifar", {"groups": 1}),
+        (tiny_v1, TINY_REPEATS, "v1", "imagenet", {"groups": 3, "shuffle": "auto",
+                                                   "include_top": False}),
+        (tiny_v2, TINY_REPEATS, "v2", "imagenet", {"padding": "same"}),
+        # The published repeats, from the public builders.
+        (_real(ShuffleNetV2), (4, 8, 4), "v2", "cifar", {}),
+        (_real(AutoShuffleNetV1), (4, 8, 4), "v1", "imagenet", {"groups": 3,
+                                                                "include_top": False}),
     ],
-)
-def test_builders_name_layers_by_the_architecture_description(build, family, stem, kwargs):
+    ids=["v2", "auto_v2_avg", "v1_g1", "auto_v1_g3_no_top", "v2_same", "real_v2", "real_v1"],
+)  # fmt: skip
+def test_builders_name_layers_by_the_architecture_description(build, repeats, family, stem, kwargs):
     # Folding and balanced hardening find layers through this description only.
-    shape = CIFAR if stem == "cifar" else (64, 64, 3)
-    model = build(0.5, input_shape=shape, stem=stem, **kwargs)
+    shape = {"cifar": TINY_SHAPE, "imagenet": (32, 32, 3)}[stem]
+    model = build(input_shape=shape, stem=stem, **kwargs)
     found = describe(model)
-    assert found == Architecture(family, (4, 8, 4))
+    assert found == Architecture(family, repeats)
     expected = layer_names(
         found,
         stem,
@@ -207,7 +235,7 @@ def test_builders_name_layers_by_the_architecture_description(build, family, ste
 
 
 def test_batch_norm_matches_pytorch_defaults():
-    model = AutoShuffleNetV1(0.25, input_shape=CIFAR)
+    model = tiny_v1(shuffle="auto")
     norms = [layer for layer in model.layers if isinstance(layer, layers.BatchNormalization)]
     assert norms and all(n.momentum == 0.9 and n.epsilon == 1e-5 for n in norms)
     convs = [layer for layer in model.layers if isinstance(layer, layers.Conv2D)]
@@ -217,11 +245,11 @@ def test_batch_norm_matches_pytorch_defaults():
 @pytest.mark.parametrize(
     "build",
     [
-        lambda: ShuffleNetV2(0.5, input_shape=CIFAR, classes=10),
-        lambda: AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10),
-        lambda: ShuffleNetV1(0.25, 3, input_shape=CIFAR, classes=10),
-        lambda: AutoShuffleNetV1(0.25, 3, input_shape=CIFAR, classes=10),
-        lambda: AutoShuffleNetV1(0.25, 1, input_shape=CIFAR, classes=10),
+        lambda: tiny_v2(classes=10),
+        lambda: tiny_v2(shuffle="auto", classes=10),
+        lambda: tiny_v1(groups=3, classes=10),
+        lambda: tiny_v1(groups=3, shuffle="auto", classes=10),
+        lambda: tiny_v1(groups=1, shuffle="auto", classes=10),
     ],
     ids=["v2", "auto_v2", "v1_g3", "auto_v1_g3", "auto_v1_g1"],
 )
@@ -233,7 +261,7 @@ def test_every_weight_gets_a_gradient(build):
     for layer in model.layers:
         if isinstance(layer, layers.BatchNormalization):
             layer.gamma.assign(np.ones(layer.gamma.shape))
-    x, y = _images(CIFAR, batch=4), np.array([0, 1, 2, 3])
+    x, y = _images(TINY_SHAPE, batch=4), np.array([0, 1, 2, 3])
     with tf.GradientTape() as tape:
         probs = model(x, training=True)
         loss = keras.losses.sparse_categorical_crossentropy(y, probs)
@@ -246,29 +274,28 @@ def test_every_weight_gets_a_gradient(build):
         assert np.all(np.isfinite(grad)) and np.any(grad != 0), weight.path
 
 
-@pytest.mark.parametrize(
-    "pooling, shape", [(None, (4, 4, 1024)), ("avg", (1024,)), ("max", (1024,))]
-)
+# Tiny nets: the v2 head's 64 channels on a 2 x 2 map (16 / 8), v1 g3's stage 4 (120).
+@pytest.mark.parametrize("pooling, shape", [(None, (2, 2, 64)), ("avg", (64,)), ("max", (64,))])
 def test_no_top_with_each_pooling(pooling, shape):
-    model = ShuffleNetV2(0.5, include_top=False, input_shape=CIFAR, pooling=pooling)
+    model = tiny_v2(include_top=False, pooling=pooling)
     assert model.output.shape[1:] == shape
-    assert model(_images(CIFAR)).shape[1:] == shape
-    v1 = ShuffleNetV1(0.25, include_top=False, input_shape=CIFAR, pooling=pooling)
-    assert v1.output.shape[-1] == 240
+    assert model(_images(TINY_SHAPE)).shape[1:] == shape
+    v1 = tiny_v1(include_top=False, pooling=pooling)
+    assert v1.output.shape[-1] == 120
 
 
 def test_no_top_default_input_is_any_size():
-    model = ShuffleNetV1(0.25, include_top=False)
+    model = tiny_v1(include_top=False, input_shape=None)
     assert tuple(model.input.shape[1:]) == (None, None, 3)
     assert "stem_pool" in [layer.name for layer in model.layers]  # unknown size: imagenet
-    assert model(_images((64, 96, 3))).shape == (2, 2, 3, 240)
-    assert ShuffleNetV2(0.5).input.shape[1:] == IMAGENET
+    assert model(_images((64, 96, 3))).shape == (2, 2, 3, 120)
+    assert tiny_v2(input_shape=None).input.shape[1:] == IMAGENET
 
 
 def test_custom_input_tensor():
     inputs = keras.Input((40, 48, 3))
     x = layers.Rescaling(1 / 255.0)(inputs)
-    model = AutoShuffleNetV2(0.5, input_tensor=x, classes=7)
+    model = tiny_v2(shuffle="auto", input_tensor=x, classes=7)
     assert model.inputs[0] is inputs and model.output.shape == (None, 7)
     out = model(np.full((2, 40, 48, 3), 255.0, "float32"))
     assert out.shape == (2, 7) and np.allclose(np.sum(out, axis=-1), 1.0, atol=1e-5)
@@ -277,8 +304,8 @@ def test_custom_input_tensor():
 @pytest.mark.parametrize("shape", [(32, 48, 1), (40, 24, 4), (48, 96, 3)])
 def test_channels_and_non_square_inputs(shape):
     for model in (
-        ShuffleNetV1(0.25, 3, input_shape=shape, classes=5),
-        AutoShuffleNetV2(0.5, input_shape=shape, classes=5),
+        tiny_v1(groups=3, input_shape=shape, classes=5),
+        tiny_v2(shuffle="auto", input_shape=shape, classes=5),
     ):
         out = model(_images(shape))
         assert out.shape == (2, 5) and np.all(np.isfinite(out))
@@ -294,7 +321,7 @@ def test_channels_and_non_square_inputs(shape):
     ],
 )
 def test_stem_choice(shape, stem, has_pool):
-    model = ShuffleNetV2(0.5, input_shape=shape, stem=stem)
+    model = tiny_v2(input_shape=shape, stem=stem)
     assert ("stem_pool" in [layer.name for layer in model.layers]) == has_pool
     assert model.get_layer("stem_conv").strides == ((2, 2) if has_pool else (1, 1))
 
@@ -344,6 +371,7 @@ def test_invalid_arguments_raise(builder, kwargs, received):
         builder(**kwargs)
 
 
+@REAL_SIZE
 @pytest.mark.slow
 def test_every_rounded_v1_width_and_groups_pair_builds():
     # The pairs outside megvii's tables and the 1.0x rows: widths rounded to 4 * groups.
@@ -356,14 +384,14 @@ def test_every_rounded_v1_width_and_groups_pair_builds():
 
 
 def test_weights_path_loads(tmp_path):
-    kwargs = {"input_shape": CIFAR, "classes": 10, "classifier_activation": None}
-    model = AutoShuffleNetV2(0.5, **kwargs)
+    kwargs = {"shuffle": "auto", "classes": 10, "classifier_activation": None}
+    model = tiny_v2(**kwargs)
     path = str(tmp_path / "v2.weights.h5")
     model.save_weights(path)
-    x = _images(CIFAR)
+    x = _images(TINY_SHAPE)
     keras.utils.set_random_seed(99)  # other initial weights for the next models
-    fresh = AutoShuffleNetV2(0.5, **kwargs)
-    loaded = AutoShuffleNetV2(0.5, weights=path, **kwargs)
+    fresh = tiny_v2(**kwargs)
+    loaded = tiny_v2(weights=path, **kwargs)
     assert np.abs(_logits(fresh, x) - _logits(model, x)).max() > 0.1
     np.testing.assert_allclose(_logits(loaded, x), _logits(model, x), atol=1e-5)
 
@@ -372,8 +400,8 @@ def test_learned_weights_are_refused_by_a_manual_model(tmp_path):
     # Keras loaded an AutoShuffleNetV2 weights file into ShuffleNetV2 silently, dropping
     # the learned matrices (the manual shuffles have no variables).
     relaxed = str(tmp_path / "auto_v2.weights.h5")
-    AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10).save_weights(relaxed)
-    assert common.learned_shuffles_in_file(relaxed) == 16
+    tiny_v2(shuffle="auto", classes=10).save_weights(relaxed)
+    assert common.learned_shuffles_in_file(relaxed) == TINY_UNITS
     # Hardened (no variables left, the permutations are in the config) and .keras files.
     inputs = keras.Input((4, 4, 6))
     tiny = keras.Model(inputs, RelaxedShuffle(seed=0)(inputs))
@@ -384,7 +412,7 @@ def test_learned_weights_are_refused_by_a_manual_model(tmp_path):
     for path in (relaxed, hardened, whole):
         received = "Received: weights=" + re.escape(repr(path))
         with pytest.raises(ValueError, match="learned shuffles.*" + received):
-            ShuffleNetV2(0.5, weights=path, input_shape=CIFAR, classes=10)
+            tiny_v2(weights=path, classes=10)
     manual = keras.Model(inputs, ChannelShuffle(2)(inputs))
     manual.save_weights(str(tmp_path / "manual.weights.h5"))
     assert common.learned_shuffles_in_file(str(tmp_path / "manual.weights.h5")) == 0
@@ -402,16 +430,16 @@ def test_weights_file_that_is_not_hdf5_is_named(tmp_path):
 @pytest.mark.parametrize(
     "build",
     [
-        lambda: ShuffleNetV1(0.25, 3, input_shape=CIFAR, classes=10, classifier_activation=None),
-        lambda: AutoShuffleNetV2(
-            0.5, input_shape=CIFAR, classes=10, classifier_activation=None, sinkhorn_iterations=3
+        lambda: tiny_v1(groups=3, classes=10, classifier_activation=None),
+        lambda: tiny_v2(
+            shuffle="auto", classes=10, classifier_activation=None, sinkhorn_iterations=3
         ),
     ],
     ids=["manual_v1", "auto_v2"],
 )
 def test_keras_file_round_trip_safe_mode(build, tmp_path):
     model = build()
-    x = _images(CIFAR)
+    x = _images(TINY_SHAPE)
     stages = (
         ["relaxed", "hardened"]
         if any(isinstance(s, RelaxedShuffle) for s in shuffle_layers(model))
@@ -437,19 +465,19 @@ CHANNELS_FIRST_REFUSED = (
 )
 
 
-@pytest.mark.slow
 def test_channels_first_matches_channels_last():
-    x = _images(CIFAR)
+    x = _images(TINY_SHAPE)
     kwargs = {"classes": 10, "classifier_activation": None}
-    last = AutoShuffleNetV2(0.5, input_shape=CIFAR, **kwargs)
-    last_v1 = ShuffleNetV1(0.25, 3, input_shape=CIFAR, **kwargs)
+    channels_first = (3, *TINY_SHAPE[:2])
+    last = tiny_v2(shuffle="auto", **kwargs)
+    last_v1 = tiny_v1(groups=3, **kwargs)
     keras.config.set_image_data_format("channels_first")
     if not common.channels_first_supported():  # TF on a CPU without oneDNN
         with pytest.raises(ValueError, match=CHANNELS_FIRST_REFUSED):
-            AutoShuffleNetV2(0.5, input_shape=(3, 32, 32), **kwargs)
+            tiny_v2(shuffle="auto", input_shape=channels_first, **kwargs)
         return
-    first = AutoShuffleNetV2(0.5, input_shape=(3, 32, 32), **kwargs)
-    first_v1 = ShuffleNetV1(0.25, 3, input_shape=(3, 32, 32), **kwargs)
+    first = tiny_v2(shuffle="auto", input_shape=channels_first, **kwargs)
+    first_v1 = tiny_v1(groups=3, input_shape=channels_first, **kwargs)
     x_first = np.transpose(x, (0, 3, 1, 2))
     for a, b in ((first, last), (first_v1, last_v1)):
         a.set_weights(b.get_weights())  # kernels and matrices do not depend on the layout
@@ -506,6 +534,7 @@ def test_channels_first_refused_by_tensorflow_without_onednn():
     assert "UnimplementedError" not in output
 
 
+@REAL_SIZE
 def test_count_macs_on_another_input_size():
     model = ShuffleNetV2(1.0, include_top=False)
     with pytest.raises(ValueError, match="input_shape"):
@@ -516,9 +545,9 @@ def test_count_macs_on_another_input_size():
 
 def test_mixed_precision_forward():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
-    model = AutoShuffleNetV2(0.5, input_shape=CIFAR, classes=10)
+    model = tiny_v2(shuffle="auto", classes=10)
     assert model.get_layer("stage2_unit1_conv1").compute_dtype == "bfloat16"
-    out = np.asarray(tf.cast(model(_images(CIFAR)), "float32"))
+    out = np.asarray(tf.cast(model(_images(TINY_SHAPE)), "float32"))
     assert np.all(np.isfinite(out))
 
 
@@ -572,10 +601,10 @@ def test_grouped_conv_matches_keras_conv2d_and_its_gradients(kwargs):
 
 def test_v1_basic_units_start_as_the_identity():
     # gamma 0 on the branch's last BN: relu(x + 0) = x for the (non-negative) unit input.
-    model = ShuffleNetV1(0.25, 3, input_shape=CIFAR, classes=10)
-    names = ["stage2_unit1_concat", "stage2_unit2_relu2", "stage3_unit4_relu2"]
+    model = tiny_v1(groups=3, classes=10)
+    names = ["stage3_unit1_concat", "stage3_unit2_relu2", "stage4_unit1_concat"]
     probe = keras.Model(model.inputs, [model.get_layer(n).output for n in names])
-    before, after, later = probe(_images(CIFAR, batch=2), training=False)
+    before, after, later = probe(_images(TINY_SHAPE, batch=2), training=False)
     before, after, later = (keras.ops.convert_to_numpy(t) for t in (before, after, later))
     np.testing.assert_array_equal(after, before)
     assert float(np.abs(later).max()) > 0
