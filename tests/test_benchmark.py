@@ -1,28 +1,24 @@
 """scripts/benchmark.py --quick runs end to end and writes well-formed JSON rows."""
 
-import importlib.util
 import json
-import pathlib
 
 import keras
 import numpy as np
 import pytest
+from helpers import load_script, tiny_v1
 
 from keras_autoshuffle import folding
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "benchmark.py"
-
-
-def _load_script():
-    spec = importlib.util.spec_from_file_location("benchmark_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.mark.slow
-def test_quick_benchmark_writes_rows(tmp_path, capsys):
-    benchmark = _load_script()
+def test_quick_benchmark_writes_rows(tmp_path, capsys, monkeypatch):
+    benchmark = load_script("benchmark")
+    # The quick run on a tiny v1 g3 (tests/helpers.py) instead of the 0.25x net: the same
+    # tasks, variants, rows and table, with a third of the LiteRT converter's time (most
+    # of the run). The quick nets themselves are built below, in the time-out test.
+    monkeypatch.setattr(
+        benchmark, "model_specs", lambda quick: {"v1_tiny": (tiny_v1, {"groups": 3})}
+    )
     path = tmp_path / "rows.json"
     variants = ["manual", "balanced_folded"]  # the others share the code paths (time budget)
     argv = ["--quick", "--models", "v1", "--variants", *variants, "--json", str(path)]
@@ -38,13 +34,13 @@ def test_quick_benchmark_writes_rows(tmp_path, capsys):
     assert tasks["keras_infer", 1] == set(variants)
     assert tasks["litert_infer", 1] == set(variants)
     table = capsys.readouterr().out
-    assert "| litert_infer | v1_g3_0.25 | 32 | 1 | balanced_folded |" in table
+    assert "| litert_infer | v1_tiny | 32 | 1 | balanced_folded |" in table
     manual = next(r for r in rows if r["task"] == "litert_infer" and r["variant"] == "manual")
     assert f"| {manual['median_ms']:.2f} | 1.000 |" in table
 
 
 def test_bad_arguments():
-    benchmark = _load_script()
+    benchmark = load_script("benchmark")
     with pytest.raises(SystemExit):
         benchmark.parse_args(["--repeats", "0"])
     with pytest.raises(SystemExit):
@@ -57,7 +53,7 @@ def test_bad_arguments():
 def test_balanced_variant_survives_a_forced_time_out(monkeypatch, model_name):
     # A time limit far below what the balanced solver needs: hardening must return the
     # best balanced permutation found so far (not raise), and the benchmark go on.
-    benchmark = _load_script()
+    benchmark = load_script("benchmark")
     reports = []
     harden_model = benchmark.harden_model
 
