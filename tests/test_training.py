@@ -60,6 +60,7 @@ training.train(model_fn, train, test, recipe, out, strategy=strategy, seed=5, ex
 def _run_child(
     tmp_path, out, epochs, kill_at=0, strategy="one-device", env=None, wait=True, harden_at=0
 ):
+    """CHILD in a fresh interpreter: (exit status, output), or the process (wait=False)."""
     script = tmp_path / "child.py"
     script.write_text(CHILD)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
@@ -81,6 +82,24 @@ def _weights_and_permutations(path):
 def _epochs_logged(path):
     with open(path) as f:
         return [int(row["epoch"]) for row in csv.DictReader(f)]
+
+
+@pytest.fixture(scope="module")
+def whole_runs(tmp_path_factory):
+    """CHILD's uninterrupted 4-epoch runs, hardened at the end (key 0) and after epoch 2
+    (key 2): what the killed-and-resumed runs below must end at. Run once for the module,
+    both at once (two processes)."""
+    folder = tmp_path_factory.mktemp("whole_runs")
+    processes = {
+        harden_at: _run_child(
+            folder, folder / f"harden{harden_at}", epochs=4, harden_at=harden_at, wait=False
+        )
+        for harden_at in (0, 2)
+    }
+    for process in processes.values():
+        output = process.communicate(timeout=300)[0].decode(errors="replace")
+        assert process.returncode == 0, output[-3000:]
+    return {harden_at: folder / f"harden{harden_at}" for harden_at in processes}
 
 
 def test_recipes_match_the_paper():
@@ -267,9 +286,7 @@ def test_two_process_multi_worker_run_holds_identical_weights(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_and_ends_with_the_same_weights(tmp_path):
-    code, output = _run_child(tmp_path, tmp_path / "whole", epochs=4)
-    assert code == 0, output[-3000:]
+def test_killed_run_resumes_and_ends_with_the_same_weights(tmp_path, whole_runs):
     started = time.time()
     code, output = _run_child(tmp_path, tmp_path / "killed", epochs=4, kill_at=2)
     killed_after = time.time() - started
@@ -284,7 +301,7 @@ def test_killed_run_resumes_and_ends_with_the_same_weights(tmp_path):
     assert 0 < before < killed_after
     # Resumed at epoch 2: the log holds each epoch once.
     assert _epochs_logged(tmp_path / "killed" / "history.csv") == [0, 1, 2, 3]
-    whole = _weights_and_permutations(str(tmp_path / "whole" / "model.keras"))
+    whole = _weights_and_permutations(str(whole_runs[0] / "model.keras"))
     resumed = _weights_and_permutations(str(tmp_path / "killed" / "model.keras"))
     for a, b in zip(whole[0], resumed[0], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
@@ -297,14 +314,14 @@ def test_killed_run_resumes_and_ends_with_the_same_weights(tmp_path):
     [(2, 2), (3, 2), (4, 0)],
     ids=["at_hardening_epoch", "after_hardening", "before_end_hardening"],
 )
-def test_run_hardened_mid_training_resumes_with_the_same_permutations(tmp_path, kill_at, harden_at):
+def test_run_hardened_mid_training_resumes_with_the_same_permutations(
+    tmp_path, whole_runs, kill_at, harden_at
+):
     # 4 epochs, killed at the end of an epoch after its backup. Hardened after epoch 2:
     # killed at the end of epoch 2 or 3, the backup holds a hardened net, whose
     # permutations (saved beside it) the fresh model must take before its weights fit.
     # Hardened at the end: killed after the last epoch's backup, before the hardening,
     # the restart trains no more and hardens.
-    code, output = _run_child(tmp_path, tmp_path / "whole", epochs=4, harden_at=harden_at)
-    assert code == 0, output[-3000:]
     killed = tmp_path / "killed"
     code, output = _run_child(tmp_path, killed, epochs=4, kill_at=kill_at, harden_at=harden_at)
     assert code == -signal.SIGKILL, output[-3000:]
@@ -315,7 +332,7 @@ def test_run_hardened_mid_training_resumes_with_the_same_permutations(tmp_path, 
     assert not (killed / "backup").exists()
     report = json.loads((killed / "report.json").read_text())
     assert report["epoch"] == (harden_at or None)
-    whole = _weights_and_permutations(str(tmp_path / "whole" / "model.keras"))
+    whole = _weights_and_permutations(str(whole_runs[harden_at] / "model.keras"))
     resumed = _weights_and_permutations(str(killed / "model.keras"))
     np.testing.assert_array_equal(whole[1][0], resumed[1][0])
     for a, b in zip(whole[0], resumed[0], strict=True):
