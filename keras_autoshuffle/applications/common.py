@@ -317,9 +317,8 @@ def check_common_args(
             f"The weights file {weights} was saved from a model with learned shuffles "
             "(RelaxedShuffle layers: an AutoShuffleNet), but this model's shuffles are manual; "
             "loading would silently drop the learned matrices. Build the model with "
-            "shuffle='auto' (AutoShuffleNetV1/V2) to load them. A hardened model keeps its "
-            "permutations in its config, not in a weights file: save and load it whole as a "
-            f".keras file (keras.saving.load_model). Received: weights={weights!r}"
+            "shuffle='auto' (AutoShuffleNetV1/V2) to load them (a hardened net's file "
+            f"hardens the new net's shuffles at its permutations). Received: weights={weights!r}"
         )
     penalty = _validation.penalty(penalty)
     _validation.choice(shuffle_initializer, SHUFFLE_INITIALIZERS, "shuffle_initializer")
