@@ -4,17 +4,85 @@ A model whose shuffles are still relaxed is refused unless asked for: its shuffl
 are dense N x N matrices, not the permutations the paper ships. Harden first
 (`harden_model` / `HardenShuffles`) and, for speed, fold the permutations into the
 weights (`keras_autoshuffle.folding.fold_model`).
+
+Every file is written under a temporary name and moved into place (`_atomic`): a killed
+export leaves the previous file or the new one, never a truncated one.
 """
 
+import importlib.util
 import os
 
 import keras
 import numpy as np
 
+from keras_autoshuffle._atomic import write_atomically
 from keras_autoshuffle.layers import relaxed_shuffles
 
 FORMATS = ("keras", "saved_model", "litert")
 FILENAMES = {"keras": "model.keras", "saved_model": "saved_model", "litert": "model.tflite"}
+# Machine epsilon of the 16-bit compute dtypes of mixed precision.
+_EPSILON = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
+
+
+def check_formats(formats):
+    """`formats` as a tuple: a non-empty subset of FORMATS (a string is one format)."""
+    try:
+        checked = (formats,) if isinstance(formats, str) else tuple(formats)
+    except TypeError:
+        checked = ()
+    if not checked or any(not isinstance(f, str) or f not in FORMATS for f in checked):
+        raise ValueError(
+            f"`formats` must be a non-empty subset of {FORMATS}. Received: formats={formats!r}"
+        )
+    return checked
+
+
+def _installed(module):
+    return importlib.util.find_spec(module) is not None
+
+
+def unsupported_formats(formats, dtypes=("float32",)):
+    """{format: why it cannot be written and checked here} for the formats of `formats`
+    this backend, these installed packages and these compute dtypes cannot export.
+
+    Known before any training: SavedModel needs TensorFlow installed (any backend);
+    LiteRT needs Keras's TensorFlow backend (its JAX backend refuses), the
+    `ai_edge_litert` package for the parity check, and float32 layers (a model
+    computing in bfloat16 or float16 converts to TensorFlow "Flex" ops, which LiteRT's
+    builtin interpreter lacks: measured with both mixed precision policies).
+
+    Args:
+        formats: formats of FORMATS.
+        dtypes: the compute dtypes of the model's layers (`compute_dtypes(model)`).
+    """
+    reasons = {}
+    if "saved_model" in formats and not _installed("tensorflow"):
+        reasons["saved_model"] = "SavedModel export needs TensorFlow (pip install tensorflow)"
+    if "litert" in formats:
+        half = sorted(set(dtypes) & {"bfloat16", "float16"})
+        if keras.backend.backend() != "tensorflow":
+            reasons["litert"] = (
+                "LiteRT export needs Keras's TensorFlow backend; this is "
+                f"KERAS_BACKEND={keras.backend.backend()}"
+            )
+        elif not _installed("ai_edge_litert"):
+            reasons["litert"] = "the LiteRT check needs ai_edge_litert (pip install ai-edge-litert)"
+        elif half:
+            reasons["litert"] = (
+                f"a model computing in {half[0]} (mixed precision) converts to TensorFlow Flex "
+                "ops, which the LiteRT interpreter lacks; train in float32 to export LiteRT"
+            )
+    return reasons
+
+
+def compute_dtypes(model):
+    """The set of compute dtypes of `model`'s layers (e.g. {"float32", "bfloat16"})."""
+    dtypes, layers = set(), [model]
+    while layers:
+        layer = layers.pop()
+        dtypes.add(keras.backend.standardize_dtype(layer.compute_dtype))
+        layers.extend(getattr(layer, "layers", []))
+    return dtypes
 
 
 def check_exportable(model, allow_relaxed=False):
@@ -34,7 +102,12 @@ def _single_input(model, sample_inputs):
         raise ValueError(
             f"Export checks support single-input models. Received: {len(model.inputs)} inputs"
         )
-    x = np.asarray(sample_inputs, dtype="float32")
+    try:
+        x = np.asarray(sample_inputs, dtype="float32")
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"`sample_inputs` must be an array of numbers. Received: {str(error)[:200]}"
+        ) from None
     expected = tuple(model.inputs[0].shape[1:])
     if x.ndim != len(expected) + 1 or any(
         e is not None and e != s for e, s in zip(expected, x.shape[1:], strict=True)
@@ -48,6 +121,12 @@ def _single_input(model, sample_inputs):
         raise ValueError(
             "`sample_inputs` must hold at least one example for the parity check. "
             f"Received: sample_inputs.shape={x.shape}"
+        )
+    if not np.all(np.isfinite(x)):
+        # NaN outputs compare as NaN: the parity check could not tell a broken file.
+        raise ValueError(
+            "`sample_inputs` must hold only finite values for the parity check. Received: "
+            f"{int(np.size(x) - np.isfinite(x).sum())} non-finite values of {np.size(x)}"
         )
     return x
 
@@ -74,8 +153,7 @@ def save_keras(model, path):
     """
     copy = keras.models.clone_model(model)
     copy.set_weights(model.get_weights())
-    copy.save(path)
-    return path
+    return write_atomically(path, copy.save)
 
 
 def load_keras_outputs(path, inputs):
@@ -85,8 +163,9 @@ def load_keras_outputs(path, inputs):
 
 def export_saved_model(model, path):
     """Writes a TF SavedModel (endpoint `serve`) with `model.export`; returns the path."""
-    model.export(path, format="tf_saved_model", verbose=False)
-    return path
+    return write_atomically(
+        path, lambda partial: model.export(partial, format="tf_saved_model", verbose=False)
+    )
 
 
 def saved_model_outputs(path, inputs):
@@ -99,8 +178,9 @@ def saved_model_outputs(path, inputs):
 
 def export_litert(model, path):
     """Writes a LiteRT (`.tflite`) flat buffer with `model.export(format="litert")`."""
-    model.export(path, format="litert", verbose=False)
-    return path
+    return write_atomically(
+        path, lambda partial: model.export(partial, format="litert", verbose=False)
+    )
 
 
 def litert_interpreter(path, batch=1, num_threads=None):
@@ -148,8 +228,8 @@ def export_model(
 ):
     """Exports `model`, reloads every file and checks its outputs against Keras.
 
-    Writes `model.keras`, `saved_model/` and `model.tflite` (the formats asked for)
-    in `output_dir`, loads each back (`.keras` with `safe_mode=True`, SavedModel
+    Writes `model.keras`, `saved_model/` and `model.tflite` (the formats asked for,
+    each atomically) in `output_dir`, loads each back (`.keras` with `safe_mode=True`, SavedModel
     with `tf.saved_model.load`, LiteRT with `ai_edge_litert`) and runs it on
     `sample_inputs`.
 
@@ -157,10 +237,14 @@ def export_model(
         model: a single-input Keras model; its shuffles must be hardened (or manual).
         output_dir: directory to write into (created if missing).
         sample_inputs: a batch of inputs for the parity check.
-        formats: any of "keras", "saved_model", "litert".
+        formats: any of "keras", "saved_model", "litert"; one this backend, these
+            packages or the model's dtypes cannot give is refused before anything is
+            written (`unsupported_formats`).
         allow_relaxed: export relaxed shuffles as dense matrices instead of refusing.
         atol, rtol: parity tolerance, `max|y - y_keras| <= atol + rtol * max|y_keras|`;
-            a larger difference raises ValueError.
+            a larger difference raises ValueError. For a model computing in 16-bit
+            floats (mixed precision) `rtol` is at least twice that dtype's epsilon: the
+            exported graph may round in another order (measured: 2e-3 in bfloat16).
         reference: the Keras model the files are compared with (default `model`), e.g.
             the hardened model when `model` is its folded form.
 
@@ -168,14 +252,20 @@ def export_model(
         `{format: {"path": str, "max_abs_diff": float}}`.
     """
     check_exportable(model, allow_relaxed)
-    formats = (formats,) if isinstance(formats, str) else tuple(formats)
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown or not formats:
-        raise ValueError(f"`formats` must be a non-empty subset of {FORMATS}. Received: {formats}")
+    formats = check_formats(formats)
+    unsupported = unsupported_formats(formats, compute_dtypes(model))
+    if unsupported:
+        raise ValueError(
+            "These export formats cannot be written here: "
+            + "; ".join(f"{name}: {why}" for name, why in unsupported.items())
+            + f". Received: formats={formats}"
+        )
     inputs = _single_input(model, sample_inputs)
     expected = keras_outputs(model if reference is None else reference, inputs)
+    for dtype in compute_dtypes(model) & set(_EPSILON):
+        rtol = max(rtol, 2 * _EPSILON[dtype])
     tolerance = atol + rtol * float(np.max(np.abs(expected), initial=0.0))
-    os.makedirs(output_dir, exist_ok=True)
+    make_folder(output_dir, "output_dir")
     results = {}
     for name in formats:
         path = _WRITERS[name](model, os.path.join(output_dir, FILENAMES[name]))
@@ -187,3 +277,19 @@ def export_model(
             )
         results[name] = {"path": path, "max_abs_diff": diff}
     return results
+
+
+def make_folder(path, name):
+    """Creates the folder `path` (and its parents); a clear error naming `name` when it is
+    a file or cannot be created."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"`{name}` must be a folder, not a file. Received: {name}={path!r}")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise ValueError(
+            f"`{name}` cannot be created ({error.strerror}). Received: {name}={path!r}"
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"`{name}` is not writable. Received: {name}={path!r}")
+    return path

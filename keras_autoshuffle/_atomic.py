@@ -1,0 +1,115 @@
+"""Atomic writes: a killed process leaves the old version of a file or the new one, never a mix.
+
+Each file (or folder, e.g. a SavedModel) is written under a temporary name in the same
+folder, flushed to disk, then moved into place with `os.replace`, which is atomic within
+a file system. A leftover temporary of a killed writer is removed by the next write.
+"""
+
+import json
+import os
+import shutil
+
+PARTIAL = "partial"
+OLD = "old"
+
+
+def sibling_path(path, tag):
+    """`path` with `.tag` before its suffixes (`model.keras` -> `model.partial.keras`), in
+    the same folder; writers that check a suffix (`.keras`, `.weights.h5`, `.tflite`)
+    accept it."""
+    folder, name = os.path.split(os.fspath(path))
+    stem, dot, suffixes = name.partition(".")
+    return os.path.join(folder, f"{stem}.{tag}{dot}{suffixes}")
+
+
+def partial_path(path):
+    """The temporary name `path` is written under (see `sibling_path`)."""
+    return sibling_path(path, PARTIAL)
+
+
+def remove(path):
+    """Removes a file, link or folder tree; nothing if `path` does not exist."""
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)
+    elif os.path.lexists(path):
+        os.remove(path)
+
+
+def sync(path):
+    """Flushes a file, or every file of a folder tree, and the folder entries, to disk."""
+    if os.path.isdir(path):
+        for folder, _, names in os.walk(path):
+            for name in names:
+                _fsync(os.path.join(folder, name), os.O_RDONLY)
+            _fsync(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    else:
+        _fsync(path, os.O_RDONLY)
+
+
+def _fsync(path, flags):
+    descriptor = os.open(path, flags)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def move_into_place(temporary, path):
+    """Moves a written file or folder `temporary` to `path`, replacing what is there.
+
+    A file replaces atomically. A folder cannot replace a non-empty folder in one
+    rename: the old one is first renamed aside (`sibling_path(path, "old")`), so for an
+    instant `path` is missing, but it never holds a mix of the two.
+    """
+    sync(temporary)
+    if os.path.isdir(temporary) and os.path.lexists(path):
+        old = sibling_path(path, OLD)
+        remove(old)
+        os.replace(path, old)
+        os.replace(temporary, path)
+        remove(old)
+    else:
+        os.replace(temporary, path)
+    sync(os.path.dirname(os.path.abspath(path)))
+
+
+def write_atomically(path, write):
+    """Calls `write(temporary)`, then moves what it wrote into place; returns `path`.
+
+    Args:
+        path: the file or folder to write.
+        write: a function writing a file or a folder at the path it is given (in the
+            same folder as `path`, see `partial_path`).
+    """
+    path = os.fspath(path)
+    temporary = partial_path(path)
+    remove(temporary)
+    try:
+        write(temporary)
+    except BaseException:
+        remove(temporary)
+        raise
+    move_into_place(temporary, path)
+    return path
+
+
+def _json_default(value):
+    if hasattr(value, "item"):
+        return value.item()
+    return str(value)
+
+
+def write_json(path, value):
+    """Writes `value` as JSON atomically (NumPy scalars as numbers, other objects as text)."""
+    os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
+
+    def write(partial):
+        with open(partial, "w") as f:
+            json.dump(value, f, indent=2, default=_json_default)
+
+    return write_atomically(path, write)
+
+
+def as_json(value):
+    """`value` as `write_json` would store and read it back (tuples as lists, ...)."""
+    return json.loads(json.dumps(value, default=_json_default))
