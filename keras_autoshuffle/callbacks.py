@@ -7,7 +7,11 @@ import numpy as np
 from keras import ops
 
 from keras_autoshuffle import _validation, permutations
-from keras_autoshuffle.hardening import format_hardening_report, harden_and_evaluate
+from keras_autoshuffle.hardening import (
+    format_hardening_report,
+    harden_and_evaluate,
+    harden_model,
+)
 from keras_autoshuffle.layers import relaxed_shuffles, total_l12_penalty
 
 
@@ -139,6 +143,9 @@ class HardenShuffles(keras.callbacks.Callback):
         self.verbose = verbose
         self.balanced = balanced
         self.report = None
+        # A resumed run's recorded hardening, applied instead of rounding anew (set by
+        # `training.fault_tolerance.HardeningRecord`): the same permutations and report.
+        self.recorded = None
 
     def on_train_begin(self, logs=None):
         epochs = (self.params or {}).get("epochs")
@@ -159,15 +166,24 @@ class HardenShuffles(keras.callbacks.Callback):
             self.harden(None)
 
     def harden(self, epoch):
-        """Hardens the model now; `epoch` is recorded in the report (None: at the end)."""
+        """Hardens the model now; `epoch` is recorded in the report (None: at the end).
+
+        With `self.recorded` set (a report of this hardening from an earlier run), its
+        permutations are applied and it becomes the report: nothing is recomputed."""
         data = self.validation_data
-        self.report = harden_and_evaluate(
-            self.model,
-            None if data is None else (lambda: evaluate_accuracy(self.model, data)),
-            balanced=self.balanced,
-            time_limit=self.time_limit,
-            epoch=epoch,
-        )
+        if self.recorded is not None:
+            recorded, self.recorded = self.recorded, None
+            permutations = {entry["name"]: entry["permutation"] for entry in recorded["layers"]}
+            harden_model(self.model, permutations=permutations)
+            self.report = recorded
+        else:
+            self.report = harden_and_evaluate(
+                self.model,
+                None if data is None else (lambda: evaluate_accuracy(self.model, data)),
+                balanced=self.balanced,
+                time_limit=self.time_limit,
+                epoch=epoch,
+            )
         if self.verbose:
             print(format_hardening_report(self.report))
 

@@ -6,13 +6,15 @@ adds the accuracy before and after rounding (the paper's Table 3), and is what t
 """
 
 import keras
+import numpy as np
 from keras import ops
 
-from keras_autoshuffle import _validation, permutations
+from keras_autoshuffle import _validation
+from keras_autoshuffle import permutations as perm_math
 from keras_autoshuffle.applications import architecture as arch
 from keras_autoshuffle.hardening.balanced import nearest_balanced_permutation
 from keras_autoshuffle.hardening.balanced_v2 import nearest_balanced_v2_permutation
-from keras_autoshuffle.layers import attach_state, relaxed_shuffles
+from keras_autoshuffle.layers import attach_state, checked_permutation, relaxed_shuffles
 
 
 def shuffle_groups(model):
@@ -43,13 +45,17 @@ def _check_model(model):
         )
 
 
-def harden_model(model, balanced=False, time_limit=None):
+def harden_model(model, balanced=False, time_limit=None, permutations=None):
     """Hardens every relaxed shuffle of `model` in place; returns a per-layer report.
 
     Each entry holds the layer name, `channels`, its `l12_penalty` P(M) and its
     Frobenius `distance` to the chosen permutation, whether argmax rounding agrees, and
     the `permutation`. The model's compiled functions are rebuilt or reset, since the
     hardened layers trace to a different graph.
+
+    All or nothing: every permutation is computed and checked before any layer changes,
+    so on an error (a non-finite matrix, a bad `permutations` entry) the model, its
+    optimizer and its compiled functions are left as they were.
 
     Args:
         model: a built model with RelaxedShuffle layers.
@@ -71,6 +77,9 @@ def harden_model(model, balanced=False, time_limit=None):
         time_limit: seconds per layer for the balanced solver; it then returns the
             best balanced permutation found so far (`optimal` False if not proven).
             None: prove optimality (can take minutes for wide layers).
+        permutations: {layer name: permutation} for every relaxed shuffle, applied
+            instead of rounding (e.g. a recorded hardening); `balanced` then does not
+            apply.
     """
     _check_model(model)
     if not isinstance(balanced, (bool, dict)):
@@ -81,55 +90,116 @@ def harden_model(model, balanced=False, time_limit=None):
     # Mid-fit on JAX the weights are held outside the variables: attach them first. The
     # trainer then rebuilds its state from the variables at the next step.
     attach_state(model)
+    layers = relaxed_shuffles(model)
+    if permutations is not None:
+        permutations = check_permutations(model, permutations)
+        balanced = False
+    matrices = [_finite_matrix(layer) for layer in layers]
+    penalties = [layer.l12_penalty() for layer in layers]
     architecture = arch.describe(model)
     v2 = balanced is True and architecture is not None and architecture.family == "v2"
     if balanced is True and not v2:
         balanced = shuffle_groups(model)
-    report = []
-    for layer in relaxed_shuffles(model):
-        matrix = ops.convert_to_numpy(layer.matrix)
-        penalty = layer.l12_penalty()
-        groups = 2 if v2 else (balanced.get(layer.name) if balanced else None)
-        extra = {}
-        if groups:
-            plain = permutations.nearest_permutation(matrix)
-            if v2:
-                # Layers are hardened in network order, as the v2 blocks need.
-                chosen, info = nearest_balanced_v2_permutation(
-                    model, layer.name, matrix, time_limit=time_limit
-                )
+    chosen, report = [], []
+    try:
+        for layer, matrix, penalty in zip(layers, matrices, penalties, strict=True):
+            groups = 2 if v2 else (balanced.get(layer.name) if balanced else None)
+            extra = {}
+            if permutations is not None:
+                perm = permutations[layer.name]
+            elif groups:
+                perm, extra = _balanced(model, layer, matrix, groups, v2, time_limit)
             else:
-                chosen, info = nearest_balanced_permutation(
-                    matrix, groups, time_limit=time_limit, return_info=True
-                )
-            extra = {
-                "groups": groups,
-                "mass": info["mass"],
-                "plain_mass": permutations.matched_mass(matrix, plain),
-                "plain_distance": permutations.distance_to_permutation(matrix, plain),
-                "optimal": info["optimal"],
-                "seconds": info["seconds"],
-            }
-            perm = layer.harden(chosen)
-        else:
-            perm = layer.harden()
-        report.append(
-            {
-                "name": layer.name,
-                "channels": int(perm.size),
-                "l12_penalty": penalty,
-                "distance": permutations.distance_to_permutation(matrix, perm),
-                "argmax_agrees": permutations.argmax_agrees(matrix),
-                "permutation": perm.tolist(),
-                **extra,
-            }
-        )
+                perm = perm_math.nearest_permutation(matrix)
+            chosen.append(perm)
+            # Balanced v2 reads the earlier shuffles of a stage as hardened: this layer
+            # shows its permutation to the next ones until every one is chosen.
+            layer._permutation = perm
+            report.append(
+                {
+                    "name": layer.name,
+                    "channels": int(perm.size),
+                    "l12_penalty": penalty,
+                    "distance": perm_math.distance_to_permutation(matrix, perm),
+                    "argmax_agrees": perm_math.argmax_agrees(matrix),
+                    "permutation": perm.tolist(),
+                    **extra,
+                }
+            )
+    finally:
+        for layer in layers:
+            layer._permutation = None
+    for layer, perm in zip(layers, chosen, strict=True):
+        layer.harden(perm)
     drop_removed_variables(model)
     model.test_function = model.predict_function = None
     if getattr(model, "train_function", None) is not None:
         # Rebuild rather than clear: a running fit() keeps calling model.train_function.
         model.make_train_function(force=True)
     return report
+
+
+def _finite_matrix(layer):
+    if not layer.built:
+        raise ValueError(
+            f"Every shuffle must be built before hardening; nothing was hardened. "
+            f"Received: unbuilt layer {layer.name!r}"
+        )
+    matrix = ops.convert_to_numpy(layer.matrix).astype("float64")
+    if not np.all(np.isfinite(matrix)):
+        raise ValueError(
+            f"The matrix of shuffle {layer.name!r} holds non-finite values (a diverged "
+            "training?): it has no nearest permutation; nothing was hardened. Received: "
+            f"{int(matrix.size - np.isfinite(matrix).sum())} non-finite entries of {matrix.size}"
+        )
+    return matrix
+
+
+def _balanced(model, layer, matrix, groups, v2, time_limit):
+    plain = perm_math.nearest_permutation(matrix)
+    if v2:
+        # Layers are chosen in network order, as the v2 blocks need.
+        perm, info = nearest_balanced_v2_permutation(
+            model, layer.name, matrix, time_limit=time_limit
+        )
+    else:
+        perm, info = nearest_balanced_permutation(
+            matrix, groups, time_limit=time_limit, return_info=True
+        )
+    return perm, {
+        "groups": groups,
+        "mass": info["mass"],
+        "plain_mass": perm_math.matched_mass(matrix, plain),
+        "plain_distance": perm_math.distance_to_permutation(matrix, plain),
+        "optimal": info["optimal"],
+        "seconds": info["seconds"],
+    }
+
+
+def check_permutations(model, permutations):
+    """`permutations` ({name: permutation}, one per relaxed shuffle of `model`) as
+    {name: int64 vector}; ValueError naming the layer or entry otherwise."""
+    if not isinstance(permutations, dict):
+        raise ValueError(
+            "`permutations` must be a dict {shuffle name: permutation}. "
+            f"Received: permutations of type {type(permutations).__name__}"
+        )
+    sizes = {layer.name: int(layer.matrix.shape[0]) for layer in relaxed_shuffles(model)}
+    if set(permutations) != set(sizes):
+        raise ValueError(
+            "`permutations` must name every relaxed shuffle of the model once. Received: "
+            f"missing {sorted(set(sizes) - set(permutations))}, unknown "
+            f"{sorted(map(str, set(permutations) - set(sizes)))}"
+        )
+    checked = {}
+    for name, perm in permutations.items():
+        checked[name] = checked_permutation(perm, f"permutations[{name!r}]")
+        if checked[name].size != sizes[name]:
+            raise ValueError(
+                f"`permutations[{name!r}]` must have the layer's {sizes[name]} entries. "
+                f"Received: {checked[name].size} entries"
+            )
+    return checked
 
 
 def drop_removed_variables(model):
