@@ -14,18 +14,26 @@ class LinearCycles(keras.optimizers.schedules.LearningRateSchedule):
     ImageNet one (the second cycle starts from the first one's weights at 0.1).
 
     Args:
-        learning_rates: initial learning rate of each cycle.
-        cycle_steps: optimizer steps in each cycle.
+        learning_rates: initial learning rate of each cycle, finite numbers > 0.
+        cycle_steps: optimizer steps in each cycle, positive integers.
     """
 
     def __init__(self, learning_rates, cycle_steps):
-        if len(learning_rates) != len(cycle_steps) or not learning_rates:
+        if (
+            isinstance(learning_rates, (str, bytes))
+            or not hasattr(learning_rates, "__len__")
+            or not hasattr(cycle_steps, "__len__")
+            or len(learning_rates) != len(cycle_steps)
+            or not learning_rates
+        ):
             raise ValueError(
                 "`learning_rates` and `cycle_steps` must be non-empty and equally long. "
                 f"Received: learning_rates={learning_rates}, cycle_steps={cycle_steps}"
             )
         for steps in cycle_steps:
             _validation.positive_int(steps, "cycle_steps")
+        for lr in learning_rates:
+            _validation.positive_float(lr, "learning_rates")
         self.learning_rates = [float(lr) for lr in learning_rates]
         self.cycle_steps = [int(s) for s in cycle_steps]
 
@@ -59,8 +67,8 @@ class CoupledSGD(keras.optimizers.SGD):
     """
 
     def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, l2=0.0, **kwargs):
-        if not l2 >= 0:
-            raise ValueError(f"`l2` must be >= 0. Received: l2={l2}")
+        if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not 0 <= l2 < float("inf"):
+            raise ValueError(f"`l2` must be a finite number >= 0. Received: l2={l2!r}")
         super().__init__(
             learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, **kwargs
         )

@@ -33,6 +33,37 @@ class Recipe:
     batch_size: int
     description: str = ""
 
+    def __post_init__(self):
+        _validation.penalty(self.penalty)
+        cycles = self.cycle_epochs
+        sequences = (tuple, list)
+        if not isinstance(cycles, sequences) or not isinstance(self.learning_rates, sequences):
+            raise ValueError(
+                "`learning_rates` and `cycle_epochs` must be tuples. Received: "
+                f"learning_rates={self.learning_rates!r}, cycle_epochs={cycles!r}"
+            )
+        if not cycles or len(cycles) != len(self.learning_rates):
+            raise ValueError(
+                "`learning_rates` and `cycle_epochs` must be non-empty and equally long. "
+                f"Received: learning_rates={self.learning_rates}, cycle_epochs={cycles}"
+            )
+        for epochs in cycles:
+            _validation.positive_int(epochs, "cycle_epochs")
+        for lr in self.learning_rates:
+            _validation.positive_float(lr, "learning_rates")
+        if isinstance(self.momentum, bool) or not (
+            isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1
+        ):
+            raise ValueError(f"`momentum` must be in [0, 1). Received: momentum={self.momentum!r}")
+        if isinstance(self.weight_decay, bool) or not (
+            isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < float("inf")
+        ):
+            raise ValueError(
+                "`weight_decay` must be a finite number >= 0. "
+                f"Received: weight_decay={self.weight_decay!r}"
+            )
+        _validation.positive_int(self.batch_size, "batch_size")
+
     @property
     def epochs(self):
         return int(sum(self.cycle_epochs))
