@@ -173,8 +173,8 @@ class HardenShuffles(keras.callbacks.Callback):
         data = self.validation_data
         if self.recorded is not None:
             recorded, self.recorded = self.recorded, None
-            permutations = {entry["name"]: entry["permutation"] for entry in recorded["layers"]}
-            harden_model(self.model, permutations=permutations)
+            chosen = {entry["name"]: entry["permutation"] for entry in recorded["layers"]}
+            harden_model(self.model, permutations=chosen)
             self.report = recorded
         else:
             self.report = harden_and_evaluate(

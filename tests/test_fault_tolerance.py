@@ -15,11 +15,13 @@ SETTINGS = {"dataset": "digits", "shuffle": "auto", "epochs": 2, "penalty": 0.05
 
 
 def _killed_run(output_dir, settings=SETTINGS, epoch=1):
-    """The backup a run killed after `epoch` epochs leaves behind (settings, metadata)."""
+    """The backup a run killed after `epoch` epochs leaves behind (settings, metadata, weights)."""
     backup = output_dir / ft.BACKUP
     backup.mkdir(parents=True)
     (backup / ft.SETTINGS_FILE).write_text(json.dumps(settings))
     (backup / ft.METADATA_FILE).write_text(json.dumps({"epoch": epoch, "batch": -1}))
+    inputs = keras.Input((4,))
+    keras.Model(inputs, inputs).save_weights(backup / ft.WEIGHTS_FILE)
     return backup
 
 
@@ -170,9 +172,9 @@ def test_a_backup_from_before_sinkhorn_iterations_were_recorded(tmp_path):
         prepare_run_directory(str(tmp_path / "other"), {**SETTINGS, "sinkhorn_iterations": 10})
 
 
-def test_a_backup_without_recorded_settings_still_resumes(tmp_path):
-    # Backups written before settings were recorded: resume (append the logs), record them.
+def test_a_backup_without_recorded_settings_is_refused(tmp_path):
+    # Its settings cannot be compared: resuming could mix two configurations.
     backup = _killed_run(tmp_path / "run")
     (backup / ft.SETTINGS_FILE).unlink()
-    assert prepare_run_directory(str(tmp_path / "run"), SETTINGS) is True
-    assert json.loads((backup / ft.SETTINGS_FILE).read_text()) == SETTINGS
+    with pytest.raises(RunDirectoryError, match="no record of the settings"):
+        prepare_run_directory(str(tmp_path / "run"), SETTINGS)

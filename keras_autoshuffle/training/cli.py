@@ -5,6 +5,7 @@ import functools
 import sys
 
 from keras_autoshuffle.training.distribution import STRATEGIES, make_strategy
+from keras_autoshuffle.training.divergence import TrainingDivergedError
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 from keras_autoshuffle.training.loops import train
 from keras_autoshuffle.training.recipes import get_recipe
@@ -29,6 +30,8 @@ def format_run_summary(report):
         )
     for name, entry in report.get("export", {}).items():
         lines.append(f"  {name}: max |output - Keras| = {entry['max_abs_diff']:.2e}")
+    for name, why in report.get("export_skipped", {}).items():
+        lines.append(f"  {name}: not exported ({why})")
     lines.append("Files:")
     lines.extend(f"  {name:12s}{path}" for name, path in report["files"].items())
     return "\n".join(lines)
@@ -51,6 +54,27 @@ def _sinkhorn_iterations(text):
         return check_iterations(_positive_int(text), "sinkhorn_iterations")
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _seed(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**32 - 1], got {text!r}")
+    return value
+
+
+def _export_formats(text):
+    from keras_autoshuffle.export import FORMATS
+
+    formats = tuple(f.strip() for f in text.split(","))
+    if not all(f in FORMATS for f in formats):
+        raise argparse.ArgumentTypeError(
+            f"must be formats of {','.join(FORMATS)} separated by commas, got {text!r}"
+        )
+    return formats
 
 
 def _non_negative_int(text):
@@ -140,7 +164,7 @@ def add_arguments(parser, datasets, default_dataset):
     parser.add_argument("--jit-compile", action="store_true", help="XLA (slower on CPU)")
     parser.add_argument("--data-dir", default=None, help="TFDS data directory")
     parser.add_argument("--output", required=True, help="output directory")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=_seed, default=0)
     parser.add_argument(
         "--max-train-examples",
         type=_positive_int,
@@ -151,6 +175,14 @@ def add_arguments(parser, datasets, default_dataset):
         "--overwrite", action="store_true", help="replace a finished run in --output"
     )
     parser.add_argument("--no-export", action="store_true", help="skip SavedModel and LiteRT")
+    parser.add_argument(
+        "--export-formats",
+        type=_export_formats,
+        default=None,
+        help="export exactly these formats (e.g. saved_model,litert), refusing before training "
+        "any this backend or precision cannot write (default: SavedModel and LiteRT where "
+        "possible, the others left out with a warning)",
+    )
     parser.add_argument(
         "--balanced",
         action="store_true",
@@ -216,6 +248,27 @@ def run_from_args(args, recipe_name, stem, manual_dir=None):
         penalty=args.penalty,
         learning_rate=args.learning_rate,
     )
+    if args.no_export and args.export_formats:
+        sys.exit(
+            "error: --no-export and --export-formats contradict each other. Received: "
+            f"--export-formats {','.join(args.export_formats)}"
+        )
+    if args.export_formats:
+        # Before the data is read: what this backend or precision cannot export.
+        import keras
+
+        from keras_autoshuffle.export import unsupported_formats
+        from keras_autoshuffle.training.distribution import mixed_precision_policy
+
+        policy = mixed_precision_policy() if args.mixed_precision else "float32"
+        dtype = keras.DTypePolicy(policy).compute_dtype
+        unsupported = unsupported_formats(args.export_formats, (dtype,))
+        if unsupported:
+            sys.exit(
+                "error: these export formats cannot be written by this run: "
+                + "; ".join(f"{name}: {why}" for name, why in unsupported.items())
+                + f". Received: --export-formats {','.join(args.export_formats)}"
+            )
     try:
         train_data, test_data = data.load(
             args.dataset, seed=args.seed, data_dir=args.data_dir, manual_dir=manual_dir
@@ -244,7 +297,16 @@ def run_from_args(args, recipe_name, stem, manual_dir=None):
             f"Received: --shuffle {args.shuffle}"
         )
     # What defines the run (and must match to resume it); not where or how it is shown.
-    skip = ("output", "verbose", "no_export", "overwrite", "strategy", "jit_compile")
+    skip = (
+        "output",
+        "verbose",
+        "no_export",
+        "export_formats",
+        "overwrite",
+        "strategy",
+        "jit_compile",
+    )
+    export = args.export_formats or not args.no_export
     run = train
     if args.search_epochs is not None:
         run = functools.partial(search_then_retrain, search_epochs=args.search_epochs)
@@ -259,14 +321,14 @@ def run_from_args(args, recipe_name, stem, manual_dir=None):
             mixed_precision=args.mixed_precision,
             jit_compile=args.jit_compile,
             seed=args.seed,
-            export=not args.no_export,
+            export=export,
             settings={k: v for k, v in vars(args).items() if k not in skip},
             harden_at_epoch=args.harden_at_epoch,
             balanced=args.balanced,
             overwrite=args.overwrite,
             verbose=args.verbose,
         )
-    except RunDirectoryError as error:
+    except (RunDirectoryError, TrainingDivergedError) as error:
         sys.exit(f"error: {error}")
     print(format_run_summary(report))
     return report

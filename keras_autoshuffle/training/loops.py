@@ -9,19 +9,27 @@ import collections
 import dataclasses
 import os
 import time
+import warnings
 
 import keras
 
 from keras_autoshuffle import _validation
+from keras_autoshuffle import export as export_lib
 from keras_autoshuffle.callbacks import HardenShuffles, ShufflePenaltyLogger, evaluate_accuracy
 from keras_autoshuffle.data import EpochCounter
 from keras_autoshuffle.training import distribution
+from keras_autoshuffle.training.divergence import DIVERGENCE_FILE, StopOnDivergence
 from keras_autoshuffle.training.fault_tolerance import (
     BACKUP,
+    BestModel,
     ElapsedTime,
     HardeningRecord,
+    HistoryLog,
+    RunBackup,
     elapsed_before,
+    finish_run,
     prepare_run_directory,
+    read_json,
     write_json,
 )
 from keras_autoshuffle.training.multi_worker import custom_loop
@@ -49,8 +57,17 @@ def train(
     balanced=False,
     overwrite=False,
     verbose=1,
+    report_entries=None,
 ):
     """Trains, hardens and exports a model; writes everything into `output_dir`.
+
+    Everything that can be checked before the first epoch is (the arguments, the data,
+    the output folder, the export formats, that the model can be saved and loaded), so
+    a run does not fail after its training. A run killed at any instant and rerun with
+    the same arguments resumes from its last completed epoch, or, when training was
+    complete, redoes only the hardening, export and report; a run whose loss or weights
+    become non-finite stops with TrainingDivergedError and resumes from its last good
+    epoch (`fault_tolerance`, `divergence`).
 
     Args:
         model_fn: builds the (uncompiled) Keras model; called under the strategy's
@@ -58,15 +75,23 @@ def train(
         train_data, test_data: `keras_autoshuffle.data.EpochData` splits.
         recipe: a `Recipe` (see `get_recipe`).
         output_dir: where `model.keras`, `saved_model/`, `model.tflite`, `report.json`,
-            `history.csv`, `logs/`, `best.keras` and the `backup/` of a running job go.
-            A killed run resumes from its backup when rerun with the same settings.
+            `history.csv`, `logs/`, `best.keras` and the `backup/` of a running job go
+            (removed after `report.json`, the last file). Every file is written
+            atomically. A killed run resumes from its backup when rerun with the same
+            settings.
         strategy: a `tf.distribute.Strategy` or a name in STRATEGIES. Create a
             MultiWorkerMirroredStrategy (`make_strategy("multi-worker")`) at program
             start, before TensorFlow runs any op, and pass it here.
         mixed_precision: float16 on GPU, bfloat16 on CPU (shuffle matrices stay float32).
         jit_compile: XLA (off by default: measured 4x slower on CPU).
-        seed: seeds the initial weights, the data order and the augmentation.
-        export: write the SavedModel and LiteRT files (and check them against Keras).
+        seed: seeds the initial weights, the data order and the augmentation (an
+            integer in [0, 2**32 - 1]).
+        export: the files besides `model.keras`, each checked against Keras: True for
+            SavedModel and LiteRT where this backend, these packages and the dtype
+            policy allow them (one they do not is left out with a warning, and named
+            in the report's `export_skipped`); a list of formats of `export.FORMATS`
+            to write exactly those (one that cannot be written is refused before
+            training); False for none.
         settings: extra entries for the report's `settings` (and the resume check).
         callbacks: extra Keras callbacks, run after the built-in ones: after each epoch's
             backup, and after the hardening at the end of training.
@@ -77,6 +102,7 @@ def train(
             fold into a network as cheap as the manual one (the manual routing counts).
         overwrite: replace a finished run in `output_dir` (default: refuse).
         verbose: 0 silent, 1 Keras's progress bar, 2 one line per epoch.
+        report_entries: a dict of entries added to the report before it is written.
 
     Returns:
         The report dict (also written to `report.json`).
@@ -96,6 +122,13 @@ def train(
             f"Received: harden_at_epoch={harden_at_epoch}"
         )
     _validation.choice(balanced, (False, True), "balanced")
+    seed = _check_seed(seed)
+    formats = _export_formats(export)
+    if test_data.num_examples < 1:
+        raise ValueError(
+            "`test_data` holds no examples: nothing to evaluate the hardening on or to check "
+            f"the exports with. Received: test_data with {test_data.num_examples} examples"
+        )
     if recipe.batch_size % strategy.num_replicas_in_sync:
         raise ValueError(
             f"The global batch size must divide by the {strategy.num_replicas_in_sync} "
@@ -121,6 +154,8 @@ def train(
                     f"examples (no full batch per epoch). Received: batch_size={recipe.batch_size}"
                 )
             optimizer = make_optimizer(recipe, steps, model)
+        formats, skipped = _plan_export(model, formats if chief else ())
+        sample = _check_savable(model, test_data, formats)
         run_settings = {
             **(settings or {}),
             **dataclasses.asdict(recipe),
@@ -138,8 +173,10 @@ def train(
             "train_examples": train_data.num_examples,
             "test_examples": test_data.num_examples,
         }
-        resumed = prepare_run_directory(own_dir, run_settings, overwrite=overwrite)
-        elapsed = ElapsedTime(os.path.join(own_dir, BACKUP), start, elapsed_before(own_dir))
+        prepare_run_directory(own_dir, run_settings, overwrite=overwrite)
+        backup_dir = os.path.join(own_dir, BACKUP)
+        elapsed = ElapsedTime(backup_dir, start, elapsed_before(own_dir))
+        stop = StopOnDivergence(backup_dir, recipe.learning_rates)
         history_path = os.path.join(own_dir, "history.csv")
         if multi_worker:
             report = custom_loop(
@@ -149,9 +186,7 @@ def train(
                 train_data,
                 test_data,
                 recipe,
-                _callbacks(
-                    own_dir, history_path, resumed, chief, list(callbacks or []), elapsed=elapsed
-                ),
+                _callbacks(own_dir, history_path, chief, list(callbacks or []), stop, elapsed),
                 jit_compile=jit_compile,
                 verbose=verbose if chief else 0,
                 balanced=balanced,
@@ -167,7 +202,7 @@ def train(
                 recipe,
                 own_dir,
                 history_path,
-                resumed=resumed,
+                stop=stop,
                 jit_compile=jit_compile,
                 verbose=verbose,
                 extra=list(callbacks or []),
@@ -186,14 +221,13 @@ def train(
         sum(layer["l12_penalty"] for layer in report["layers"])
     )
     files = {"keras": os.path.join(own_dir, "model.keras")}
-    sample = next(iter(test_data.eval_dataset(8)))[0].numpy()
-    if export and chief:
-        report["export"] = _export(model, own_dir, sample)
+    if formats:
+        report["export"] = _export(model, own_dir, sample, formats)
         files.update({name: entry["path"] for name, entry in report["export"].items()})
     else:
-        from keras_autoshuffle.export import save_keras
-
-        save_keras(model, files["keras"])
+        export_lib.save_keras(model, files["keras"])
+    if skipped:
+        report["export_skipped"] = skipped
     files.update(
         history=history_path,
         logs=os.path.join(own_dir, "logs"),
@@ -210,53 +244,119 @@ def train(
     # Every invocation's training time: a resumed run's backup kept the earlier ones'.
     report["time_this_invocation"] = time.time() - start
     report["time"] = elapsed.before + report["time_this_invocation"]
+    divergence = os.path.join(backup_dir, DIVERGENCE_FILE)
+    if os.path.exists(divergence):
+        report["resumed_after_divergence"] = read_json(divergence, "divergence record")
+    report.update(report_entries or {})
     write_json(report["files"]["report"], report)
+    finish_run(own_dir)
     return report
 
 
-def _export(model, output_dir, sample):
-    """`model.keras` as trained (hardened); SavedModel and LiteRT from the folded network.
+def _check_seed(seed):
+    seed = _validation.non_negative_int(seed, "seed")
+    if seed >= 2**32:  # NumPy's and TensorFlow's seeds are 32-bit
+        raise ValueError(f"`seed` must be an integer in [0, 2**32 - 1]. Received: seed={seed!r}")
+    return seed
+
+
+def _export_formats(export):
+    """None: every format where possible (`export=True`); else the formats asked for."""
+    if export is True:
+        return None
+    if export is False:
+        return ()
+    try:
+        return export_lib.check_formats(export)
+    except ValueError:
+        raise ValueError(
+            f"`export` must be True, False or a list of formats of {export_lib.FORMATS}. "
+            f"Received: export={export!r}"
+        ) from None
+
+
+def _plan_export(model, formats):
+    """(formats to export besides .keras, {format: why not} for those left out)."""
+    auto = formats is None
+    formats = ("saved_model", "litert") if auto else tuple(f for f in formats if f != "keras")
+    if formats and len(model.inputs) != 1:
+        raise ValueError(
+            "The export checks support single-input models: pass export=False. Received: "
+            f"a model with {len(model.inputs)} inputs"
+        )
+    unsupported = export_lib.unsupported_formats(formats, export_lib.compute_dtypes(model))
+    if unsupported and not auto:
+        raise ValueError(
+            "These export formats cannot be written for this run: "
+            + "; ".join(f"{name}: {why}" for name, why in unsupported.items())
+            + ". Leave them out (or pass export=True to drop what cannot be exported). "
+            f"Received: export={formats}"
+        )
+    for name, why in unsupported.items():
+        warnings.warn(
+            f"The run will not export {name}: {why}. (Listed in `export`, a format that cannot "
+            "be written stops the run before training instead.)",
+            stacklevel=3,
+        )
+    return tuple(f for f in formats if f not in unsupported), unsupported
+
+
+def _check_savable(model, test_data, formats):
+    """Checks before training what the end of the run needs: the model's config loads
+    back in safe mode (`model.keras`), and a batch of test images for the export checks
+    (returned when exporting)."""
+    try:
+        config = keras.saving.serialize_keras_object(model)
+        keras.saving.deserialize_keras_object(config, safe_mode=True)
+    except Exception as error:  # whatever Keras raises: the model cannot be saved as built
+        raise ValueError(
+            "The model cannot be saved and loaded as a .keras file (register its custom "
+            "objects with keras.saving.register_keras_serializable, avoid Lambda layers). "
+            f"Received: {type(error).__name__}: {str(error)[:300]}"
+        ) from None
+    if not formats:
+        return None
+    return keras.ops.convert_to_numpy(next(iter(test_data.eval_dataset(8)))[0])
+
+
+def _export(model, output_dir, sample, formats):
+    """`model.keras` as trained (hardened); `formats` (SavedModel, LiteRT) from the folded
+    network.
 
     Folding (`folding.fold_model`) removes the shuffles' GATHERs, which split LiteRT's
     XNNPACK delegate; models it does not cover (not from `applications`, channels_first)
     are exported as they are. Every file's max abs difference is against the hardened
     model.
     """
-    from keras_autoshuffle import export, folding
+    from keras_autoshuffle import folding
 
-    results = export.export_model(model, output_dir, sample, formats=("keras",))
+    results = export_lib.export_model(model, output_dir, sample, formats=("keras",))
     folded = folding.is_foldable(model)
     inference = folding.fold_model(model, name=model.name) if folded else model
-    files = export.export_model(
-        inference, output_dir, sample, formats=("saved_model", "litert"), reference=model
-    )
+    files = export_lib.export_model(inference, output_dir, sample, formats=formats, reference=model)
     for name, entry in files.items():
         results[name] = {**entry, "folded": folded}
     return results
 
 
-def _callbacks(output_dir, history_path, resumed, chief, extra, hardening=None, elapsed=None):
-    """The run's callbacks in order: logging (ShufflePenaltyLogger before the loggers),
-    hardening and its record, the elapsed time, the backup, then the user's. So the backup of the
-    hardening epoch holds the hardened weights, the end-of-training hardening runs
-    before the backup is deleted, and a user's callback sees each epoch backed up."""
+def _callbacks(output_dir, history_path, chief, extra, stop, elapsed, hardening=None):
+    """The run's callbacks in order: the divergence check first (a diverged epoch reaches
+    no log, checkpoint or backup), logging (ShufflePenaltyLogger before the loggers),
+    hardening and its record, the elapsed time, the backup, then the user's. So the backup
+    of the hardening epoch holds the hardened weights, the end-of-training hardening is
+    recorded before the run's files are written, and a user's callback sees each epoch
+    backed up."""
     backup_dir = os.path.join(output_dir, BACKUP)
     callbacks = [
+        stop,
         ShufflePenaltyLogger(),
-        keras.callbacks.ModelCheckpoint(
-            os.path.join(output_dir, "best.keras"),
-            monitor="val_accuracy",
-            mode="max",
-            save_best_only=True,
-        )
-        if chief
-        else None,
+        BestModel(os.path.join(output_dir, "best.keras"), backup_dir) if chief else None,
         keras.callbacks.TensorBoard(os.path.join(output_dir, "logs"), write_graph=False),
-        keras.callbacks.CSVLogger(history_path, append=resumed),
+        HistoryLog(history_path),
         hardening,
         None if hardening is None else HardeningRecord(backup_dir, hardening),
         elapsed,
-        keras.callbacks.BackupAndRestore(backup_dir),
+        RunBackup(backup_dir),
         *extra,
     ]
     return [c for c in callbacks if c is not None]
@@ -271,7 +371,7 @@ def _fit(
     recipe,
     output_dir,
     history_path,
-    resumed,
+    stop,
     jit_compile,
     verbose,
     extra=(),
@@ -301,7 +401,7 @@ def _fit(
         validation_data=test,
         callbacks=[
             counter.callback(),
-            *_callbacks(output_dir, history_path, resumed, True, extra, hardening, elapsed),
+            *_callbacks(output_dir, history_path, True, extra, stop, elapsed, hardening),
         ],
         shuffle=False,  # the order is the dataset's, a function of (seed, epoch)
         verbose=verbose,

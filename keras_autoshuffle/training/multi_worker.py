@@ -11,6 +11,7 @@ import tensorflow as tf
 from keras import ops
 
 from keras_autoshuffle.hardening import harden_and_evaluate
+from keras_autoshuffle.training.fault_tolerance import restored_epoch
 
 
 def custom_loop(
@@ -111,8 +112,7 @@ def custom_loop(
         steps=steps,
     )
     callbacks.on_train_begin()
-    # BackupAndRestore's restored epoch (the attribute fit itself reads).
-    initial_epoch = getattr(model, "_initial_epoch", None) or 0
+    initial_epoch = restored_epoch(model)
     logs = {}
     for epoch in range(initial_epoch, recipe.epochs):
         callbacks.on_epoch_begin(epoch)
@@ -129,8 +129,8 @@ def custom_loop(
         logs = {**logs, "val_loss": val_loss, "val_accuracy": val_accuracy}
         logs["learning_rate"] = float(optimizer.learning_rate)
         callbacks.on_epoch_end(epoch, logs)
-    # Harden before the backup is deleted: a run killed during a long hardening
-    # restarts after its last epoch, not from scratch.
+    # The backup is kept until the run's report is written: a run killed during the
+    # hardening restarts after its last epoch, not from scratch.
     report = harden_and_evaluate(model, evaluate, balanced=balanced, time_limit=time_limit)
     callbacks.on_train_end(logs)
     report["final_accuracy"] = report["rounded_accuracy"]

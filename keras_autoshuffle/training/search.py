@@ -84,7 +84,7 @@ def search_then_retrain(
     def retrain_fn():
         return model_fn(shuffle_permutations=permutations)
 
-    report = train(
+    return train(
         retrain_fn,
         train_data,
         test_data,
@@ -92,11 +92,9 @@ def search_then_retrain(
         output_dir,
         seed=seed,
         settings={**(settings or {}), "search_epochs": search_epochs, "search_balanced": balanced},
+        report_entries={"search": search},
         **train_kwargs,
     )
-    report["search"] = search
-    write_json(os.path.join(output_dir, "report.json"), report)
-    return report
 
 
 def _search(
@@ -116,19 +114,28 @@ def _search(
         short = dataclasses.replace(
             recipe, learning_rates=recipe.learning_rates[:1], cycle_epochs=(epochs,)
         )
-        report = train(
-            model_fn,
-            train_data,
-            test_data,
-            short,
-            search_dir,
-            seed=seed,
-            export=False,
-            settings=settings,
-            balanced=balanced,
-            verbose=verbose,
-        )
-        penalty = report["l12_penalty_at_hardening"]
+        finished = os.path.join(search_dir, "report.json")
+        if os.path.exists(finished):  # killed after the search's run, before this file
+            report = read_json(finished, "search report", "Delete the search folder.")
+        else:
+            report = train(
+                model_fn,
+                train_data,
+                test_data,
+                short,
+                search_dir,
+                seed=seed,
+                export=False,
+                settings=settings,
+                balanced=balanced,
+                verbose=verbose,
+            )
+        penalty = report.get("l12_penalty_at_hardening") if isinstance(report, dict) else None
+        if not isinstance(penalty, (int, float)):
+            raise ValueError(
+                f"{finished} is not the report of a search run; delete {search_dir} to search "
+                f"again. Received: l12_penalty_at_hardening={penalty!r}"
+            )
         model = keras.saving.load_model(os.path.join(search_dir, "model.keras"), safe_mode=True)
     permutations = {
         layer.name: np.asarray(layer.permutation).tolist()
