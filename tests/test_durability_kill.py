@@ -2,15 +2,16 @@
 uninterrupted run and never retrains a completed epoch.
 
 The job: a tiny ShuffleNet v2 (16x16 inputs), 32 training and 16 test images, two
-epochs of two steps, SavedModel and LiteRT export. A child process runs it and is sent
-SIGKILL by itself at a named instant (`_KILL_POINTS`: the test wraps a package function
-in the child, the package holds no test hook): in an epoch, between the two moves of a
-backup write, in the hardening, before each export file moves into place, and after
-`report.json`, the last file. The rerun then runs in the test process.
+epochs of two steps, SavedModel and LiteRT export. A child process runs it and sends
+itself SIGKILL at a named instant (CHILD's kill points: the child wraps a package function,
+the package holds no test hook): in an epoch, between the two moves of a backup write, in
+the hardening, before each export file moves into place, and after `report.json`, the
+last file. The rerun then runs in the test process.
 
 A child starts from scratch or from a copy of the uninterrupted run's folder at the end
-of an epoch (`reference`'s snapshots): a run killed after its training is exactly that
-folder, so each test pays one child (a fresh interpreter, ~10 s of imports) per kill.
+of an epoch (`reference`'s snapshots; a run killed after its training left that folder),
+so each test pays one child (a fresh interpreter: ~5 s of imports on an idle 2-core
+machine, 10 s on a busy one) and one rerun.
 """
 
 import csv
