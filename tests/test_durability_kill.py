@@ -10,8 +10,8 @@ last file. The rerun then runs in the test process.
 
 A child starts from scratch or from a copy of the uninterrupted run's folder at the end
 of an epoch (`reference`'s snapshots; a run killed after its training left that folder),
-so each test pays one child (a fresh interpreter: ~5 s of imports on an idle 2-core
-machine, 10 s on a busy one) and one rerun.
+so each test pays one child (a fresh interpreter: 6-8 s of imports measured on the shared
+2-core machine) and one rerun.
 """
 
 import csv
