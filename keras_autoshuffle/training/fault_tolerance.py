@@ -22,7 +22,10 @@ import hashlib
 import json
 import math
 import os
+import tempfile
+import time
 
+import h5py
 import keras
 import numpy as np
 
@@ -303,8 +306,6 @@ def check_backup(backup_dir, settings):
     epochs = _epochs_of(settings)
     backed_up = backed_up_epochs(backup_dir, epochs)
     weights = os.path.join(backup_dir, WEIGHTS_FILE)
-    import h5py
-
     try:
         with h5py.File(weights, "r"):
             pass
@@ -423,15 +424,11 @@ class ElapsedTime(keras.callbacks.Callback):
         self.start, self.before = start, before
 
     def on_epoch_end(self, epoch, logs=None):
-        import time
-
         write_json(self.path, {"seconds": self.before + time.time() - self.start})
 
 
 def _h5_arrays(path):
     """{name: (shape, dtype)} of every array in an HDF5 file."""
-    import h5py
-
     arrays = {}
     with h5py.File(path, "r") as f:
 
@@ -444,8 +441,6 @@ def _h5_arrays(path):
 
 
 def _non_finite_arrays(path):
-    import h5py
-
     bad = []
     with h5py.File(path, "r") as f:
 
@@ -473,8 +468,6 @@ def _build_optimizer(model):
 def check_weights_file(path, model):
     """RunDirectoryError unless the weights file `path` holds exactly the arrays `model`
     (and its optimizer) saves, of the same shapes and dtypes, all finite."""
-    import tempfile
-
     _build_optimizer(model)
     try:
         found = _h5_arrays(path)
