@@ -30,7 +30,14 @@ def _harden_randomly(model, rng, perm_fn=None):
         layer.harden(rng.permutation(n) if perm_fn is None else perm_fn(layer, n))
 
 
-V1_GROUPS = [1, 2, 3, 4, 8]
+# The JAX run folds one case per family (g = 3, even quarters): the other cases change
+# channel counts and permutations, not what the backend computes.
+ONE_CASE_ON_JAX = pytest.mark.tensorflow_only(
+    reason="the same layers as the case the JAX run folds, other channel counts"
+)
+V1_GROUPS = [
+    pytest.param(g, marks=() if g == 3 else ONE_CASE_ON_JAX, id=str(g)) for g in (1, 2, 3, 4, 8)
+]
 
 
 def _balanced_permutation(n, groups, rng):
@@ -84,7 +91,10 @@ V2_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(V2_CASES))
+@pytest.mark.parametrize(
+    "case",
+    [pytest.param(c, marks=() if c == "even_quarters" else ONE_CASE_ON_JAX) for c in V2_CASES],
+)
 def test_v2_folding_exact(case):
     common = dict(classes=5, classifier_activation=None, **V2_CASES[case])
     manual = tiny_v2(shuffle="manual", **common)
@@ -147,6 +157,7 @@ def test_folded_model_round_trips_safe_mode(tmp_path):
     assert result["keras"]["max_abs_diff"] <= 1e-6
 
 
+@pytest.mark.tensorflow_only(reason="NumPy only, the same on every backend")
 def test_decompose_recovers_perm():
     rng = np.random.default_rng(0)
     n, g = 12, 3

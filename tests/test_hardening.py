@@ -21,6 +21,9 @@ import keras_autoshuffle as ka
 from keras_autoshuffle import folding, hardening, permutations
 from keras_autoshuffle.hardening import balanced, balanced_v2
 
+# Matrix-level checks (NumPy and SciPy only): the same on every backend, run once.
+NUMPY_ONLY = pytest.mark.tensorflow_only(reason="NumPy and SciPy only, the same on every backend")
+
 
 def _brute_force_balanced(matrix, groups, counts):
     n = matrix.shape[0]
@@ -35,6 +38,7 @@ def _brute_force_balanced(matrix, groups, counts):
     return best, best_perm
 
 
+@NUMPY_ONLY
 @pytest.mark.parametrize("n,groups,seed", [(6, 2, 0), (6, 3, 1), (8, 2, 2), (6, 3, 3), (8, 4, 4)])
 def test_balanced_is_optimal_by_brute_force(n, groups, seed):
     rng = np.random.default_rng(seed)
@@ -51,6 +55,7 @@ def test_balanced_is_optimal_by_brute_force(n, groups, seed):
     assert best <= permutations.matched_mass(matrix, plain) + 1e-12
 
 
+@NUMPY_ONLY
 def test_balanced_with_prescribed_counts_and_bad_counts():
     rng = np.random.default_rng(5)
     matrix = rng.random((6, 6))
@@ -90,6 +95,7 @@ def test_harden_model_balanced_report():
     assert _layer_counts(folded)["ChannelShuffle"] == TINY_UNITS - 1
 
 
+@NUMPY_ONLY
 @pytest.mark.parametrize("seed", range(12))
 def test_two_group_lagrangian_bound_and_result(seed):
     # Rounded matrices have many ties, where bisection alone misses the target count.
@@ -129,6 +135,7 @@ def _v2_family(blocks, half):
     return keep
 
 
+@NUMPY_ONLY
 @pytest.mark.parametrize(
     "blocks",
     [[], [np.arange(0, 2), np.arange(2, 4)], [np.arange(4)], [np.array([0, 3]), np.array([1, 2])]],
@@ -193,6 +200,7 @@ def test_hardening_arguments_are_checked_up_front():
         permutations.nearest_permutation(np.ones((3, 3)), allowed=np.eye(3, k=1, dtype=bool))
 
 
+@NUMPY_ONLY
 @pytest.mark.parametrize("groups", [2, 3, 8])
 def test_balanced_under_a_tiny_time_limit_returns_a_valid_balanced_permutation(groups):
     # A time limit means "the best feasible answer so far", never an exception (HiGHS
@@ -213,6 +221,7 @@ def test_balanced_under_a_tiny_time_limit_returns_a_valid_balanced_permutation(g
     assert isinstance(info["optimal"], bool) and info["seconds"] < 30
 
 
+@NUMPY_ONLY
 def test_repair_reaches_any_prescribed_counts_from_any_start():
     rng = np.random.default_rng(3)
     n, groups = 12, 3
@@ -232,6 +241,7 @@ def test_balanced_v2_hardening_under_a_tiny_time_limit_reports_it():
     assert counts.get("ChannelSlice", 0) == 0
 
 
+@NUMPY_ONLY
 def test_v2_routing_counts_of_the_manual_shuffle_by_hand():
     # Half = 4, four units, traced by hand through the interleaving shuffle:
     # unit 1 keeps [L0 R0 L1 R1] and sends [L2 R2 L3 R3] to unit 2; unit 2 keeps
