@@ -26,6 +26,7 @@ from keras_autoshuffle.training.distribution import (
     make_strategy,
     mixed_precision_policy,
 )
+from keras_autoshuffle.training.divergence import TrainingDivergedError
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 from keras_autoshuffle.training.loops import BALANCED_TIME_LIMIT, train
 from keras_autoshuffle.training.recipes import RECIPES, Recipe, get_recipe, make_optimizer
