@@ -9,7 +9,7 @@ import keras
 import numpy as np
 from keras import layers, ops
 
-from keras_autoshuffle import _validation, permutations
+from keras_autoshuffle import _keras_internals, _validation, permutations
 from keras_autoshuffle.constraints import DoublyStochastic
 from keras_autoshuffle.regularizers import L12Penalty, l12_penalty
 
@@ -227,7 +227,7 @@ class RelaxedShuffle(keras.layers.Layer):
         # Keras's JAX trainer keeps the variables' values outside them during `fit` (the
         # variables hold None until `model.jax_state_sync()`); reading M then would fail
         # with an obscure TypeError.
-        if getattr(self.matrix, "_value", 0) is None:
+        if _keras_internals.has_no_value(self.matrix):
             raise RuntimeError(
                 f"The matrix of RelaxedShuffle '{self.name}' has no value attached: during a "
                 "JAX `fit` the model holds it. Call `model.jax_state_sync()` first (a "
@@ -260,7 +260,7 @@ class RelaxedShuffle(keras.layers.Layer):
                 f"Received: permutation of size {permutation.size}"
             )
         # Drop the matrix from the layer's state: no weight, no penalty, no MACs.
-        self._untrack_variable(self.matrix)
+        _keras_internals.untrack_variable(self, self.matrix)
         self.matrix = None
         self._permutation = permutation
         return permutation.copy()

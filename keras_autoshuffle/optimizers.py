@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_autoshuffle import _validation
+from keras_autoshuffle import _keras_internals, _validation
 
 
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")
@@ -75,7 +75,7 @@ class CoupledSGD(keras.optimizers.SGD):
         self.l2 = float(l2)
 
     def update_step(self, gradient, variable, learning_rate):
-        if self.l2 and self._use_weight_decay(variable):
+        if self.l2 and _keras_internals.uses_weight_decay(self, variable):
             gradient = ops.add(ops.cast(gradient, variable.dtype), ops.multiply(self.l2, variable))
         super().update_step(gradient, variable, learning_rate)
 

@@ -4,16 +4,14 @@ The custom layers themselves live in `keras_autoshuffle.layers`."""
 
 import dataclasses
 import functools
-import io
 import os
-import re
 import zipfile
 
 import keras
 import numpy as np
 from keras import layers, ops
 
-from keras_autoshuffle import _validation
+from keras_autoshuffle import _keras_internals, _validation
 from keras_autoshuffle.constraints import check_iterations
 from keras_autoshuffle.layers import ChannelShuffle, GroupedConv2D, RelaxedShuffle
 
@@ -221,25 +219,14 @@ def learned_shuffles_in_file(path):
     without variables (relaxed or hardened). A file that is neither HDF5 nor a `.keras`
     archive raises ValueError naming it.
     """
-    import h5py
-
     try:
-        if zipfile.is_zipfile(path):
-            with zipfile.ZipFile(path) as archive:
-                handle = h5py.File(io.BytesIO(archive.read("model.weights.h5")), "r")
-        else:
-            handle = h5py.File(path, "r")
+        return _keras_internals.count_layer_entries(path, "relaxed_shuffle")
     except (OSError, KeyError, zipfile.BadZipFile) as error:
         raise ValueError(
             "`weights` must be a Keras weights file (HDF5 `.weights.h5`, or a `.keras` "
             f"archive); {path} cannot be read as one ({type(error).__name__}: {error}). "
             f"Received: weights={path!r}"
         ) from None
-    names = []
-    with handle:
-        handle.visit(names.append)
-    pattern = re.compile(r"relaxed_shuffle(_\d+)?")
-    return sum(bool(pattern.fullmatch(name.rsplit("/", 1)[-1])) for name in names)
 
 
 PADDING_ATTRIBUTE = "keras_autoshuffle_padding"

@@ -9,7 +9,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_autoshuffle import _validation
+from keras_autoshuffle import _keras_internals, _validation
 from keras_autoshuffle import permutations as perm_math
 from keras_autoshuffle.applications import architecture as arch
 from keras_autoshuffle.hardening.balanced import nearest_balanced_permutation
@@ -208,42 +208,14 @@ def drop_removed_variables(model):
     Keras optimizers have no API for it. TensorFlow and torch pass the current variables
     to `optimizer.apply`, but JAX's `fit` calls `stateless_apply`, which needs exactly the
     list the optimizer was built with (else: "optimizer was built with N variables"), and
-    EMA pairs that list with its averages by position on every backend. The slot lists
-    (momentums, ...) are indexed through `_trainable_variables_indices`, so the other
-    variables keep their slots; the dropped ones' slots stay in `optimizer.variables`,
+    EMA pairs that list with its averages by position on every backend (Keras's private
+    state, changed in `_keras_internals.drop_optimizer_variables`). The other variables
+    keep their slots; the dropped ones' slots stay in `optimizer.variables`,
     unused, so the optimizer's saved state keeps its layout (`HardeningRecord` resumes
     from it).
     """
     kept = {id(v) for v in model.variables}
-    _drop_from_optimizer(getattr(model, "optimizer", None), kept)
-
-
-def _drop_from_optimizer(optimizer, kept):
-    if optimizer is None or not getattr(optimizer, "built", False):
-        return
-    # A LossScaleOptimizer's inner optimizer, a MultiOptimizer's optimizers.
-    inner = [
-        getattr(optimizer, "inner_optimizer", None),
-        *getattr(optimizer, "_inner_optimizers", []),
-    ]
-    for sub in inner:
-        _drop_from_optimizer(sub, kept)
-    built = list(getattr(optimizer, "_trainable_variables", []))
-    positions = [i for i, v in enumerate(built) if id(v) in kept]
-    if len(positions) == len(built):
-        return
-    for variable in built:
-        if id(variable) not in kept:
-            optimizer._trainable_variables_indices.pop(optimizer._var_key(variable), None)
-    # object.__setattr__ as `build` does without tracking: the optimizer's __setattr__ would
-    # track the model's variables as its own, and changing TensorFlow's list wrapper in
-    # place would make the optimizer unsaveable.
-    object.__setattr__(optimizer, "_trainable_variables", [built[i] for i in positions])
-    averages = getattr(optimizer, "_model_variables_moving_average", None)
-    if averages is not None and len(averages) == len(built):
-        object.__setattr__(
-            optimizer, "_model_variables_moving_average", [averages[i] for i in positions]
-        )
+    _keras_internals.drop_optimizer_variables(getattr(model, "optimizer", None), kept)
 
 
 def harden_and_evaluate(model, evaluate=None, balanced=False, time_limit=None, epoch=None):

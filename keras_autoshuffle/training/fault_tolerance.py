@@ -29,6 +29,7 @@ import h5py
 import keras
 import numpy as np
 
+from keras_autoshuffle import _keras_internals
 from keras_autoshuffle._atomic import (
     OLD,
     as_json,
@@ -77,10 +78,9 @@ class RunDirectoryError(ValueError):
 
 
 def restored_epoch(model):
-    """The epochs a resumed fit skips, as `BackupAndRestore` restored them: Keras keeps the
-    count in the model's private `_initial_epoch` (the attribute `fit` reads); this is the
-    one place the package reads it."""
-    return getattr(model, "_initial_epoch", None) or 0
+    """The epochs a resumed fit skips, as `BackupAndRestore` restored them (read from
+    Keras's private state in `_keras_internals.initial_epoch`)."""
+    return _keras_internals.initial_epoch(model)
 
 
 def _start_over(backup_dir):

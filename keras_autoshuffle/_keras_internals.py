@@ -1,0 +1,97 @@
+"""The one place the package touches Keras internals: private attributes and file layouts.
+
+Each helper says what it does and why no public API does it. pyproject.toml pins Keras to
+the tested minor version, and tests/test_keras_internals.py checks every name used here
+against the installed Keras (and that no other module of the package uses one), so a
+Keras release that changes them fails in CI rather than silently for users.
+"""
+
+import io
+import re
+import zipfile
+
+
+def has_no_value(variable):
+    """True while a variable's value lives outside it: Keras's JAX trainer detaches the
+    values during `fit` (`variable._value` is None until `model.jax_state_sync()`).
+    No public API tells a detached variable apart; reading it fails with a TypeError."""
+    return getattr(variable, "_value", 0) is None
+
+
+def untrack_variable(layer, variable):
+    """Removes `variable` from `layer`'s weights (`Layer._untrack_variable`). Keras has no
+    public way to delete a weight; `Dense.quantize` uses the same private method."""
+    layer._untrack_variable(variable)
+
+
+def uses_weight_decay(optimizer, variable):
+    """Whether `optimizer` decays `variable` (`Optimizer._use_weight_decay`): the only
+    reading of `exclude_from_weight_decay`, which Keras exposes for setting only."""
+    return optimizer._use_weight_decay(variable)
+
+
+def initial_epoch(model):
+    """The epochs a resumed `fit` skips, as `BackupAndRestore` restored them: Keras keeps
+    the count in the model's private `_initial_epoch` (what `fit` reads); no public API
+    returns it."""
+    return getattr(model, "_initial_epoch", None) or 0
+
+
+def drop_optimizer_variables(optimizer, kept):
+    """Removes from a built optimizer the trainable variables whose id is not in `kept`.
+
+    Keras optimizers have no API for it. The list they were built with is the private
+    `_trainable_variables`; the slot lists (momentums, ...) are indexed through
+    `_trainable_variables_indices` (keyed by `_var_key`), so the other variables keep
+    their slots, and EMA's `_model_variables_moving_average` is paired with the list by
+    position. A LossScaleOptimizer's `inner_optimizer` and a MultiOptimizer's private
+    `_inner_optimizers` are walked too.
+    """
+    if optimizer is None or not getattr(optimizer, "built", False):
+        return
+    inner = [
+        getattr(optimizer, "inner_optimizer", None),
+        *getattr(optimizer, "_inner_optimizers", []),
+    ]
+    for sub in inner:
+        drop_optimizer_variables(sub, kept)
+    built = list(getattr(optimizer, "_trainable_variables", []))
+    positions = [i for i, v in enumerate(built) if id(v) in kept]
+    if len(positions) == len(built):
+        return
+    for variable in built:
+        if id(variable) not in kept:
+            optimizer._trainable_variables_indices.pop(optimizer._var_key(variable), None)
+    # object.__setattr__ as `build` does without tracking: the optimizer's __setattr__ would
+    # track the model's variables as its own, and changing TensorFlow's list wrapper in
+    # place would make the optimizer unsaveable.
+    object.__setattr__(optimizer, "_trainable_variables", [built[i] for i in positions])
+    averages = getattr(optimizer, "_model_variables_moving_average", None)
+    if averages is not None and len(averages) == len(built):
+        object.__setattr__(
+            optimizer, "_model_variables_moving_average", [averages[i] for i in positions]
+        )
+
+
+def count_layer_entries(path, class_name):
+    """How many layers of the class whose snake_case name is `class_name` a Keras weights
+    file (`.weights.h5`, or a `.keras` archive) holds.
+
+    Keras's file layout is private: a `.keras` archive keeps its weights in the member
+    `model.weights.h5`, and the HDF5 file names a layer's entry by its class
+    (`layers/relaxed_shuffle_3`), with or without variables. No public API lists a file's
+    layers without building the model. Raises OSError, KeyError or zipfile.BadZipFile on
+    a file that is neither.
+    """
+    import h5py
+
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            handle = h5py.File(io.BytesIO(archive.read("model.weights.h5")), "r")
+    else:
+        handle = h5py.File(path, "r")
+    names = []
+    with handle:
+        handle.visit(names.append)
+    pattern = re.compile(re.escape(class_name) + r"(_\d+)?")
+    return sum(bool(pattern.fullmatch(name.rsplit("/", 1)[-1])) for name in names)
