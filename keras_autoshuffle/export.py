@@ -7,6 +7,10 @@ weights (`keras_autoshuffle.folding.fold_model`).
 
 Every file is written under a temporary name and moved into place (`_atomic`): a killed
 export leaves the previous file or the new one, never a truncated one.
+
+`quantize="int8"` adds `model_int8.tflite`, a full-integer LiteRT model calibrated on
+`representative_data`, whose check is top-1 agreement with the float model and accuracy on
+labelled test data (`export_int8`).
 """
 
 import importlib.util
@@ -15,11 +19,15 @@ import os
 import keras
 import numpy as np
 
-from keras_autoshuffle._atomic import write_atomically
+from keras_autoshuffle._atomic import remove, write_atomically
 from keras_autoshuffle.layers import relaxed_shuffles
 
 FORMATS = ("keras", "saved_model", "litert")
 FILENAMES = {"keras": "model.keras", "saved_model": "saved_model", "litert": "model.tflite"}
+INT8_FILENAME = "model_int8.tflite"
+QUANTIZE = (None, "int8")
+# Examples per interpreter call and per Keras call when predicting a test set.
+_PREDICT_BATCH = 256
 # Machine epsilon of the 16-bit compute dtypes of mixed precision.
 _EPSILON = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
 
@@ -97,7 +105,7 @@ def check_exportable(model, allow_relaxed=False):
         )
 
 
-def _single_input(model, sample_inputs):
+def _single_input(model, sample_inputs, name="sample_inputs", purpose="the parity check"):
     if len(model.inputs) != 1:
         raise ValueError(
             f"Export checks support single-input models. Received: {len(model.inputs)} inputs"
@@ -106,26 +114,26 @@ def _single_input(model, sample_inputs):
         x = np.asarray(sample_inputs, dtype="float32")
     except (TypeError, ValueError) as error:
         raise ValueError(
-            f"`sample_inputs` must be an array of numbers. Received: {str(error)[:200]}"
+            f"`{name}` must be an array of numbers. Received: {str(error)[:200]}"
         ) from None
     expected = tuple(model.inputs[0].shape[1:])
     if x.ndim != len(expected) + 1 or any(
         e is not None and e != s for e, s in zip(expected, x.shape[1:], strict=True)
     ):
         raise ValueError(
-            f"`sample_inputs` must be a batch of shape (batch, *{expected}). "
-            f"Received: sample_inputs.shape={x.shape}"
+            f"`{name}` must be a batch of shape (batch, *{expected}). "
+            f"Received: {name}.shape={x.shape}"
         )
     if x.shape[0] == 0:
         # No outputs to compare: every format would pass with max_abs_diff 0.0.
         raise ValueError(
-            "`sample_inputs` must hold at least one example for the parity check. "
-            f"Received: sample_inputs.shape={x.shape}"
+            f"`{name}` must hold at least one example for {purpose}. "
+            f"Received: {name}.shape={x.shape}"
         )
     if not np.all(np.isfinite(x)):
         # NaN outputs compare as NaN: the parity check could not tell a broken file.
         raise ValueError(
-            "`sample_inputs` must hold only finite values for the parity check. Received: "
+            f"`{name}` must hold only finite values for {purpose}. Received: "
             f"{int(np.size(x) - np.isfinite(x).sum())} non-finite values of {np.size(x)}"
         )
     return x
@@ -208,6 +216,163 @@ def litert_outputs(path, inputs, num_threads=None):
     return litert_run(litert_interpreter(path, inputs.shape[0], num_threads), inputs)
 
 
+def litert_predict(path, images, batch=_PREDICT_BATCH, num_threads=None):
+    """A `.tflite` file's outputs on `images`, run `batch` examples at a time."""
+    images = np.asarray(images, dtype="float32")
+    outputs, interpreters = [], {}
+    for start in range(0, len(images), batch):
+        chunk = images[start : start + batch]
+        if len(chunk) not in interpreters:
+            interpreters[len(chunk)] = litert_interpreter(path, len(chunk), num_threads)
+        outputs.append(litert_run(interpreters[len(chunk)], chunk))
+    return np.concatenate(outputs)
+
+
+def keras_predict(model, images, batch=_PREDICT_BATCH):
+    """`keras_outputs` on `images`, `batch` examples at a time."""
+    return np.concatenate(
+        [keras_outputs(model, images[i : i + batch]) for i in range(0, len(images), batch)]
+    )
+
+
+def export_int8(model, path, representative_data):
+    """Writes a full-integer LiteRT model (atomically) calibrated on `representative_data`.
+
+    Weights and activations are int8 (`TFLITE_BUILTINS_INT8` only: a layer without an
+    int8 kernel fails the conversion instead of falling back to float); the inputs and
+    outputs stay float32: the file quantizes its input and dequantizes its output, so it
+    takes the same images as the float model and returns the same kind of outputs.
+
+    Args:
+        model: a single-input Keras model (TensorFlow backend), e.g. a folded network.
+        path: the `.tflite` file to write.
+        representative_data: a float32 batch of inputs, e.g. a few hundred training
+            images; each is run through the float graph to choose the int8 ranges.
+    """
+    import tensorflow as tf
+
+    data = np.asarray(representative_data, dtype="float32")
+
+    def representative_dataset():
+        for i in range(len(data)):
+            yield [data[i : i + 1]]
+
+    return write_atomically(
+        path,
+        lambda partial: model.export(
+            partial,
+            format="litert",
+            verbose=False,
+            optimizations=[tf.lite.Optimize.DEFAULT],
+            representative_dataset=representative_dataset,
+            target_spec={"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]},
+        ),
+    )
+
+
+def _check_int8_arguments(
+    model, formats, representative_data, test_data, min_top1_agreement, max_accuracy_drop
+):
+    """The int8 export's arguments, checked before anything is written:
+    (calibration images, test images, test labels)."""
+    if "litert" not in formats:
+        raise ValueError(
+            'quantize="int8" reports its size against the float LiteRT file: keep "litert" '
+            f"in `formats`. Received: formats={formats}"
+        )
+    if representative_data is None:
+        raise ValueError(
+            'quantize="int8" needs `representative_data`, a batch of inputs (e.g. a few '
+            "hundred training images) to calibrate the int8 ranges. "
+            "Received: representative_data=None"
+        )
+    calibration = _single_input(model, representative_data, "representative_data", "calibration")
+    if not isinstance(test_data, (tuple, list)) or len(test_data) != 2:
+        raise ValueError(
+            'quantize="int8" needs `test_data=(images, labels)`, labelled examples to measure '
+            "the int8 model's accuracy and top-1 agreement with the float model. "
+            f"Received: test_data of type {type(test_data).__name__}"
+        )
+    images = _single_input(model, test_data[0], "test_data[0]", "the int8 check")
+    classes = model.outputs[0].shape[-1]
+    try:
+        labels = np.asarray(test_data[1])
+        valid = labels.dtype.kind in "iu" or (
+            labels.dtype.kind == "f" and np.all(np.isfinite(labels) & (labels == np.round(labels)))
+        )
+    except (TypeError, ValueError):
+        labels, valid = np.asarray([]), False
+    if not valid or labels.shape != (len(images),) or np.any((labels < 0) | (labels >= classes)):
+        raise ValueError(
+            f"`test_data[1]` must be {len(images)} integer class labels in [0, {classes}), one "
+            f"per image. Received: labels of shape {labels.shape}, dtype {labels.dtype}"
+        )
+    _fraction(min_top1_agreement, "min_top1_agreement", 1.0)
+    _fraction(max_accuracy_drop, "max_accuracy_drop", 100.0)
+    return calibration, images, labels.astype("int64")
+
+
+def _fraction(value, name, top):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        valid = False
+    else:
+        valid = 0.0 <= float(value) <= top
+    if not valid:
+        raise ValueError(f"`{name}` must be a number in [0, {top:g}]. Received: {name}={value!r}")
+
+
+def int8_check(path, float_path, images, labels, float_outputs):
+    """The int8 file's report: its accuracy on (`images`, `labels`), the float model's
+    (`float_outputs`, its outputs on `images`), their top-1 agreement, and the size ratio
+    float LiteRT bytes / int8 bytes."""
+    predicted = np.argmax(litert_predict(path, images), axis=-1)
+    expected = np.argmax(float_outputs, axis=-1)
+    return {
+        "accuracy": float(np.mean(predicted == labels)),
+        "float_accuracy": float(np.mean(expected == labels)),
+        "top1_agreement": float(np.mean(predicted == expected)),
+        "size_ratio": os.path.getsize(float_path) / os.path.getsize(path),
+        "bytes": os.path.getsize(path),
+        "float_bytes": os.path.getsize(float_path),
+        "test_examples": len(labels),
+        "path": path,
+    }
+
+
+def _export_int8_checked(
+    model, path, float_path, calibration, images, labels, float_outputs, min_agreement, max_drop
+):
+    """`export_int8` whose file is moved into place only when `int8_check` passes the
+    thresholds; below them the export is refused and no int8 file is left at `path`."""
+    entry = {}
+
+    def write(partial):
+        export_int8(model, partial, calibration)
+        entry.update(int8_check(partial, float_path, images, labels, float_outputs))
+        drop = 100 * (entry["float_accuracy"] - entry["accuracy"])
+        if entry["top1_agreement"] < min_agreement or drop > max_drop:
+            raise Int8CheckError(
+                f"The int8 LiteRT model fails its check: top-1 agreement with the float "
+                f"model {entry['top1_agreement']:.4f} (minimum {min_agreement}), accuracy "
+                f"{entry['accuracy']:.4f} vs float {entry['float_accuracy']:.4f} (drop "
+                f"{drop:.2f} points, maximum {max_drop}) on {len(labels)} test examples; no "
+                f"{INT8_FILENAME} written. Calibrate on more representative images or lower "
+                f"the thresholds. Received: min_top1_agreement={min_agreement}, "
+                f"max_accuracy_drop={max_drop}"
+            )
+
+    try:
+        write_atomically(path, write)
+    except Int8CheckError:
+        remove(path)  # an earlier export's int8 file would not match the new float files
+        raise
+    return {**entry, "path": path, "calibration_examples": len(calibration)}
+
+
+class Int8CheckError(ValueError):
+    """The int8 model's top-1 agreement or accuracy is below the export's thresholds."""
+
+
 _WRITERS = {"keras": save_keras, "saved_model": export_saved_model, "litert": export_litert}
 _READERS = {
     "keras": load_keras_outputs,
@@ -225,6 +390,11 @@ def export_model(
     atol=1e-4,
     rtol=1e-4,
     reference=None,
+    quantize=None,
+    representative_data=None,
+    test_data=None,
+    min_top1_agreement=0.99,
+    max_accuracy_drop=0.5,
 ):
     """Exports `model`, reloads every file and checks its outputs against Keras.
 
@@ -247,9 +417,26 @@ def export_model(
             exported graph may round in another order (measured: 2e-3 in bfloat16).
         reference: the Keras model the files are compared with (default `model`), e.g.
             the hardened model when `model` is its folded form.
+        quantize: None, or "int8" to also write `model_int8.tflite`: full-integer LiteRT
+            (int8 weights and activations, float32 inputs and outputs; `export_int8`),
+            calibrated on `representative_data`. Needs "litert" in `formats`. Its check
+            is not a tolerance on the outputs but top-1 agreement with `reference` (the
+            float Keras model) and accuracy on `test_data`; below either threshold the
+            export raises `Int8CheckError` (a ValueError) with the numbers and no int8
+            file is left in `output_dir` (the float files stay).
+        representative_data: with "int8", a batch of inputs to calibrate on (training
+            images, a few hundred suffice).
+        test_data: with "int8", `(images, labels)`: labelled examples (integer labels).
+        min_top1_agreement: with "int8", the least fraction of `test_data` on which the
+            int8 and float models predict the same class.
+        max_accuracy_drop: with "int8", the most the int8 accuracy on `test_data` may be
+            below the float model's, in percentage points.
 
     Returns:
-        `{format: {"path": str, "max_abs_diff": float}}`.
+        `{format: {"path": str, "max_abs_diff": float}}`, and with "int8" an `"int8"`
+        entry: `{"accuracy", "float_accuracy", "top1_agreement", "size_ratio"` (float
+        LiteRT bytes / int8 bytes)`, "path", "bytes", "float_bytes", "test_examples",
+        "calibration_examples"}`.
     """
     check_exportable(model, allow_relaxed)
     formats = check_formats(formats)
@@ -260,8 +447,21 @@ def export_model(
             + "; ".join(f"{name}: {why}" for name, why in unsupported.items())
             + f". Received: formats={formats}"
         )
+    if not any(quantize is q for q in QUANTIZE):
+        raise ValueError(f"`quantize` must be None or 'int8'. Received: quantize={quantize!r}")
+    if quantize is None and (representative_data is not None or test_data is not None):
+        raise ValueError(
+            '`representative_data` and `test_data` are for quantize="int8". Received: '
+            f"quantize=None with representative_data={type(representative_data).__name__}, "
+            f"test_data={type(test_data).__name__}"
+        )
     inputs = _single_input(model, sample_inputs)
-    expected = keras_outputs(model if reference is None else reference, inputs)
+    reference = model if reference is None else reference
+    if quantize == "int8":
+        int8_data = _check_int8_arguments(
+            model, formats, representative_data, test_data, min_top1_agreement, max_accuracy_drop
+        )
+    expected = keras_outputs(reference, inputs)
     for dtype in compute_dtypes(model) & set(_EPSILON):
         rtol = max(rtol, 2 * _EPSILON[dtype])
     tolerance = atol + rtol * float(np.max(np.abs(expected), initial=0.0))
@@ -276,6 +476,19 @@ def export_model(
                 f"(tolerance {tolerance:.3e})."
             )
         results[name] = {"path": path, "max_abs_diff": diff}
+    if quantize == "int8":
+        calibration, images, labels = int8_data
+        results["int8"] = _export_int8_checked(
+            model,
+            os.path.join(output_dir, INT8_FILENAME),
+            results["litert"]["path"],
+            calibration,
+            images,
+            labels,
+            keras_predict(reference, images),
+            min_top1_agreement,
+            max_accuracy_drop,
+        )
     return results
 
 

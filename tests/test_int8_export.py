@@ -1,0 +1,182 @@
+"""int8 LiteRT export: a real conversion read back by the LiteRT interpreter, its report
+checked against the float model's own predictions, the refusal below the thresholds, and
+the arguments refused before anything is written."""
+
+import os
+import shutil
+
+import keras
+import numpy as np
+import pytest
+from helpers import TINY_SHAPE, tiny_v2
+
+from keras_autoshuffle import data, export, training
+
+pytestmark = pytest.mark.skipif(
+    keras.backend.backend() != "tensorflow", reason="LiteRT export needs the TensorFlow backend"
+)
+pytest.importorskip("ai_edge_litert")
+
+
+def _images(count, seed=0):
+    return np.random.default_rng(seed).normal(size=(count, *TINY_SHAPE)).astype("float32")
+
+
+def _trained_model(train):
+    """A tiny v2 trained 3 epochs on the digits (about 75% test accuracy): an untrained
+    net's near-uniform softmax rounds to ties in int8, so its top-1 class means nothing."""
+    keras.utils.set_random_seed(1)
+    model = tiny_v2(classes=10, input_shape=train.input_shape)
+    model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy")
+    model.fit(train.images, train.labels, batch_size=64, epochs=3, verbose=0)
+    return model
+
+
+def _interpreter_predictions(path, images):
+    """Top-1 classes of a `.tflite` file, one image at a time, by the interpreter itself."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=path)
+    interpreter.allocate_tensors()
+    source, target = interpreter.get_input_details()[0], interpreter.get_output_details()[0]
+    classes = []
+    for image in images:
+        interpreter.set_tensor(source["index"], image[None])
+        interpreter.invoke()
+        classes.append(int(np.argmax(interpreter.get_tensor(target["index"])[0])))
+    return np.array(classes)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    train, test = data.digits(seed=0, augment=False)
+    model = _trained_model(train)
+    float_classes = np.argmax(model.predict(test.images, verbose=0), axis=-1)
+    results = export.export_model(
+        model,
+        str(tmp_path_factory.mktemp("int8")),
+        test.images[:4],
+        formats=("litert",),
+        quantize="int8",
+        representative_data=train.images[:100],
+        test_data=(test.images, test.labels),
+        min_top1_agreement=0.95,
+        max_accuracy_drop=3.0,
+    )
+    return results, test.images, test.labels, float_classes
+
+
+def test_int8_report_matches_the_interpreter_and_the_float_model(exported):
+    results, images, labels, float_classes = exported
+    entry = results["int8"]
+    assert entry["path"].endswith("model_int8.tflite") and os.path.isfile(entry["path"])
+    int8_classes = _interpreter_predictions(entry["path"], images)
+    assert entry["top1_agreement"] == pytest.approx(np.mean(int8_classes == float_classes))
+    assert entry["accuracy"] == pytest.approx(np.mean(int8_classes == labels))
+    assert entry["float_accuracy"] == pytest.approx(np.mean(float_classes == labels))
+    assert entry["float_accuracy"] > 0.5  # the net learned something: top-1 is meaningful
+    assert entry["top1_agreement"] >= 0.95
+    float_bytes = os.path.getsize(results["litert"]["path"])
+    assert entry["size_ratio"] == pytest.approx(float_bytes / os.path.getsize(entry["path"]))
+    assert entry["size_ratio"] > 1
+    assert (entry["test_examples"], entry["calibration_examples"]) == (len(labels), 100)
+
+
+def test_int8_file_is_quantized_with_float_inputs_and_outputs(exported):
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=exported[0]["int8"]["path"])
+    assert interpreter.get_input_details()[0]["dtype"] == np.float32
+    assert interpreter.get_output_details()[0]["dtype"] == np.float32
+    conv_dtypes = {
+        detail["dtype"]
+        for detail in interpreter.get_tensor_details()
+        if detail["name"].endswith("kernel") or "conv" in detail["name"].lower()
+    }
+    assert np.int8 in conv_dtypes
+
+
+@pytest.fixture(scope="module")
+def untrained():
+    keras.utils.set_random_seed(4)
+    return tiny_v2(classes=10)
+
+
+def test_refusal_below_the_threshold_leaves_no_int8_file(exported, untrained, tmp_path):
+    # An untrained net's softmax is near uniform: int8 rounds it to ties, so its top-1
+    # class rarely matches the float one. An earlier export's int8 file must go too.
+    shutil.copy(exported[0]["int8"]["path"], tmp_path / "model_int8.tflite")
+    images = _images(48, seed=5)
+    with pytest.raises(
+        export.Int8CheckError,
+        match=r"top-1 agreement with the float model 0\.\d+ \(minimum 0\.99\)",
+    ):
+        export.export_model(
+            untrained,
+            str(tmp_path),
+            images[:2],
+            formats=("litert",),
+            quantize="int8",
+            representative_data=images,
+            test_data=(images, np.zeros(48, dtype=int)),
+        )
+    assert sorted(os.listdir(tmp_path)) == ["model.tflite"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"quantize": "int4"}, "Received: quantize='int4'"),
+        ({"quantize": "INT8"}, "Received: quantize='INT8'"),
+        ({"representative_data": "x"}, 'are for quantize="int8"'),
+        ({"quantize": "int8", "formats": ("keras",)}, 'keep "litert"'),
+        ({"quantize": "int8", "representative_data": None}, "representative_data=None"),
+        ({"quantize": "int8", "representative_data": np.zeros((0, *TINY_SHAPE))}, r"\(0, 16"),
+        (
+            {"quantize": "int8", "representative_data": np.zeros((4, 8, 8, 3))},
+            r"representative_data.shape=\(4, 8, 8, 3\)",
+        ),
+        (
+            {"quantize": "int8", "representative_data": np.full((2, *TINY_SHAPE), np.nan)},
+            "`representative_data` must hold only finite values",
+        ),
+        ({"quantize": "int8", "test_data": None}, "test_data of type NoneType"),
+        ({"quantize": "int8", "test_data": (_images(3), [0, 1])}, "labels of shape \\(2,\\)"),
+        ({"quantize": "int8", "test_data": (_images(2), [0, 10])}, r"in \[0, 10\)"),
+        ({"quantize": "int8", "test_data": (_images(2), [0.5, 1])}, "integer class labels"),
+        ({"quantize": "int8", "min_top1_agreement": 1.5}, "min_top1_agreement=1.5"),
+        ({"quantize": "int8", "max_accuracy_drop": -1}, "max_accuracy_drop=-1"),
+    ],
+)
+def test_bad_arguments_are_refused_before_writing(untrained, tmp_path, kwargs, message):
+    arguments = {
+        "formats": ("litert",),
+        "representative_data": _images(4),
+        "test_data": (_images(4), [0, 1, 2, 3]),
+        **kwargs,
+    }
+    if "quantize" not in kwargs and "representative_data" not in kwargs:
+        arguments.pop("representative_data")
+    if kwargs.get("quantize") is None:
+        arguments.pop("test_data")
+    with pytest.raises(ValueError, match=message):
+        export.export_model(untrained, str(tmp_path / "out"), _images(2), **arguments)
+    assert not (tmp_path / "out").exists()
+
+
+def test_train_refuses_int8_without_litert_before_training(tmp_path):
+    rng = np.random.default_rng(0)
+    split = data.ArrayData(rng.normal(size=(8, *TINY_SHAPE)), rng.integers(0, 10, 8), 10)
+    recipe = training.get_recipe("digits", epochs=1, batch_size=4)
+    with pytest.raises(ValueError, match="`int8=True` needs the LiteRT export"):
+        training.train(
+            lambda: tiny_v2(classes=10, shuffle="auto"),
+            split,
+            split,
+            recipe,
+            str(tmp_path / "run"),
+            export=False,
+            int8=True,
+            verbose=0,
+        )
+    assert not (tmp_path / "run").exists()
