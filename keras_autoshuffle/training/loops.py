@@ -37,6 +37,9 @@ from keras_autoshuffle.training.recipes import make_optimizer
 
 # Seconds per layer for balanced hardening (then the best balanced permutation so far).
 BALANCED_TIME_LIMIT = 60
+# `int8=True`: training images calibrated on, and at most this many test examples checked.
+INT8_CALIBRATION_EXAMPLES = 500
+INT8_TEST_EXAMPLES = 10000
 
 
 def train(
@@ -58,6 +61,7 @@ def train(
     overwrite=False,
     verbose=1,
     report_entries=None,
+    int8=False,
 ):
     """Trains, hardens and exports a model; writes everything into `output_dir`.
 
@@ -103,6 +107,14 @@ def train(
         overwrite: replace a finished run in `output_dir` (default: refuse).
         verbose: 0 silent, 1 Keras's progress bar, 2 one line per epoch.
         report_entries: a dict of entries added to the report before it is written.
+        int8: also write `model_int8.tflite`, full-integer LiteRT of the folded network
+            (float32 inputs and outputs) calibrated on the first
+            INT8_CALIBRATION_EXAMPLES training images (unaugmented), checked on the test
+            set (its first INT8_TEST_EXAMPLES examples) with `export_model`'s default
+            thresholds: the report's `int8` entry holds its accuracy, the float model's,
+            their top-1 agreement and the size ratio to `model.tflite`. Needs the LiteRT
+            export (Keras's TensorFlow backend, ai_edge_litert, float32): refused before
+            training where it cannot be written.
 
     Returns:
         The report dict (also written to `report.json`).
@@ -155,6 +167,7 @@ def train(
                 )
             optimizer = make_optimizer(recipe, steps, model)
         formats, skipped = _plan_export(model, formats if chief else ())
+        _check_int8(int8, formats, skipped, chief)
         sample = _check_savable(model, test_data, formats)
         run_settings = {
             **(settings or {}),
@@ -222,7 +235,11 @@ def train(
     )
     files = {"keras": os.path.join(own_dir, "model.keras")}
     if formats:
-        report["export"] = _export(model, own_dir, sample, formats)
+        int8_data = _int8_data(train_data, test_data) if int8 and chief else None
+        report["export"] = _export(model, own_dir, sample, formats, int8_data)
+        if int8_data is not None:
+            report["int8"] = report["export"].pop("int8")
+            files["int8"] = report["int8"]["path"]
         files.update({name: entry["path"] for name, entry in report["export"].items()})
     else:
         export_lib.save_keras(model, files["keras"])
@@ -301,6 +318,34 @@ def _plan_export(model, formats):
     return tuple(f for f in formats if f not in unsupported), unsupported
 
 
+def _check_int8(int8, formats, skipped, chief):
+    """Refuses `int8=True` before training where the LiteRT export cannot be written."""
+    _validation.choice(int8, (False, True), "int8")
+    if int8 and chief and "litert" not in formats:
+        why = skipped.get("litert", "the run does not export LiteRT (`export`)")
+        raise ValueError(
+            f"`int8=True` needs the LiteRT export, which this run cannot write: {why}. "
+            f"Received: int8=True with export formats {formats}"
+        )
+
+
+def _int8_data(train_data, test_data):
+    """(calibration images, (test images, test labels)) for the int8 export."""
+    import numpy as np
+
+    def take(data, count):
+        images, labels = [], []
+        for batch in data.eval_dataset(256):
+            images.append(keras.ops.convert_to_numpy(batch[0]))
+            labels.append(keras.ops.convert_to_numpy(batch[1]))
+            if sum(len(x) for x in images) >= count:
+                break
+        return np.concatenate(images)[:count], np.concatenate(labels)[:count]
+
+    calibration, _ = take(train_data, INT8_CALIBRATION_EXAMPLES)
+    return calibration, take(test_data, INT8_TEST_EXAMPLES)
+
+
 def _check_savable(model, test_data, formats):
     """Checks before training what the end of the run needs: the model's config loads
     back in safe mode (`model.keras`), and a batch of test images for the export checks
@@ -319,9 +364,9 @@ def _check_savable(model, test_data, formats):
     return keras.ops.convert_to_numpy(next(iter(test_data.eval_dataset(8)))[0])
 
 
-def _export(model, output_dir, sample, formats):
+def _export(model, output_dir, sample, formats, int8_data=None):
     """`model.keras` as trained (hardened); `formats` (SavedModel, LiteRT) from the folded
-    network.
+    network, and with `int8_data` (calibration images, test data) its int8 LiteRT.
 
     Folding (`folding.fold_model`) removes the shuffles' GATHERs, which split LiteRT's
     XNNPACK delegate; models it does not cover (not from `applications`, channels_first)
@@ -333,7 +378,12 @@ def _export(model, output_dir, sample, formats):
     results = export_lib.export_model(model, output_dir, sample, formats=("keras",))
     folded = folding.is_foldable(model)
     inference = folding.fold_model(model, name=model.name) if folded else model
-    files = export_lib.export_model(inference, output_dir, sample, formats=formats, reference=model)
+    int8 = {}
+    if int8_data is not None:
+        int8 = dict(quantize="int8", representative_data=int8_data[0], test_data=int8_data[1])
+    files = export_lib.export_model(
+        inference, output_dir, sample, formats=formats, reference=model, **int8
+    )
     for name, entry in files.items():
         results[name] = {**entry, "folded": folded}
     return results
