@@ -17,8 +17,10 @@ shuffle), hardened_gather (a randomly initialised relaxed matrix rounded to its 
 permutation: a GATHER),
 hardened_folded (the same, folded by `fold_model`), balanced_folded (balanced
 hardening of such a matrix, folded: v1 keeps the manual reshape-transpose, v2 one
-SPLIT and one CONCAT per unit) and no_shuffle (the manual net with Identity in place of each
-shuffle: the floor).
+SPLIT and one CONCAT per unit), no_shuffle (the manual net with Identity in place of each
+shuffle: the floor) and folded_int8 (hardened_folded as full-integer LiteRT,
+`export.export_int8`, calibrated on random images; LiteRT only, timed in the same rounds as
+the float files). LiteRT rows also give each file's size in bytes.
 
 Usage:
     python scripts/benchmark.py [--quick] [--json rows.json] [--tasks litert_infer]
@@ -53,8 +55,11 @@ VARIANTS = (
     "hardened_folded",
     "balanced_folded",
     "no_shuffle",
+    "folded_int8",
 )
 TRAIN_VARIANTS = ("manual", "relaxed")
+# LiteRT-only variants (no Keras timing): int8 is a property of the converted file.
+INT8_VARIANTS = ("folded_int8",)
 
 
 def model_specs(quick):
@@ -96,12 +101,13 @@ def build_variants(name, spec, side, classes, variants, time_limit):
             models[variant] = builder(shuffle="manual", padding="same", **common)
         elif variant == "relaxed":
             models[variant] = builder(shuffle="auto", **common)
-        elif variant in ("hardened_gather", "hardened_folded"):
+        elif variant in ("hardened_gather", "hardened_folded", "folded_int8"):
             if "hardened" not in models:
                 models["hardened"] = builder(shuffle="auto", **common)
                 harden_model(models["hardened"])
             model = models["hardened"]
-            models[variant] = folding.fold_model(model) if variant == "hardened_folded" else model
+            folded = variant != "hardened_gather"
+            models[variant] = folding.fold_model(model) if folded else model
         elif variant == "balanced_folded":
             model = builder(shuffle="auto", **common)
             start = time.perf_counter()
@@ -154,20 +160,29 @@ def keras_functions(models, side, batch):
     x = tf.constant(np.random.default_rng(0).normal(size=(batch, side, side, 3)), tf.float32)
     functions = {}
     for variant, model in models.items():
+        if variant in INT8_VARIANTS:
+            continue
         call = tf.function(lambda inputs, m=model: m(inputs, training=False))
         functions[variant] = lambda c=call: c(x).numpy()
     return functions
 
 
 def litert_functions(models, side, threads, directory):
-    x = np.random.default_rng(0).normal(size=(1, side, side, 3)).astype("float32")
-    functions = {}
+    """({variant: timed call}, {variant: file bytes}) of each model's LiteRT file."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1, side, side, 3)).astype("float32")
+    calibration = rng.normal(size=(8, side, side, 3)).astype("float32")
+    functions, sizes = {}, {}
     for variant, model in models.items():
         path = os.path.join(directory, f"{model.name}_{variant}.tflite")
-        export.export_litert(model, path)
+        if variant in INT8_VARIANTS:
+            export.export_int8(model, path, calibration)
+        else:
+            export.export_litert(model, path)
+        sizes[variant] = os.path.getsize(path)
         interpreter = export.litert_interpreter(path, 1, threads)
         functions[variant] = lambda i=interpreter: export.litert_run(i, x)
-    return functions
+    return functions, sizes
 
 
 def markdown(rows):
@@ -199,7 +214,7 @@ def run(args):
     big = 32 if quick else 224
     rows = []
 
-    def record(task, model_name, side, batch, medians):
+    def record(task, model_name, side, batch, medians, sizes=None):
         for variant, ms in medians.items():
             row = {
                 "task": task,
@@ -209,6 +224,8 @@ def run(args):
                 "batch": batch,
                 "median_ms": float(ms),
             }
+            if sizes:
+                row["bytes"] = sizes[variant]
             rows.append(row)
             print(json.dumps(row), flush=True)
 
@@ -231,13 +248,20 @@ def run(args):
         models = build_variants(model_name, spec, big, 1000, variants, args.balanced_time_limit)
         if "keras_infer" in infer_tasks:
             for batch in (1, 4) if quick else (1, 64):
-                medians = measure(keras_functions(models, big, batch), repeats, min_seconds)
-                record("keras_infer", model_name, big, batch, medians)
+                functions = keras_functions(models, big, batch)
+                if functions:  # none when only LiteRT-only variants are asked for
+                    record(
+                        "keras_infer",
+                        model_name,
+                        big,
+                        batch,
+                        measure(functions, repeats, min_seconds),
+                    )
         if "litert_infer" in infer_tasks:
             with tempfile.TemporaryDirectory() as directory:
-                functions = litert_functions(models, big, args.threads, directory)
+                functions, sizes = litert_functions(models, big, args.threads, directory)
                 medians = measure(functions, repeats * (1 if quick else 3), min_seconds)
-            record("litert_infer", model_name, big, 1, medians)
+            record("litert_infer", model_name, big, 1, medians, sizes)
         keras.backend.clear_session()
     return rows
 
