@@ -1,5 +1,6 @@
 """Recipes, schedule, coupled weight decay, strategies, multi-host and kill-and-resume."""
 
+import concurrent.futures
 import csv
 import json
 import os
@@ -84,22 +85,64 @@ def _epochs_logged(path):
         return [int(row["epoch"]) for row in csv.DictReader(f)]
 
 
-@pytest.fixture(scope="module")
-def whole_runs(tmp_path_factory):
-    """CHILD's uninterrupted 4-epoch runs, hardened at the end (key 0) and after epoch 2
-    (key 2): what the killed-and-resumed runs below must end at. Run once for the module,
-    both at once (two processes)."""
-    folder = tmp_path_factory.mktemp("whole_runs")
-    processes = {
-        harden_at: _run_child(
-            folder, folder / f"harden{harden_at}", epochs=4, harden_at=harden_at, wait=False
-        )
-        for harden_at in (0, 2)
-    }
-    for process in processes.values():
+# Kill-and-resume scenarios of CHILD (4 epochs): killed with SIGKILL at the end of epoch
+# `kill_at` (after its backup), hardened after epoch `harden_at` (0: at the end).
+KILLED = {
+    "mid_run": (2, 0),
+    "at_hardening_epoch": (2, 2),
+    "after_hardening": (3, 2),
+    "before_end_hardening": (4, 0),
+}
+
+
+def _wait_all(started):
+    """{key: (process, start time)} -> {key: (exit status, output, seconds to its exit)};
+    each process is waited for in its own thread, so its seconds end when it exits."""
+
+    def wait(item):
+        process, start = item
         output = process.communicate(timeout=300)[0].decode(errors="replace")
-        assert process.returncode == 0, output[-3000:]
-    return {harden_at: folder / f"harden{harden_at}" for harden_at in processes}
+        return process.returncode, output, time.time() - start
+
+    with concurrent.futures.ThreadPoolExecutor(len(started)) as pool:
+        return dict(zip(started, pool.map(wait, started.values()), strict=True))
+
+
+@pytest.fixture(scope="module")
+def kill_and_resume(tmp_path_factory):
+    """Every KILLED scenario killed, then run again to the end, and the uninterrupted runs
+    they must end at (hardened at the end and after epoch 2), each in a fresh process.
+    The first invocations all start at once, then the resumes (each process is mostly
+    TensorFlow's import). Per scenario: `killed` and `resumed` (exit status, output,
+    seconds), what the killed run left (`backup`, `hardening_record`, `epochs`), `dir`;
+    `whole`: {harden_at: run folder}."""
+    folder = tmp_path_factory.mktemp("kill_and_resume")
+
+    def start(out, **kwargs):
+        started = time.time()
+        return _run_child(folder, folder / out, epochs=4, wait=False, **kwargs), started
+
+    first = {("whole", h): start(f"whole{h}", harden_at=h) for h in (0, 2)}
+    for name, (kill_at, harden_at) in KILLED.items():
+        first[name] = start(name, kill_at=kill_at, harden_at=harden_at)
+    finished = _wait_all(first)
+    for h in (0, 2):
+        code, output, _ = finished["whole", h]
+        assert code == 0, output[-3000:]
+    scenarios = {}
+    for name in KILLED:
+        out = folder / name
+        scenarios[name] = {
+            "dir": out,
+            "killed": finished[name],
+            "backup": (out / "backup").exists(),
+            "hardening_record": (out / "backup" / "hardening.json").exists(),
+            "epochs": _epochs_logged(out / "history.csv") if out.exists() else None,
+        }
+    resumed = _wait_all({name: start(name, harden_at=KILLED[name][1]) for name in KILLED})
+    for name in KILLED:
+        scenarios[name]["resumed"] = resumed[name]
+    return {**scenarios, "whole": {h: folder / f"whole{h}" for h in (0, 2)}}
 
 
 def test_recipes_match_the_paper():
@@ -286,23 +329,22 @@ def test_two_process_multi_worker_run_holds_identical_weights(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_and_ends_with_the_same_weights(tmp_path, whole_runs):
-    started = time.time()
-    code, output = _run_child(tmp_path, tmp_path / "killed", epochs=4, kill_at=2)
-    killed_after = time.time() - started
+def test_killed_run_resumes_and_ends_with_the_same_weights(kill_and_resume):
+    run = kill_and_resume["mid_run"]
+    code, output, killed_after = run["killed"]
     assert code == -signal.SIGKILL, output[-3000:]
-    assert (tmp_path / "killed" / "backup").exists()
-    assert _epochs_logged(tmp_path / "killed" / "history.csv") == [0, 1]
-    code, output = _run_child(tmp_path, tmp_path / "killed", epochs=4)
+    assert run["backup"]
+    assert run["epochs"] == [0, 1]
+    code, output, _ = run["resumed"]
     assert code == 0, output[-3000:]
     # The reported time counts the killed invocation's training too (kept in the backup).
-    report = json.loads((tmp_path / "killed" / "report.json").read_text())
+    report = json.loads((run["dir"] / "report.json").read_text())
     before = report["time"] - report["time_this_invocation"]
     assert 0 < before < killed_after
     # Resumed at epoch 2: the log holds each epoch once.
-    assert _epochs_logged(tmp_path / "killed" / "history.csv") == [0, 1, 2, 3]
-    whole = _weights_and_permutations(str(whole_runs[0] / "model.keras"))
-    resumed = _weights_and_permutations(str(tmp_path / "killed" / "model.keras"))
+    assert _epochs_logged(run["dir"] / "history.csv") == [0, 1, 2, 3]
+    whole = _weights_and_permutations(str(kill_and_resume["whole"][0] / "model.keras"))
+    resumed = _weights_and_permutations(str(run["dir"] / "model.keras"))
     for a, b in zip(whole[0], resumed[0], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
     np.testing.assert_array_equal(whole[1][0], resumed[1][0])
@@ -310,29 +352,27 @@ def test_killed_run_resumes_and_ends_with_the_same_weights(tmp_path, whole_runs)
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "kill_at,harden_at",
-    [(2, 2), (3, 2), (4, 0)],
-    ids=["at_hardening_epoch", "after_hardening", "before_end_hardening"],
+    "scenario", ["at_hardening_epoch", "after_hardening", "before_end_hardening"]
 )
-def test_run_hardened_mid_training_resumes_with_the_same_permutations(
-    tmp_path, whole_runs, kill_at, harden_at
-):
+def test_run_hardened_mid_training_resumes_with_the_same_permutations(kill_and_resume, scenario):
     # 4 epochs, killed at the end of an epoch after its backup. Hardened after epoch 2:
     # killed at the end of epoch 2 or 3, the backup holds a hardened net, whose
     # permutations (saved beside it) the fresh model must take before its weights fit.
     # Hardened at the end: killed after the last epoch's backup, before the hardening,
     # the restart trains no more and hardens.
-    killed = tmp_path / "killed"
-    code, output = _run_child(tmp_path, killed, epochs=4, kill_at=kill_at, harden_at=harden_at)
+    _, harden_at = KILLED[scenario]
+    run = kill_and_resume[scenario]
+    code, output, _ = run["killed"]
     assert code == -signal.SIGKILL, output[-3000:]
-    assert (killed / "backup" / "hardening.json").exists() == bool(harden_at)
-    code, output = _run_child(tmp_path, killed, epochs=4, harden_at=harden_at)
+    assert run["hardening_record"] == bool(harden_at)
+    code, output, _ = run["resumed"]
     assert code == 0, output[-3000:]
     assert "Skipping variable loading" not in output  # the optimizer state was restored
+    killed = run["dir"]
     assert not (killed / "backup").exists()
     report = json.loads((killed / "report.json").read_text())
     assert report["epoch"] == (harden_at or None)
-    whole = _weights_and_permutations(str(whole_runs[harden_at] / "model.keras"))
+    whole = _weights_and_permutations(str(kill_and_resume["whole"][harden_at] / "model.keras"))
     resumed = _weights_and_permutations(str(killed / "model.keras"))
     np.testing.assert_array_equal(whole[1][0], resumed[1][0])
     for a, b in zip(whole[0], resumed[0], strict=True):
