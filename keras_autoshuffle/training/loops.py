@@ -239,8 +239,9 @@ def train(
         report["export"] = _export(model, own_dir, sample, formats, int8_data)
         if int8_data is not None:
             report["int8"] = report["export"].pop("int8")
-            files["int8"] = report["int8"]["path"]
         files.update({name: entry["path"] for name, entry in report["export"].items()})
+        if int8_data is not None:
+            files["int8"] = report["int8"]["path"]
     else:
         export_lib.save_keras(model, files["keras"])
     if skipped:
