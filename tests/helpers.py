@@ -1,6 +1,7 @@
 """Helpers shared by the tests: tiny ShuffleNets, model checks for folding and hardening,
 tiny IDX files."""
 
+import functools
 import gzip
 import importlib.util
 import inspect
@@ -156,10 +157,11 @@ def load_script(name):
 
 def use_tiny_builders(monkeypatch):
     """For one test, `keras_autoshuffle.applications.ShuffleNetV1/V2` (the builders the
-    training command line's model functions call, by width) build `tiny_v1` / `tiny_v2`:
-    trainings set up by width (the reproduction, the study) run on tiny nets in this
-    process. Processes started by the test build the real nets."""
+    training command line's model functions call, by width) build `tiny_v1` / `tiny_v2`
+    with one unit per stage: trainings set up by width (the reproduction, the study) run
+    on tiny nets in this process. Processes started by the test build the real nets."""
     from keras_autoshuffle import applications
 
-    monkeypatch.setattr(applications, "ShuffleNetV1", tiny_v1)
-    monkeypatch.setattr(applications, "ShuffleNetV2", tiny_v2)
+    # One unit per stage: a training's time is mostly tracing, layer by layer.
+    monkeypatch.setattr(applications, "ShuffleNetV1", functools.partial(tiny_v1, repeats=(1, 1, 1)))
+    monkeypatch.setattr(applications, "ShuffleNetV2", functools.partial(tiny_v2, repeats=(1, 1, 1)))

@@ -1,11 +1,13 @@
 """The Fashion-MNIST study on tiny IDX files: every run, the summary against NumPy, and a
-rerun that reads finished runs back instead of training them again."""
+rerun that reads finished runs back instead of training them again. The runs train the
+tiny nets of tests/helpers.py (the study's code is the same for every net size); the
+arms' own pieces are tests/test_arms.py's."""
 
 import json
 
 import numpy as np
 import pytest
-from helpers import _write_fashion
+from helpers import _write_fashion, use_tiny_builders
 
 from keras_autoshuffle.experiments import study
 
@@ -13,7 +15,8 @@ from keras_autoshuffle.experiments import study
 def test_specs_cover_the_comparison_the_sweep_early_hardening_and_sinkhorn():
     settings = study.StudySettings(seeds=(0, 1), lambdas=(0.0, 1e-3, 5e-2), penalty=5e-2)
     names = [spec.name for spec in study.specs(settings)]
-    assert len(names) == len(set(names)) == 2 * 4 + 2 + 2 + 2
+    # The comparison, the sweep, early hardening and ten passes per seed, then the arms.
+    assert len(names) == len(set(names)) == 2 * 4 + 2 + 2 + 2 + 2 * len(settings.arms)
     assert "v1_auto_lambda0.05_seed1" in names and "v2_auto_lambda0_seed0" in names
     assert "v2_auto_lambda0.05_harden8_seed1" in names
     sinkhorn = [spec for spec in study.specs(settings) if "sinkhorn" in spec.name]
@@ -54,7 +57,8 @@ def test_summary_means_and_spreads_match_numpy():
     # Ten passes per step: kept out of the comparison, compared with one pass by seed.
     passes = [0.93, 0.92, 0.94]
     runs += [_row("v2", "auto", 5e-2, s, p, p, passes=10) for s, p in enumerate(passes)]
-    summaries = study.summarize(runs, settings)
+    # As study.study() passes them: the public rows, each with its arm.
+    summaries = study.summarize([study._public(row, settings) for row in runs], settings)
     summary = summaries["comparison"]["v2"]
     difference = np.subtract(auto, manual)
     assert summary["auto_minus_manual"]["mean"] == pytest.approx(difference.mean())
@@ -69,11 +73,15 @@ def test_summary_means_and_spreads_match_numpy():
 
 
 @pytest.mark.slow
-def test_tiny_study_runs_and_resumes(tmp_path):
+def test_tiny_study_runs_and_resumes(tmp_path, monkeypatch):
+    use_tiny_builders(monkeypatch)
     _write_fashion(tmp_path / "data", num_train=64, num_test=32)
+    # The paper's runs; the arms (tests/test_arms.py) left out. `search_epochs` must be
+    # below `epochs` all the same.
     settings = study.StudySettings(
         max_train_examples=64, epochs=2, batch_size=32, seeds=(0,), lambdas=(0.0, 5e-2),
-        penalty=5e-2, harden_at_epoch=1, data_dir=str(tmp_path / "data"),
+        penalty=5e-2, harden_at_epoch=1, data_dir=str(tmp_path / "data"), arms=(),
+        search_epochs=1,
     )  # fmt: skip
     out = tmp_path / "study"
     results = study.study(settings, str(out))
