@@ -20,7 +20,7 @@ hardening of such a matrix, folded: v1 keeps the manual reshape-transpose, v2 on
 SPLIT and one CONCAT per unit), no_shuffle (the manual net with Identity in place of each
 shuffle: the floor) and folded_int8 (hardened_folded as full-integer LiteRT,
 `export.export_int8`, calibrated on random images; LiteRT only, timed in the same rounds as
-the float files). LiteRT rows also give each file's size in bytes.
+the float files). The LiteRT files' sizes in bytes are printed on a `#` line.
 
 Usage:
     python scripts/benchmark.py [--quick] [--json rows.json] [--tasks litert_infer]
@@ -214,7 +214,7 @@ def run(args):
     big = 32 if quick else 224
     rows = []
 
-    def record(task, model_name, side, batch, medians, sizes=None):
+    def record(task, model_name, side, batch, medians):
         for variant, ms in medians.items():
             row = {
                 "task": task,
@@ -224,8 +224,6 @@ def run(args):
                 "batch": batch,
                 "median_ms": float(ms),
             }
-            if sizes:
-                row["bytes"] = sizes[variant]
             rows.append(row)
             print(json.dumps(row), flush=True)
 
@@ -261,7 +259,8 @@ def run(args):
             with tempfile.TemporaryDirectory() as directory:
                 functions, sizes = litert_functions(models, big, args.threads, directory)
                 medians = measure(functions, repeats * (1 if quick else 3), min_seconds)
-            record("litert_infer", model_name, big, 1, medians, sizes)
+            print(f"# {model_name}: LiteRT file bytes {json.dumps(sizes)}", flush=True)
+            record("litert_infer", model_name, big, 1, medians)
         keras.backend.clear_session()
     return rows
 
