@@ -375,7 +375,8 @@ def verdict(runs, harden_at_epoch=8):
                     "wins": int(np.sum(diffs > 0)),
                     "losses": int(np.sum(diffs < 0)),
                     "rounding_change": float(np.mean(changes)) if changes else None,
-                    "penalty": float(np.mean([r["penalty"] for r in rows])),
+                    # P(M) where the routing was chosen (the search's hardening, if any).
+                    "penalty": float(np.mean([_rounding_penalty(r) for r in rows])),
                     "routing_difference": float(np.mean([r["routing_difference"] for r in rows])),
                     "equals_manual": int(sum(bool(r["equals_manual"]) for r in rows)),
                     # The bar for a default: CI above -0.3 points, rounding free.
@@ -399,6 +400,11 @@ def verdict(runs, harden_at_epoch=8):
             best = max((e for e in candidates if e["n"] == most), key=lambda e: e["ci_low"])
             best["recommended"] = True
     return entries
+
+
+def _rounding_penalty(row):
+    searched = row.get("search_penalty")
+    return row["penalty"] if searched is None else searched
 
 
 def _std(values):
@@ -564,12 +570,14 @@ def render_verdict(entries):
         "same seed in points with the 95% Student-t interval over seeds; wins/losses count "
         "seeds. Rounding change: rounded minus relaxed (0 for arms whose net has no relaxed "
         "phase). Equal to manual: nets whose routing counts are the manual counts (the "
-        "manual function class). Meets target: CI lower bound at least -0.3 points and "
+        "manual function class). P(M) at rounding: for searched arms, at the search's "
+        "hardening (for balanced_fixed, the fresh net's matrices). Meets target: CI lower "
+        "bound at least -0.3 points and "
         "rounding change within 0.2 points. Recommended: per net, the best lower bound among "
         "the arms with the most seeds (at least 3) and rounding within 0.2 points.",
         "",
         "| net | arm | n | accuracy | - manual | 95% CI | wins/losses | rounding change "
-        "| P(M) | routing differing | equal to manual | meets target | recommended |",
+        "| P(M) at rounding | routing differing | equal to manual | meets target | recommended |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for e in entries:
