@@ -19,6 +19,16 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
 def _study(args):
     from keras_autoshuffle.experiments import study
 
@@ -46,14 +56,14 @@ def _study(args):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", required=True, help="output directory")
-    parser.add_argument("--dataset", choices=("digits", "cifar10"), default="digits")
+    parser.add_argument("--dataset", choices=("digits", "cifar10"), default=None)
     parser.add_argument("--quick", action="store_true", help="digits-sized settings (~15 min)")
     parser.add_argument("--study", choices=("fashion_mnist",), default=None)
-    parser.add_argument("--epochs", type=int, default=None)
+    parser.add_argument("--epochs", type=_positive_int, default=None)
     parser.add_argument("--lambdas", type=float, nargs="+", default=None)
     parser.add_argument("--penalty", type=float, default=None, help="the study's lambda")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="the study's seeds")
-    parser.add_argument("--harden-at-epoch", type=int, default=None)
+    parser.add_argument("--harden-at-epoch", type=_positive_int, default=None)
     parser.add_argument(
         "--arms", nargs="+", default=None, help="the study's arms screened on v2, in run order"
     )
@@ -68,17 +78,30 @@ def main(argv=None):
         action="store_true",
         help="the study's report from the runs finished so far (trains nothing)",
     )
-    parser.add_argument("--max-train-examples", type=int, default=None)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-train-examples", type=_positive_int, default=None)
+    parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
-        "--jobs", type=int, default=1, help="trainings at once, one process each (default 1)"
+        "--jobs",
+        type=_positive_int,
+        default=1,
+        help="trainings at once, one process each (default 1)",
     )
     args = parser.parse_args(argv)
     if args.study:
+        # The study has its own data set and seeds: a flag it would ignore is refused.
+        for flag, value in (("--seed", args.seed), ("--dataset", args.dataset)):
+            if value is not None:
+                parser.error(
+                    f"{flag} does not apply to --study (it has its data set; use --seeds). "
+                    f"Received: {flag} {value}"
+                )
         return _study(args)
+    if args.report_only or args.arms or args.finalists or args.seeds:
+        parser.error("--report-only, --arms, --finalists and --seeds apply to --study only")
     from keras_autoshuffle.experiments import reproduce
 
-    settings = reproduce.quick(args.dataset) if args.quick else reproduce.full(args.dataset)
+    dataset = args.dataset or "digits"
+    settings = reproduce.quick(dataset) if args.quick else reproduce.full(dataset)
     changes = {
         "epochs": args.epochs,
         "lambdas": None if args.lambdas is None else tuple(args.lambdas),

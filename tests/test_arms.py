@@ -277,3 +277,34 @@ def test_a_hardened_nets_weights_file_carries_its_permutations(tmp_path):
     tiny_v2().save_weights(relaxed_path)
     with pytest.raises(ValueError, match="holds a relaxed matrix"):
         fresh.load_weights(relaxed_path)
+
+
+def test_the_study_checks_its_flags_and_its_recorded_settings(tmp_path):
+    import dataclasses
+
+    from helpers import load_script
+
+    from keras_autoshuffle.experiments import study
+
+    for bad, match in (
+        ({"max_train_examples": -5}, "Received: max_train_examples=-5"),
+        ({"lambdas": (0.0, 1e-2, float("nan"))}, "Received: lambdas=nan"),
+        ({"arms": ("warm", "best")}, "Received: arms="),
+        ({"search_epochs": 10}, "Received: search_epochs=10"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            study.StudySettings(**bad)
+    settings = study.StudySettings()
+    (tmp_path / "results.json").write_text(
+        json.dumps({"settings": {**dataclasses.asdict(settings), "epochs": 20}})
+    )
+    with pytest.raises(ValueError, match="Received: epochs=10 \\(recorded: 20\\)"):
+        study.study(settings, str(tmp_path), train=False)
+    reproduce = load_script("reproduce")
+    for flags in (["--seed", "3"], ["--dataset", "digits"]):
+        with pytest.raises(SystemExit):
+            reproduce.main(["--study", "fashion_mnist", "--output", str(tmp_path), *flags])
+    with pytest.raises(SystemExit):
+        reproduce.main(["--quick", "--output", str(tmp_path), "--arms", "warm"])
+    with pytest.raises(SystemExit):
+        reproduce.main(["--quick", "--output", str(tmp_path), "--jobs", "0"])

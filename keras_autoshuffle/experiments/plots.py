@@ -9,6 +9,11 @@ import numpy as np
 from keras_autoshuffle.permutations import permutation_matrix
 
 
+def check_available():
+    """Raises the ImportError of a missing matplotlib now, before hours of training."""
+    _pyplot()
+
+
 def _pyplot():
     try:
         import matplotlib

@@ -26,6 +26,10 @@ def check_settings(settings):
     among those swept (the reports compare them), hardening before the last epoch."""
     _validation.positive_int(settings.epochs, "epochs")
     _validation.choice(settings.padding, ("torch", "same"), "padding")
+    _validation.optional_positive_int(settings.max_train_examples, "max_train_examples")
+    for x in settings.lambdas:
+        _validation.penalty(x, "lambdas")
+    _validation.penalty(settings.penalty)
     if settings.penalty not in settings.lambdas or 0.0 not in settings.lambdas:
         raise ValueError(
             f"`lambdas` must include 0 and penalty={settings.penalty}. "

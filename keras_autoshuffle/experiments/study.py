@@ -19,7 +19,7 @@ from keras_autoshuffle import data
 from keras_autoshuffle.constraints import check_iterations
 from keras_autoshuffle.experiments import plots
 from keras_autoshuffle.experiments.runs import RunSpec, check_settings, run_all
-from keras_autoshuffle.training.fault_tolerance import write_json
+from keras_autoshuffle.training.fault_tolerance import read_json, write_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +165,8 @@ def study(settings, output_dir, log=print, jobs=1, train=True):
     (their rows in `runs/<name>/result.json`), e.g. while the study still runs.
     """
     start = time.time()
+    plots.check_available()  # the report's pictures: a missing extra fails before training
+    check_recorded_settings(settings, output_dir)
     os.makedirs(output_dir, exist_ok=True)
     train_data, test_data = data.load(
         settings.dataset, seed=settings.seeds[0], data_dir=settings.data_dir
@@ -192,6 +194,46 @@ def study(settings, output_dir, log=print, jobs=1, train=True):
     with open(os.path.join(output_dir, "report.md"), "w") as f:
         f.write(render_report(results))
     return results
+
+
+# What defines the study's runs: a rerun into a folder whose results.json recorded other
+# values would mix two studies in one report (seeds, arms and finalists only add runs).
+RUN_DEFINING = (
+    "dataset",
+    "max_train_examples",
+    "epochs",
+    "batch_size",
+    "learning_rate",
+    "v1_width",
+    "v2_width",
+    "penalty",
+    "harden_at_epoch",
+    "sinkhorn_iterations",
+    "padding",
+    "search_epochs",
+)
+
+
+def check_recorded_settings(settings, output_dir):
+    """Refuses settings that differ from those `output_dir`'s results.json recorded."""
+    path = os.path.join(output_dir, "results.json")
+    if not os.path.exists(path):
+        return
+    recorded = read_json(path, "study results")
+    recorded = recorded.get("settings") if isinstance(recorded, dict) else None
+    if not isinstance(recorded, dict):
+        raise ValueError(
+            f"{path} is not a study's results (no 'settings' dict); move it away to start a "
+            f"new study there. Received: {str(recorded)[:120]}"
+        )
+    current = dataclasses.asdict(settings)
+    differ = [k for k in RUN_DEFINING if k in recorded and recorded[k] != current[k]]
+    if differ:
+        raise ValueError(
+            f"{output_dir} holds a study run with other settings; its report would mix two "
+            "studies. Use the recorded values or another --output. Received: "
+            + ", ".join(f"{k}={current[k]!r} (recorded: {recorded[k]!r})" for k in differ)
+        )
 
 
 _PUBLIC = (
