@@ -352,13 +352,14 @@ def _export_int8_checked(
         drop = 100 * (entry["float_accuracy"] - entry["accuracy"])
         if entry["top1_agreement"] < min_agreement or drop > max_drop:
             raise Int8CheckError(
+                entry,
                 f"The int8 LiteRT model fails its check: top-1 agreement with the float "
                 f"model {entry['top1_agreement']:.4f} (minimum {min_agreement}), accuracy "
                 f"{entry['accuracy']:.4f} vs float {entry['float_accuracy']:.4f} (drop "
                 f"{drop:.2f} points, maximum {max_drop}) on {len(labels)} test examples; no "
                 f"{INT8_FILENAME} written. Calibrate on more representative images or lower "
                 f"the thresholds. Received: min_top1_agreement={min_agreement}, "
-                f"max_accuracy_drop={max_drop}"
+                f"max_accuracy_drop={max_drop}",
             )
 
     try:
@@ -370,7 +371,12 @@ def _export_int8_checked(
 
 
 class Int8CheckError(ValueError):
-    """The int8 model's top-1 agreement or accuracy is below the export's thresholds."""
+    """The int8 model's top-1 agreement or accuracy is below the export's thresholds;
+    `check` holds the measured numbers (`int8_check`'s entry, without a file)."""
+
+    def __init__(self, check, message):
+        super().__init__(message)
+        self.check = {k: v for k, v in check.items() if k != "path"}
 
 
 _WRITERS = {"keras": save_keras, "saved_model": export_saved_model, "litert": export_litert}

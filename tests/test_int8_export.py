@@ -180,3 +180,17 @@ def test_train_refuses_int8_without_litert_before_training(tmp_path):
             verbose=0,
         )
     assert not (tmp_path / "run").exists()
+
+
+def test_a_training_run_keeps_its_float_files_when_int8_is_refused(untrained, tmp_path):
+    # After training, a refused int8 file must not cost the run: the float files and the
+    # report's numbers stay, marked refused, with no int8 file.
+    from keras_autoshuffle.training import loops
+
+    images = _images(48, seed=5)
+    results = loops._export(
+        untrained, str(tmp_path), images[:2], ("litert",), (images, (images, np.zeros(48, int)))
+    )
+    assert results["int8"]["path"] is None and "minimum 0.99" in results["int8"]["refused"]
+    assert results["int8"]["top1_agreement"] < 0.99
+    assert sorted(os.listdir(tmp_path)) == ["model.keras", "model.tflite"]

@@ -36,6 +36,7 @@ def format_run_summary(report):
             f"  int8 LiteRT: accuracy {entry['accuracy']:.4f} "
             f"(float {entry['float_accuracy']:.4f}), top-1 agreement "
             f"{entry['top1_agreement']:.4f}, {entry['size_ratio']:.2f}x smaller"
+            + (" (refused: below the thresholds, no file written)" if entry.get("refused") else "")
         )
     for name, why in report.get("export_skipped", {}).items():
         lines.append(f"  {name}: not exported ({why})")

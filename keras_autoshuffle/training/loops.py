@@ -240,7 +240,7 @@ def train(
         if int8_data is not None:
             report["int8"] = report["export"].pop("int8")
         files.update({name: entry["path"] for name, entry in report["export"].items()})
-        if int8_data is not None:
+        if int8_data is not None and report["int8"]["path"]:
             files["int8"] = report["int8"]["path"]
     else:
         export_lib.save_keras(model, files["keras"])
@@ -382,9 +382,16 @@ def _export(model, output_dir, sample, formats, int8_data=None):
     int8 = {}
     if int8_data is not None:
         int8 = dict(quantize="int8", representative_data=int8_data[0], test_data=int8_data[1])
-    files = export_lib.export_model(
-        inference, output_dir, sample, formats=formats, reference=model, **int8
-    )
+    try:
+        files = export_lib.export_model(
+            inference, output_dir, sample, formats=formats, reference=model, **int8
+        )
+    except export_lib.Int8CheckError as error:
+        # Training is over: keep the float files and the report, refuse only the int8 file.
+        files = export_lib.export_model(
+            inference, output_dir, sample, formats=formats, reference=model
+        )
+        files["int8"] = {**error.check, "path": None, "refused": str(error)}
     for name, entry in files.items():
         results[name] = {**entry, "folded": folded}
     return results
