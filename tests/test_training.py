@@ -63,7 +63,10 @@ def _run_child(
 ):
     """CHILD in a fresh interpreter: (exit status, output), or the process (wait=False)."""
     script = tmp_path / "child.py"
-    script.write_text(CHILD)
+    if not script.exists():  # never rewritten under a running child that reads it
+        partial = tmp_path / "child.py.partial"
+        partial.write_text(CHILD)
+        os.replace(partial, script)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
     args = [sys.executable, str(script), str(out), str(epochs), str(kill_at), strategy]
     args.append(str(harden_at))
