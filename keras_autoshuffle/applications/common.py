@@ -4,6 +4,7 @@ The custom layers themselves live in `keras_autoshuffle.layers`."""
 
 import dataclasses
 import functools
+import inspect
 import os
 import zipfile
 
@@ -345,6 +346,11 @@ def check_common_args(
         shuffle_forward,
         shuffle_permutations,
     )
+
+
+def common_arguments(arguments):
+    """The entries of a builder's call (its `locals()`) that `check_common_args` takes."""
+    return {name: arguments[name] for name in inspect.signature(check_common_args).parameters}
 
 
 def _check_permutations(value, shuffle):

@@ -210,21 +210,7 @@ def _shufflenet_v1(
     the same structure, for tests (`channels=(6, 24, 48, 96), repeats=(1, 1, 1)`, g=3).
     """
     arguments = dict(locals())  # the call, for `common.manual_twin`
-    options = common.check_common_args(
-        weights=weights,
-        shuffle=shuffle,
-        penalty=penalty,
-        stem=stem,
-        include_top=include_top,
-        pooling=pooling,
-        classes=classes,
-        classifier_activation=classifier_activation,
-        shuffle_initializer=shuffle_initializer,
-        padding=padding,
-        sinkhorn_iterations=sinkhorn_iterations,
-        shuffle_forward=shuffle_forward,
-        shuffle_permutations=shuffle_permutations,
-    )
+    options = common.check_common_args(**common.common_arguments(arguments))
     _validation.choice(groups, tuple(STAGE2_WIDTHS), "groups")
     if channels is None:
         _validation.choice(width, WIDTHS, "width")

@@ -196,21 +196,7 @@ def _shufflenet_v2(
     (`channels=(8, 16, 32, 64, 64), repeats=(1, 1, 1)`).
     """
     arguments = dict(locals())  # the call, for `common.manual_twin`
-    options = common.check_common_args(
-        weights=weights,
-        shuffle=shuffle,
-        penalty=penalty,
-        stem=stem,
-        include_top=include_top,
-        pooling=pooling,
-        classes=classes,
-        classifier_activation=classifier_activation,
-        shuffle_initializer=shuffle_initializer,
-        padding=padding,
-        sinkhorn_iterations=sinkhorn_iterations,
-        shuffle_forward=shuffle_forward,
-        shuffle_permutations=shuffle_permutations,
-    )
+    options = common.check_common_args(**common.common_arguments(arguments))
     if channels is None:
         _validation.choice(width, tuple(V2_CONFIGS), "width")
         channels = V2_CONFIGS[width]
