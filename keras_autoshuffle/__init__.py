@@ -2,7 +2,8 @@
 
 Importing the package registers every custom object (layers, constraint, regularizer,
 optimizer pieces), so `.keras` files load with `safe_mode=True`. TensorFlow-only parts
-(`data`, `training`, `export`) and the experiments are imported on use.
+(`data`, `training`, `export`) are imported on use. The experiments that produced the
+docs' numbers live outside the package, in the repository's `experiments/`.
 """
 
 from keras_autoshuffle import applications, hardening, optimizers

@@ -214,7 +214,7 @@ def test_search_of_zero_epochs_fixes_the_balanced_routing_of_the_fresh_net(tmp_p
 
 
 def test_study_arms_and_verdict():
-    from keras_autoshuffle.experiments import study
+    from experiments import study
 
     settings = study.StudySettings(finalists=("warm_hard",), verdict_seeds=(0, 1, 2, 3))
     specs = {spec.name: spec for spec in study.specs(settings)}
@@ -282,9 +282,7 @@ def test_a_hardened_nets_weights_file_carries_its_permutations(tmp_path):
 def test_the_study_checks_its_flags_and_its_recorded_settings(tmp_path):
     import dataclasses
 
-    from helpers import load_script
-
-    from keras_autoshuffle.experiments import study
+    from experiments import reproduce, study
 
     for bad, match in (
         ({"max_train_examples": -5}, "Received: max_train_examples=-5"),
@@ -300,7 +298,6 @@ def test_the_study_checks_its_flags_and_its_recorded_settings(tmp_path):
     )
     with pytest.raises(ValueError, match="Received: epochs=10 \\(recorded: 20\\)"):
         study.study(settings, str(tmp_path), train=False)
-    reproduce = load_script("reproduce")
     for flags in (["--seed", "3"], ["--dataset", "digits"]):
         with pytest.raises(SystemExit):
             reproduce.main(["--study", "fashion_mnist", "--output", str(tmp_path), *flags])

@@ -1,18 +1,18 @@
-"""scripts/benchmark.py --quick runs end to end and writes well-formed JSON rows."""
+"""`python -m experiments.benchmark --quick` runs end to end and writes well-formed JSON rows."""
 
 import json
 
 import keras
 import numpy as np
 import pytest
-from helpers import load_script, tiny_v1
+from helpers import tiny_v1
 
+from experiments import benchmark
 from keras_autoshuffle import folding
 
 
 @pytest.mark.slow
 def test_quick_benchmark_writes_rows(tmp_path, capsys, monkeypatch):
-    benchmark = load_script("benchmark")
     # The quick run on a tiny v1 g3 (tests/helpers.py) instead of the 0.25x net: the same
     # tasks, variants, rows and table, with a third of the LiteRT converter's time (most
     # of the run). The quick nets themselves are built below, in the time-out test.
@@ -40,7 +40,6 @@ def test_quick_benchmark_writes_rows(tmp_path, capsys, monkeypatch):
 
 
 def test_bad_arguments():
-    benchmark = load_script("benchmark")
     with pytest.raises(SystemExit):
         benchmark.parse_args(["--repeats", "0"])
     with pytest.raises(SystemExit):
@@ -53,7 +52,6 @@ def test_bad_arguments():
 def test_balanced_variant_survives_a_forced_time_out(monkeypatch, model_name):
     # A time limit far below what the balanced solver needs: hardening must return the
     # best balanced permutation found so far (not raise), and the benchmark go on.
-    benchmark = load_script("benchmark")
     reports = []
     harden_model = benchmark.harden_model
 

@@ -1,4 +1,4 @@
-"""Smoke test of scripts/reproduce.py's quick path with tiny settings.
+"""Smoke test of `python -m experiments.reproduce`'s quick path with tiny settings.
 
 The script's `main(argv)` runs in the test process on tiny nets (tests/helpers.py: the
 real ones took 60-130 s per run, mostly tracing); a second invocation with two jobs reads
@@ -11,10 +11,10 @@ import os
 import keras
 import numpy as np
 import pytest
-from helpers import load_script, use_tiny_builders
+from helpers import use_tiny_builders
 
+from experiments import paper, reproduce
 from keras_autoshuffle import data
-from keras_autoshuffle.experiments import reproduce
 
 
 @pytest.mark.slow
@@ -29,8 +29,7 @@ def test_quick_path_writes_report_json_and_pictures(tmp_path, monkeypatch):
         "--harden-at-epoch", "1",
         "--max-train-examples", "128",
     ]  # fmt: skip
-    script = load_script("reproduce")
-    script.main(argv)
+    reproduce.main(argv)
 
     for name in ("report.md", "results.json", "pmat.png", "smat.png", "penaltyplot.png",
                  "roundplot.png"):  # fmt: skip
@@ -64,7 +63,7 @@ def test_quick_path_writes_report_json_and_pictures(tmp_path, monkeypatch):
     # runs are read back, none trained again), the same rows as before.
     models = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/model.keras")}
     assert len(models) == 6
-    script.main([*argv, "--jobs", "2"])
+    reproduce.main([*argv, "--jobs", "2"])
     assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/model.keras")} == models
     again = json.loads((out / "results.json").read_text())
     for key in ("lambda_sweep", "comparison", "early_hardening"):
@@ -73,8 +72,8 @@ def test_quick_path_writes_report_json_and_pictures(tmp_path, monkeypatch):
 
 def test_settings_are_validated():
     with pytest.raises(ValueError, match="Received: jobs=0"):
-        reproduce.reproduce(reproduce.quick(), "unused", jobs=0)
+        paper.reproduce(paper.quick(), "unused", jobs=0)
     with pytest.raises(ValueError, match="Received: lambdas"):
-        reproduce.Settings(lambdas=(0.0, 1e-3))  # the default penalty 5e-2 is missing
+        paper.Settings(lambdas=(0.0, 1e-3))  # the default penalty 5e-2 is missing
     with pytest.raises(ValueError, match="Received: harden_at_epoch=10"):
-        reproduce.Settings(harden_at_epoch=10)
+        paper.Settings(harden_at_epoch=10)

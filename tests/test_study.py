@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from helpers import _write_fashion, use_tiny_builders
 
-from keras_autoshuffle.experiments import study
+from experiments import study
 
 
 def test_specs_cover_the_comparison_the_sweep_early_hardening_and_sinkhorn():

@@ -124,24 +124,32 @@ def plot_lambda_sweep(rows, path, title=None):
     return _save(figure, path)
 
 
-def plot_routing(entries, path, title=None):
-    """Learned vs manual routing counts, one row of panels per entry.
+def plot_routing(columns, path, title=None):
+    """Learned routing counts beside the manual ones: one row of panels per stage (v2) or
+    shuffle (v1), one column per learned routing, the manual counts last.
 
     Args:
-        entries: `hardening.routing_counts` entries (v1: g x g block counts; v2: a
-            stage's producer x consumer counts), each with `counts` and `manual`.
+        columns: `[(heading, entries)]`, each `entries` the `hardening.routing_counts`
+            entries of one net (v1: g x g block counts; v2: a stage's producer x consumer
+            counts) with `counts` and `manual`, the same stages in every column.
     """
     pyplot = _pyplot()
-    figure, axes = pyplot.subplots(len(entries), 2, figsize=(8, 3.2 * len(entries)), squeeze=False)
-    for row, entry in zip(axes, entries, strict=True):
-        label = entry.get("name") or f"stage {entry['stage']}"
-        top = max(int(entry["counts"].max()), int(entry["manual"].max()), 1)
-        for axis, key in zip(row, ("counts", "manual"), strict=True):
+    first = columns[0][1]
+    panels = [*((heading, entries, "counts") for heading, entries in columns)]
+    panels.append(("manual", first, "manual"))
+    figure, axes = pyplot.subplots(
+        len(first), len(panels), figsize=(4 * len(panels), 3.2 * len(first)), squeeze=False
+    )
+    for stage, row in enumerate(axes):
+        top = max(max(int(np.max(e[stage][k])) for _, e, k in panels), 1)
+        for axis, (heading, entries, key) in zip(row, panels, strict=True):
+            entry = entries[stage]
+            label = entry.get("name") or f"stage {entry['stage']}"
             counts = np.asarray(entry[key])
             axis.imshow(counts, cmap="viridis", vmin=0, vmax=top)
             for (i, j), value in np.ndenumerate(counts):
                 axis.text(j, i, str(value), ha="center", va="center", color="w", fontsize=7)
-            axis.set_title(f"{label}: {'learned' if key == 'counts' else 'manual'}")
+            axis.set_title(f"{label}: {heading}", fontsize=9)
             if "producers" in entry:
                 axis.set_yticks(
                     range(len(entry["producers"])), [str(p) for p in entry["producers"]]

@@ -2,7 +2,7 @@
 
 Each run trains with `training.train` into its own directory and keeps its result row in
 `result.json`; a rerun reads finished rows back and resumes a killed training from its
-backup. Shared by the small-scale reproduction (`reproduce.py`) and the Fashion-MNIST
+backup. Shared by the small-scale reproduction (`paper.py`) and the Fashion-MNIST
 study (`study.py`).
 """
 

@@ -15,10 +15,10 @@ import time
 
 import numpy as np
 
+from experiments import plots
+from experiments.runs import RunSpec, check_settings, run_all
 from keras_autoshuffle import data
 from keras_autoshuffle.constraints import check_iterations
-from keras_autoshuffle.experiments import plots
-from keras_autoshuffle.experiments.runs import RunSpec, check_settings, run_all
 from keras_autoshuffle.training.fault_tolerance import read_json, write_json
 
 
@@ -187,9 +187,9 @@ def study(settings, output_dir, log=print, jobs=1, train=True):
         "runs_planned": len(specs(settings)),
         "summary": summarize(runs, settings),
         "verdict": verdict(runs, settings.harden_at_epoch),
-        "figures": _figures(rows, settings, output_dir),
         "wall_seconds_this_invocation": time.time() - start,
     }
+    results["figures"] = _figures(rows, settings, output_dir, results["verdict"])
     write_json(os.path.join(output_dir, "results.json"), results)
     with open(os.path.join(output_dir, "report.md"), "w") as f:
         f.write(render_report(results))
@@ -463,7 +463,7 @@ def _t_interval(values, level=0.95):
     return float(values.mean() - half), float(values.mean() + half)
 
 
-def _figures(rows, settings, output_dir):
+def _figures(rows, settings, output_dir, verdict_entries):
     figures = {}
     sweep = sorted(
         (
@@ -481,26 +481,42 @@ def _figures(rows, settings, output_dir):
             sweep, os.path.join(output_dir, "lambda_sweep.png"), "ShuffleNet v2, Fashion-MNIST"
         )
     for model in ("v2", "v1"):
-        auto = [
-            r
-            for r in rows.values()
-            if r["model"] == model
-            and r["shuffle"] == "auto"
-            and r["harden_at_epoch"] is None
-            and r.get("sinkhorn_iterations", 1) == 1
-            and r["lambda"] == settings.penalty
-        ]
-        if auto:
-            entries = [
-                {k: np.asarray(v) if k in ("counts", "manual") else v for k, v in entry.items()}
-                for entry in min(auto, key=lambda r: r["seed"])["routing"]
-            ]
+        # The paper's routing (one pass, random start) and the verdict's recommended arm's
+        # (the first seed of each) beside the manual counts.
+        columns = []
+        paper = _first_seed(rows, settings, model, "paper")
+        if paper is not None:
+            columns.append(("learned (paper)", paper))
+        chosen = [e["arm"] for e in verdict_entries if e["model"] == model and e["recommended"]]
+        if chosen and chosen[0] != "paper":
+            row = _first_seed(rows, settings, model, chosen[0])
+            if row is not None:
+                columns.append((f"{chosen[0]} (recommended)", row))
+        if columns:
+            keep = 3 if model == "v2" else 2
             figures[f"routing_{model}"] = plots.plot_routing(
-                entries[: 3 if model == "v2" else 2],
+                [(heading, _routing_entries(row)[:keep]) for heading, row in columns],
                 os.path.join(output_dir, f"routing_{model}.png"),
                 f"ShuffleNet {model}: learned vs manual routing counts",
             )
     return {k: os.path.basename(v) for k, v in figures.items()}
+
+
+def _first_seed(rows, settings, model, arm):
+    """The row of `arm` for `model` with the lowest seed (None if there is none)."""
+    matching = [
+        r
+        for r in rows.values()
+        if r["model"] == model and r.get("routing") and arm_of(r, settings) == arm
+    ]
+    return min(matching, key=lambda r: r["seed"]) if matching else None
+
+
+def _routing_entries(row):
+    return [
+        {k: np.asarray(v) if k in ("counts", "manual") else v for k, v in entry.items()}
+        for entry in row["routing"]
+    ]
 
 
 def _fmt(stat, scale=100.0, digits=2):
@@ -596,6 +612,9 @@ def render_report(results):
         f"| {_fmt(summary['sinkhorn']['minus_manual'])} | {_n(summary['sinkhorn']['rounded'])} |",
         "",
         "## Pictures",
+        "",
+        "Routing counts (first seed of each): the paper's learned routing and the verdict's "
+        "recommended arm, once there is one, beside the manual counts.",
         "",
     ]
     for key, name in results["figures"].items():

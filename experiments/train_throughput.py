@@ -1,6 +1,6 @@
 """Training throughput of manual vs learned shuffles, on any Keras backend and device.
 
-    KERAS_BACKEND=jax python scripts/train_throughput.py --input 224 --batch 128
+    KERAS_BACKEND=jax python -m experiments.train_throughput --input 224 --batch 128
 
 Times `train_on_batch` on random data for ShuffleNet v1 (g=3) and v2 with the manual
 shuffle, the relaxed shuffle (training an AutoShuffleNet; "relaxed_sinkhorn10" with ten

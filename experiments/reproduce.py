@@ -1,8 +1,8 @@
 """Reproduce the shape of the paper's results at small scale, with its pictures.
 
-    python scripts/reproduce.py --quick --output docs/example_report --jobs 2
-    python scripts/reproduce.py --study fashion_mnist --output docs/fashion_mnist --jobs 2
-    python scripts/reproduce.py --dataset cifar10 --output runs/reproduce   # GPU hours
+    python -m experiments.reproduce --quick --output docs/example_report --jobs 2
+    python -m experiments.reproduce --study fashion_mnist --output docs/fashion_mnist --jobs 2
+    python -m experiments.reproduce --dataset cifar10 --output runs/reproduce   # GPU hours
 
 The default (and --quick) writes into --output: report.md (tables beside the paper's
 numbers, pictures linked), results.json, pmat.png, smat.png, penaltyplot.png,
@@ -30,7 +30,7 @@ def _positive_int(text):
 
 
 def _study(args):
-    from keras_autoshuffle.experiments import study
+    from experiments import study
 
     changes = {
         "epochs": args.epochs,
@@ -98,10 +98,10 @@ def main(argv=None):
         return _study(args)
     if args.report_only or args.arms or args.finalists or args.seeds:
         parser.error("--report-only, --arms, --finalists and --seeds apply to --study only")
-    from keras_autoshuffle.experiments import reproduce
+    from experiments import paper
 
     dataset = args.dataset or "digits"
-    settings = reproduce.quick(dataset) if args.quick else reproduce.full(dataset)
+    settings = paper.quick(dataset) if args.quick else paper.full(dataset)
     changes = {
         "epochs": args.epochs,
         "lambdas": None if args.lambdas is None else tuple(args.lambdas),
@@ -110,7 +110,7 @@ def main(argv=None):
         "seed": args.seed,
     }
     settings = dataclasses.replace(settings, **{k: v for k, v in changes.items() if v is not None})
-    results = reproduce.reproduce(settings, args.output, jobs=args.jobs)
+    results = paper.reproduce(settings, args.output, jobs=args.jobs)
     print(f"Report: {os.path.join(args.output, 'report.md')} ({results['time'] / 60:.1f} min)")
     return results
 

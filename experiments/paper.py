@@ -15,9 +15,9 @@ import json
 import os
 import time
 
+from experiments import plots
+from experiments.runs import RunSpec, check_settings, run_all
 from keras_autoshuffle import _validation
-from keras_autoshuffle.experiments import plots
-from keras_autoshuffle.experiments.runs import RunSpec, check_settings, run_all
 
 # The paper's Table 5 (CIFAR-10, ShuffleNet v1 g=3, 200 epochs).
 PAPER_TABLE5 = {

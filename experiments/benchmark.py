@@ -23,7 +23,7 @@ shuffle: the floor) and folded_int8 (hardened_folded as full-integer LiteRT,
 the float files). The LiteRT files' sizes in bytes are printed on a `#` line.
 
 Usage:
-    python scripts/benchmark.py [--quick] [--json rows.json] [--tasks litert_infer]
+    python -m experiments.benchmark [--quick] [--json rows.json] [--tasks litert_infer]
         [--models v2] [--variants manual hardened_folded]
 """
 
