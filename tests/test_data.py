@@ -11,6 +11,7 @@ import tensorflow_datasets as tfds
 from helpers import _write_fashion, _write_idx
 
 from keras_autoshuffle import data
+from keras_autoshuffle.data import sources
 
 
 def _collect(dataset):
@@ -117,6 +118,21 @@ def test_bad_batch_size_raises(digits):
         data.load("mnist")
 
 
+def test_load_passes_each_source_its_options(monkeypatch):
+    calls = {}
+    for name in ("digits", "fashion_mnist", "cifar10", "imagenet"):
+        monkeypatch.setattr(sources, name, lambda *args, _name=name: calls.setdefault(_name, args))
+    assert data.DATASETS == ("digits", "fashion_mnist", "cifar10", "imagenet2012")
+    for name in data.DATASETS:
+        data.load(name, seed=1, data_dir="d", manual_dir="m", download=True)
+    assert calls == {
+        "digits": (1,),
+        "fashion_mnist": (1, "d"),
+        "cifar10": (1, "d", True),
+        "imagenet": (1, "d", "m"),
+    }
+
+
 def test_cifar10_with_mock_data(mocked_tfds):
     train, test = data.cifar10(seed=1)
     assert train.images.shape == (12, 32, 32, 3) and train.images.dtype == np.float32
@@ -217,7 +233,7 @@ def test_fashion_mnist_augmentation_is_a_function_of_seed_and_epoch(tmp_path):
 
 def test_fashion_mnist_search_order(tmp_path, monkeypatch):
     debian, keras_home = tmp_path / "debian", tmp_path / "keras"
-    monkeypatch.setattr(data, "FASHION_MNIST_DEBIAN_DIR", str(debian))
+    monkeypatch.setattr(sources, "FASHION_MNIST_DEBIAN_DIR", str(debian))
     monkeypatch.setenv("KERAS_HOME", str(keras_home))
     _write_fashion(keras_home / "datasets" / "fashion-mnist", seed=1)
     debian.mkdir()
@@ -238,7 +254,7 @@ def test_fashion_mnist_search_order(tmp_path, monkeypatch):
 
 
 def test_missing_fashion_mnist_raises_with_instructions(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "FASHION_MNIST_DEBIAN_DIR", str(tmp_path / "debian"))
+    monkeypatch.setattr(sources, "FASHION_MNIST_DEBIAN_DIR", str(tmp_path / "debian"))
     monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
     with pytest.raises(data.DataMissingError) as error:
         data.load("fashion_mnist")

@@ -1,0 +1,79 @@
+"""Input pipelines: TFDS CIFAR-10 and ImageNet, Fashion-MNIST IDX files, embedded digits.
+
+- `pipeline`: `EpochData` splits whose epoch is a pure function of `(seed, epoch)`
+  (`ArrayData` in memory, `TFDSData` streamed), the seeds, `EpochCounter` for `model.fit`.
+- `transforms`: per-image normalisation and augmentation.
+- `sources`: one loader per data set (`digits`, `fashion_mnist`, `cifar10`, `imagenet`)
+  and their statistics.
+- `registry`: `load(name)` over `DATASETS`.
+
+Everything is re-exported here: `from keras_autoshuffle import data; data.digits()`.
+"""
+
+from keras_autoshuffle.data.pipeline import (
+    ArrayData,
+    EpochCounter,
+    EpochData,
+    TFDSData,
+    epoch_permutation,
+    example_seed,
+)
+from keras_autoshuffle.data.registry import DATASETS, LOADERS, load
+from keras_autoshuffle.data.sources import (
+    CIFAR10_MEAN,
+    CIFAR10_STD,
+    FASHION_MNIST_DEBIAN_DIR,
+    FASHION_MNIST_FILES,
+    FASHION_MNIST_MEAN,
+    FASHION_MNIST_STD,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    DataMissingError,
+    cifar10,
+    digits,
+    fashion_mnist,
+    imagenet,
+    load_digits,
+    load_fashion_mnist,
+    prepared_builder,
+    read_idx,
+)
+from keras_autoshuffle.data.transforms import (
+    normalize,
+    pad_crop_flip,
+    random_resized_crop,
+    resize_center_crop,
+)
+
+__all__ = [
+    "ArrayData",
+    "CIFAR10_MEAN",
+    "CIFAR10_STD",
+    "DATASETS",
+    "DataMissingError",
+    "EpochCounter",
+    "EpochData",
+    "FASHION_MNIST_DEBIAN_DIR",
+    "FASHION_MNIST_FILES",
+    "FASHION_MNIST_MEAN",
+    "FASHION_MNIST_STD",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "LOADERS",
+    "TFDSData",
+    "cifar10",
+    "digits",
+    "epoch_permutation",
+    "example_seed",
+    "fashion_mnist",
+    "imagenet",
+    "load",
+    "load_digits",
+    "load_fashion_mnist",
+    "normalize",
+    "pad_crop_flip",
+    "prepared_builder",
+    "random_resized_crop",
+    "read_idx",
+    "resize_center_crop",
+]

@@ -1,0 +1,251 @@
+"""The tf.data pipeline: seeded epoch order, per-example augmentation seeds, batching.
+
+Every training pipeline is a pure function of `(seed, epoch, example)`: the epoch's
+order is a permutation drawn from `(seed, epoch)` (or a shuffle buffer seeded with
+them), and each example's augmentation uses stateless random ops seeded with
+`(seed, epoch, example index)`. So a run resumed at an epoch boundary
+(`keras.callbacks.BackupAndRestore`) sees exactly the batches an uninterrupted run
+sees, and ends with the same weights.
+
+`EpochData.fit_dataset()` gives `model.fit` one dataset whose epoch is read from an
+`EpochCounter` variable when Keras opens the epoch's iterator (after
+`on_epoch_begin`); `EpochData.epoch_dataset(epoch)` builds one epoch directly (custom
+training loops, evaluation).
+"""
+
+import numpy as np
+import tensorflow as tf
+
+
+def example_seed(seed, epoch, index):
+    """The stateless seed (shape [2]) of one example in one epoch."""
+    key = tf.stack([tf.cast(seed, tf.int64), tf.constant(0x5EED, tf.int64)])
+    key = tf.random.experimental.stateless_fold_in(key, tf.cast(epoch, tf.int64))
+    return tf.random.experimental.stateless_fold_in(key, tf.cast(index, tf.int64))
+
+
+def epoch_permutation(num_examples, seed, epoch):
+    """The order of the examples in `epoch`: a permutation drawn from `(seed, epoch)`."""
+    key = tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)])
+    return tf.argsort(tf.random.stateless_uniform([num_examples], seed=key))
+
+
+class EpochCounter:
+    """A variable holding the current epoch, set by `callback()` at each epoch's start."""
+
+    def __init__(self):
+        with tf.init_scope():
+            self.variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="data_epoch")
+
+    def callback(self):
+        import keras
+
+        counter = self
+
+        class _SetEpoch(keras.callbacks.Callback):
+            def on_epoch_begin(self, epoch, logs=None):
+                counter.variable.assign(epoch)
+
+        return _SetEpoch()
+
+
+class EpochData:
+    """A data split whose epoch `e` is a pure function of `(seed, e)`.
+
+    Subclasses implement `num_examples` and `_examples(epoch, training)`: a dataset of
+    `(image, label, index)` in the epoch's order; this class augments (training only),
+    batches, shards and prefetches.
+    """
+
+    num_classes = None
+    input_shape = None
+
+    def __init__(self, seed=0):
+        self.seed = int(seed)
+
+    @property
+    def num_examples(self):
+        raise NotImplementedError
+
+    def steps(self, batch_size, training=True):
+        """Batches per epoch: training drops the last partial batch, evaluation keeps it."""
+        if training:
+            return self.num_examples // batch_size
+        return -(-self.num_examples // batch_size)
+
+    def _check_batch(self, batch_size, training):
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size=}")
+        if training and batch_size > self.num_examples:
+            raise ValueError(
+                f"`batch_size` exceeds the {self.num_examples} training examples. "
+                f"Received: batch_size={batch_size}"
+            )
+
+    def epoch_dataset(self, epoch, batch_size, training=True, num_shards=1, shard_index=0):
+        """The batches of one epoch; `epoch` may be a Python int or a scalar tensor.
+
+        With `num_shards > 1` (one shard per worker) `batch_size` is the per-shard batch:
+        step k of shard w holds the batch `k * num_shards + w`, so the shards' batches of
+        one step together are the global batch of a single-worker run.
+        """
+        self._check_batch(batch_size, training)
+        data = self._examples(epoch, training)
+        if training:
+            data = data.map(
+                lambda image, label, index: (
+                    self._augment(image, example_seed(self.seed, epoch, index)),
+                    label,
+                ),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
+        else:
+            data = data.map(lambda image, label, index: (image, label))
+        data = data.batch(batch_size, drop_remainder=training)
+        if num_shards > 1:
+            data = data.shard(num_shards, shard_index)
+        return data.prefetch(tf.data.AUTOTUNE)
+
+    def fit_dataset(self, batch_size, counter):
+        """A dataset for `model.fit` whose epoch is `counter.variable` at iterator creation.
+
+        Pass `counter.callback()` to `fit`; Keras opens a new iterator each epoch (the
+        cardinality is known), after the callbacks' `on_epoch_begin`.
+        """
+        steps = self.steps(batch_size)
+        data = tf.data.Dataset.from_tensors(0).map(lambda _: counter.variable.read_value())
+        data = data.flat_map(lambda epoch: self.epoch_dataset(epoch, batch_size))
+        return data.apply(tf.data.experimental.assert_cardinality(steps))
+
+    def eval_dataset(self, batch_size):
+        """The evaluation batches: fixed order, no augmentation, last partial batch kept."""
+        return self.epoch_dataset(0, batch_size, training=False)
+
+    def _augment(self, image, seed):
+        return image
+
+
+class ArrayData(EpochData):
+    """An in-memory split (digits, Fashion-MNIST, CIFAR-10): a global permutation per epoch.
+
+    Args:
+        images: float32 array (n, height, width, channels), already normalised.
+        labels: int array (n,).
+        augment: `fn(image, seed) -> image` for training, or None.
+        seed: the run's data seed.
+    """
+
+    def __init__(self, images, labels, num_classes, augment=None, seed=0):
+        super().__init__(seed)
+        images = np.asarray(images, dtype=np.float32)
+        labels = np.asarray(labels, dtype=np.int32)
+        if images.ndim != 4 or len(images) != len(labels):
+            raise ValueError(
+                "`images` must be (n, height, width, channels) with one label each. "
+                f"Received: images.shape={images.shape}, labels.shape={labels.shape}"
+            )
+        self.images, self.labels = images, labels
+        self.num_classes = int(num_classes)
+        self.input_shape = images.shape[1:]
+        self.augment = augment
+
+    @property
+    def num_examples(self):
+        return len(self.labels)
+
+    def subset(self, count):
+        """The first `count` examples (smoke tests)."""
+        data = ArrayData(
+            self.images[:count], self.labels[:count], self.num_classes, self.augment, self.seed
+        )
+        return data
+
+    def _examples(self, epoch, training):
+        images, labels = tf.constant(self.images), tf.constant(self.labels)
+        if training:
+            order = epoch_permutation(self.num_examples, self.seed, epoch)
+        else:
+            order = tf.range(self.num_examples)
+        return tf.data.Dataset.from_tensor_slices(tf.cast(order, tf.int64)).map(
+            lambda i: (tf.gather(images, i), tf.gather(labels, i), i)
+        )
+
+    def _augment(self, image, seed):
+        return image if self.augment is None else self.augment(image, seed)
+
+
+class TFDSData(EpochData):
+    """A streamed TFDS split (ImageNet): fixed file order, a shuffle buffer seeded per epoch.
+
+    Args:
+        builder: a prepared `tfds` builder.
+        split: the split name.
+        train_transform: `fn(jpeg_bytes, seed) -> image`, decoding and augmenting.
+        eval_transform: `fn(jpeg_bytes) -> image`, decoding deterministically.
+        seed: the run's data seed.
+        shuffle_buffer: examples in the seeded shuffle buffer.
+    """
+
+    def __init__(
+        self,
+        builder,
+        split,
+        train_transform,
+        eval_transform,
+        seed=0,
+        shuffle_buffer=10_000,
+    ):
+        super().__init__(seed)
+        self.builder, self.split = builder, split
+        self.train_transform, self.eval_transform = train_transform, eval_transform
+        self.shuffle_buffer = int(shuffle_buffer)
+        self.num_classes = builder.info.features["label"].num_classes
+        self._limit = None
+        self._num = int(self._read().cardinality())
+        if self._num < 0:
+            self._num = builder.info.splits[split].num_examples
+
+    @property
+    def num_examples(self):
+        return self._num
+
+    def subset(self, count):
+        """The first `count` examples (smoke tests)."""
+        data = TFDSData.__new__(TFDSData)
+        data.__dict__.update(self.__dict__, _limit=count, _num=min(count, self._num))
+        return data
+
+    def _read(self):
+        import tensorflow_datasets as tfds
+
+        # Images stay JPEG bytes until the transform: a shuffle buffer of encoded images.
+        data = self.builder.as_dataset(
+            split=self.split,
+            shuffle_files=False,
+            read_config=_deterministic_read_config(),
+            decoders={"image": tfds.decode.SkipDecoding()},
+        )
+        return data if self._limit is None else data.take(self._limit)
+
+    def _examples(self, epoch, training):
+        data = self._read().enumerate().map(lambda i, ex: (ex["image"], ex["label"], i))
+        if not training:
+            return data.map(
+                lambda image, label, i: (self.eval_transform(image), label, i),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
+        seed = tf.cast(self.seed, tf.int64) * 1_000_003 + tf.cast(epoch, tf.int64)
+        return data.shuffle(self.shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
+
+    def _augment(self, image, seed):
+        return self.train_transform(image, seed)
+
+
+def _deterministic_read_config():
+    import tensorflow_datasets as tfds
+
+    options = tf.data.Options()
+    options.deterministic = True
+    return tfds.ReadConfig(options=options, interleave_cycle_length=1)

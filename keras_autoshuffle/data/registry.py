@@ -1,0 +1,24 @@
+"""The data sets by name: `load(name)` looks the loader up in `LOADERS`."""
+
+from keras_autoshuffle.data import sources
+
+# name -> loader(seed, data_dir=, manual_dir=, download=) -> (train, test). Each passes on
+# only the options its source takes (the digits are embedded; only ImageNet has manual
+# archives; only CIFAR-10 may download). `sources.X` is looked up per call, so a patched
+# `sources.X` takes effect.
+LOADERS = {
+    "digits": lambda seed, **_: sources.digits(seed),
+    "fashion_mnist": lambda seed, data_dir, **_: sources.fashion_mnist(seed, data_dir),
+    "cifar10": lambda seed, data_dir, download, **_: sources.cifar10(seed, data_dir, download),
+    "imagenet2012": lambda seed, data_dir, manual_dir, **_: sources.imagenet(
+        seed, data_dir, manual_dir
+    ),
+}
+DATASETS = tuple(LOADERS)
+
+
+def load(name, seed=0, data_dir=None, manual_dir=None, download=False):
+    """`(train, test)` EpochData for `name` in DATASETS."""
+    if name not in LOADERS:
+        raise ValueError(f"`dataset` must be one of {DATASETS}. Received: dataset={name!r}")
+    return LOADERS[name](seed, data_dir=data_dir, manual_dir=manual_dir, download=download)

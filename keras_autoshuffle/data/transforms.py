@@ -1,0 +1,52 @@
+"""Per-image preprocessing and augmentation, applied one example at a time.
+
+The random ones take a stateless seed (shape [2], from `pipeline.example_seed`), so an
+example's augmentation depends only on `(seed, epoch, example index)`.
+"""
+
+import tensorflow as tf
+
+
+def normalize(image, mean, std):
+    """Scales uint8 (or [0, 255]) images to [0, 1] and standardises each channel."""
+    image = tf.cast(image, tf.float32) / 255.0
+    return (image - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+
+
+def pad_crop_flip(image, seed, padding=4, flip=True):
+    """CIFAR augmentation: zero-pad by `padding`, random crop back, random horizontal flip."""
+    seeds = tf.random.experimental.stateless_split(seed, 2)
+    shape = tf.shape(image)
+    padded = tf.pad(image, [[padding, padding], [padding, padding], [0, 0]])
+    image = tf.image.stateless_random_crop(padded, shape, seed=seeds[0])
+    if flip:
+        image = tf.image.stateless_random_flip_left_right(image, seed=seeds[1])
+    return image
+
+
+def random_resized_crop(image, seed, size=224, area=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
+    """ImageNet augmentation: Inception-style random-resized crop to `size`, random flip."""
+    seeds = tf.random.experimental.stateless_split(seed, 2)
+    begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
+        tf.shape(image),
+        bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+        seed=seeds[0],
+        min_object_covered=0.0,
+        aspect_ratio_range=ratio,
+        area_range=area,
+        max_attempts=10,
+        use_image_if_no_bounding_boxes=True,
+    )
+    image = tf.slice(image, begin, crop_size)
+    image = tf.image.resize(image, (size, size), method="bilinear")
+    return tf.image.stateless_random_flip_left_right(image, seed=seeds[1])
+
+
+def resize_center_crop(image, resize=256, size=224):
+    """ImageNet evaluation: shorter side to `resize`, then the central `size` x `size` crop."""
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    scale = resize / tf.reduce_min(shape)
+    new = tf.cast(tf.round(shape * scale), tf.int32)
+    image = tf.image.resize(image, new, method="bilinear")
+    top, left = (new[0] - size) // 2, (new[1] - size) // 2
+    return tf.image.crop_to_bounding_box(image, top, left, size, size)
