@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_autoshuffle import _validation
+from keras_autoshuffle import _deprecation, _validation
 
 # Sinkhorn passes per call. One is the paper's; the row/column sums converge
 # geometrically, so a few dozen already reach float32 precision on ordinary matrices and
@@ -12,8 +12,9 @@ from keras_autoshuffle import _validation
 MAX_ITERATIONS = 1000
 
 
-def check_iterations(value, name="iterations"):
-    """`value` as an int in [1, MAX_ITERATIONS]; ValueError naming `name` otherwise."""
+def check_iterations(value, name="sinkhorn_iterations"):
+    """`value` as an int in [1, MAX_ITERATIONS] (Sinkhorn passes per step); ValueError naming
+    `name` otherwise."""
     value = _validation.positive_int(value, name)
     if value > MAX_ITERATIONS:
         raise ValueError(
@@ -96,18 +97,32 @@ class DoublyStochastic(keras.constraints.Constraint):
     an optimizer step there is no raising on values, and NaN must not enter M.
 
     Args:
-        iterations: number of clip/column/row passes, an integer in [1, 1000].
+        sinkhorn_iterations: number of clip/column/row passes, an integer in [1, 1000]
+            (the name `RelaxedShuffle`, the builders and the command line use). The
+            former name `iterations` (keyword and config key) is still accepted, with a
+            DeprecationWarning, so files saved with it load.
 
     Example:
-        >>> m = DoublyStochastic(iterations=50)(keras.ops.ones((3, 3)))
+        >>> m = DoublyStochastic(sinkhorn_iterations=50)(keras.ops.ones((3, 3)))
         >>> keras.ops.sum(m, axis=0)  # ~[1, 1, 1]
 
     Reference:
         Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
     """
 
-    def __init__(self, iterations=1):
-        self.iterations = check_iterations(iterations)
+    iterations = _deprecation.renamed_attribute("iterations", "sinkhorn_iterations")
+
+    def __init__(self, sinkhorn_iterations=1, **deprecated):
+        sinkhorn_iterations = _deprecation.renamed_argument(
+            "DoublyStochastic",
+            deprecated,
+            "iterations",
+            "sinkhorn_iterations",
+            sinkhorn_iterations,
+            1,
+        )
+        _deprecation.no_other_keywords("DoublyStochastic", deprecated)
+        self.sinkhorn_iterations = check_iterations(sinkhorn_iterations)
 
     def __call__(self, w):
         w = ops.convert_to_tensor(w)
@@ -116,11 +131,11 @@ class DoublyStochastic(keras.constraints.Constraint):
                 f"DoublyStochastic applies to square 2-D matrices. Received: shape={w.shape}"
             )
         w = _revive_dead_lines(_revive_dead_lines(_rescaled(w), axis=1), axis=0)
-        for _ in range(self.iterations):
+        for _ in range(self.sinkhorn_iterations):
             w = ops.maximum(w, 0.0)
             w = _normalize(w, axis=0)
             w = _normalize(w, axis=1)
         return w
 
     def get_config(self):
-        return {"iterations": self.iterations}
+        return {"sinkhorn_iterations": self.sinkhorn_iterations}

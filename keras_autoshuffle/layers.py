@@ -1,17 +1,43 @@
-"""Every custom layer of the package, registered for `.keras` files on import.
+"""The learned shuffle `RelaxedShuffle`, registered for `.keras` files on import, and the
+functions that find a model's shuffles (learned or fixed) and read their state.
 
-The learned `RelaxedShuffle` and ShuffleNet's fixed `ChannelShuffle`; the channel
-split of ShuffleNet v2 (`ChannelSplit`) and the contiguous slice folding uses
-(`ChannelSlice`); `GroupedConv2D`, a Conv2D whose grouped form trains fast on TF CPUs.
+Every custom layer is importable from here: the fixed layers of ShuffleNet units
+(`ChannelShuffle`, `ChannelSplit`, `ChannelSlice`, `GroupedConv2D`) live in
+`keras_autoshuffle.unit_layers`, the hard forward pass in `keras_autoshuffle.hard_forward`.
 """
 
 import keras
 import numpy as np
-from keras import layers, ops
+from keras import ops
 
-from keras_autoshuffle import _keras_internals, _validation, permutations
+from keras_autoshuffle import _deprecation, _keras_internals, _validation, permutations
 from keras_autoshuffle.constraints import DoublyStochastic
+from keras_autoshuffle.hard_forward import FORWARDS, nearest_permutation_op, straight_through
 from keras_autoshuffle.regularizers import L12Penalty, l12_penalty
+from keras_autoshuffle.unit_layers import ChannelShuffle, ChannelSlice, ChannelSplit, GroupedConv2D
+
+__all__ = [
+    "FORWARDS",
+    "SHUFFLE_INITIALIZERS",
+    "ChannelShuffle",
+    "ChannelSlice",
+    "ChannelSplit",
+    "GroupedConv2D",
+    "RelaxedShuffle",
+    "attach_state",
+    "checked_permutation",
+    "nearest_permutation_op",
+    "relaxed_shuffles",
+    "shuffle_layers",
+    "shuffle_permutation",
+    "total_l12_penalty",
+]
+
+# The name tests/test_arms.py imports: the straight-through estimator of the hard pass.
+_straight_through = straight_through
+
+# Where a learned matrix starts (the builders' `shuffle_initializer` takes the same values).
+SHUFFLE_INITIALIZERS = ("random", "manual")
 
 
 def _channel_axis(data_format):
@@ -33,9 +59,6 @@ def _permute_channels(x, perm, channel_axis):
     return ops.take(x, ops.convert_to_tensor(perm, dtype="int32"), axis=channel_axis)
 
 
-FORWARDS = ("relaxed", "hard")
-
-
 def checked_permutation(value, name="permutation"):
     """`value` as an int64 permutation vector of 0..n-1: integers, not booleans (which
     NumPy sorts as 0 and 1) nor fractions; ValueError naming `name` otherwise."""
@@ -48,39 +71,6 @@ def checked_permutation(value, name="permutation"):
             f"`{name}` must be a vector of integers 0..n-1. Received: {name}={str(value)[:200]}"
         )
     return permutations._as_permutation(array.astype(np.int64), name)
-
-
-def _assignment_int32(matrix):
-    return permutations.nearest_permutation(np.asarray(matrix, np.float64)).astype(np.int32)
-
-
-def nearest_permutation_op(matrix):
-    """The nearest permutation of a square `matrix` as an int32 tensor, inside a traced
-    (compiled) step too: SciPy's linear assignment runs on the host, through
-    `tf.numpy_function` on TensorFlow (so not under XLA, `jit_compile=True`) and
-    `jax.pure_callback` on JAX; eagerly on other backends."""
-    size = matrix.shape[0]
-    backend = keras.backend.backend()
-    if backend == "tensorflow":
-        import tensorflow as tf
-
-        perm = tf.numpy_function(_assignment_int32, [matrix], tf.int32, stateful=False)
-        perm.set_shape((size,))
-        return perm
-    if backend == "jax":
-        import jax
-
-        shape = jax.ShapeDtypeStruct((size,), np.int32)
-        return jax.pure_callback(_assignment_int32, shape, matrix)
-    return ops.convert_to_tensor(_assignment_int32(ops.convert_to_numpy(matrix)), "int32")
-
-
-def _straight_through(matrix):
-    """The permutation matrix nearest to `matrix` in the forward pass (exactly: P + (M - M)),
-    the identity map to `matrix` in the backward pass."""
-    hard = ops.one_hot(nearest_permutation_op(ops.stop_gradient(matrix)), matrix.shape[0])
-    hard = ops.cast(hard, matrix.dtype)
-    return ops.stop_gradient(hard) + (matrix - ops.stop_gradient(matrix))
 
 
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")
@@ -97,21 +87,30 @@ class RelaxedShuffle(keras.layers.Layer):
 
     Args:
         penalty: the paper's lambda, >= 0 (0 is the plain convex relaxation).
-        iterations: clip/column/row passes of the constraint per step.
+        sinkhorn_iterations: clip/column/row passes of the constraint per step, an
+            integer in [1, 1000] (the builders' default is 10; see `DoublyStochastic`).
         permutation: an integer permutation to start hardened (used when a
             hardened layer is loaded; users call `harden()` instead).
         data_format: "channels_last" or "channels_first" (default: Keras's).
         seed: seed of the initial matrix.
-        initial_groups: None (default) starts M as the paper does, |N(0, 1)| made
-            doubly stochastic; an integer g starts M at ShuffleNet's shuffle over g
-            groups (`ChannelShuffle(g)`; 1: the identity), so a net built around a
-            manual shuffle, pretrained weights included, computes the same function
-            before its first step.
+        shuffle_initializer: where M starts, as the builders' argument of that name:
+            "random" (default, the paper: |N(0, 1)| made doubly stochastic) or
+            "manual": ShuffleNet's shuffle over `groups` groups (`ChannelShuffle(groups)`;
+            1: the identity), so a net built around a manual shuffle, pretrained
+            weights included, computes the same function before its first step.
+        groups: with `shuffle_initializer="manual"`, the groups of that shuffle, a
+            positive integer dividing the channels; None otherwise.
         forward: "relaxed" (default, the paper: y = M x) or "hard": y = P x with P the
             nearest permutation of M (linear assignment on the host at every call),
             and the gradient of M taken as if y = M x (straight-through). Training
             and inference then compute an exact permutation; M, its constraint and
             its penalty are trained as in the relaxed form, and `harden()` gives P.
+
+    Deprecated names, still accepted as keywords and in saved configs (so `.keras`
+    files written with them load, `safe_mode=True` included) with a DeprecationWarning:
+    `iterations` (now `sinkhorn_iterations`; the attribute `iterations` still reads it)
+    and `initial_groups=g` (now `shuffle_initializer="manual", groups=g`; None was
+    "random").
 
     Example:
         >>> shuffle = RelaxedShuffle(penalty=1e-3)
@@ -122,24 +121,51 @@ class RelaxedShuffle(keras.layers.Layer):
         Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
     """
 
+    iterations = _deprecation.renamed_attribute("iterations", "sinkhorn_iterations")
+    initial_groups = _deprecation.renamed_attribute("initial_groups", "groups")
+
     def __init__(
         self,
         penalty=1e-3,
-        iterations=1,
+        sinkhorn_iterations=1,
         permutation=None,
         data_format=None,
         seed=None,
-        initial_groups=None,
+        shuffle_initializer="random",
+        groups=None,
         forward="relaxed",
         **kwargs,
     ):
+        sinkhorn_iterations = _deprecation.renamed_argument(
+            "RelaxedShuffle", kwargs, "iterations", "sinkhorn_iterations", sinkhorn_iterations, 1
+        )
+        if "initial_groups" in kwargs:
+            groups = _deprecation.renamed_argument(
+                "RelaxedShuffle",
+                kwargs,
+                "initial_groups",
+                "groups",
+                groups,
+                None,
+                replacement='shuffle_initializer="manual", groups=',
+            )
+            shuffle_initializer = "random" if groups is None else "manual"
         super().__init__(**kwargs)
         self.forward = _validation.choice(forward, FORWARDS, "forward")
-        self.initial_groups = _validation.optional_positive_int(initial_groups, "initial_groups")
+        self.shuffle_initializer = _validation.choice(
+            shuffle_initializer, SHUFFLE_INITIALIZERS, "shuffle_initializer"
+        )
+        self.groups = _validation.optional_positive_int(groups, "groups")
+        if (shuffle_initializer == "manual") != (self.groups is not None):
+            raise ValueError(
+                "`groups` (of the manual shuffle M starts at) is needed with "
+                'shuffle_initializer="manual" and only there. Received: '
+                f"shuffle_initializer={shuffle_initializer!r}, groups={groups!r}"
+            )
         self.regularizer = L12Penalty(_validation.penalty(penalty))
-        self.constraint = DoublyStochastic(iterations)
-        self.penalty = self.regularizer.strength
-        self.iterations = iterations
+        self.constraint = DoublyStochastic(sinkhorn_iterations)
+        self.penalty = self.regularizer.penalty
+        self.sinkhorn_iterations = self.constraint.sinkhorn_iterations
         self.data_format, self._channel_axis = _channel_axis(data_format)
         self.seed = seed
         self.matrix = None
@@ -161,10 +187,10 @@ class RelaxedShuffle(keras.layers.Layer):
                     f"{channels} channels. Received: input_shape={input_shape}"
                 )
             return
-        if self.initial_groups is not None and channels % self.initial_groups:
+        if self.groups is not None and channels % self.groups:
             raise ValueError(
-                f"`initial_groups` must divide the {channels} input channels. "
-                f"Received: initial_groups={self.initial_groups}"
+                f"`groups` must divide the {channels} input channels. "
+                f"Received: groups={self.groups}"
             )
         # float32 even under mixed precision: the constraint and the penalty need it.
         self.matrix = self.add_weight(
@@ -179,8 +205,8 @@ class RelaxedShuffle(keras.layers.Layer):
         )
 
     def _initial_matrix(self, shape, dtype=None):
-        if self.initial_groups is not None:
-            perm = permutations.group_shuffle_permutation(shape[0], self.initial_groups)
+        if self.groups is not None:
+            perm = permutations.group_shuffle_permutation(shape[0], self.groups)
             return ops.convert_to_tensor(permutations.permutation_matrix(perm), "float32")
         sample = ops.abs(keras.random.normal(shape, dtype="float32", seed=self.seed))
         return self.constraint(sample)
@@ -198,7 +224,7 @@ class RelaxedShuffle(keras.layers.Layer):
             )
         matrix = self.matrix
         if self.forward == "hard":
-            matrix = _straight_through(ops.convert_to_tensor(matrix))
+            matrix = straight_through(ops.convert_to_tensor(matrix))
         matrix = ops.cast(matrix, inputs.dtype)
         # tensordot, not an ellipsis einsum: the latter's gradient is ~60x slower on TF CPU.
         if self._channel_axis == -1:
@@ -304,80 +330,15 @@ class RelaxedShuffle(keras.layers.Layer):
         config.update(
             {
                 "penalty": self.penalty,
-                "iterations": self.iterations,
+                "sinkhorn_iterations": self.sinkhorn_iterations,
                 "permutation": None if self._permutation is None else self._permutation.tolist(),
                 "data_format": self.data_format,
                 "seed": self.seed,
-                "initial_groups": self.initial_groups,
+                "shuffle_initializer": self.shuffle_initializer,
+                "groups": self.groups,
                 "forward": self.forward,
             }
         )
-        return config
-
-
-@keras.saving.register_keras_serializable(package="keras_autoshuffle")
-class ChannelShuffle(keras.layers.Layer):
-    """ShuffleNet's fixed channel shuffle over `groups` groups.
-
-    Uses rank-4 tensors only (reshape to (batch, pixels, groups, channels // groups),
-    swap the last two axes, reshape back): 5-D transposes break LiteRT delegates.
-    `permutation` reports the same shuffle as an index vector, so manual and
-    learned shuffles share code downstream.
-
-    Args:
-        groups: number of channel groups, a positive integer dividing the channels.
-        data_format: "channels_last" or "channels_first" (default: Keras's).
-
-    Reference:
-        Zhang et al., ShuffleNet, https://arxiv.org/abs/1707.01083
-    """
-
-    def __init__(self, groups, data_format=None, **kwargs):
-        super().__init__(**kwargs)
-        self.groups = _validation.positive_int(groups, "groups")
-        self.data_format, self._channel_axis = _channel_axis(data_format)
-        self.channels = None
-
-    def build(self, input_shape):
-        if len(input_shape) != 4:
-            raise ValueError(
-                f"ChannelShuffle expects a rank-4 input. Received: input_shape={input_shape}"
-            )
-        channels = input_shape[self._channel_axis]
-        if channels is None or channels % self.groups:
-            raise ValueError(
-                f"The channel count must be known and divisible by groups={self.groups}. "
-                f"Received: input_shape={input_shape}"
-            )
-        self.channels = channels
-
-    def call(self, inputs):
-        g, c = self.groups, self.channels
-        # -1 for the batch and the static spatial sides where known: LiteRT then gets
-        # constant shapes and no SHAPE op, which XNNPACK cannot take (measured: a v2 1.0x
-        # graph cut into 17 delegate partitions).
-        shape = ops.shape(inputs)
-        if self._channel_axis == -1:
-            x = ops.reshape(inputs, (-1, shape[1] * shape[2], g, c // g))
-            x = ops.transpose(x, (0, 1, 3, 2))
-            return ops.reshape(x, (-1, shape[1], shape[2], c))
-        x = ops.reshape(inputs, (-1, g, c // g, shape[2] * shape[3]))
-        x = ops.transpose(x, (0, 2, 1, 3))
-        return ops.reshape(x, (-1, c, shape[2], shape[3]))
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
-
-    @property
-    def permutation(self):
-        """The shuffle as `perm` with `y[..., i] = x[..., perm[i]]` (needs the layer built)."""
-        if self.channels is None:
-            raise ValueError(f"Layer '{self.name}' must be built to know its permutation.")
-        return permutations.group_shuffle_permutation(self.channels, self.groups)
-
-    def get_config(self):
-        config = super().get_config()
-        config.update({"groups": self.groups, "data_format": self.data_format})
         return config
 
 
@@ -428,124 +389,3 @@ def attach_state(model):
     sync = getattr(model, "jax_state_sync", None)
     if sync is not None:
         sync()
-
-
-@keras.saving.register_keras_serializable(package="keras_autoshuffle")
-class ChannelSplit(keras.layers.Layer):
-    """Splits the channel axis into two halves: ShuffleNet v2's channel split.
-
-    Args:
-        data_format: "channels_last" or "channels_first" (default: Keras's).
-
-    Returns:
-        A list `[first_half, second_half]`.
-
-    Reference:
-        Ma et al., ShuffleNet V2, https://arxiv.org/abs/1807.11164
-    """
-
-    def __init__(self, data_format=None, **kwargs):
-        super().__init__(**kwargs)
-        self.data_format, self._axis = _channel_axis(data_format)
-
-    def build(self, input_shape):
-        channels = input_shape[self._axis]
-        if channels is None or channels % 2:
-            raise ValueError(
-                "ChannelSplit needs a known, even channel count. "
-                f"Received: input_shape={input_shape}"
-            )
-
-    def call(self, inputs):
-        return ops.split(inputs, 2, axis=self._axis)
-
-    def compute_output_shape(self, input_shape):
-        half = list(input_shape)
-        half[self._axis] = input_shape[self._axis] // 2
-        return [tuple(half), tuple(half)]
-
-    def get_config(self):
-        return {**super().get_config(), "data_format": self.data_format}
-
-
-@keras.saving.register_keras_serializable(package="keras_autoshuffle")
-class ChannelSlice(keras.layers.Layer):
-    """Contiguous channels `inputs[..., start:stop]` (channels_last): a LiteRT SLICE.
-
-    Args:
-        start: first channel, a non-negative integer.
-        stop: one past the last channel, greater than `start`.
-    """
-
-    def __init__(self, start, stop, **kwargs):
-        super().__init__(**kwargs)
-        if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start < stop):
-            raise ValueError(
-                "`start` and `stop` must be integers with 0 <= start < stop. "
-                f"Received: start={start}, stop={stop}"
-            )
-        self.start, self.stop = start, stop
-
-    def build(self, input_shape):
-        if input_shape[-1] is None or input_shape[-1] < self.stop:
-            raise ValueError(
-                f"ChannelSlice(stop={self.stop}) needs at least {self.stop} channels. "
-                f"Received: input_shape={input_shape}"
-            )
-
-    def call(self, inputs):
-        return inputs[..., self.start : self.stop]
-
-    def compute_output_shape(self, input_shape):
-        return (*input_shape[:-1], self.stop - self.start)
-
-    def get_config(self):
-        return {**super().get_config(), "start": self.start, "stop": self.stop}
-
-
-@keras.saving.register_keras_serializable(package="keras_autoshuffle")
-class GroupedConv2D(layers.Conv2D):
-    """`keras.layers.Conv2D` whose grouped convolutions train fast on TensorFlow CPUs.
-
-    On the TensorFlow backend Keras runs every grouped convolution through XLA, since
-    TF's CPU kernels have no gradient for it (without oneDNN they raise): a ShuffleNet
-    v1 g=3 training step took 4x as long as with the native kernel. Here the forward
-    pass is TF's native grouped convolution (also what SavedModel and LiteRT get) and,
-    without a GPU, its gradient is that of the same convolution computed group by group.
-    Same arguments, weights and config as Conv2D; other backends use Conv2D's path.
-    """
-
-    def convolution_op(self, inputs, kernel):
-        if (
-            self.groups == 1
-            or keras.backend.backend() != "tensorflow"
-            or self.data_format != "channels_last"
-        ):
-            return super().convolution_op(inputs, kernel)
-        return _tf_grouped_conv(
-            inputs, kernel, self.strides, self.padding.upper(), self.dilation_rate, self.groups
-        )
-
-
-def _tf_grouped_conv(inputs, kernel, strides, padding, dilations, groups):
-    import tensorflow as tf
-
-    def native(x, k):
-        return tf.nn.convolution(x, k, strides, padding, dilations=dilations)
-
-    if tf.config.list_logical_devices("GPU"):
-        return native(inputs, kernel)  # cuDNN has the gradient
-
-    @tf.custom_gradient
-    def grouped(x, k):
-        def gradient(upstream):
-            with tf.GradientTape() as tape:
-                tape.watch([x, k])
-                pieces = zip(tf.split(x, groups, -1), tf.split(k, groups, -1), strict=True)
-                y = tf.concat([native(a, b) for a, b in pieces], axis=-1)
-            return tape.gradient(y, [x, k], output_gradients=upstream)
-
-        return native(x, k), gradient
-
-    # Read the variable outside: custom_gradient then sees tensors only.
-    return grouped(inputs, tf.convert_to_tensor(kernel))

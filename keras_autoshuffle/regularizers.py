@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_autoshuffle import _validation
+from keras_autoshuffle import _deprecation, _validation
 
 
 def _safe_norm(squares_sum):
@@ -59,25 +59,33 @@ def l12_penalty(matrix):
 
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")
 class L12Penalty(keras.regularizers.Regularizer):
-    """`strength * l12_penalty(M)` as a Keras regularizer (the paper's lambda * P).
+    """`penalty * l12_penalty(M)` as a Keras regularizer (the paper's lambda * P).
 
     Args:
-        strength: the paper's lambda, a non-negative float (1e-3 on CIFAR-10,
-            2e-3 on ImageNet).
+        penalty: the paper's lambda, a non-negative float (1e-3 on CIFAR-10,
+            2e-3 on ImageNet): the name `RelaxedShuffle` and the builders use.
+            The former name `strength` (keyword and config key) is still accepted,
+            with a DeprecationWarning, so files saved with it load.
 
     Reference:
         Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
     """
 
-    def __init__(self, strength=1e-3):
-        self.strength = _validation.penalty(strength, "strength")
+    strength = _deprecation.renamed_attribute("strength", "penalty")
+
+    def __init__(self, penalty=1e-3, **deprecated):
+        penalty = _deprecation.renamed_argument(
+            "L12Penalty", deprecated, "strength", "penalty", penalty, 1e-3
+        )
+        _deprecation.no_other_keywords("L12Penalty", deprecated)
+        self.penalty = _validation.penalty(penalty, "penalty")
 
     def __call__(self, x):
         if len(x.shape) != 2:
             raise ValueError(
                 f"L12Penalty applies to rank-2 weights. Received: shape={tuple(x.shape)}"
             )
-        return self.strength * l12_penalty(x)
+        return self.penalty * l12_penalty(x)
 
     def get_config(self):
-        return {"strength": self.strength}
+        return {"penalty": self.penalty}

@@ -1,12 +1,14 @@
 """Helpers shared by the tests: tiny ShuffleNets, model checks for folding and hardening,
-tiny IDX files."""
+tiny IDX files, edited `.keras` files."""
 
 import functools
 import gzip
 import importlib.util
 import inspect
 import itertools
+import json
 import os
+import zipfile
 
 import keras
 import numpy as np
@@ -55,8 +57,7 @@ def tiny_v2(**overrides):
     builder argument (or `channels`, `repeats`) overrides them."""
     arguments = _tiny_arguments(ShuffleNetV2, overrides)
     arguments.setdefault("channels", TINY_V2_CHANNELS)
-    prefix = "shufflenet_v2" if arguments["shuffle"] == "manual" else "autoshufflenet_v2"
-    return shufflenet_v2._shufflenet_v2(**arguments, prefix=prefix)
+    return shufflenet_v2._shufflenet_v2(**arguments)
 
 
 def tiny_v1(**overrides):
@@ -64,8 +65,7 @@ def tiny_v1(**overrides):
     its channels are `TINY_V1_CHANNELS[groups]`."""
     arguments = _tiny_arguments(ShuffleNetV1, overrides)
     arguments.setdefault("channels", TINY_V1_CHANNELS[arguments["groups"]])
-    prefix = "shufflenet_v1" if arguments["shuffle"] == "manual" else "autoshufflenet_v1"
-    return shufflenet_v1._shufflenet_v1(**arguments, prefix=prefix)
+    return shufflenet_v1._shufflenet_v1(**arguments)
 
 
 def _randomize_batch_norm(model, rng):
@@ -130,6 +130,21 @@ def _write_fashion(folder, num_train=20, num_test=10, seed=0):
     return arrays
 
 
+def edit_keras_file(path, layer_name, edit):
+    """Rewrites config.json inside the `.keras` zip at `path`: `edit(config)` on the config
+    of the layer `layer_name` (tampered files; files written with older config keys)."""
+    with zipfile.ZipFile(path) as archive:
+        members = {name: archive.read(name) for name in archive.namelist()}
+    config = json.loads(members["config.json"])
+    for layer in config["config"]["layers"]:
+        if layer["config"]["name"] == layer_name:
+            edit(layer["config"])
+    members["config.json"] = json.dumps(config).encode()
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+
+
 def _brute_force_best(matrix, keep):
     """Max matched mass over all permutations with keep(perm) True."""
     n = matrix.shape[0]
@@ -165,3 +180,14 @@ def use_tiny_builders(monkeypatch):
     # One unit per stage: a training's time is mostly tracing, layer by layer.
     monkeypatch.setattr(applications, "ShuffleNetV1", functools.partial(tiny_v1, repeats=(1, 1, 1)))
     monkeypatch.setattr(applications, "ShuffleNetV2", functools.partial(tiny_v2, repeats=(1, 1, 1)))
+
+
+def saved_form(cls, config):
+    """How a `.keras` file stores an object of the package's registered class `cls` with
+    `config` (e.g. a regularizer of a Dense layer), as `serialize_keras_object` writes it."""
+    return {
+        "module": cls.__module__,
+        "class_name": cls.__name__,
+        "config": config,
+        "registered_name": f"keras_autoshuffle>{cls.__name__}",
+    }

@@ -9,7 +9,9 @@ The real-size counts depend on the layers' shapes only, not on the backend: the 
 skips them (`tensorflow_only`).
 """
 
+import inspect
 import os
+import pydoc
 import re
 import subprocess
 import sys
@@ -29,6 +31,8 @@ from keras_autoshuffle.applications import (
     GroupedConv2D,
     ShuffleNetV1,
     ShuffleNetV2,
+    arguments,
+    builder_api,
     common,
     count_macs,
     describe,
@@ -384,6 +388,56 @@ def test_invalid_arguments_raise(builder, kwargs, received):
         builder(**kwargs)
 
 
+PUBLIC_BUILDERS = [ShuffleNetV1, AutoShuffleNetV1, ShuffleNetV2, AutoShuffleNetV2]
+
+
+@pytest.mark.parametrize("builder", PUBLIC_BUILDERS, ids=lambda b: b.__name__)
+def test_public_builders_show_every_argument(builder):
+    # The four builders are made from one table (`builder_api`): `help()` must still show
+    # each keyword argument with its default, and the docstring describe every one.
+    signature = inspect.signature(builder)
+    own = ["width", "groups"] if "V1" in builder.__name__ else ["width"]
+    assert list(signature.parameters) == own + list(builder_api.ARGUMENTS)
+    assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
+    assert signature.return_annotation is keras.Model
+    learned = builder.__name__.startswith("Auto")
+    assert signature.parameters["shuffle"].default == ("auto" if learned else "manual")
+    assert signature.parameters["sinkhorn_iterations"].default == 10
+    text = pydoc.render_doc(builder, renderer=pydoc.plaintext)
+    assert f"{builder.__name__}(width=1.0, " in text
+    for name in signature.parameters:
+        assert re.search(rf"^ +{name}: \S", text, re.MULTILINE), name
+    assert "{prefix}" not in builder.__doc__ and "{shuffle}" not in builder.__doc__
+    prefix = ("auto" if learned else "") + ("shufflenet_v1" if own[1:] else "shufflenet_v2")
+    assert f"e.g. `{prefix}_" in " ".join(builder.__doc__.split())
+    assert "AutoShuffleNet" in builder.__doc__ and "Returns:" in builder.__doc__
+
+
+def test_public_builders_bind_arguments_as_a_written_out_def():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'widht'"):
+        ShuffleNetV2(widht=1.0)
+    with pytest.raises(TypeError, match="multiple values for argument 'width'"):
+        AutoShuffleNetV1(1.0, width=0.5)
+    with pytest.raises(ValueError, match="Received: groups=5"):
+        ShuffleNetV1(1.0, 5, input_shape=CIFAR)  # positional, in the signature's order
+
+
+def test_default_model_names():
+    assert tiny_v1().name == "shufflenet_v1_g3_x1_0"
+    assert tiny_v1(shuffle="auto", groups=8).name == "autoshufflenet_v1_g8_x1_0"
+    assert tiny_v2(width=0.5).name == "shufflenet_v2_x0_5"
+    assert tiny_v2(shuffle="auto").name == "autoshufflenet_v2_x1_0"
+
+
+def test_v1_docstring_says_what_the_widths_do():
+    # The text said widths truncate and that g8 at 0.25x raises; they round (`v1_channels`)
+    # and every pair builds (`test_every_rounded_v1_width_and_groups_pair_builds`).
+    text = " ".join(ShuffleNetV1.__doc__.split())
+    assert "truncat" not in text and "raise" not in text
+    assert "round it to the nearest multiple of 4 x groups" in text
+    assert "every pair builds" in text
+
+
 @REAL_SIZE
 @pytest.mark.slow
 def test_every_rounded_v1_width_and_groups_pair_builds():
@@ -470,7 +524,11 @@ def test_keras_file_round_trip_safe_mode(build, tmp_path):
             assert type(mine) is type(theirs) and mine.name == theirs.name
             np.testing.assert_array_equal(mine.permutation, theirs.permutation)
             if stage == "relaxed":  # the builder's constraint passes per step are kept
-                assert mine.constraint.iterations == theirs.constraint.iterations == 3
+                assert (
+                    mine.constraint.sinkhorn_iterations
+                    == theirs.constraint.sinkhorn_iterations
+                    == 3
+                )
 
 
 CHANNELS_FIRST_REFUSED = (
@@ -485,7 +543,7 @@ def test_channels_first_matches_channels_last():
     last = tiny_v2(shuffle="auto", **kwargs)
     last_v1 = tiny_v1(groups=3, **kwargs)
     keras.config.set_image_data_format("channels_first")
-    if not common.channels_first_supported():  # TF on a CPU without oneDNN
+    if not arguments.channels_first_supported():  # TF on a CPU without oneDNN
         with pytest.raises(ValueError, match=CHANNELS_FIRST_REFUSED):
             tiny_v2(shuffle="auto", input_shape=channels_first, **kwargs)
         return
@@ -502,23 +560,23 @@ def test_channels_first_matches_channels_last():
 def test_channels_first_is_refused_where_the_backend_cannot_run_it(monkeypatch, builder):
     # As on a CPU without AVX-512: TensorFlow runs without oneDNN and its Conv2D kernel
     # fails at call time, deep in TF, on NCHW.
-    monkeypatch.setattr(common, "channels_first_supported", lambda: False)
+    monkeypatch.setattr(arguments, "channels_first_supported", lambda: False)
     keras.config.set_image_data_format("channels_first")
     with pytest.raises(ValueError, match=CHANNELS_FIRST_REFUSED):
         builder(input_shape=(3, 32, 32), classes=10)
     keras.config.set_image_data_format("channels_last")
-    common.check_image_data_format()  # channels_last never needs the probe
+    arguments.check_image_data_format()  # channels_last never needs the probe
 
 
 def test_channels_first_probe_agrees_with_a_real_conv2d():
-    common.channels_first_supported.cache_clear()
+    arguments.channels_first_supported.cache_clear()
     conv = layers.Conv2D(2, 1, data_format="channels_first")
     try:
         conv(np.ones((1, 2, 3, 3), dtype="float32"))
         runs = True
     except tf.errors.OpError:
         runs = False
-    assert common.channels_first_supported() is runs
+    assert arguments.channels_first_supported() is runs
 
 
 @pytest.mark.slow
@@ -529,8 +587,8 @@ def test_channels_first_refused_by_tensorflow_without_onednn():
     script = (
         "import keras\n"
         "keras.config.set_image_data_format('channels_first')\n"
-        "from keras_autoshuffle.applications import ShuffleNetV2, common\n"
-        "print('supported:', common.channels_first_supported())\n"
+        "from keras_autoshuffle.applications import ShuffleNetV2, arguments\n"
+        "print('supported:', arguments.channels_first_supported())\n"
         "ShuffleNetV2(0.5, input_shape=(3, 32, 32), classes=10)\n"
     )
     env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "0", "TF_CPP_MIN_LOG_LEVEL": "3"}

@@ -3,6 +3,7 @@
 import keras
 import numpy as np
 import pytest
+from helpers import saved_form
 
 from keras_autoshuffle import DoublyStochastic
 
@@ -98,7 +99,7 @@ def test_scale_invariance_on_large_values():
 
 @pytest.mark.parametrize("iterations", [0, -1, 1.5, "1", None, True])
 def test_bad_iterations_rejected(iterations):
-    with pytest.raises(ValueError, match="iterations"):
+    with pytest.raises(ValueError, match="Received: sinkhorn_iterations="):
         DoublyStochastic(iterations)
 
 
@@ -108,12 +109,13 @@ def test_rejects_non_matrices():
 
 
 def test_serialization():
-    constraint = DoublyStochastic(iterations=7)
+    constraint = DoublyStochastic(sinkhorn_iterations=7)
     config = keras.saving.serialize_keras_object(constraint)
+    assert config["config"] == {"sinkhorn_iterations": 7}
     restored = keras.saving.deserialize_keras_object(config, safe_mode=True)
     assert isinstance(restored, DoublyStochastic)
-    assert restored.iterations == 7
-    assert keras.constraints.get(config).iterations == 7
+    assert restored.sinkhorn_iterations == 7
+    assert keras.constraints.get(config).sinkhorn_iterations == 7
 
 
 def test_tiny_positive_columns_and_rows_are_normalised():
@@ -170,9 +172,11 @@ def test_rejects_non_square_matrices():
 
 @pytest.mark.parametrize("iterations", [1001, 100_000_000])
 def test_iterations_are_bounded(iterations):
-    with pytest.raises(ValueError, match=f"at most 1000.*Received: iterations={iterations}"):
+    with pytest.raises(
+        ValueError, match=f"at most 1000.*Received: sinkhorn_iterations={iterations}"
+    ):
         DoublyStochastic(iterations)
-    assert DoublyStochastic(1000).iterations == 1000
+    assert DoublyStochastic(1000).sinkhorn_iterations == 1000
 
 
 def test_a_line_the_clip_would_empty_is_refilled_from_its_pre_clip_values():
@@ -223,3 +227,26 @@ def test_ten_passes_end_on_a_permutation_where_one_pass_stalls(seed):
     assert _penalty_and_gradient(ends[10])[0] < 1e-4
     np.testing.assert_array_equal(np.sort(ends[10].round(), axis=1)[:, -1], np.ones(16))
     np.testing.assert_array_equal(ends[10].round().sum(axis=0), np.ones(16))
+
+
+# --- the deprecated name `iterations` -----------------------------------------------
+
+
+def test_old_keyword_iterations_is_deprecated():
+    with pytest.warns(DeprecationWarning, match="sinkhorn_iterations"):
+        old = DoublyStochastic(iterations=7)
+    assert old.get_config() == DoublyStochastic(sinkhorn_iterations=7).get_config()
+    with pytest.warns(DeprecationWarning, match="sinkhorn_iterations"):
+        assert old.iterations == 7
+    with pytest.raises(TypeError, match="sinkhorn_iterations=3"):
+        DoublyStochastic(iterations=7, sinkhorn_iterations=3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'passes'"):
+        DoublyStochastic(passes=7)
+
+
+def test_old_config_deserializes():
+    # What the constraint wrote before the rename (e.g. as a Dense layer's kernel constraint).
+    config = saved_form(DoublyStochastic, {"iterations": 7})
+    with pytest.warns(DeprecationWarning, match="iterations"):
+        restored = keras.saving.deserialize_keras_object(config, safe_mode=True)
+    assert isinstance(restored, DoublyStochastic) and restored.sinkhorn_iterations == 7

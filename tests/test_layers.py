@@ -1,9 +1,12 @@
 """Tests of RelaxedShuffle, ChannelShuffle and the model helpers."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import edit_keras_file
 from keras import layers, ops
 
 from keras_autoshuffle import (
@@ -282,8 +285,8 @@ def test_keras_round_trip_safe_mode(tmp_path, harden, data_format):
     [
         ({"penalty": -1.0}, "Received: penalty=-1.0"),
         ({"penalty": "big"}, "Received: penalty=.big."),
-        ({"iterations": 0}, "iterations"),
-        ({"iterations": 2.5}, "iterations"),
+        ({"sinkhorn_iterations": 0}, "sinkhorn_iterations"),
+        ({"sinkhorn_iterations": 2.5}, "sinkhorn_iterations"),
         ({"data_format": "NHWC"}, "data_format"),
         ({"permutation": [0, 2]}, "permutation"),
     ],
@@ -406,38 +409,21 @@ def test_relaxed_shuffle_refuses_integer_inputs():
     np.testing.assert_array_equal(out, [[1, 0, 3, 2], [5, 4, 7, 6]])
 
 
-def _tamper_keras_file(path, edit):
-    """Rewrites config.json inside a `.keras` zip with `edit(layer_config)` for the shuffle."""
-    import json
-    import zipfile
-
-    with zipfile.ZipFile(path) as archive:
-        members = {name: archive.read(name) for name in archive.namelist()}
-    config = json.loads(members["config.json"])
-    for layer in config["config"]["layers"]:
-        if layer["config"]["name"] == "shuffle":
-            edit(layer["config"])
-    members["config.json"] = json.dumps(config).encode()
-    with zipfile.ZipFile(path, "w") as archive:
-        for name, data in members.items():
-            archive.writestr(name, data)
-
-
 @pytest.mark.parametrize(
     ("key", "value", "message"),
     [
-        ("iterations", 100_000_000, "at most 1000.*Received: iterations=100000000"),
+        ("sinkhorn_iterations", 10**8, "at most 1000.*Received: sinkhorn_iterations=100000000"),
         ("penalty", 1e300, r"Received: penalty=1e\+300"),
         ("penalty", float("nan"), "Received: penalty=nan"),
     ],
 )
 def test_tampered_keras_file_is_refused_fast(tmp_path, key, value, message):
-    # iterations=1e8 used to hang load_model: the initializer ran the constraint 1e8 times.
+    # 1e8 constraint passes used to hang load_model: the initializer ran them all.
     import time
 
     path = tmp_path / "model.keras"
     _small_model().save(path)
-    _tamper_keras_file(path, lambda config: config.update({key: value}))
+    edit_keras_file(path, "shuffle", lambda config: config.update({key: value}))
     start = time.perf_counter()
     # Keras wraps the layer's ValueError into a TypeError that quotes it.
     with pytest.raises((TypeError, ValueError), match=message):
@@ -446,9 +432,9 @@ def test_tampered_keras_file_is_refused_fast(tmp_path, key, value, message):
 
 
 @pytest.mark.parametrize("iterations", [1001, 100_000_000])
-def test_iterations_are_bounded(iterations):
-    with pytest.raises(ValueError, match=f"Received: iterations={iterations}"):
-        RelaxedShuffle(iterations=iterations)
+def test_sinkhorn_iterations_are_bounded(iterations):
+    with pytest.raises(ValueError, match=f"Received: sinkhorn_iterations={iterations}"):
+        RelaxedShuffle(sinkhorn_iterations=iterations)
 
 
 def test_penalty_is_capped():
@@ -460,15 +446,95 @@ def test_penalty_is_capped():
 def test_relaxed_shuffle_can_start_at_the_manual_shuffle():
     x = np.random.default_rng(0).normal(size=(2, 3, 3, 12)).astype("float32")
     for groups in (1, 2, 3):
-        start = RelaxedShuffle(initial_groups=groups)
+        start = RelaxedShuffle(shuffle_initializer="manual", groups=groups)
         np.testing.assert_array_equal(
             keras.ops.convert_to_numpy(start(x)),
             keras.ops.convert_to_numpy(ChannelShuffle(groups)(x)),
         )
         assert start.l12_penalty() == 0.0  # a permutation: the penalty's zero
         clone = RelaxedShuffle.from_config(start.get_config())
-        assert clone.initial_groups == groups
-    with pytest.raises(ValueError, match="initial_groups"):
-        RelaxedShuffle(initial_groups=0)
-    with pytest.raises(ValueError, match="initial_groups=5"):
-        RelaxedShuffle(initial_groups=5)(x)
+        assert (clone.shuffle_initializer, clone.groups) == ("manual", groups)
+    with pytest.raises(ValueError, match="Received: groups=0"):
+        RelaxedShuffle(shuffle_initializer="manual", groups=0)
+    with pytest.raises(ValueError, match="groups=5"):
+        RelaxedShuffle(shuffle_initializer="manual", groups=5)(x)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"shuffle_initializer": "manual"}, "shuffle_initializer='manual', groups=None"),
+        ({"groups": 3}, "shuffle_initializer='random', groups=3"),
+        ({"shuffle_initializer": "identity"}, "shuffle_initializer='identity'"),
+    ],
+)
+def test_groups_go_with_the_manual_initializer_only(kwargs, message):
+    with pytest.raises(ValueError, match="Received: " + re.escape(message)):
+        RelaxedShuffle(**kwargs)
+
+
+# --- deprecated names (RelaxedShuffle's `iterations` and `initial_groups`) ----------
+
+
+def test_old_keyword_iterations_is_deprecated():
+    with pytest.warns(DeprecationWarning, match="sinkhorn_iterations"):
+        old = RelaxedShuffle(iterations=5, name="shuffle")
+    assert old.get_config() == RelaxedShuffle(sinkhorn_iterations=5, name="shuffle").get_config()
+    assert old.constraint.sinkhorn_iterations == 5
+    with pytest.warns(DeprecationWarning, match="sinkhorn_iterations"):
+        assert old.iterations == 5
+    with pytest.raises(TypeError, match="sinkhorn_iterations=5"):
+        RelaxedShuffle(iterations=3, sinkhorn_iterations=5)
+
+
+@pytest.mark.parametrize(
+    ("initial_groups", "new"),
+    [(3, {"shuffle_initializer": "manual", "groups": 3}), (None, {})],
+)
+def test_old_keyword_initial_groups_is_deprecated(initial_groups, new):
+    with pytest.warns(DeprecationWarning, match='shuffle_initializer="manual", groups='):
+        old = RelaxedShuffle(initial_groups=initial_groups, name="shuffle")
+    assert old.get_config() == RelaxedShuffle(**new, name="shuffle").get_config()
+    with pytest.warns(DeprecationWarning, match="groups"):
+        assert old.initial_groups == initial_groups
+
+
+# The config RelaxedShuffle wrote before the renames (git: penalty, iterations,
+# permutation, data_format, seed, initial_groups, forward).
+OLD_KEYS = {"iterations": 4, "initial_groups": None}
+
+
+def _old_config(config, **old):
+    """`config` as an older RelaxedShuffle wrote it: the renamed keys under their old names."""
+    for key in ("sinkhorn_iterations", "shuffle_initializer", "groups"):
+        del config[key]
+    config.update({**OLD_KEYS, **old})
+    return config
+
+
+@pytest.mark.parametrize("initial_groups", [None, 2])
+def test_old_config_dict_deserializes(initial_groups):
+    config = keras.saving.serialize_keras_object(RelaxedShuffle(seed=0, name="shuffle"))
+    _old_config(config["config"], initial_groups=initial_groups)
+    with pytest.warns(DeprecationWarning):
+        layer = keras.saving.deserialize_keras_object(config, safe_mode=True)
+    assert isinstance(layer, RelaxedShuffle) and layer.sinkhorn_iterations == 4
+    expected = ("random", None) if initial_groups is None else ("manual", 2)
+    assert (layer.shuffle_initializer, layer.groups) == expected
+
+
+@pytest.mark.parametrize("harden", [False, True])
+def test_keras_file_with_the_old_config_keys_loads_in_safe_mode(tmp_path, harden):
+    model = _small_model()
+    if harden:
+        model.get_layer("shuffle").harden()
+    path = tmp_path / "old.keras"
+    model.save(path)
+    edit_keras_file(path, "shuffle", lambda config: _old_config(config, initial_groups=2))
+    with pytest.warns(DeprecationWarning, match="iterations"):
+        restored = keras.saving.load_model(path, safe_mode=True)
+    layer = restored.get_layer("shuffle")
+    assert (layer.sinkhorn_iterations, layer.shuffle_initializer, layer.groups) == (4, "manual", 2)
+    assert layer.is_hardened == harden
+    x, _ = _data(n=4)
+    np.testing.assert_array_equal(restored.predict(x, verbose=0), model.predict(x, verbose=0))

@@ -6,8 +6,9 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from helpers import edit_keras_file, saved_form
 
-from keras_autoshuffle import L12Penalty, l12_penalty, permutation_matrix
+from keras_autoshuffle import DoublyStochastic, L12Penalty, l12_penalty, permutation_matrix
 
 
 def _numpy_penalty(m):
@@ -111,10 +112,10 @@ def test_regularizer_rank_check():
         L12Penalty(1.0)(keras.ops.ones((3, 3, 3)))
 
 
-@pytest.mark.parametrize("strength", [-1e-3, float("nan"), float("inf"), "strong", None])
-def test_regularizer_strength_validation(strength):
-    with pytest.raises(ValueError, match="strength"):
-        L12Penalty(strength)
+@pytest.mark.parametrize("penalty", [-1e-3, float("nan"), float("inf"), "strong", None])
+def test_regularizer_penalty_validation(penalty):
+    with pytest.raises(ValueError, match="Received: penalty="):
+        L12Penalty(penalty)
 
 
 def test_regularizer_serialization():
@@ -123,8 +124,8 @@ def test_regularizer_serialization():
     assert config["registered_name"] == "keras_autoshuffle>L12Penalty"
     restored = keras.saving.deserialize_keras_object(config, safe_mode=True)
     assert isinstance(restored, L12Penalty)
-    assert restored.get_config() == {"strength": 2e-3}
-    assert keras.regularizers.get(config).strength == 2e-3
+    assert restored.get_config() == {"penalty": 2e-3}
+    assert keras.regularizers.get(config).penalty == 2e-3
 
 
 @pytest.mark.parametrize("scale", [1e20, 1e30, 1e-30, 1e-36])
@@ -166,8 +167,61 @@ def test_gradient_of_a_huge_matrix_is_the_analytic_one():
     np.testing.assert_allclose(tape.gradient(value, variable).numpy(), expected, rtol=1e-5)
 
 
-@pytest.mark.parametrize("strength", [1e300, 1e31])
-def test_regularizer_strength_is_capped(strength):
-    with pytest.raises(ValueError, match=re.escape(f"Received: strength={strength}")):
-        L12Penalty(strength)
-    assert L12Penalty(1e30).strength == 1e30
+@pytest.mark.parametrize("penalty", [1e300, 1e31])
+def test_regularizer_penalty_is_capped(penalty):
+    with pytest.raises(ValueError, match=re.escape(f"Received: penalty={penalty}")):
+        L12Penalty(penalty)
+    assert L12Penalty(1e30).penalty == 1e30
+
+
+# --- the deprecated name `strength` --------------------------------------------------
+
+
+def test_old_keyword_strength_is_deprecated():
+    with pytest.warns(DeprecationWarning, match="penalty"):
+        old = L12Penalty(strength=2e-3)
+    assert old.get_config() == L12Penalty(penalty=2e-3).get_config() == {"penalty": 2e-3}
+    with pytest.warns(DeprecationWarning, match="penalty"):
+        assert old.strength == 2e-3
+    with pytest.raises(TypeError, match="penalty=0.01"):
+        L12Penalty(penalty=1e-2, strength=2e-3)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'lam'"):
+        L12Penalty(lam=1.0)
+
+
+def test_old_config_deserializes():
+    config = saved_form(L12Penalty, {"strength": 2e-3})
+    with pytest.warns(DeprecationWarning, match="strength"):
+        restored = keras.saving.deserialize_keras_object(config, safe_mode=True)
+    assert isinstance(restored, L12Penalty) and restored.penalty == 2e-3
+
+
+def test_keras_file_with_the_old_config_keys_loads_in_safe_mode(tmp_path):
+    # A Dense layer regularized and constrained by the package's objects, saved before
+    # the renames: {"strength": ...} and {"iterations": ...} in its config.
+    inputs = keras.Input((4,))
+    dense = keras.layers.Dense(
+        4,
+        kernel_regularizer=L12Penalty(0.5),
+        kernel_constraint=DoublyStochastic(3),
+        name="dense",
+    )
+    model = keras.Model(inputs, dense(inputs))
+    path = tmp_path / "old.keras"
+    model.save(path)
+
+    def old_keys(config):
+        config["kernel_regularizer"]["config"] = {"strength": 0.5}
+        config["kernel_constraint"]["config"] = {"iterations": 3}
+
+    edit_keras_file(path, "dense", old_keys)
+    with pytest.warns(DeprecationWarning):
+        restored = keras.saving.load_model(path, safe_mode=True)
+    layer = restored.get_layer("dense")
+    assert layer.kernel_regularizer.penalty == 0.5
+    assert layer.kernel_constraint.sinkhorn_iterations == 3
+    x = np.random.default_rng(7).normal(size=(2, 4)).astype("float32")
+    np.testing.assert_array_equal(restored.predict(x, verbose=0), model.predict(x, verbose=0))
+    np.testing.assert_allclose(
+        [float(loss) for loss in restored.losses], [float(loss) for loss in model.losses]
+    )

@@ -1,11 +1,11 @@
-"""Pieces shared by the ShuffleNet v1 / v2 builders: argument checks, input handling,
-the layer factories, the classifier head, `preprocess_input` and the multiply-add counter.
-The custom layers themselves live in `keras_autoshuffle.layers`."""
+"""What the ShuffleNet v1 / v2 builders build with: the layer factories (`conv`, `dwconv`,
+`pool`, `stem`, `Options.shuffle_layer`), the classifier head and the loading of weights
+(`finish`), `preprocess_input` and the multiply-add counter. The argument checks are in
+`arguments`, the builders' signature and docstring in `builder_api`, the custom layers in
+`keras_autoshuffle.layers`."""
 
 import dataclasses
 import functools
-import inspect
-import os
 import zipfile
 
 import keras
@@ -13,16 +13,7 @@ import numpy as np
 from keras import layers, ops
 
 from keras_autoshuffle import _keras_internals, _validation
-from keras_autoshuffle.constraints import check_iterations
 from keras_autoshuffle.layers import ChannelShuffle, GroupedConv2D, RelaxedShuffle
-
-SHUFFLES = ("manual", "auto")
-STEMS = ("imagenet", "cifar", "auto")
-POOLINGS = (None, "avg", "max")
-# "auto" picks the CIFAR stem when both spatial sides are at most this.
-CIFAR_MAX_SIDE = 64
-# Total stride of the network for each stem: the smallest accepted input side.
-MIN_SIZE = {"imagenet": 32, "cifar": 8}
 
 # torchvision's ImageNet statistics (inputs scaled to [0, 1] first).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -114,8 +105,18 @@ def pool(kind, name, padding="torch"):
     return apply
 
 
-SHUFFLE_INITIALIZERS = ("random", "manual")
-SHUFFLE_FORWARDS = ("relaxed", "hard")
+def stem(filters, kind, options):
+    """The stem: a 3x3 conv-BN-ReLU, stride 2 and followed by a 3x3 stride-2 max-pool
+    with the "imagenet" stem, stride 1 and no pool with the "cifar" one."""
+
+    def apply(x):
+        imagenet = kind == "imagenet"
+        x = options.conv(filters, 3, "stem_conv", strides=2 if imagenet else 1)(x)
+        x = batch_norm("stem_bn")(x)
+        x = layers.ReLU(name="stem_relu")(x)
+        return options.pool("max", "stem_pool")(x) if imagenet else x
+
+    return apply
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,12 +145,12 @@ class Options:
                         f"Received: keys {sorted(self.permutations)}"
                     )
                 fixed = self.permutations[name]
-            start = groups if self.shuffle_initializer == "manual" else None
             return RelaxedShuffle(
                 penalty=self.penalty,
-                iterations=self.sinkhorn_iterations,
+                sinkhorn_iterations=self.sinkhorn_iterations,
                 data_format=data_format,
-                initial_groups=start,
+                shuffle_initializer=self.shuffle_initializer,
+                groups=groups if self.shuffle_initializer == "manual" else None,
                 permutation=fixed,
                 forward=self.forward,
                 name=name,
@@ -178,41 +179,6 @@ class Options:
         return pool(kind, name, self.padding)
 
 
-@functools.cache
-def channels_first_supported():
-    """Whether the backend runs channels_first convolutions on this machine (probed once).
-
-    TensorFlow's CPU Conv2D kernel takes NCHW only when TensorFlow runs with oneDNN
-    (on by default on x86 CPUs with AVX-512); elsewhere a channels_first model builds
-    and then fails at its first call (`UnimplementedError: The Conv2D op currently only
-    supports the NHWC tensor format on the CPU`). So a 1x1 convolution on a tiny input
-    is tried. Other backends (JAX, PyTorch) run channels_first anywhere.
-    """
-    if keras.backend.backend() != "tensorflow":
-        return True
-    import tensorflow as tf
-
-    try:
-        with tf.init_scope():  # run eagerly even when called inside a tf.function
-            ops.conv(tf.ones((1, 2, 3, 3)), tf.ones((1, 1, 2, 2)), data_format="channels_first")
-    except tf.errors.OpError:
-        return False
-    return True
-
-
-def check_image_data_format():
-    """Refuses `image_data_format() == "channels_first"` where it cannot run."""
-    if keras.config.image_data_format() == "channels_first" and not channels_first_supported():
-        raise ValueError(
-            "channels_first ShuffleNets cannot run here: TensorFlow's CPU convolution "
-            "kernels take NHWC (channels_last) only unless TensorFlow runs with oneDNN (on "
-            "by default on x86 CPUs with AVX-512), and this machine has neither that nor a "
-            "GPU. Build the model with keras.config.set_image_data_format('channels_last'), "
-            "or run on a GPU, or use the JAX backend (KERAS_BACKEND=jax). "
-            "Received: image_data_format='channels_first'"
-        )
-
-
 def learned_shuffles_in_file(path):
     """How many RelaxedShuffle entries a Keras weights file holds (`.weights.h5`, `.keras`).
 
@@ -234,14 +200,14 @@ PADDING_ATTRIBUTE = "keras_autoshuffle_padding"
 
 
 def mark_padding(path, padding):
-    """Records in a `.weights.h5` file the padding of the net it fits (see `_file_padding`)."""
+    """Records in a `.weights.h5` file the padding of the net it fits (see `file_padding`)."""
     import h5py
 
     with h5py.File(path, "a") as handle:
         handle.attrs[PADDING_ATTRIBUTE] = padding
 
 
-def _file_padding(path):
+def file_padding(path):
     """The padding a weights file was marked with (`mark_padding`), or None."""
     import h5py
 
@@ -253,210 +219,14 @@ def _file_padding(path):
     return value.decode() if isinstance(value, bytes) else value
 
 
-def check_common_args(
-    *,
-    weights,
-    shuffle,
-    penalty,
-    stem,
-    include_top,
-    pooling,
-    classes,
-    classifier_activation,
-    shuffle_initializer,
-    padding,
-    sinkhorn_iterations,
-    shuffle_forward="relaxed",
-    shuffle_permutations=None,
-):
-    """Validates the arguments shared by both families, in a fixed order.
-
-    Returns:
-        The `Options` the builder makes its units with.
-    """
-    if isinstance(weights, str) and weights == "imagenet":
-        # torchvision's network: the width, stem and classes are checked by `finish`
-        # (`pretrained.imagenet_weights_file`), once the model is built.
-        if padding != "torch":
-            raise ValueError(
-                "weights='imagenet' are torchvision's network, which pads as PyTorch: build "
-                f"it with padding='torch' (the default). Received: padding={padding!r}"
-            )
-        if stem == "cifar":
-            raise ValueError(
-                "weights='imagenet' are torchvision's network, which has the ImageNet stem: "
-                f"build it with stem='imagenet' or 'auto'. Received: stem={stem!r}"
-            )
-        # Learned shuffles always start at the manual shuffle: the pretrained net.
-        _validation.choice(shuffle_initializer, SHUFFLE_INITIALIZERS, "shuffle_initializer")
-        shuffle_initializer = "manual"
-        weights = None  # no file to check here; `finish` fetches it
-    elif weights is not None and not (
-        isinstance(weights, (str, os.PathLike)) and os.path.isfile(weights)
-    ):
-        raise ValueError(
-            "`weights` must be None (random initialization), 'imagenet' (torchvision's "
-            "ImageNet weights, ShuffleNet v2 only) or the path to an existing weights file. "
-            f"Received: weights={weights!r}"
-        )
-    _validation.choice(shuffle, SHUFFLES, "shuffle")
-    if weights is not None and learned_shuffles_in_file(weights) and shuffle == "manual":
-        raise ValueError(
-            f"The weights file {weights} was saved from a model with learned shuffles "
-            "(RelaxedShuffle layers: an AutoShuffleNet), but this model's shuffles are manual; "
-            "loading would silently drop the learned matrices. Build the model with "
-            "shuffle='auto' (AutoShuffleNetV1/V2) to load them (a hardened net's file "
-            f"hardens the new net's shuffles at its permutations). Received: weights={weights!r}"
-        )
-    penalty = _validation.penalty(penalty)
-    _validation.choice(shuffle_initializer, SHUFFLE_INITIALIZERS, "shuffle_initializer")
-    _validation.choice(padding, PADDINGS, "padding")
-    sinkhorn_iterations = check_iterations(sinkhorn_iterations, "sinkhorn_iterations")
-    marked = None if weights is None else _file_padding(weights)
-    if marked is not None and marked != padding:
-        raise ValueError(
-            f"The weights file {weights} fits nets built with padding={marked!r} (e.g. "
-            "weights converted from torchvision); with another padding the net would compute "
-            f"another function. Build it with padding={marked!r}. Received: padding={padding!r}"
-        )
-    _validation.choice(stem, STEMS, "stem")
-    if not isinstance(include_top, bool):
-        raise ValueError(
-            f"`include_top` must be True or False. Received: include_top={include_top!r}"
-        )
-    _validation.choice(pooling, POOLINGS, "pooling")
-    if include_top:
-        _validation.positive_int(classes, "classes")
-        try:
-            keras.activations.get(classifier_activation)
-        except (ValueError, TypeError) as error:
-            raise ValueError(
-                "`classifier_activation` must be None or a Keras activation. "
-                f"Received: classifier_activation={classifier_activation!r}"
-            ) from error
-    _validation.choice(shuffle_forward, SHUFFLE_FORWARDS, "shuffle_forward")
-    shuffle_permutations = _check_permutations(shuffle_permutations, shuffle)
-    check_image_data_format()
-    return Options(
-        shuffle,
-        penalty,
-        shuffle_initializer,
-        padding,
-        sinkhorn_iterations,
-        shuffle_forward,
-        shuffle_permutations,
-    )
-
-
-def common_arguments(arguments):
-    """The entries of a builder's call (its `locals()`) that `check_common_args` takes."""
-    return {name: arguments[name] for name in inspect.signature(check_common_args).parameters}
-
-
-def _check_permutations(value, shuffle):
-    """`shuffle_permutations` as {name: permutation}: a dict, and only with learned shuffles
-    (each permutation is checked by the layer it fixes)."""
-    if value is None:
-        return None
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise ValueError(
-            "`shuffle_permutations` must be a dict {shuffle layer name: permutation}. "
-            f"Received: shuffle_permutations of type {type(value).__name__}"
-        )
-    if shuffle != "auto":
-        raise ValueError(
-            "`shuffle_permutations` fixes learned shuffles; it needs shuffle='auto'. "
-            f"Received: shuffle={shuffle!r}"
-        )
-    return dict(value)
-
-
-def check_config(values, length, name, multiple=1):
-    """A builder's `channels` / `repeats` override: `length` positive integers, each a
-    multiple of `multiple`; returned as a tuple."""
-    try:
-        values = tuple(values)
-    except TypeError:
-        values = None
-    if (
-        values is None
-        or len(values) != length
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
-        or any(v % multiple for v in values)
-    ):
-        rule = f", each a multiple of {multiple}" if multiple > 1 else ""
-        raise ValueError(
-            f"`{name}` must be {length} positive integers{rule}. Received: {name}={values!r}"
-        )
-    return values
-
-
-def resolve_input(input_tensor, input_shape, include_top, stem):
-    """Makes the model input and picks the stem (a small `obtain_input_shape`).
-
-    With neither `input_tensor` nor `input_shape`, the input is 224x224x3 when
-    `include_top` (as keras.applications) and (None, None, 3) otherwise. Any channel
-    count is accepted. "auto" picks the CIFAR stem when both spatial sides are known
-    and at most 64.
-
-    Returns:
-        `(model_inputs, x, stem)`: the tensors the model starts from (the source inputs
-        of `input_tensor` when given), the image tensor, and "imagenet" or "cifar".
-    """
-    first = keras.config.image_data_format() == "channels_first"
-    if input_tensor is not None and not keras.backend.is_keras_tensor(input_tensor):
-        raise ValueError(
-            "`input_tensor` must be a Keras tensor (from `keras.Input()` or a layer). "
-            f"Received: input_tensor={type(input_tensor).__name__}"
-        )
-    if input_tensor is not None and input_shape is None:
-        input_shape = tuple(input_tensor.shape[1:])
-    if input_shape is None:
-        side = 224 if include_top else None
-        input_shape = (3, side, side) if first else (side, side, 3)
-    try:
-        input_shape = tuple(None if d is None else int(d) for d in input_shape)
-    except (TypeError, ValueError) as error:
-        raise ValueError(
-            "`input_shape` must be a tuple of three integers. "
-            f"Received: input_shape={input_shape!r}"
-        ) from error
-    if len(input_shape) != 3 or any(d is not None and d < 1 for d in input_shape):
-        raise ValueError(
-            "`input_shape` must be a tuple of three positive integers (height, width, channels "
-            f"for channels_last). Received: input_shape={input_shape}"
-        )
-    sides = input_shape[1:] if first else input_shape[:2]
-    channels = input_shape[0] if first else input_shape[-1]
-    if channels is None:
-        raise ValueError(f"The channel count must be known. Received: input_shape={input_shape}")
-    if stem == "auto":
-        small = all(s is not None and s <= CIFAR_MAX_SIDE for s in sides)
-        stem = "cifar" if small else "imagenet"
-    if any(s is not None and s < MIN_SIZE[stem] for s in sides):
-        raise ValueError(
-            f"Input sides must be at least {MIN_SIZE[stem]} with the {stem} stem. "
-            f"Received: input_shape={input_shape}"
-        )
-    if input_tensor is None:
-        inputs = layers.Input(shape=input_shape)
-        return inputs, inputs, stem
-    if tuple(input_tensor.shape[1:]) != input_shape:
-        raise ValueError(
-            f"`input_shape` {input_shape} does not match `input_tensor`'s shape "
-            f"{tuple(input_tensor.shape[1:])}. Received: input_shape={input_shape}"
-        )
-    sources = keras.utils.get_source_inputs(input_tensor)
-    return (sources[0] if len(sources) == 1 else sources), input_tensor, stem
-
-
-def manual_twin(builder, arguments, options, image_shape):
-    """For a learned-shuffle net, a function building the same net with manual shuffles
-    (from `arguments`, the private builder's call) on `image_shape`; None otherwise."""
+def manual_twin(rebuild, shared, options, image_shape):
+    """For a learned-shuffle net, a function building the same net with manual shuffles on
+    `image_shape` (`rebuild` is the private builder with the family's arguments bound,
+    `shared` the other arguments); None otherwise."""
     if options.shuffle != "auto":
         return None
     twin = {
-        **arguments,
+        **shared,
         "input_tensor": None,
         "input_shape": image_shape,
         "name": None,
@@ -465,29 +235,32 @@ def manual_twin(builder, arguments, options, image_shape):
         "shuffle_forward": "relaxed",
         "shuffle_permutations": None,
     }
-    return functools.partial(builder, **twin)
+    return functools.partial(rebuild, **twin)
 
 
-def finish(
-    inputs, x, include_top, pooling, classes, classifier_activation, weights, name, manual_twin
-):
+def finish(inputs, x, name, rebuild, shared, options, image_shape):
     """Adds the classifier (or the optional pooling), makes the Model, loads `weights`.
 
+    `shared` holds the arguments both families take (`include_top`, `pooling`, `classes`,
+    `classifier_activation` and `weights` are read from it), `options` their checked form;
+    `rebuild` and `image_shape` make the manual twin (`manual_twin`).
+
     `weights="imagenet"` is torchvision's checkpoint for the model's width, converted and
-    cached once (`pretrained.imagenet_weights_file`), then loaded as a file.
-    `manual_twin`: for a learned-shuffle model, a function that builds the same net with
-    manual shuffles from `weights`. A weights file without learned shuffles (a manual
-    net's, e.g. converted from torchvision) is loaded through it and copied layer by
-    layer by name; Keras's `load_weights` cannot take it, the file has no matrices.
+    cached once (`pretrained.imagenet_weights_file`), then loaded as a file. A weights
+    file without learned shuffles (a manual net's, e.g. converted from torchvision) given
+    to a learned-shuffle model is loaded into its manual twin (`manual_twin`) and copied
+    layer by layer by name; Keras's `load_weights` cannot take it, the file has no
+    matrices. Last, `shuffle_permutations` entries that name no shuffle are refused.
     """
+    include_top, pooling, weights = shared["include_top"], shared["pooling"], shared["weights"]
     if include_top:
         x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
         # N(0, 0.01) as megvii's ShuffleNet v1 / v2: the initial logits are near 0. With
         # Keras's Glorot default the v1 loss started at 4.7 (not ln 10) and training at
         # lr 0.1 diverged in the first epoch on the digits.
         x = layers.Dense(
-            classes,
-            activation=classifier_activation,
+            shared["classes"],
+            activation=shared["classifier_activation"],
             kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
             name="predictions",
         )(x)
@@ -499,13 +272,15 @@ def finish(
     if isinstance(weights, str) and weights == "imagenet":
         from keras_autoshuffle.applications import pretrained
 
-        weights = pretrained.imagenet_weights_file(model, include_top, classes)
-    if weights is not None and manual_twin is not None and not learned_shuffles_in_file(weights):
-        for layer in manual_twin().layers:
+        weights = pretrained.imagenet_weights_file(model, include_top, shared["classes"])
+    twin = manual_twin(rebuild, shared, options, image_shape)
+    if weights is not None and twin is not None and not learned_shuffles_in_file(weights):
+        for layer in twin().layers:
             if layer.weights:
                 model.get_layer(layer.name).set_weights(layer.get_weights())
     elif weights is not None:
         model.load_weights(weights)
+    options.check_permutations_used(model)
     return model
 
 

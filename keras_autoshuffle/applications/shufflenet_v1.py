@@ -37,11 +37,12 @@ last BatchNormalization of each basic unit's branch (gamma 0: the unit starts as
 identity, so training at the paper's learning rates does not diverge; see `_unit`).
 """
 
-import keras
+import functools
+
 from keras import layers
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle.applications import architecture, common
+from keras_autoshuffle.applications import architecture, arguments, builder_api, common
 
 # Stage-2 output width at 1.0x per groups (the paper's Table 1; stages 3, 4 double it).
 STAGE2_WIDTHS = {1: 144, 2: 200, 3: 240, 4: 272, 8: 384}
@@ -61,70 +62,30 @@ MEGVII_CONFIGS = {
 }
 # Units per stage 2, 3, 4.
 REPEATS = (4, 8, 4)
+REFERENCE = "Zhang et al., ShuffleNet, https://arxiv.org/abs/1707.01083"
 
-BASE_DOCSTRING = """Instantiates the {title} architecture.
-
-    {summary} Stage repeats 4, 8, 4. Stage-2 width at 1.0x by groups: g1 144, g2 200,
+DESCRIPTION = """Stage repeats 4, 8, 4. Stage-2 width at 1.0x by groups: g1 144, g2 200,
     g3 240, g4 272, g8 384 (stages 3, 4 double it), stem 24. For g3 and g8 the widths
-    0.5, 1.5, 2.0 use megvii's tables; other pairs scale every width by `width`
-    (truncating). Each unit's bottleneck (stage width // 4) and conv2 output must
-    divide by `groups`; pairs where they do not raise a ValueError (e.g. g8 at 0.25x).
-    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults).
+    0.5, 1.5, 2.0 use megvii's tables; other pairs scale every 1.0x width by `width` and
+    round it to the nearest multiple of 4 x groups (the stem: of groups), so every
+    bottleneck (stage width // 4) and grouped convolution divides by `groups` and every
+    pair builds (g3 0.25x is osmr's 6, 60, 120, 240; see `v1_channels`).
+    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults)."""
 
-    Args:
-        width: width multiplier, one of 0.25, 0.5, 1.0, 1.5, 2.0 (default {width}).
-        groups: groups of the 1x1 convolutions, one of 1, 2, 3, 4, 8.
-        include_top: whether to include the global pooling and the classifier.
-        weights: None (random initialization) or the path to a Keras weights file
-            (`.weights.h5`). A learned-shuffle net also takes the file of the same
-            net with manual shuffles (e.g. written by
-            `scripts/convert_torchvision_weights.py`); its shuffles then start as
-            `shuffle_initializer` says.
-        input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
-        input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
-            Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
-        pooling: with `include_top=False`: None (4D feature map), "avg" or "max".
-        classes: number of classes (with `include_top`).
-        classifier_activation: activation of the "predictions" layer; None gives logits.
-        name: model name (default `{prefix}_g<groups>_<width>`, e.g. `{prefix}_g3_x1_0`).
-        shuffle: "manual" (ChannelShuffle(groups), none for groups=1) or "auto"
-            (RelaxedShuffle in every unit) (default "{shuffle}").
-        penalty: lambda of the relaxed shuffles' l1-2 penalty (default 1e-3).
-        stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar"
-            (3x3 stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial
-            sides are at most 64).
-        shuffle_initializer: where learned shuffles start: "random" (the paper: |N(0, 1)|
-            made doubly stochastic) or "manual" (the manual shuffle's permutation, so
-            the net starts as the manual ShuffleNet: for fine-tuning pretrained weights,
-            e.g. from `load_torchvision_weights`). Ignored by manual shuffles.
-        padding: "torch" (default: PyTorch's padding=1 on every 3x3 layer, an explicit
-            one-pixel ZeroPadding2D before each stride-2 layer, so torchvision's weights
-            give torchvision's outputs) or "same" (Keras's 'same' everywhere: the stride-2
-            layers sample a grid one pixel off on even sides, no PAD ops in LiteRT,
-            5-10% faster there; for nets trained from scratch).
-        sinkhorn_iterations: clip/column/row passes of each learned shuffle's constraint
-            per SGD step, an integer in [1, 1000] (default 10). 1 is the paper's
-            Algorithm 1, whose matrices stalled on fixed points that are not
-            permutations, so rounding changed the net; with 10 they ended on
-            permutations in docs/training.md's runs. Ignored by manual shuffles.
-        shuffle_forward: what a learned shuffle computes while it trains: "relaxed"
-            (the paper: y = M x) or "hard" (y = P x with P the nearest permutation of M,
-            found by linear assignment at every step; the gradient passes straight
-            through to M). Started at `shuffle_initializer="manual"` a hard net is the
-            manual net at step 0 and changes a routing only where the loss moves M far
-            enough. Ignored by manual shuffles.
-        shuffle_permutations: a dict {{shuffle layer name: permutation}} that fixes every
-            learned shuffle from the first step (the layers start hardened; e.g. the
-            permutations of an earlier, hardened net: "search, then retrain"). Needs
-            shuffle="auto"; one entry per shuffle layer.
-
-    Returns:
-        A `keras.Model`.
-
-    Reference:
-        - Zhang et al., ShuffleNet, https://arxiv.org/abs/1707.01083
-        - Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
-"""
+# v1's own arguments, then the Args texts that say more than `builder_api.ARGUMENTS`'.
+ARGUMENTS = {
+    "width": (1.0, "width multiplier, one of 0.25, 0.5, 1.0, 1.5, 2.0 (default 1.0)."),
+    "groups": (3, "groups of the 1x1 convolutions, one of 1, 2, 3, 4, 8 (default 3)."),
+    "name": (
+        None,
+        "model name (default `{prefix}_g<groups>_<width>`, e.g. `{prefix}_g3_x1_0`).",
+    ),
+    "shuffle": (
+        None,
+        '"manual" (ChannelShuffle(groups), none for groups=1) or "auto" (RelaxedShuffle in '
+        'every unit) (default "{shuffle}").',
+    ),
+}
 
 
 def v1_channels(groups, width):
@@ -179,54 +140,40 @@ def _unit(inputs, filters, groups, stride, first_group, options, prefix):
     return apply
 
 
-def _shufflenet_v1(
-    *,
-    width,
-    groups,
-    include_top,
-    weights,
-    input_tensor,
-    input_shape,
-    pooling,
-    classes,
-    classifier_activation,
-    name,
-    shuffle,
-    penalty,
-    stem,
-    shuffle_initializer,
-    padding,
-    sinkhorn_iterations,
-    shuffle_forward,
-    shuffle_permutations,
-    prefix,
-    channels=None,
-    repeats=None,
-):
-    """The builder behind `ShuffleNetV1` / `AutoShuffleNetV1`.
+def _shufflenet_v1(*, width, groups, channels=None, repeats=None, prefix=None, **shared):
+    """The builder behind `ShuffleNetV1` / `AutoShuffleNetV1`; `shared` holds the
+    arguments of `builder_api.ARGUMENTS`, all of them, by keyword.
 
-    `channels` (stem, stage2, stage3, stage4; each stage a multiple of 4 x groups) and
-    `repeats` (units per stage 2-4) replace the width's configuration: small nets with
-    the same structure, for tests (`channels=(6, 24, 48, 96), repeats=(1, 1, 1)`, g=3).
+    `prefix` starts the default model name (default: `shufflenet_v1`, or
+    `autoshufflenet_v1` with learned shuffles). `channels` (stem, stage2, stage3, stage4;
+    each stage a multiple of 4 x groups) and `repeats` (units per stage 2-4) replace the
+    width's configuration: small nets with the same structure, for tests
+    (`channels=(6, 24, 48, 96), repeats=(1, 1, 1)`, g=3).
     """
-    arguments = dict(locals())  # the call, for `common.manual_twin`
-    options = common.check_common_args(**common.common_arguments(arguments))
+    # The same call for other shared arguments: `finish` builds the manual twin with it.
+    rebuild = functools.partial(
+        _shufflenet_v1,
+        width=width,
+        groups=groups,
+        channels=channels,
+        repeats=repeats,
+        prefix=prefix,
+    )
+    options = arguments.check_shared_arguments(shared)
     _validation.choice(groups, tuple(STAGE2_WIDTHS), "groups")
     if channels is None:
         _validation.choice(width, WIDTHS, "width")
         channels = v1_channels(groups, width)
     else:
-        channels = common.check_config(channels, 4, "channels")
-        common.check_config(channels[1:], 3, "channels[1:]", multiple=4 * groups)
-    repeats = common.check_config(REPEATS if repeats is None else repeats, 3, "repeats")
-    inputs, x, stem = common.resolve_input(input_tensor, input_shape, include_top, stem)
+        channels = arguments.check_config(channels, 4, "channels")
+        arguments.check_config(channels[1:], 3, "channels[1:]", multiple=4 * groups)
+    repeats = arguments.check_config(REPEATS if repeats is None else repeats, 3, "repeats")
+    inputs, x, stem = arguments.resolve_input(
+        shared["input_tensor"], shared["input_shape"], shared["include_top"], shared["stem"]
+    )
     image_shape = tuple(x.shape[1:])
 
-    x = options.conv(channels[0], 3, "stem_conv", strides=2 if stem == "imagenet" else 1)(x)
-    x = common.batch_norm("stem_bn")(x)
-    x = layers.ReLU(name="stem_relu")(x)
-    if stem == "imagenet":
-        x = options.pool("max", "stem_pool")(x)
+    x = common.stem(channels[0], stem, options)(x)
     in_channels = channels[0]
     for stage, (filters, units) in enumerate(zip(channels[1:], repeats, strict=True), 2):
         for unit in range(1, units + 1):
@@ -236,79 +183,11 @@ def _shufflenet_v1(
             x = _unit(in_channels, filters, groups, stride, first_group, options, prefix_)(x)
             in_channels = filters
 
-    name = name or f"{prefix}_g{groups}_{common.width_name(width)}"
-    manual_twin = common.manual_twin(_shufflenet_v1, arguments, options, image_shape)
-    model = common.finish(
-        inputs, x, include_top, pooling, classes, classifier_activation, weights, name, manual_twin
-    )
-    options.check_permutations_used(model)
-    return model
+    prefix = prefix or builder_api.model_prefix("v1", shared["shuffle"])
+    name = shared["name"] or f"{prefix}_g{groups}_{common.width_name(width)}"
+    return common.finish(inputs, x, name, rebuild, shared, options, image_shape)
 
 
-def ShuffleNetV1(
-    width=1.0,
-    groups=3,
-    include_top=True,
-    weights=None,
-    input_tensor=None,
-    input_shape=None,
-    pooling=None,
-    classes=1000,
-    classifier_activation="softmax",
-    name=None,
-    shuffle="manual",
-    penalty=1e-3,
-    stem="auto",
-    shuffle_initializer="random",
-    padding="torch",
-    sinkhorn_iterations=10,
-    shuffle_forward="relaxed",
-    shuffle_permutations=None,
-) -> keras.Model:
-    # locals(): exactly the arguments above, forwarded by name.
-    return _shufflenet_v1(
-        **locals(), prefix="shufflenet_v1" if shuffle == "manual" else "autoshufflenet_v1"
-    )
-
-
-def AutoShuffleNetV1(
-    width=1.0,
-    groups=3,
-    include_top=True,
-    weights=None,
-    input_tensor=None,
-    input_shape=None,
-    pooling=None,
-    classes=1000,
-    classifier_activation="softmax",
-    name=None,
-    shuffle="auto",
-    penalty=1e-3,
-    stem="auto",
-    shuffle_initializer="random",
-    padding="torch",
-    sinkhorn_iterations=10,
-    shuffle_forward="relaxed",
-    shuffle_permutations=None,
-) -> keras.Model:
-    # locals(): exactly the arguments above, forwarded by name.
-    return _shufflenet_v1(
-        **locals(), prefix="autoshufflenet_v1" if shuffle == "auto" else "shufflenet_v1"
-    )
-
-
-ShuffleNetV1.__doc__ = BASE_DOCSTRING.format(
-    title="ShuffleNet v1",
-    summary="The megvii network with a fixed channel shuffle by default.",
-    width=1.0,
-    prefix="shufflenet_v1",
-    shuffle="manual",
-)
-AutoShuffleNetV1.__doc__ = BASE_DOCSTRING.format(
-    title="AutoShuffleNet v1",
-    summary="ShuffleNet v1 whose shuffles are learned (RelaxedShuffle, hardened after "
-    "training). The same defaults as the manual builder, so only the shuffles differ.",
-    width=1.0,
-    prefix="autoshufflenet_v1",
-    shuffle="auto",
+ShuffleNetV1, AutoShuffleNetV1 = builder_api.public_builders(
+    _shufflenet_v1, "v1", "megvii", DESCRIPTION, ARGUMENTS, REFERENCE
 )

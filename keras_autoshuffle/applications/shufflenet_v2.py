@@ -29,11 +29,12 @@ one-pixel `<name>_pad` (ZeroPadding2D) and 'valid' before every stride-2 layer
 no PAD ops in LiteRT; not torchvision's function on even sides).
 """
 
-import keras
+import functools
+
 from keras import layers
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle.applications import architecture, common
+from keras_autoshuffle.applications import architecture, arguments, builder_api, common
 from keras_autoshuffle.layers import ChannelSplit
 
 # width: stem, stage2, stage3, stage4, head (torchvision `shufflenet_v2_x*`).
@@ -45,76 +46,37 @@ V2_CONFIGS = {
 }
 # Units per stage 2, 3, 4.
 REPEATS = (4, 8, 4)
+REFERENCE = "Ma et al., ShuffleNet V2, https://arxiv.org/abs/1807.11164"
 
-BASE_DOCSTRING = """Instantiates the {title} architecture.
-
-    {summary} Stage repeats 4, 8, 4; channels per width (stem, stages 2-4, head):
+DESCRIPTION = """Stage repeats 4, 8, 4; channels per width (stem, stages 2-4, head):
     0.5: 24, 48, 96, 192, 1024; 1.0: 24, 116, 232, 464, 1024;
     1.5: 24, 176, 352, 704, 1024; 2.0: 24, 244, 488, 976, 2048.
-    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults).
+    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults)."""
 
-    Args:
-        width: width multiplier, one of 0.5, 1.0, 1.5, 2.0 (default {width}).
-        include_top: whether to include the global pooling and the classifier.
-        weights: None (random initialization), "imagenet" or the path to a Keras
-            weights file (`.weights.h5`). "imagenet": torchvision's ImageNet-1K
-            checkpoint for `width` (`applications.CHECKPOINTS`: URL, SHA-256, accuracy,
-            preprocessing), downloaded once with `keras.utils.get_file` into Keras's
-            cache (`$KERAS_HOME/models`; `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` replaces
-            the download location's base, `file://` included), its hash checked, read
-            without torch, converted and cached as a `.weights.h5`: later calls need
-            no network. It needs `stem="imagenet"` (or "auto" with input sides above
-            64), `padding="torch"`, and `classes=1000` with `include_top`; learned
-            shuffles are then always started at the manual shuffle (the pretrained
-            net; `shuffle_initializer` is ignored). A learned-shuffle net also takes the
-            file of the same net with manual shuffles (e.g. written by
-            `scripts/convert_torchvision_weights.py`); its shuffles then start as
-            `shuffle_initializer` says.
-        input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
-        input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
-            Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
-        pooling: with `include_top=False`: None (4D feature map), "avg" or "max".
-        classes: number of classes (with `include_top`).
-        classifier_activation: activation of the "predictions" layer; None gives logits.
-        name: model name (default `{prefix}_<width>`, e.g. `{prefix}_x1_0`).
-        shuffle: "manual" (ChannelShuffle with 2 groups) or "auto" (RelaxedShuffle)
-            (default "{shuffle}").
-        penalty: lambda of the relaxed shuffles' l1-2 penalty (default 1e-3).
-        stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar"
-            (3x3 stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial
-            sides are at most 64).
-        shuffle_initializer: where learned shuffles start: "random" (the paper: |N(0, 1)|
-            made doubly stochastic) or "manual" (the manual shuffle's permutation, so
-            the net starts as the manual ShuffleNet: for fine-tuning pretrained weights,
-            e.g. from `load_torchvision_weights`). Ignored by manual shuffles.
-        padding: "torch" (default: PyTorch's padding=1 on every 3x3 layer, an explicit
-            one-pixel ZeroPadding2D before each stride-2 layer, so torchvision's weights
-            give torchvision's outputs) or "same" (Keras's 'same' everywhere: the stride-2
-            layers sample a grid one pixel off on even sides, no PAD ops in LiteRT,
-            5-10% faster there; for nets trained from scratch).
-        sinkhorn_iterations: clip/column/row passes of each learned shuffle's constraint
-            per SGD step, an integer in [1, 1000] (default 10). 1 is the paper's
-            Algorithm 1, whose matrices stalled on fixed points that are not
-            permutations, so rounding changed the net; with 10 they ended on
-            permutations in docs/training.md's runs. Ignored by manual shuffles.
-        shuffle_forward: what a learned shuffle computes while it trains: "relaxed"
-            (the paper: y = M x) or "hard" (y = P x with P the nearest permutation of M,
-            found by linear assignment at every step; the gradient passes straight
-            through to M). Started at `shuffle_initializer="manual"` a hard net is the
-            manual net at step 0 and changes a routing only where the loss moves M far
-            enough. Ignored by manual shuffles.
-        shuffle_permutations: a dict {{shuffle layer name: permutation}} that fixes every
-            learned shuffle from the first step (the layers start hardened; e.g. the
-            permutations of an earlier, hardened net: "search, then retrain"). Needs
-            shuffle="auto"; one entry per shuffle layer.
-
-    Returns:
-        A `keras.Model`.
-
-    Reference:
-        - Ma et al., ShuffleNet V2, https://arxiv.org/abs/1807.11164
-        - Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
-"""
+# v2's own argument, then the Args texts that say more than `builder_api.ARGUMENTS`'.
+ARGUMENTS = {
+    "width": (1.0, "width multiplier, one of 0.5, 1.0, 1.5, 2.0 (default 1.0)."),
+    "weights": (
+        None,
+        'None (random initialization), "imagenet" or the path to a Keras weights file '
+        '(`.weights.h5`). "imagenet": torchvision\'s ImageNet-1K checkpoint for `width` '
+        "(`applications.CHECKPOINTS`: URL, SHA-256, accuracy, preprocessing), downloaded "
+        "once with `keras.utils.get_file` into Keras's cache (`$KERAS_HOME/models`; "
+        "`$KERAS_AUTOSHUFFLE_WEIGHTS_URL` replaces the download location's base, `file://` "
+        "included), its hash checked, read without torch, converted and cached as a "
+        '`.weights.h5`: later calls need no network. It needs `stem="imagenet"` (or "auto" '
+        'with input sides above 64), `padding="torch"`, and `classes=1000` with '
+        "`include_top`; learned shuffles are then always started at the manual shuffle "
+        "(the pretrained net; `shuffle_initializer` is ignored). A learned-shuffle net also "
+        "takes the file of the same net with manual shuffles (e.g. written by "
+        "`scripts/convert_torchvision_weights.py`); its shuffles then start as "
+        "`shuffle_initializer` says.",
+    ),
+    "shuffle": (
+        None,
+        '"manual" (ChannelShuffle with 2 groups) or "auto" (RelaxedShuffle) (default "{shuffle}").',
+    ),
+}
 
 
 def _down_unit(filters, options, prefix):
@@ -166,50 +128,32 @@ def _branch(filters, strides, options, prefix):
     return apply
 
 
-def _shufflenet_v2(
-    *,
-    width,
-    include_top,
-    weights,
-    input_tensor,
-    input_shape,
-    pooling,
-    classes,
-    classifier_activation,
-    name,
-    shuffle,
-    penalty,
-    stem,
-    shuffle_initializer,
-    padding,
-    sinkhorn_iterations,
-    shuffle_forward,
-    shuffle_permutations,
-    prefix,
-    channels=None,
-    repeats=None,
-):
-    """The builder behind `ShuffleNetV2` / `AutoShuffleNetV2`.
+def _shufflenet_v2(*, width, channels=None, repeats=None, prefix=None, **shared):
+    """The builder behind `ShuffleNetV2` / `AutoShuffleNetV2`; `shared` holds the
+    arguments of `builder_api.ARGUMENTS`, all of them, by keyword.
 
-    `channels` (stem, stage2, stage3, stage4, head) and `repeats` (units per stage 2-4)
-    replace the width's configuration: small nets with the same structure, for tests
-    (`channels=(8, 16, 32, 64, 64), repeats=(1, 1, 1)`).
+    `prefix` starts the default model name (default: `shufflenet_v2`, or
+    `autoshufflenet_v2` with learned shuffles). `channels` (stem, stage2, stage3, stage4,
+    head) and `repeats` (units per stage 2-4) replace the width's configuration: small
+    nets with the same structure, for tests (`channels=(8, 16, 32, 64, 64),
+    repeats=(1, 1, 1)`).
     """
-    arguments = dict(locals())  # the call, for `common.manual_twin`
-    options = common.check_common_args(**common.common_arguments(arguments))
+    # The same call for other shared arguments: `finish` builds the manual twin with it.
+    rebuild = functools.partial(
+        _shufflenet_v2, width=width, channels=channels, repeats=repeats, prefix=prefix
+    )
+    options = arguments.check_shared_arguments(shared)
     if channels is None:
         _validation.choice(width, tuple(V2_CONFIGS), "width")
         channels = V2_CONFIGS[width]
-    channels = common.check_config(channels, 5, "channels", multiple=2)
-    repeats = common.check_config(REPEATS if repeats is None else repeats, 3, "repeats")
-    inputs, x, stem = common.resolve_input(input_tensor, input_shape, include_top, stem)
+    channels = arguments.check_config(channels, 5, "channels", multiple=2)
+    repeats = arguments.check_config(REPEATS if repeats is None else repeats, 3, "repeats")
+    inputs, x, stem = arguments.resolve_input(
+        shared["input_tensor"], shared["input_shape"], shared["include_top"], shared["stem"]
+    )
     image_shape = tuple(x.shape[1:])
 
-    x = options.conv(channels[0], 3, "stem_conv", strides=2 if stem == "imagenet" else 1)(x)
-    x = common.batch_norm("stem_bn")(x)
-    x = layers.ReLU(name="stem_relu")(x)
-    if stem == "imagenet":
-        x = options.pool("max", "stem_pool")(x)
+    x = common.stem(channels[0], stem, options)(x)
     for stage, (filters, units) in enumerate(zip(channels[1:4], repeats, strict=True), 2):
         for unit in range(1, units + 1):
             block = _down_unit if unit == 1 else _basic_unit
@@ -218,77 +162,11 @@ def _shufflenet_v2(
     x = common.batch_norm("head_bn")(x)
     x = layers.ReLU(name="head_relu")(x)
 
-    name = name or f"{prefix}_{common.width_name(width)}"
-    manual_twin = common.manual_twin(_shufflenet_v2, arguments, options, image_shape)
-    model = common.finish(
-        inputs, x, include_top, pooling, classes, classifier_activation, weights, name, manual_twin
-    )
-    options.check_permutations_used(model)
-    return model
+    prefix = prefix or builder_api.model_prefix("v2", shared["shuffle"])
+    name = shared["name"] or f"{prefix}_{common.width_name(width)}"
+    return common.finish(inputs, x, name, rebuild, shared, options, image_shape)
 
 
-def ShuffleNetV2(
-    width=1.0,
-    include_top=True,
-    weights=None,
-    input_tensor=None,
-    input_shape=None,
-    pooling=None,
-    classes=1000,
-    classifier_activation="softmax",
-    name=None,
-    shuffle="manual",
-    penalty=1e-3,
-    stem="auto",
-    shuffle_initializer="random",
-    padding="torch",
-    sinkhorn_iterations=10,
-    shuffle_forward="relaxed",
-    shuffle_permutations=None,
-) -> keras.Model:
-    # locals(): exactly the arguments above, forwarded by name.
-    return _shufflenet_v2(
-        **locals(), prefix="shufflenet_v2" if shuffle == "manual" else "autoshufflenet_v2"
-    )
-
-
-def AutoShuffleNetV2(
-    width=1.0,
-    include_top=True,
-    weights=None,
-    input_tensor=None,
-    input_shape=None,
-    pooling=None,
-    classes=1000,
-    classifier_activation="softmax",
-    name=None,
-    shuffle="auto",
-    penalty=1e-3,
-    stem="auto",
-    shuffle_initializer="random",
-    padding="torch",
-    sinkhorn_iterations=10,
-    shuffle_forward="relaxed",
-    shuffle_permutations=None,
-) -> keras.Model:
-    # locals(): exactly the arguments above, forwarded by name.
-    return _shufflenet_v2(
-        **locals(), prefix="autoshufflenet_v2" if shuffle == "auto" else "shufflenet_v2"
-    )
-
-
-ShuffleNetV2.__doc__ = BASE_DOCSTRING.format(
-    title="ShuffleNet v2",
-    summary="The torchvision / megvii network with a fixed channel shuffle by default.",
-    width=1.0,
-    prefix="shufflenet_v2",
-    shuffle="manual",
-)
-AutoShuffleNetV2.__doc__ = BASE_DOCSTRING.format(
-    title="AutoShuffleNet v2",
-    summary="ShuffleNet v2 whose shuffles are learned (RelaxedShuffle, hardened after "
-    "training). The same defaults as the manual builder, so only the shuffles differ.",
-    width=1.0,
-    prefix="autoshufflenet_v2",
-    shuffle="auto",
+ShuffleNetV2, AutoShuffleNetV2 = builder_api.public_builders(
+    _shufflenet_v2, "v2", "torchvision / megvii", DESCRIPTION, ARGUMENTS, REFERENCE
 )

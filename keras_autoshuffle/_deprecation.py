@@ -1,0 +1,61 @@
+"""Renamed arguments and attributes: the old name still works, with a DeprecationWarning.
+
+An old keyword reaches `__init__` from user code and from the config of a saved file
+(Keras calls `cls(**config)`), so one check serves both: files saved with the old config
+keys still load, `safe_mode=True` included.
+"""
+
+import warnings
+
+
+def _warn(message):
+    # stacklevel 4: the caller of the `__init__` (or of the property) that was given the
+    # old name, through this function and `renamed_argument`.
+    warnings.warn(message, DeprecationWarning, stacklevel=4)
+
+
+def renamed_argument(owner, kwargs, old, new, value, default, replacement=None):
+    """The value of argument `new`, or that of its deprecated name `old` popped from `kwargs`.
+
+    Args:
+        owner: the class name, for the messages.
+        kwargs: the call's extra keywords; `old` is removed from them.
+        value, default: `new`'s value in the call and its default.
+        replacement: what the warning tells users to write instead (default `new=`).
+
+    Raises:
+        TypeError: both names given (`new` with a value other than its default).
+    """
+    if old not in kwargs:
+        return value
+    old_value = kwargs.pop(old)
+    if value is not default and value != default:
+        raise TypeError(
+            f"{owner} got `{new}` and its deprecated name `{old}`: pass `{new}` only. "
+            f"Received: {old}={old_value!r}, {new}={value!r}"
+        )
+    _warn(
+        f"`{owner}({old}=...)` is deprecated: write `{replacement or new + '='}` instead "
+        f"(files saved with `{old}` still load)."
+    )
+    return old_value
+
+
+def no_other_keywords(owner, kwargs):
+    """TypeError for keywords left after the renamed ones are taken (Python's wording)."""
+    if kwargs:
+        raise TypeError(f"{owner}() got an unexpected keyword argument {next(iter(kwargs))!r}")
+
+
+def renamed_attribute(old, new):
+    """A read-only property `old` that returns attribute `new`, with a DeprecationWarning."""
+
+    def read(self):
+        warnings.warn(
+            f"`{type(self).__name__}.{old}` is deprecated: read `{new}`.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(self, new)
+
+    return property(read, doc=f"Deprecated name of `{new}` (read-only).")
