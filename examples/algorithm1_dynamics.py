@@ -32,7 +32,7 @@ def settle(example, penalty=0.0, iterations=1, seed=0, steps=3000, learning_rate
     Args:
         example: "example1" or "example2".
         penalty: the paper's lambda on `l12_penalty`.
-        iterations: clip/column/row passes per step (`DoublyStochastic(iterations)`).
+        iterations: clip/column/row passes per step (`DoublyStochastic(sinkhorn_iterations)`).
         seed: seed of the initial |N(0, 1)| sample, projected once as in RelaxedShuffle.
         steps: SGD steps.
         learning_rate: SGD learning rate.

@@ -11,7 +11,8 @@ from scipy.optimize import linear_sum_assignment
 
 from keras_autoshuffle import RelaxedShuffle, data, hardening, training
 from keras_autoshuffle.applications import shufflenet_v1, shufflenet_v2
-from keras_autoshuffle.layers import _straight_through, shuffle_layers
+from keras_autoshuffle.hard_forward import straight_through
+from keras_autoshuffle.layers import shuffle_layers
 from keras_autoshuffle.training import search
 
 TINY = dict(
@@ -74,7 +75,7 @@ def test_hard_forward_is_the_nearest_permutation_with_a_straight_through_gradien
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer(x)), x[..., perm])
 
     def loss(m):
-        y = keras.ops.tensordot(x, _straight_through(m), axes=[[-1], [1]])
+        y = keras.ops.tensordot(x, straight_through(m), axes=[[-1], [1]])
         return y * weights
 
     # Straight-through: the gradient of y = M x taken at M, i.e. sum over pixels of
@@ -253,8 +254,16 @@ def test_study_arms_and_verdict():
     assert entry["ci_low"] == pytest.approx(diffs.mean() - half, abs=1e-5)
     assert entry["ci_high"] == pytest.approx(diffs.mean() + half, abs=1e-5)
     assert (entry["wins"], entry["losses"], entry["equals_manual"]) == (2, 1, 3)
-    assert entry["recommended"] and not single["recommended"]  # one seed is no verdict
-    assert single["ci_low"] is None and not single["meets_target"]
+    # A CI down to -1.56 points misses the target: no arm is recommended, manual stays.
+    assert not entry["meets_target"] and not entry["recommended"]
+    assert single["ci_low"] is None and not single["meets_target"]  # one seed is no verdict
+    steady = [
+        row("v2", "warm", s, a + d, a + d)
+        for s, (a, d) in enumerate(zip(manual, (0.004, 0.005, 0.006), strict=True))
+    ]
+    (entry, single) = study.verdict(runs[:3] + steady + runs[-1:])
+    assert entry["meets_target"] and entry["recommended"] and not single["recommended"]
+    assert entry["ci_low"] == pytest.approx(0.5 - 4.302653 * 0.1 / np.sqrt(3), abs=1e-4)
     # Rows from before the arms existed get theirs from what they recorded.
     old = {"shuffle": "auto", "harden_at_epoch": None, "lambda": 1e-2, "sinkhorn_iterations": 10}
     assert study.arm_of(old, settings) == "ten_passes"
