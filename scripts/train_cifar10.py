@@ -6,7 +6,7 @@ export it.
         --model v2 --width 1.0 --shuffle auto --output runs/cifar10
 
 Writes into --output: model.keras (hardened), saved_model/, model.tflite, report.json,
-history.csv, logs/ (TensorBoard), best.keras (best relaxed checkpoint). A killed run
+history.csv, logs/ (TensorBoard). A killed run
 started again with the same arguments resumes from its last finished epoch. Recipes
 (epochs, learning rate, lambda, ...) are `keras_autoshuffle.training.RECIPES`.
 """

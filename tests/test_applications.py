@@ -1,8 +1,9 @@
 """Tests of the ShuffleNet v1 / v2 and AutoShuffleNet v1 / v2 builders.
 
-Parameter counts and MACs are REFERENCE.md's (torchvision, megvii, osmr imgclsmob,
-kuangliu/pytorch-cifar); the extra relaxed-shuffle counts are recomputed here from the
-published channel tables, not read from the models. Those checks build the real nets;
+Parameter counts and MACs are the published ones (torchvision's model docs, megvii's and
+osmr imgclsmob's ShuffleNet v1 tables, kuangliu/pytorch-cifar's ShuffleNetV2); the extra
+relaxed-shuffle counts are recomputed here from the published channel tables, not read
+from the models. Those checks build the real nets;
 the others (names, inputs, gradients, files, layouts) use the tiny nets of
 tests/helpers.py, built by the same private builders with fewer units and channels.
 The real-size counts depend on the layers' shapes only, not on the backend: the JAX run
@@ -46,20 +47,20 @@ from keras_autoshuffle.applications.shufflenet_v1 import WIDTHS as V1_WIDTHS
 IMAGENET = (224, 224, 3)
 CIFAR = (32, 32, 3)
 
-# REFERENCE.md: width -> (trainable params, MACs at 224x224), torchvision shufflenet_v2_x*.
+# torchvision's shufflenet_v2_x* docs: width -> (trainable params, MACs at 224x224).
 V2_REFERENCE = {
     0.5: (1_366_792, 40.48e6),
     1.0: (2_278_604, 144.91e6),
     1.5: (3_503_624, 295.76e6),
     2.0: (7_393_996, 583.25e6),
 }
-# REFERENCE.md: stage widths (stage2, stage3, stage4) of v2 per width.
+# ShuffleNet v2 paper, Table 5 (and torchvision): stage widths (stage2, stage3, stage4).
 V2_STAGES = {0.5: (48, 96, 192), 1.0: (116, 232, 464), 1.5: (176, 352, 704), 2.0: (244, 488, 976)}
-# REFERENCE.md: v1 1.0x, 1000 classes, by groups (megvii / osmr).
+# megvii / osmr imgclsmob: v1 1.0x, 1000 classes, trainable params by groups.
 V1_REFERENCE = {1: 1_531_936, 2: 1_733_848, 3: 1_865_728, 4: 1_968_344, 8: 2_434_768}
 # megvii README: g3 and g8 at 1.0x both 138M FLOPs (multiply-adds).
 V1_MACS = {3: 138e6, 8: 138e6}
-# REFERENCE.md: CIFAR stem, 10 classes (kuangliu/pytorch-cifar ShuffleNetV2).
+# kuangliu/pytorch-cifar ShuffleNetV2: CIFAR stem, 10 classes.
 V2_CIFAR_REFERENCE = {0.5: 352_042, 1.0: 1_263_854, 1.5: 2_488_874}
 
 
@@ -610,7 +611,7 @@ def test_count_macs_on_another_input_size():
     model = ShuffleNetV2(1.0, include_top=False)
     with pytest.raises(ValueError, match="input_shape"):
         count_macs(model)
-    # REFERENCE.md's 224x224 figure, less the 1024 x 1000 classifier.
+    # torchvision's 224x224 figure, less the 1024 x 1000 classifier.
     assert count_macs(model, IMAGENET) == pytest.approx(144.91e6 - 1024 * 1000, rel=0.01)
 
 

@@ -358,11 +358,6 @@ DAMAGED = {
         "hardening record",
         "before the last epoch",
     ),
-    "best_out_of_range": (
-        _write(ft.BEST_FILE, {"epoch": 1, "val_accuracy": 2.0}),
-        "best epoch",
-        r"\[0, 1\]",
-    ),
     "divergence_a_string": (_write(DIVERGENCE_FILE, '"nan"'), "divergence record", "object"),
 }
 

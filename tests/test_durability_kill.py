@@ -81,7 +81,7 @@ import keras
 import test_durability_kill as job
 from keras_autoshuffle import _atomic, export
 from keras_autoshuffle.hardening import harden
-from keras_autoshuffle.training import fault_tolerance, loops
+from keras_autoshuffle.training import backup, fault_tolerance, loops
 
 out, trace, point = sys.argv[1:]
 
@@ -101,7 +101,7 @@ class KillInEpoch(keras.callbacks.Callback):  # after the first step of an epoch
 
 kind, _, detail = point.partition(":")
 if kind == "backup":  # the new weights in place, their metadata not yet
-    move = fault_tolerance.move_into_place
+    move = backup.move_into_place
 
     def move_or_die(temporary, path):
         if path.endswith(fault_tolerance.METADATA_FILE):
@@ -110,7 +110,7 @@ if kind == "backup":  # the new weights in place, their metadata not yet
                     die()
         move(temporary, path)
 
-    fault_tolerance.move_into_place = move_or_die
+    backup.move_into_place = move_or_die
 elif kind == "hardening":  # the shuffles hardened in memory, the optimizer not yet
     harden.drop_removed_variables = die
 elif kind == "export":  # the file written under its temporary name, not moved

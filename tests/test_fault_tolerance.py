@@ -129,16 +129,70 @@ def _shuffle_model():
     return model
 
 
-def test_hardening_record_reapplies_the_permutation_on_resume(tmp_path):
-    backup = _killed_run(tmp_path / "run", epoch=2)
-    report = {"epoch": 1, "layers": [{"name": "shuffle", "permutation": [2, 0, 3, 1]}]}
-    ft.write_json(str(backup / ft.HARDENING_FILE), report)
-    model, hardening = _shuffle_model(), HardenShuffles(verbose=0)
-    record = ft.HardeningRecord(str(backup), hardening)
-    record.set_model(model)
-    record.on_train_begin()
-    np.testing.assert_array_equal(model.get_layer("shuffle").permutation, [2, 0, 3, 1])
-    assert hardening.report == report
+X = np.random.default_rng(0).normal(size=(16, 4)).astype("float32")
+Y = np.arange(16) % 4
+
+
+class _Kill(keras.callbacks.Callback):
+    """Stops the fit after epoch `epoch`'s backup, as a kill would (nothing after it runs)."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch + 1 == self.epoch:
+            raise KeyboardInterrupt
+
+
+def _hardened_fit(backup, kill_after=None):
+    """Three epochs of a tiny net hardened after the first, with a run's hardening, record
+    and backup callbacks (as `train()` orders them); returns (model, hardening report)."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((4,))
+    x = RelaxedShuffle(seed=0, name="shuffle")(keras.layers.Dense(4)(inputs))
+    model = keras.Model(inputs, keras.layers.Softmax()(x))
+    model.compile(
+        optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+    )
+    hardening = HardenShuffles(validation_data=(X, Y), at_epoch=1, verbose=0)
+    callbacks = [hardening, ft.HardeningRecord(backup, hardening), ft.RunBackup(backup)]
+    callbacks += [_Kill(kill_after)] if kill_after else []
+    model.fit(X, Y, batch_size=8, epochs=3, shuffle=False, callbacks=callbacks, verbose=0)
+    return model, hardening.report
+
+
+def test_a_run_killed_after_its_hardening_resumes_as_an_uninterrupted_one(tmp_path):
+    # The backup of epoch 2 holds the hardened net: loaded into the fresh relaxed model,
+    # its weights harden the shuffle and restore the optimizer's momentum; the record
+    # gives only the report, measured on the relaxed net before rounding.
+    whole, whole_report = _hardened_fit(str(tmp_path / "whole"))
+    backup = tmp_path / "killed"
+    with pytest.raises(KeyboardInterrupt):
+        _hardened_fit(str(backup), kill_after=2)
+    assert ft.backed_up_epochs(str(backup)) == 2 and (backup / ft.HARDENING_FILE).exists()
+    resumed, report = _hardened_fit(str(backup))
+    assert report == whole_report and report["epoch"] == 1
+    shuffle = resumed.get_layer("shuffle")
+    np.testing.assert_array_equal(shuffle.permutation, whole.get_layer("shuffle").permutation)
+    # Dense's kernel and bias; under JAX the fit fails unless the optimizer forgets the
+    # matrix the load hardened away too (`backup._after_hardening_load`).
+    assert shuffle.is_hardened and len(resumed.trainable_variables) == 2
+    for a, b in zip(resumed.get_weights(), whole.get_weights(), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+
+
+def test_a_hardening_record_not_of_the_backups_weights_is_named(tmp_path):
+    backup = tmp_path / "killed"
+    with pytest.raises(KeyboardInterrupt):
+        _hardened_fit(str(backup), kill_after=2)
+    report = json.loads((backup / ft.HARDENING_FILE).read_text())
+    report["layers"][0]["permutation"] = report["layers"][0]["permutation"][::-1]
+    (backup / ft.HARDENING_FILE).write_text(json.dumps(report))
+    with pytest.raises(RunDirectoryError, match="not the hardening of the backup's weights"):
+        _hardened_fit(str(backup))
 
 
 def test_hardening_record_ahead_of_the_backup_is_ignored(tmp_path):

@@ -185,10 +185,10 @@ def test_train_refuses_int8_without_litert_before_training(tmp_path):
 def test_a_training_run_keeps_its_float_files_when_int8_is_refused(untrained, tmp_path):
     # After training, a refused int8 file must not cost the run: the float files and the
     # report's numbers stay, marked refused, with no int8 file.
-    from keras_autoshuffle.training import loops
+    from keras_autoshuffle.training import exports
 
     images = _images(48, seed=5)
-    results = loops._export(
+    results = exports.export_run(
         untrained, str(tmp_path), images[:2], ("litert",), (images, (images, np.zeros(48, int)))
     )
     assert results["int8"]["path"] is None and "minimum 0.99" in results["int8"]["refused"]

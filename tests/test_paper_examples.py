@@ -4,7 +4,7 @@ Every 2 x 2 doubly stochastic matrix is Q(q) = [[q, 1-q], [1-q, q]], q in [0, 1]
 minimises loss(Q(q)) + lambda * l12_penalty(Q(q)) over q with SGD, q clipped to [0, 1]
 after every step (a variable constraint), from several starting points at once (q is a
 vector, one entry per start). Where the objective has several local minima the minimiser
-is the best of the end points. Expected outcomes: REFERENCE.md and the paper; interior
+is the best of the end points. Expected outcomes: the paper's Section 3; interior
 points are checked against closed forms or an independent NumPy computation.
 
 Algorithm 1's own dynamic on a free matrix is different: see docs/algorithm1.md and
@@ -179,7 +179,7 @@ def _network(weights, m):
 def _example3_loss(m, scale):
     """E_x[(f_m(x, W) - f_m(x, W*))^2], x uniform on [-1, 1]^2, times `scale`.
 
-    The teacher has the same shortcut m (REFERENCE.md). scale=1 is the expectation;
+    The teacher has the same shortcut m (the paper's Example 3). scale=1 is the expectation;
     scale=4 is the integral over the square, the normalisation of the paper's closed forms
     (its Eq. for E phi((m+p)x1 + (1-p)x2)^2 = 2/3 [(m+p)^2 + (1-p)^2] is 4x the mean).
     """
@@ -214,7 +214,7 @@ def _example3(scale):
 def test_example3_unpenalised_optimum_rounds_to_the_wrong_permutation(scale):
     p = _example3(scale)[0][0]
     np.testing.assert_allclose(p, p[0], atol=1e-3)  # one interior minimum, from every start
-    assert 0.52 < p[0] < 0.58  # REFERENCE.md: about 0.55
+    assert 0.52 < p[0] < 0.58  # the paper's Example 3: about 0.55
     assert np.round(p[0]) == 1  # rounding picks p = 1 ...
     loss = _example3_loss(m=1.0, scale=scale)
     ends = ops.convert_to_numpy(loss(_family(ops.convert_to_tensor([0.0, 1.0]))))

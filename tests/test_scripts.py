@@ -56,7 +56,9 @@ def test_train_cifar10_script_on_digits_writes_everything(digits_job):
     for name in ("model.keras", "saved_model", "model.tflite", "report.json", "history.csv"):
         assert (out / name).exists(), name
     assert any((out / "logs").rglob("events.out.tfevents*"))
-    assert (out / "best.keras").exists() and not (out / "backup").exists()
+    # No model chosen on the test split (the split the report quotes): no best.keras.
+    assert not (out / "best.keras").exists() and not (out / "backup").exists()
+    assert "best" not in json.loads((out / "report.json").read_text())["files"]
     # The script prints where everything is.
     assert str(out / "model.tflite") in output and "rounded" in output
 

@@ -149,7 +149,7 @@ def kill_and_resume(tmp_path_factory):
 
 
 def test_recipes_match_the_paper():
-    # REFERENCE.md, "Training recipes (paper, Section 4)".
+    # The paper's Section 4: its CIFAR-10 and ImageNet training recipes.
     cifar = training.get_recipe("cifar10")
     assert (cifar.penalty, cifar.learning_rates, cifar.cycle_epochs) == (1e-3, (0.2,), (200,))
     assert (cifar.momentum, cifar.weight_decay, cifar.batch_size) == (0.95, 1e-4, 128)
@@ -359,10 +359,10 @@ def test_killed_run_resumes_and_ends_with_the_same_weights(kill_and_resume):
 )
 def test_run_hardened_mid_training_resumes_with_the_same_permutations(kill_and_resume, scenario):
     # 4 epochs, killed at the end of an epoch after its backup. Hardened after epoch 2:
-    # killed at the end of epoch 2 or 3, the backup holds a hardened net, whose
-    # permutations (saved beside it) the fresh model must take before its weights fit.
-    # Hardened at the end: killed after the last epoch's backup, before the hardening,
-    # the restart trains no more and hardens.
+    # killed at the end of epoch 2 or 3, the backup holds a hardened net, whose weights
+    # carry its permutations into the fresh model (the record beside them keeps only the
+    # hardening's report). Hardened at the end: killed after the last epoch's backup,
+    # before the hardening, the restart trains no more and hardens.
     _, harden_at = KILLED[scenario]
     run = kill_and_resume[scenario]
     code, output, _ = run["killed"]

@@ -211,8 +211,8 @@ def drop_removed_variables(model):
     EMA pairs that list with its averages by position on every backend (Keras's private
     state, changed in `_keras_internals.drop_optimizer_variables`). The other variables
     keep their slots; the dropped ones' slots stay in `optimizer.variables`,
-    unused, so the optimizer's saved state keeps its layout (`HardeningRecord` resumes
-    from it).
+    unused, so the optimizer's saved state keeps its layout: a backup of the hardened net
+    loads into a freshly built relaxed one's optimizer (`training.backup.RunBackup`).
     """
     kept = {id(v) for v in model.variables}
     _keras_internals.drop_optimizer_variables(getattr(model, "optimizer", None), kept)

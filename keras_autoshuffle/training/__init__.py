@@ -2,9 +2,12 @@
 
 - `recipes.py`: `Recipe`, `RECIPES`, `get_recipe`, `make_optimizer`;
 - `distribution.py`: `make_strategy` and the strategy facts the loops need;
-- `loops.py`: `train()` (fit on one host), hardening, export; `multi_worker.py`: the
-  custom step across hosts;
-- `fault_tolerance.py`: resuming killed runs, the hardening record, run-directory checks;
+- `loops.py`: `train()` (fit on one host), hardening; `multi_worker.py`: the custom step
+  across hosts; `job.py`: `TrainingJob`, what both loops are given, and the callbacks'
+  order; `exports.py`: the exports, checked before training and written after it;
+- `fault_tolerance.py`: resuming killed runs, the run-directory checks; `backup.py`: the
+  weights backup; `records.py`: the time, history and hardening records beside it;
+  `run_files.py`: the run's file names, a damaged file named;
 - `search.py`: `search_then_retrain`, learned shuffles searched, hardened, then fixed
   in a net trained from fresh weights;
 - `cli.py`: the scripts' options, `run_from_args`, `format_run_summary`.

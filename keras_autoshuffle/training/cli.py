@@ -228,23 +228,16 @@ def make_model_fn(
 ):
     """A function building ShuffleNet `model` ("v1" or "v2") for `train_data`'s images;
     its keyword arguments override the builder's (e.g. `shuffle_permutations`)."""
+    # The builder's arguments: this function's own by name (`groups` for v1 only), and
+    # the data's image shape and classes.
+    arguments = {k: v for k, v in locals().items() if k not in ("model", "train_data")}
+    if model == "v2":
+        del arguments["groups"]
+    arguments.update(input_shape=tuple(train_data.input_shape), classes=train_data.num_classes)
     from keras_autoshuffle import applications
 
     def model_fn(**overrides):
         builder = applications.ShuffleNetV2 if model == "v2" else applications.ShuffleNetV1
-        arguments = dict(
-            width=width,
-            input_shape=tuple(train_data.input_shape),
-            classes=train_data.num_classes,
-            shuffle=shuffle,
-            penalty=penalty,
-            stem=stem,
-            padding=padding,
-            sinkhorn_iterations=sinkhorn_iterations,
-            shuffle_initializer=shuffle_initializer,
-            shuffle_forward=shuffle_forward,
-            **({} if model == "v2" else {"groups": groups}),
-        )
         return builder(**{**arguments, **overrides})
 
     return model_fn
@@ -341,6 +334,9 @@ def run_from_args(args, recipe_name, stem, manual_dir=None):
     run = train
     if args.search_epochs is not None:
         run = functools.partial(search_then_retrain, search_epochs=args.search_epochs)
+    # train()'s options that are command-line options of the same name.
+    passed = ("mixed_precision", "jit_compile", "seed", "harden_at_epoch", "balanced")
+    passed += ("overwrite", "verbose", "int8")
     try:
         report = run(
             model_fn,
@@ -349,16 +345,9 @@ def run_from_args(args, recipe_name, stem, manual_dir=None):
             recipe,
             args.output,
             strategy=strategy,
-            mixed_precision=args.mixed_precision,
-            jit_compile=args.jit_compile,
-            seed=args.seed,
             export=export,
             settings={k: v for k, v in vars(args).items() if k not in skip},
-            harden_at_epoch=args.harden_at_epoch,
-            balanced=args.balanced,
-            overwrite=args.overwrite,
-            verbose=args.verbose,
-            int8=args.int8,
+            **{name: getattr(args, name) for name in passed},
         )
     except (RunDirectoryError, TrainingDivergedError) as error:
         sys.exit(f"error: {error}")

@@ -11,29 +11,23 @@ import tensorflow as tf
 from keras import ops
 
 from keras_autoshuffle.hardening import harden_and_evaluate
-from keras_autoshuffle.training.fault_tolerance import restored_epoch
+from keras_autoshuffle.training.backup import restored_epoch
 
 
-def custom_loop(
-    model,
-    optimizer,
-    strategy,
-    train_data,
-    test_data,
-    recipe,
-    callbacks,
-    jit_compile,
-    verbose,
-    balanced=False,
-    time_limit=None,
-):
+def custom_loop(job):
     """MultiWorkerMirroredStrategy with a hand-written step (fit is broken there).
 
     Each step: loss averaged over the global batch plus the penalty (`model.losses`,
     scaled by 1 / replicas since gradients are summed), `optimizer.apply_gradients` (which
     applies the DoublyStochastic constraint after the update). Keras callbacks are driven
     by hand; each worker backs up to its own directory.
+
+    Args:
+        job: the run's `TrainingJob` (its `harden_at_epoch` must be None: the shuffles are
+            hardened at the end).
     """
+    model, optimizer, strategy, recipe = job.model, job.optimizer, job.strategy, job.recipe
+    train_data, test_data = job.train_data, job.test_data
     batch = recipe.batch_size
     steps = train_data.steps(batch)
     loss_fn = keras.losses.SparseCategoricalCrossentropy(reduction=None)
@@ -60,7 +54,7 @@ def custom_loop(
 
     @tf.function(jit_compile=False)
     def train_step(iterator):
-        results = strategy.run(tf.function(step_fn, jit_compile=jit_compile), next(iterator))
+        results = strategy.run(tf.function(step_fn, jit_compile=job.jit_compile), next(iterator))
         return [strategy.reduce("SUM", r, axis=None) for r in results]
 
     def evaluate():
@@ -104,10 +98,10 @@ def custom_loop(
         return strategy.distribute_datasets_from_function(fn)
 
     callbacks = keras.callbacks.CallbackList(
-        callbacks,
-        add_progbar=verbose > 0,
+        job.callbacks(),
+        add_progbar=job.verbose > 0,
         model=model,
-        verbose=verbose,
+        verbose=job.verbose,
         epochs=recipe.epochs,
         steps=steps,
     )
@@ -131,7 +125,7 @@ def custom_loop(
         callbacks.on_epoch_end(epoch, logs)
     # The backup is kept until the run's report is written: a run killed during the
     # hardening restarts after its last epoch, not from scratch.
-    report = harden_and_evaluate(model, evaluate, balanced=balanced, time_limit=time_limit)
+    report = harden_and_evaluate(model, evaluate, balanced=job.balanced, time_limit=job.time_limit)
     callbacks.on_train_end(logs)
     report["final_accuracy"] = report["rounded_accuracy"]
     return report

@@ -1,0 +1,273 @@
+"""The weights backup: Keras's `BackupAndRestore`, written atomically and checked on resume.
+
+The backup of an epoch: weights (and optimizer state), then its metadata naming the
+weights file's SHA-256. Both are written under temporary names first; the weights move
+into place, then the metadata. Killed between the two moves, the complete metadata still
+waits under its temporary name: `recover` finishes the move.
+
+A hardened shuffle writes its permutation where a relaxed one writes its matrix
+(`RelaxedShuffle.save_own_variables`), so the backup of a hardened net carries its
+permutations: loaded into the freshly built (relaxed) model of a resumed run, it hardens
+its shuffles (`RunBackup`).
+"""
+
+import json
+import os
+import tempfile
+
+import h5py
+import keras
+import numpy as np
+
+from keras_autoshuffle import _keras_internals
+from keras_autoshuffle._atomic import move_into_place, partial_path, remove, sync
+from keras_autoshuffle.applications.pretrained import sha256_of as sha256
+from keras_autoshuffle.hardening.harden import drop_removed_variables
+from keras_autoshuffle.layers import relaxed_shuffles
+from keras_autoshuffle.training.run_files import (
+    METADATA_FILE,
+    WEIGHTS_FILE,
+    check_epoch,
+    damaged,
+    is_int,
+    read_record,
+)
+
+# The entry a hardened RelaxedShuffle writes in place of its matrix (`vars/0`).
+_PERMUTATION = "permutation"
+
+
+def restored_epoch(model):
+    """The epochs a resumed fit skips, as `BackupAndRestore` restored them (read from
+    Keras's private state in `_keras_internals.initial_epoch`)."""
+    return _keras_internals.initial_epoch(model)
+
+
+def _paths(backup_dir):
+    """(weights, metadata, their temporaries) of `backup_dir`."""
+    weights, metadata = (os.path.join(backup_dir, f) for f in (WEIGHTS_FILE, METADATA_FILE))
+    return weights, metadata, partial_path(weights), partial_path(metadata)
+
+
+def save_backup(model, backup_dir, epochs):
+    """Writes the backup of `epochs` completed epochs atomically (see above)."""
+    os.makedirs(backup_dir, exist_ok=True)
+    weights, metadata, weights_partial, metadata_partial = _paths(backup_dir)
+    remove(weights_partial)
+    model.save_weights(weights_partial)
+    sync(weights_partial)
+    with open(metadata_partial, "w") as f:
+        json.dump({"epoch": epochs, "batch": 0, "weights_sha256": sha256(weights_partial)}, f)
+    sync(metadata_partial)
+    move_into_place(weights_partial, weights)
+    move_into_place(metadata_partial, metadata)
+
+
+def recover(backup_dir):
+    """Completes or discards a backup write that a kill interrupted."""
+    weights, metadata, weights_partial, metadata_partial = _paths(backup_dir)
+    if os.path.exists(metadata_partial) and not os.path.exists(weights_partial):
+        # Killed between the two moves: the new weights are in place, the metadata waits.
+        if not os.path.exists(weights):
+            raise damaged(metadata_partial, "backup metadata", "no weights file", weights)
+        record = read_record(metadata_partial, "backup metadata", ("weights_sha256",))
+        if record["weights_sha256"] != sha256(weights):
+            raise damaged(
+                metadata_partial, "backup metadata", f"not the metadata of {weights}", record
+            )
+        move_into_place(metadata_partial, metadata)
+    remove(weights_partial)
+    remove(metadata_partial)
+
+
+def trained(backup_dir):
+    """Whether `backup_dir` holds a completed epoch (after `recover`)."""
+    names = (METADATA_FILE, WEIGHTS_FILE)
+    return any(os.path.exists(os.path.join(backup_dir, name)) for name in names)
+
+
+def backed_up_epochs(backup_dir, epochs=None):
+    """Epochs completed in `backup_dir`'s backup (0 when there is none), its metadata and
+    weights checked: the epoch count within [1, epochs], the weights file present and the
+    one the metadata names (its SHA-256; backups of Keras's own writer carry none)."""
+    path = os.path.join(backup_dir, METADATA_FILE)
+    weights = os.path.join(backup_dir, WEIGHTS_FILE)
+    if not os.path.exists(path):
+        if os.path.exists(weights):
+            raise damaged(path, "backup metadata", "missing beside the weights file", weights)
+        return 0
+    record = read_record(path, "backup metadata", ("epoch",))
+    epoch = check_epoch(path, "backup metadata", record, "epoch", epochs)
+    if "batch" in record and not is_int(record["batch"]):
+        raise damaged(path, "backup metadata", "'batch' must be an integer", record)
+    if not os.path.exists(weights):
+        raise damaged(path, "backup metadata", f"its weights file {weights} is missing", record)
+    digest = record.get("weights_sha256")
+    if digest is not None and digest != sha256(weights):
+        raise damaged(
+            weights, "backup weights", f"not the file its metadata {path} describes", digest
+        )
+    return epoch
+
+
+def _visit_arrays(path, visit):
+    """Calls `visit(name, dataset)` for every array of an HDF5 file."""
+
+    def visit_dataset(name, item):
+        if isinstance(item, h5py.Dataset):
+            visit(name, item)
+
+    with h5py.File(path, "r") as f:
+        f.visititems(visit_dataset)
+
+
+def _h5_arrays(path):
+    """{name: (shape, dtype)} of every array in an HDF5 file."""
+    arrays = {}
+    _visit_arrays(path, lambda name, item: arrays.update({name: (item.shape, item.dtype.str)}))
+    return arrays
+
+
+def _non_finite_arrays(path):
+    bad = []
+
+    def visit(name, item):
+        if item.dtype.kind == "f" and not np.all(np.isfinite(item[()])):
+            bad.append(name)
+
+    _visit_arrays(path, visit)
+    return bad
+
+
+def saved_permutations(path):
+    """The permutations of the hardened shuffles a weights file holds (sorted lists)."""
+    found = []
+
+    def visit(name, item):
+        if name.endswith(f"/vars/{_PERMUTATION}"):
+            found.append(item[()].tolist())
+
+    try:
+        _visit_arrays(path, visit)
+    except OSError as error:
+        raise damaged(path, "backup weights", "not an HDF5 file", error) from None
+    return sorted(found)
+
+
+def _saved_arrays(model, hardened=False):
+    """`_h5_arrays` of `model.save_weights`; `hardened`: as if every relaxed shuffle were
+    hardened (the layout a backup of the hardened net has), the model left as it is."""
+    layers = relaxed_shuffles(model) if hardened else []
+    try:
+        for layer in layers:  # as harden_model does while it chooses the permutations
+            layer._permutation = np.arange(layer.matrix.shape[0])
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "expected.weights.h5")
+            model.save_weights(path)
+            return _h5_arrays(path)
+    finally:
+        for layer in layers:
+            layer._permutation = None
+
+
+def _build_optimizer(model):
+    """Builds the model's optimizer, as BackupAndRestore does before loading its state."""
+    optimizer = model.optimizer
+    if optimizer is not None and not optimizer.built:
+        strategy = getattr(model, "distribute_strategy", None)
+        if strategy is None:
+            optimizer.build(model.trainable_variables)
+        else:
+            with strategy.scope():
+                optimizer.build(model.trainable_variables)
+
+
+def check_weights_file(path, model):
+    """RunDirectoryError unless the weights file `path` holds exactly the arrays `model`
+    (and its optimizer) saves, of the same shapes and dtypes, all finite; a relaxed shuffle
+    may be saved hardened (its permutation)."""
+    _build_optimizer(model)
+    try:
+        found = _h5_arrays(path)
+    except OSError as error:
+        raise damaged(path, "backup weights", "not an HDF5 file", error) from None
+    expected = _saved_arrays(model)
+    if found != expected and relaxed_shuffles(model):
+        # Saved after `harden_model` (all or nothing), as a run hardened mid-training is.
+        hardened = _saved_arrays(model, hardened=True)
+        expected = hardened if set(found) - set(expected) else expected
+    if found != expected:
+        missing = sorted(set(expected) - set(found))
+        extra = sorted(set(found) - set(expected))
+        other = sorted(k for k in set(found) & set(expected) if found[k] != expected[k])
+        raise damaged(
+            path,
+            "backup weights",
+            f"not this model's weights ({len(missing)} arrays missing, {len(extra)} "
+            f"unexpected, {len(other)} of another shape or dtype)",
+            f"missing {missing[:3]}, unexpected {extra[:3]}, other "
+            + str([(k, found[k], expected[k]) for k in other[:3]]),
+        )
+    bad = _non_finite_arrays(path)
+    if bad:
+        raise damaged(path, "backup weights", "non-finite values", bad[:5])
+
+
+def _after_hardening_load(model):
+    """What `harden_model` does after rounding, for shuffles a loaded backup hardened:
+    the optimizer forgets their matrices (whose slots stay, as in the run that saved the
+    backup) and the compiled functions are rebuilt for the hardened graph."""
+    drop_removed_variables(model)
+    model.test_function = model.predict_function = None
+    if getattr(model, "train_function", None) is not None:
+        model.make_train_function(force=True)
+
+
+class RunBackup(keras.callbacks.BackupAndRestore):
+    """Keras's `BackupAndRestore` whose backups are written atomically and checked.
+
+    After each epoch the weights and optimizer state are written under temporary names
+    and moved into place (`save_backup`): a kill during the write leaves the previous
+    epoch's backup. The backup is kept at the end of training (`finish_run` removes it
+    after the report). On resume the weights file must hold exactly the model's arrays,
+    all finite, and the optimizer's step count must be the restored epochs' steps. A
+    backup of a hardened net hardens the fresh model's shuffles as it loads; the
+    optimizer was built before, on the relaxed variables, as in the run that saved it, so
+    its saved state fits.
+
+    Args:
+        backup_dir: the run's backup folder.
+    """
+
+    def __init__(self, backup_dir):
+        super().__init__(backup_dir, save_freq="epoch", delete_checkpoint=False)
+
+    def on_train_begin(self, logs=None):
+        path = os.path.join(self.backup_dir, WEIGHTS_FILE)
+        if os.path.exists(path):
+            check_weights_file(path, self.model)
+        relaxed = len(relaxed_shuffles(self.model))
+        try:
+            super().on_train_begin(logs)
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise damaged(path, "backup weights", "not loadable into the model", error) from None
+        if len(relaxed_shuffles(self.model)) < relaxed:
+            _after_hardening_load(self.model)
+        steps = (self.params or {}).get("steps")
+        optimizer = self.model.optimizer
+        if steps and optimizer is not None and optimizer.built:
+            iterations = int(keras.ops.convert_to_numpy(optimizer.iterations))
+            epoch = restored_epoch(self.model)
+            # A loss-scaling optimizer skips the steps whose gradients overflowed.
+            skips = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+            if iterations > epoch * steps or (iterations < epoch * steps and not skips):
+                raise damaged(
+                    path,
+                    "backup weights",
+                    f"its optimizer made {iterations} steps, not the {epoch} x {steps} of "
+                    f"the {epoch} epochs its metadata counts",
+                    iterations,
+                )
+
+    def on_epoch_end(self, epoch, logs=None):
+        save_backup(self.model, self.backup_dir, epoch + 1)

@@ -1,0 +1,136 @@
+"""A run's exports: planned and checked before training, written after the hardening.
+
+`train()` refuses before its first epoch what its end could not do (a format this backend
+or precision cannot write, an int8 file without LiteRT, a model that does not load back
+as a `.keras` file), then exports the hardened model through `export.export_model`.
+"""
+
+import warnings
+
+import keras
+import numpy as np
+
+from keras_autoshuffle import _validation
+from keras_autoshuffle import export as export_lib
+
+# `int8=True`: training images calibrated on, and at most this many test examples checked.
+INT8_CALIBRATION_EXAMPLES = 500
+INT8_TEST_EXAMPLES = 10000
+
+
+def export_formats(export):
+    """None: every format where possible (`export=True`); else the formats asked for."""
+    if export is True:
+        return None
+    if export is False:
+        return ()
+    try:
+        return export_lib.check_formats(export)
+    except ValueError:
+        raise ValueError(
+            f"`export` must be True, False or a list of formats of {export_lib.FORMATS}. "
+            f"Received: export={export!r}"
+        ) from None
+
+
+def plan_export(model, formats):
+    """(formats to export besides .keras, {format: why not} for those left out)."""
+    auto = formats is None
+    formats = ("saved_model", "litert") if auto else tuple(f for f in formats if f != "keras")
+    if formats and len(model.inputs) != 1:
+        raise ValueError(
+            "The export checks support single-input models: pass export=False. Received: "
+            f"a model with {len(model.inputs)} inputs"
+        )
+    unsupported = export_lib.unsupported_formats(formats, export_lib.compute_dtypes(model))
+    if unsupported and not auto:
+        raise ValueError(
+            "These export formats cannot be written for this run: "
+            + "; ".join(f"{name}: {why}" for name, why in unsupported.items())
+            + ". Leave them out (or pass export=True to drop what cannot be exported). "
+            f"Received: export={formats}"
+        )
+    for name, why in unsupported.items():
+        warnings.warn(
+            f"The run will not export {name}: {why}. (Listed in `export`, a format that cannot "
+            "be written stops the run before training instead.)",
+            stacklevel=3,
+        )
+    return tuple(f for f in formats if f not in unsupported), unsupported
+
+
+def check_int8(int8, formats, skipped, chief):
+    """Refuses `int8=True` before training where the LiteRT export cannot be written."""
+    _validation.choice(int8, (False, True), "int8")
+    if int8 and chief and "litert" not in formats:
+        why = skipped.get("litert", "the run does not export LiteRT (`export`)")
+        raise ValueError(
+            f"`int8=True` needs the LiteRT export, which this run cannot write: {why}. "
+            f"Received: int8=True with export formats {formats}"
+        )
+
+
+def int8_data(train_data, test_data):
+    """(calibration images, (test images, test labels)) for the int8 export."""
+
+    def take(data, count):
+        images, labels = [], []
+        for batch in data.eval_dataset(256):
+            images.append(keras.ops.convert_to_numpy(batch[0]))
+            labels.append(keras.ops.convert_to_numpy(batch[1]))
+            if sum(len(x) for x in images) >= count:
+                break
+        return np.concatenate(images)[:count], np.concatenate(labels)[:count]
+
+    calibration, _ = take(train_data, INT8_CALIBRATION_EXAMPLES)
+    return calibration, take(test_data, INT8_TEST_EXAMPLES)
+
+
+def check_savable(model, test_data, formats):
+    """Checks before training what the end of the run needs: the model's config loads
+    back in safe mode (`model.keras`), and a batch of test images for the export checks
+    (returned when exporting)."""
+    try:
+        config = keras.saving.serialize_keras_object(model)
+        keras.saving.deserialize_keras_object(config, safe_mode=True)
+    except Exception as error:  # whatever Keras raises: the model cannot be saved as built
+        raise ValueError(
+            "The model cannot be saved and loaded as a .keras file (register its custom "
+            "objects with keras.saving.register_keras_serializable, avoid Lambda layers). "
+            f"Received: {type(error).__name__}: {str(error)[:300]}"
+        ) from None
+    if not formats:
+        return None
+    return keras.ops.convert_to_numpy(next(iter(test_data.eval_dataset(8)))[0])
+
+
+def export_run(model, output_dir, sample, formats, int8_data=None):
+    """`model.keras` as trained (hardened); `formats` (SavedModel, LiteRT) from the folded
+    network, and with `int8_data` (calibration images, test data) its int8 LiteRT.
+
+    Folding (`folding.fold_model`) removes the shuffles' GATHERs, which split LiteRT's
+    XNNPACK delegate; models it does not cover (not from `applications`, channels_first)
+    are exported as they are. Every file's max abs difference is against the hardened
+    model.
+    """
+    from keras_autoshuffle import folding
+
+    results = export_lib.export_model(model, output_dir, sample, formats=("keras",))
+    folded = folding.is_foldable(model)
+    inference = folding.fold_model(model, name=model.name) if folded else model
+    int8 = {}
+    if int8_data is not None:
+        int8 = dict(quantize="int8", representative_data=int8_data[0], test_data=int8_data[1])
+    try:
+        files = export_lib.export_model(
+            inference, output_dir, sample, formats=formats, reference=model, **int8
+        )
+    except export_lib.Int8CheckError as error:
+        # Training is over: keep the float files and the report, refuse only the int8 file.
+        files = export_lib.export_model(
+            inference, output_dir, sample, formats=formats, reference=model
+        )
+        files["int8"] = {**error.check, "path": None, "refused": str(error)}
+    for name, entry in files.items():
+        results[name] = {**entry, "folded": folded}
+    return results
