@@ -80,6 +80,7 @@ def data_format(value):
     return choice(value or keras.config.image_data_format(), DATA_FORMATS, "data_format")
 
 
-def channel_axis(data_format_value):
-    """-1 for channels_last, 1 for channels_first."""
-    return -1 if data_format_value == "channels_last" else 1
+def channel_axis(data_format_value=None):
+    """-1 for channels_last, 1 for channels_first (None: Keras's `image_data_format()`)."""
+    value = data_format_value or keras.config.image_data_format()
+    return -1 if value == "channels_last" else 1

@@ -40,11 +40,6 @@ _straight_through = straight_through
 SHUFFLE_INITIALIZERS = ("random", "manual")
 
 
-def _channel_axis(data_format):
-    data_format = _validation.data_format(data_format)
-    return data_format, _validation.channel_axis(data_format)
-
-
 def _check_channels(layer, inputs, expected):
     """A clear error when a built layer is called on another channel count."""
     channels = inputs.shape[layer._channel_axis]
@@ -166,7 +161,8 @@ class RelaxedShuffle(keras.layers.Layer):
         self.constraint = DoublyStochastic(sinkhorn_iterations)
         self.penalty = self.regularizer.penalty
         self.sinkhorn_iterations = self.constraint.sinkhorn_iterations
-        self.data_format, self._channel_axis = _channel_axis(data_format)
+        self.data_format = _validation.data_format(data_format)
+        self._channel_axis = _validation.channel_axis(self.data_format)
         self.seed = seed
         self.matrix = None
         self._permutation = (

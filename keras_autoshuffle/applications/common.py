@@ -20,11 +20,6 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def channel_axis():
-    """The channel axis of an image tensor for Keras's current `image_data_format()`."""
-    return -1 if keras.config.image_data_format() == "channels_last" else 1
-
-
 def batch_norm(name, gamma_initializer="ones"):
     """BatchNormalization as PyTorch trains ShuffleNets (momentum 0.1 there, 0.9 here).
 
@@ -32,7 +27,7 @@ def batch_norm(name, gamma_initializer="ones"):
     weights during short trainings: evaluation accuracy stays at chance.
     """
     return layers.BatchNormalization(
-        axis=channel_axis(),
+        axis=_validation.channel_axis(),
         momentum=0.9,
         epsilon=1e-5,
         gamma_initializer=gamma_initializer,

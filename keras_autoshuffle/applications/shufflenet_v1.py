@@ -133,7 +133,7 @@ def _unit(inputs, filters, groups, stride, first_group, options, prefix):
             return layers.ReLU(name=f"{prefix}_relu2")(x)
         x = layers.ReLU(name=f"{prefix}_relu2")(x)
         shortcut = options.pool("avg", f"{prefix}_pool")(shortcut)
-        return layers.Concatenate(axis=common.channel_axis(), name=f"{prefix}_concat")(
+        return layers.Concatenate(axis=_validation.channel_axis(), name=f"{prefix}_concat")(
             [shortcut, x]
         )
 

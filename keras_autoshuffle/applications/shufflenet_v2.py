@@ -83,7 +83,7 @@ def _down_unit(filters, options, prefix):
     """The stride-2 unit: both branches see the whole input; `filters` output channels."""
     half = filters // 2
     bn = common.batch_norm
-    axis = common.channel_axis()
+    axis = _validation.channel_axis()
 
     def apply(x):
         left = options.dwconv(2, f"{prefix}_left_dwconv")(x)
@@ -100,7 +100,7 @@ def _down_unit(filters, options, prefix):
 
 def _basic_unit(filters, options, prefix):
     """The stride-1 unit: half the channels pass, the other half go through the branch."""
-    axis = common.channel_axis()
+    axis = _validation.channel_axis()
 
     def apply(x):
         identity, x = ChannelSplit(name=f"{prefix}_split")(x)

@@ -20,7 +20,8 @@ Both of PyTorch's formats are read:
 The older tar format (torch < 0.4) is not read.
 
 The module imports nothing but the standard library and NumPy (not Keras), so a script
-can load it by path where TensorFlow is not installed.
+can load it by path where TensorFlow is not installed. That is also why it is one file of
+over 400 lines: the unpickler, its stand-ins and both formats' readers travel together.
 """
 
 import io
