@@ -19,16 +19,6 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 def _study(args):
     from experiments import study
 
@@ -54,16 +44,19 @@ def _study(args):
 
 
 def main(argv=None):
+    # Imported here, after TF_CPP_MIN_LOG_LEVEL is set.
+    from keras_autoshuffle._validation import positive_int_argument as positive
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", required=True, help="output directory")
     parser.add_argument("--dataset", choices=("digits", "cifar10"), default=None)
     parser.add_argument("--quick", action="store_true", help="digits-sized settings (~15 min)")
     parser.add_argument("--study", choices=("fashion_mnist",), default=None)
-    parser.add_argument("--epochs", type=_positive_int, default=None)
+    parser.add_argument("--epochs", type=positive, default=None)
     parser.add_argument("--lambdas", type=float, nargs="+", default=None)
     parser.add_argument("--penalty", type=float, default=None, help="the study's lambda")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="the study's seeds")
-    parser.add_argument("--harden-at-epoch", type=_positive_int, default=None)
+    parser.add_argument("--harden-at-epoch", type=positive, default=None)
     parser.add_argument(
         "--arms", nargs="+", default=None, help="the study's arms screened on v2, in run order"
     )
@@ -78,11 +71,11 @@ def main(argv=None):
         action="store_true",
         help="the study's report from the runs finished so far (trains nothing)",
     )
-    parser.add_argument("--max-train-examples", type=_positive_int, default=None)
+    parser.add_argument("--max-train-examples", type=positive, default=None)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument(
         "--jobs",
-        type=_positive_int,
+        type=positive,
         default=1,
         help="trainings at once, one process each (default 1)",
     )

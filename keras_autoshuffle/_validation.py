@@ -84,3 +84,17 @@ def channel_axis(data_format_value=None):
     """-1 for channels_last, 1 for channels_first (None: Keras's `image_data_format()`)."""
     value = data_format_value or keras.config.image_data_format()
     return -1 if value == "channels_last" else 1
+
+
+def positive_int_argument(text):
+    """An argparse `type=`: a positive integer (the command lines' counts), or a usage error
+    that quotes the text."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value

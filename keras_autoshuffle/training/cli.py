@@ -4,6 +4,7 @@ import argparse
 import functools
 import sys
 
+from keras_autoshuffle._validation import positive_int_argument as _positive_int
 from keras_autoshuffle.training.distribution import STRATEGIES, make_strategy
 from keras_autoshuffle.training.divergence import TrainingDivergedError
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
@@ -43,16 +44,6 @@ def format_run_summary(report):
     lines.append("Files:")
     lines.extend(f"  {name:12s}{path}" for name, path in report["files"].items())
     return "\n".join(lines)
-
-
-def _positive_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
 
 
 def _sinkhorn_iterations(text):
