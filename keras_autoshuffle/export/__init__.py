@@ -1,0 +1,92 @@
+"""Export to `.keras`, SavedModel and LiteRT, each reloaded and checked against Keras.
+
+A model whose shuffles are still relaxed is refused unless asked for: its shuffles
+are dense N x N matrices, not the permutations the paper ships. Harden first
+(`harden_model` / `HardenShuffles`) and, for speed, fold the permutations into the
+weights (`keras_autoshuffle.folding.fold_model`).
+
+Every file is written under a temporary name and moved into place (`_atomic`): a killed
+export leaves the previous file or the new one, never a truncated one.
+
+`quantize="int8"` adds `model_int8.tflite`, a full-integer LiteRT model calibrated on
+`representative_data`, whose check is top-1 agreement with the float model and accuracy on
+labelled test data (`export_int8`).
+
+- `export_model`, the one call: checks, files, parity check, int8 (`pipeline.py`);
+- what is checked before anything is written (`checks.py`);
+- each format's writer and reader (`files.py`);
+- running `.tflite` files with the LiteRT interpreter (`litert.py`);
+- the int8 file and its check (`int8.py`).
+"""
+
+from keras_autoshuffle.export.checks import (
+    _installed,
+    _single_input,
+    check_exportable,
+    check_formats,
+    compute_dtypes,
+    make_folder,
+    unsupported_formats,
+)
+from keras_autoshuffle.export.files import (
+    FILENAMES,
+    FORMATS,
+    export_litert,
+    export_saved_model,
+    keras_outputs,
+    load_keras_outputs,
+    save_keras,
+    saved_model_outputs,
+)
+from keras_autoshuffle.export.int8 import (
+    INT8_FILENAME,
+    Int8CheckError,
+    _check_int8_arguments,
+    _export_int8_checked,
+    _fraction,
+    export_int8,
+    int8_check,
+)
+from keras_autoshuffle.export.litert import (
+    _PREDICT_BATCH,
+    keras_predict,
+    litert_interpreter,
+    litert_outputs,
+    litert_predict,
+    litert_run,
+)
+from keras_autoshuffle.export.pipeline import (
+    _EPSILON,
+    _READERS,
+    _WRITERS,
+    QUANTIZE,
+    _max_abs_diff,
+    export_model,
+)
+
+__all__ = [
+    "FILENAMES",
+    "FORMATS",
+    "INT8_FILENAME",
+    "QUANTIZE",
+    "Int8CheckError",
+    "check_exportable",
+    "check_formats",
+    "compute_dtypes",
+    "export_int8",
+    "export_litert",
+    "export_model",
+    "export_saved_model",
+    "int8_check",
+    "keras_outputs",
+    "keras_predict",
+    "litert_interpreter",
+    "litert_outputs",
+    "litert_predict",
+    "litert_run",
+    "load_keras_outputs",
+    "make_folder",
+    "save_keras",
+    "saved_model_outputs",
+    "unsupported_formats",
+]

@@ -1,0 +1,136 @@
+"""What is checked before anything is written: the formats asked for and whether this
+backend, these packages and the model's dtypes can give them, the model's shuffles
+(relaxed ones are refused: see the package docstring), the input batches, and the output
+folder."""
+
+import importlib.util
+import os
+
+import keras
+import numpy as np
+
+from keras_autoshuffle.export.files import FORMATS
+from keras_autoshuffle.layers import relaxed_shuffles
+
+
+def check_formats(formats):
+    """`formats` as a tuple: a non-empty subset of FORMATS (a string is one format)."""
+    try:
+        checked = (formats,) if isinstance(formats, str) else tuple(formats)
+    except TypeError:
+        checked = ()
+    if not checked or any(not isinstance(f, str) or f not in FORMATS for f in checked):
+        raise ValueError(
+            f"`formats` must be a non-empty subset of {FORMATS}. Received: formats={formats!r}"
+        )
+    return checked
+
+
+def _installed(module):
+    return importlib.util.find_spec(module) is not None
+
+
+def unsupported_formats(formats, dtypes=("float32",)):
+    """{format: why it cannot be written and checked here} for the formats of `formats`
+    this backend, these installed packages and these compute dtypes cannot export.
+
+    Known before any training: SavedModel needs TensorFlow installed (any backend);
+    LiteRT needs Keras's TensorFlow backend (its JAX backend refuses), the
+    `ai_edge_litert` package for the parity check, and float32 layers (a model
+    computing in bfloat16 or float16 converts to TensorFlow "Flex" ops, which LiteRT's
+    builtin interpreter lacks: measured with both mixed precision policies).
+
+    Args:
+        formats: formats of FORMATS.
+        dtypes: the compute dtypes of the model's layers (`compute_dtypes(model)`).
+    """
+    reasons = {}
+    if "saved_model" in formats and not _installed("tensorflow"):
+        reasons["saved_model"] = "SavedModel export needs TensorFlow (pip install tensorflow)"
+    if "litert" in formats:
+        half = sorted(set(dtypes) & {"bfloat16", "float16"})
+        if keras.backend.backend() != "tensorflow":
+            reasons["litert"] = (
+                "LiteRT export needs Keras's TensorFlow backend; this is "
+                f"KERAS_BACKEND={keras.backend.backend()}"
+            )
+        elif not _installed("ai_edge_litert"):
+            reasons["litert"] = "the LiteRT check needs ai_edge_litert (pip install ai-edge-litert)"
+        elif half:
+            reasons["litert"] = (
+                f"a model computing in {half[0]} (mixed precision) converts to TensorFlow Flex "
+                "ops, which the LiteRT interpreter lacks; train in float32 to export LiteRT"
+            )
+    return reasons
+
+
+def compute_dtypes(model):
+    """The set of compute dtypes of `model`'s layers (e.g. {"float32", "bfloat16"})."""
+    dtypes, layers = set(), [model]
+    while layers:
+        layer = layers.pop()
+        dtypes.add(keras.backend.standardize_dtype(layer.compute_dtype))
+        layers.extend(getattr(layer, "layers", []))
+    return dtypes
+
+
+def check_exportable(model, allow_relaxed=False):
+    """Raises ValueError if `model` still holds relaxed shuffles (unless allowed)."""
+    relaxed = [layer.name for layer in relaxed_shuffles(model)]
+    if relaxed and not allow_relaxed:
+        raise ValueError(
+            f"The model holds {len(relaxed)} relaxed (un-hardened) RelaxedShuffle layers, "
+            "whose shuffles are dense matrices, not permutations. Harden them first "
+            "(keras_autoshuffle.harden_model or the HardenShuffles callback), or pass "
+            f"allow_relaxed=True to export them as they are. Received: relaxed layers={relaxed}"
+        )
+
+
+def _single_input(model, sample_inputs, name="sample_inputs", purpose="the parity check"):
+    if len(model.inputs) != 1:
+        raise ValueError(
+            f"Export checks support single-input models. Received: {len(model.inputs)} inputs"
+        )
+    try:
+        x = np.asarray(sample_inputs, dtype="float32")
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"`{name}` must be an array of numbers. Received: {str(error)[:200]}"
+        ) from None
+    expected = tuple(model.inputs[0].shape[1:])
+    if x.ndim != len(expected) + 1 or any(
+        e is not None and e != s for e, s in zip(expected, x.shape[1:], strict=True)
+    ):
+        raise ValueError(
+            f"`{name}` must be a batch of shape (batch, *{expected}). "
+            f"Received: {name}.shape={x.shape}"
+        )
+    if x.shape[0] == 0:
+        # No outputs to compare: every format would pass with max_abs_diff 0.0.
+        raise ValueError(
+            f"`{name}` must hold at least one example for {purpose}. "
+            f"Received: {name}.shape={x.shape}"
+        )
+    if not np.all(np.isfinite(x)):
+        # NaN outputs compare as NaN: the parity check could not tell a broken file.
+        raise ValueError(
+            f"`{name}` must hold only finite values for {purpose}. Received: "
+            f"{int(np.size(x) - np.isfinite(x).sum())} non-finite values of {np.size(x)}"
+        )
+    return x
+
+
+def make_folder(path, name):
+    """Creates the folder `path` (and its parents); a clear error naming `name` when it is
+    a file or cannot be created."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"`{name}` must be a folder, not a file. Received: {name}={path!r}")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as error:
+        raise ValueError(
+            f"`{name}` cannot be created ({error.strerror}). Received: {name}={path!r}"
+        ) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"`{name}` is not writable. Received: {name}={path!r}")
+    return path

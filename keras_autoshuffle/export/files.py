@@ -1,0 +1,55 @@
+"""The three formats, `.keras`, SavedModel and LiteRT: writing each file, atomically
+(`_atomic`), and reading it back to run it."""
+
+import keras
+import numpy as np
+
+from keras_autoshuffle._atomic import write_atomically
+
+FORMATS = ("keras", "saved_model", "litert")
+FILENAMES = {"keras": "model.keras", "saved_model": "saved_model", "litert": "model.tflite"}
+
+
+def keras_outputs(model, inputs):
+    """The model's inference outputs as a NumPy array."""
+    return keras.ops.convert_to_numpy(model(inputs, training=False))
+
+
+def save_keras(model, path):
+    """Saves `model` as a `.keras` file for deployment, without training state.
+
+    Keras 3 writes a compiled model's optimizer into `.keras` files (`include_optimizer`
+    is ignored there), and a hardened model's optimizer still holds slots for the removed
+    shuffle matrices, so loading would warn about skipped variables. An uncompiled copy
+    with the same config and weights is saved instead.
+    """
+    copy = keras.models.clone_model(model)
+    copy.set_weights(model.get_weights())
+    return write_atomically(path, copy.save)
+
+
+def load_keras_outputs(path, inputs):
+    """Loads a `.keras` file with `safe_mode=True` and runs it on `inputs`."""
+    return keras_outputs(keras.saving.load_model(path, safe_mode=True), inputs)
+
+
+def export_saved_model(model, path):
+    """Writes a TF SavedModel (endpoint `serve`) with `model.export`; returns the path."""
+    return write_atomically(
+        path, lambda partial: model.export(partial, format="tf_saved_model", verbose=False)
+    )
+
+
+def saved_model_outputs(path, inputs):
+    """Loads a SavedModel with `tf.saved_model.load` and runs its `serve` endpoint."""
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(path)  # keep a reference: its variables live in it
+    return np.asarray(loaded.serve(tf.constant(inputs)))
+
+
+def export_litert(model, path):
+    """Writes a LiteRT (`.tflite`) flat buffer with `model.export(format="litert")`."""
+    return write_atomically(
+        path, lambda partial: model.export(partial, format="litert", verbose=False)
+    )

@@ -1,0 +1,157 @@
+"""Full-integer (int8) LiteRT: the file, calibrated on `representative_data`, and its
+check, top-1 agreement with the float model and accuracy on labelled test data; an int8
+file that fails the check is refused (`Int8CheckError`) and none is left in place."""
+
+import os
+
+import numpy as np
+
+from keras_autoshuffle._atomic import remove, write_atomically
+from keras_autoshuffle.export.checks import _single_input
+from keras_autoshuffle.export.litert import litert_predict
+
+INT8_FILENAME = "model_int8.tflite"
+
+
+def export_int8(model, path, representative_data):
+    """Writes a full-integer LiteRT model (atomically) calibrated on `representative_data`.
+
+    Weights and activations are int8 (`TFLITE_BUILTINS_INT8` only: a layer without an
+    int8 kernel fails the conversion instead of falling back to float); the inputs and
+    outputs stay float32: the file quantizes its input and dequantizes its output, so it
+    takes the same images as the float model and returns the same kind of outputs.
+
+    Args:
+        model: a single-input Keras model (TensorFlow backend), e.g. a folded network.
+        path: the `.tflite` file to write.
+        representative_data: a float32 batch of inputs, e.g. a few hundred training
+            images; each is run through the float graph to choose the int8 ranges.
+    """
+    import tensorflow as tf
+
+    data = np.asarray(representative_data, dtype="float32")
+
+    def representative_dataset():
+        for i in range(len(data)):
+            yield [data[i : i + 1]]
+
+    return write_atomically(
+        path,
+        lambda partial: model.export(
+            partial,
+            format="litert",
+            verbose=False,
+            optimizations=[tf.lite.Optimize.DEFAULT],
+            representative_dataset=representative_dataset,
+            target_spec={"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]},
+        ),
+    )
+
+
+def _check_int8_arguments(
+    model, formats, representative_data, test_data, min_top1_agreement, max_accuracy_drop
+):
+    """The int8 export's arguments, checked before anything is written:
+    (calibration images, test images, test labels)."""
+    if "litert" not in formats:
+        raise ValueError(
+            'quantize="int8" reports its size against the float LiteRT file: keep "litert" '
+            f"in `formats`. Received: formats={formats}"
+        )
+    if representative_data is None:
+        raise ValueError(
+            'quantize="int8" needs `representative_data`, a batch of inputs (e.g. a few '
+            "hundred training images) to calibrate the int8 ranges. "
+            "Received: representative_data=None"
+        )
+    calibration = _single_input(model, representative_data, "representative_data", "calibration")
+    if not isinstance(test_data, (tuple, list)) or len(test_data) != 2:
+        raise ValueError(
+            'quantize="int8" needs `test_data=(images, labels)`, labelled examples to measure '
+            "the int8 model's accuracy and top-1 agreement with the float model. "
+            f"Received: test_data of type {type(test_data).__name__}"
+        )
+    images = _single_input(model, test_data[0], "test_data[0]", "the int8 check")
+    classes = model.outputs[0].shape[-1]
+    try:
+        labels = np.asarray(test_data[1])
+        valid = labels.dtype.kind in "iu" or (
+            labels.dtype.kind == "f" and np.all(np.isfinite(labels) & (labels == np.round(labels)))
+        )
+    except (TypeError, ValueError):
+        labels, valid = np.asarray([]), False
+    if not valid or labels.shape != (len(images),) or np.any((labels < 0) | (labels >= classes)):
+        raise ValueError(
+            f"`test_data[1]` must be {len(images)} integer class labels in [0, {classes}), one "
+            f"per image. Received: labels of shape {labels.shape}, dtype {labels.dtype}"
+        )
+    _fraction(min_top1_agreement, "min_top1_agreement", 1.0)
+    _fraction(max_accuracy_drop, "max_accuracy_drop", 100.0)
+    return calibration, images, labels.astype("int64")
+
+
+def _fraction(value, name, top):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        valid = False
+    else:
+        valid = 0.0 <= float(value) <= top
+    if not valid:
+        raise ValueError(f"`{name}` must be a number in [0, {top:g}]. Received: {name}={value!r}")
+
+
+def int8_check(path, float_path, images, labels, float_outputs):
+    """The int8 file's report: its accuracy on (`images`, `labels`), the float model's
+    (`float_outputs`, its outputs on `images`), their top-1 agreement, and the size ratio
+    float LiteRT bytes / int8 bytes."""
+    predicted = np.argmax(litert_predict(path, images), axis=-1)
+    expected = np.argmax(float_outputs, axis=-1)
+    return {
+        "accuracy": float(np.mean(predicted == labels)),
+        "float_accuracy": float(np.mean(expected == labels)),
+        "top1_agreement": float(np.mean(predicted == expected)),
+        "size_ratio": os.path.getsize(float_path) / os.path.getsize(path),
+        "bytes": os.path.getsize(path),
+        "float_bytes": os.path.getsize(float_path),
+        "test_examples": len(labels),
+        "path": path,
+    }
+
+
+def _export_int8_checked(
+    model, path, float_path, calibration, images, labels, float_outputs, min_agreement, max_drop
+):
+    """`export_int8` whose file is moved into place only when `int8_check` passes the
+    thresholds; below them the export is refused and no int8 file is left at `path`."""
+    entry = {}
+
+    def write(partial):
+        export_int8(model, partial, calibration)
+        entry.update(int8_check(partial, float_path, images, labels, float_outputs))
+        drop = 100 * (entry["float_accuracy"] - entry["accuracy"])
+        if entry["top1_agreement"] < min_agreement or drop > max_drop:
+            raise Int8CheckError(
+                entry,
+                f"The int8 LiteRT model fails its check: top-1 agreement with the float "
+                f"model {entry['top1_agreement']:.4f} (minimum {min_agreement}), accuracy "
+                f"{entry['accuracy']:.4f} vs float {entry['float_accuracy']:.4f} (drop "
+                f"{drop:.2f} points, maximum {max_drop}) on {len(labels)} test examples; no "
+                f"{INT8_FILENAME} written. Calibrate on more representative images or lower "
+                f"the thresholds. Received: min_top1_agreement={min_agreement}, "
+                f"max_accuracy_drop={max_drop}",
+            )
+
+    try:
+        write_atomically(path, write)
+    except Int8CheckError:
+        remove(path)  # an earlier export's int8 file would not match the new float files
+        raise
+    return {**entry, "path": path, "calibration_examples": len(calibration)}
+
+
+class Int8CheckError(ValueError):
+    """The int8 model's top-1 agreement or accuracy is below the export's thresholds;
+    `check` holds the measured numbers (`int8_check`'s entry, without a file)."""
+
+    def __init__(self, check, message):
+        super().__init__(message)
+        self.check = {k: v for k, v in check.items() if k != "path"}

@@ -1,0 +1,53 @@
+"""Running `.tflite` files with the LiteRT interpreter (ai-edge-litert), and predicting a
+test set in batches with it or with Keras."""
+
+import numpy as np
+
+from keras_autoshuffle.export.files import keras_outputs
+
+# Examples per interpreter call and per Keras call when predicting a test set.
+_PREDICT_BATCH = 256
+
+
+def litert_interpreter(path, batch=1, num_threads=None):
+    """A LiteRT interpreter (ai-edge-litert, XNNPACK delegate) resized to `batch`."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    interpreter = Interpreter(model_path=path, num_threads=num_threads)
+    detail = interpreter.get_input_details()[0]
+    if int(detail["shape"][0]) != batch:
+        interpreter.resize_tensor_input(detail["index"], [batch, *detail["shape"][1:]])
+    interpreter.allocate_tensors()
+    return interpreter
+
+
+def litert_run(interpreter, inputs):
+    """Runs a single-input, single-output LiteRT interpreter on `inputs`."""
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], inputs)
+    interpreter.invoke()
+    return interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
+
+
+def litert_outputs(path, inputs, num_threads=None):
+    """Loads a `.tflite` file with the LiteRT runtime and runs it on `inputs`."""
+    inputs = np.asarray(inputs, dtype="float32")
+    return litert_run(litert_interpreter(path, inputs.shape[0], num_threads), inputs)
+
+
+def litert_predict(path, images, batch=_PREDICT_BATCH, num_threads=None):
+    """A `.tflite` file's outputs on `images`, run `batch` examples at a time."""
+    images = np.asarray(images, dtype="float32")
+    outputs, interpreters = [], {}
+    for start in range(0, len(images), batch):
+        chunk = images[start : start + batch]
+        if len(chunk) not in interpreters:
+            interpreters[len(chunk)] = litert_interpreter(path, len(chunk), num_threads)
+        outputs.append(litert_run(interpreters[len(chunk)], chunk))
+    return np.concatenate(outputs)
+
+
+def keras_predict(model, images, batch=_PREDICT_BATCH):
+    """`keras_outputs` on `images`, `batch` examples at a time."""
+    return np.concatenate(
+        [keras_outputs(model, images[i : i + batch]) for i in range(0, len(images), batch)]
+    )

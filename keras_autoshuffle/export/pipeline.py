@@ -1,0 +1,142 @@
+"""`export_model`: the checks, every format written, reloaded and compared with Keras
+(the parity check), then the int8 file and its check."""
+
+import os
+
+import numpy as np
+
+from keras_autoshuffle.export import checks, files, int8, litert
+
+QUANTIZE = (None, "int8")
+# Machine epsilon of the 16-bit compute dtypes of mixed precision.
+_EPSILON = {"bfloat16": 2.0**-7, "float16": 2.0**-10}
+
+
+def _max_abs_diff(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"Output shapes differ: {a.shape} vs {b.shape}")
+    return float(np.max(np.abs(a - b))) if a.size else 0.0
+
+
+_WRITERS = {
+    "keras": files.save_keras,
+    "saved_model": files.export_saved_model,
+    "litert": files.export_litert,
+}
+_READERS = {
+    "keras": files.load_keras_outputs,
+    "saved_model": files.saved_model_outputs,
+    "litert": litert.litert_outputs,
+}
+
+
+def export_model(
+    model,
+    output_dir,
+    sample_inputs,
+    formats=files.FORMATS,
+    allow_relaxed=False,
+    atol=1e-4,
+    rtol=1e-4,
+    reference=None,
+    quantize=None,
+    representative_data=None,
+    test_data=None,
+    min_top1_agreement=0.99,
+    max_accuracy_drop=0.5,
+):
+    """Exports `model`, reloads every file and checks its outputs against Keras.
+
+    Writes `model.keras`, `saved_model/` and `model.tflite` (the formats asked for,
+    each atomically) in `output_dir`, loads each back (`.keras` with `safe_mode=True`, SavedModel
+    with `tf.saved_model.load`, LiteRT with `ai_edge_litert`) and runs it on
+    `sample_inputs`.
+
+    Args:
+        model: a single-input Keras model; its shuffles must be hardened (or manual).
+        output_dir: directory to write into (created if missing).
+        sample_inputs: a batch of inputs for the parity check.
+        formats: any of "keras", "saved_model", "litert"; one this backend, these
+            packages or the model's dtypes cannot give is refused before anything is
+            written (`unsupported_formats`).
+        allow_relaxed: export relaxed shuffles as dense matrices instead of refusing.
+        atol, rtol: parity tolerance, `max|y - y_keras| <= atol + rtol * max|y_keras|`;
+            a larger difference raises ValueError. For a model computing in 16-bit
+            floats (mixed precision) `rtol` is at least twice that dtype's epsilon: the
+            exported graph may round in another order (measured: 2e-3 in bfloat16).
+        reference: the Keras model the files are compared with (default `model`), e.g.
+            the hardened model when `model` is its folded form.
+        quantize: None, or "int8" to also write `model_int8.tflite`: full-integer LiteRT
+            (int8 weights and activations, float32 inputs and outputs; `export_int8`),
+            calibrated on `representative_data`. Needs "litert" in `formats`. Its check
+            is not a tolerance on the outputs but top-1 agreement with `reference` (the
+            float Keras model) and accuracy on `test_data`; below either threshold the
+            export raises `Int8CheckError` (a ValueError) with the numbers and no int8
+            file is left in `output_dir` (the float files stay).
+        representative_data: with "int8", a batch of inputs to calibrate on (training
+            images, a few hundred suffice).
+        test_data: with "int8", `(images, labels)`: labelled examples (integer labels).
+        min_top1_agreement: with "int8", the least fraction of `test_data` on which the
+            int8 and float models predict the same class.
+        max_accuracy_drop: with "int8", the most the int8 accuracy on `test_data` may be
+            below the float model's, in percentage points.
+
+    Returns:
+        `{format: {"path": str, "max_abs_diff": float}}`, and with "int8" an `"int8"`
+        entry: `{"accuracy", "float_accuracy", "top1_agreement", "size_ratio"` (float
+        LiteRT bytes / int8 bytes)`, "path", "bytes", "float_bytes", "test_examples",
+        "calibration_examples"}`.
+    """
+    checks.check_exportable(model, allow_relaxed)
+    formats = checks.check_formats(formats)
+    unsupported = checks.unsupported_formats(formats, checks.compute_dtypes(model))
+    if unsupported:
+        raise ValueError(
+            "These export formats cannot be written here: "
+            + "; ".join(f"{name}: {why}" for name, why in unsupported.items())
+            + f". Received: formats={formats}"
+        )
+    if not any(quantize is q for q in QUANTIZE):
+        raise ValueError(f"`quantize` must be None or 'int8'. Received: quantize={quantize!r}")
+    if quantize is None and (representative_data is not None or test_data is not None):
+        raise ValueError(
+            '`representative_data` and `test_data` are for quantize="int8". Received: '
+            f"quantize=None with representative_data={type(representative_data).__name__}, "
+            f"test_data={type(test_data).__name__}"
+        )
+    inputs = checks._single_input(model, sample_inputs)
+    reference = model if reference is None else reference
+    if quantize == "int8":
+        int8_data = int8._check_int8_arguments(
+            model, formats, representative_data, test_data, min_top1_agreement, max_accuracy_drop
+        )
+    expected = files.keras_outputs(reference, inputs)
+    for dtype in checks.compute_dtypes(model) & set(_EPSILON):
+        rtol = max(rtol, 2 * _EPSILON[dtype])
+    tolerance = atol + rtol * float(np.max(np.abs(expected), initial=0.0))
+    checks.make_folder(output_dir, "output_dir")
+    results = {}
+    for name in formats:
+        path = _WRITERS[name](model, os.path.join(output_dir, files.FILENAMES[name]))
+        diff = _max_abs_diff(_READERS[name](path, inputs), expected)
+        if not diff <= tolerance:
+            raise ValueError(
+                f"The {name} export at {path} differs from the Keras model by {diff:.3e} "
+                f"(tolerance {tolerance:.3e})."
+            )
+        results[name] = {"path": path, "max_abs_diff": diff}
+    if quantize == "int8":
+        calibration, images, labels = int8_data
+        results["int8"] = int8._export_int8_checked(
+            model,
+            os.path.join(output_dir, int8.INT8_FILENAME),
+            results["litert"]["path"],
+            calibration,
+            images,
+            labels,
+            litert.keras_predict(reference, images),
+            min_top1_agreement,
+            max_accuracy_drop,
+        )
+    return results
