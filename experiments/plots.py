@@ -160,6 +160,8 @@ def plot_routing(columns, path, title=None):
                 axis.set_ylabel("producer (unit branch)")
                 axis.set_xlabel("consumer (unit branch, end)")
             else:
+                axis.set_yticks(range(counts.shape[0]))
+                axis.set_xticks(range(counts.shape[1]))
                 axis.set_ylabel("source group")
                 axis.set_xlabel("target group")
     if title:
