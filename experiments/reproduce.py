@@ -19,22 +19,18 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
+def _settings(defaults, args, names):
+    """`defaults` with each flag in `names` that was given (lists as tuples)."""
+    given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
+    return dataclasses.replace(defaults, **given)
+
+
 def _study(args):
     from experiments import study
 
-    changes = {
-        "epochs": args.epochs,
-        "lambdas": None if args.lambdas is None else tuple(args.lambdas),
-        "penalty": args.penalty,
-        "harden_at_epoch": args.harden_at_epoch,
-        "max_train_examples": args.max_train_examples,
-        "seeds": None if args.seeds is None else tuple(args.seeds),
-        "arms": None if args.arms is None else tuple(args.arms),
-        "finalists": None if args.finalists is None else tuple(args.finalists),
-    }
-    settings = dataclasses.replace(
-        study.StudySettings(), **{k: v for k, v in changes.items() if v is not None}
-    )
+    names = ("epochs", "lambdas", "penalty", "harden_at_epoch", "max_train_examples", "seeds")
+    settings = _settings(study.StudySettings(), args, (*names, "arms", "finalists"))
     results = study.study(settings, args.output, jobs=args.jobs, train=not args.report_only)
     print(
         f"Report: {os.path.join(args.output, 'report.md')} ({len(results['runs'])} of "
@@ -94,15 +90,11 @@ def main(argv=None):
     from experiments import paper
 
     dataset = args.dataset or "digits"
-    settings = paper.quick(dataset) if args.quick else paper.full(dataset)
-    changes = {
-        "epochs": args.epochs,
-        "lambdas": None if args.lambdas is None else tuple(args.lambdas),
-        "harden_at_epoch": args.harden_at_epoch,
-        "max_train_examples": args.max_train_examples,
-        "seed": args.seed,
-    }
-    settings = dataclasses.replace(settings, **{k: v for k, v in changes.items() if v is not None})
+    settings = _settings(
+        paper.quick(dataset) if args.quick else paper.full(dataset),
+        args,
+        ("epochs", "lambdas", "harden_at_epoch", "max_train_examples", "seed"),
+    )
     results = paper.reproduce(settings, args.output, jobs=args.jobs)
     print(f"Report: {os.path.join(args.output, 'report.md')} ({results['time'] / 60:.1f} min)")
     return results
