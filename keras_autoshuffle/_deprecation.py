@@ -47,15 +47,20 @@ def no_other_keywords(owner, kwargs):
         raise TypeError(f"{owner}() got an unexpected keyword argument {next(iter(kwargs))!r}")
 
 
-def renamed_attribute(old, new):
-    """A read-only property `old` that returns attribute `new`, with a DeprecationWarning."""
+def renamed_attributes(**renames):
+    """A `__getattr__` serving deprecated attribute names (`old="new"`), with a
+    DeprecationWarning. Python calls it only where normal lookup fails, so `dir()` (which
+    Keras's saving walks, reading every attribute) never meets the old names."""
 
-    def read(self):
+    def __getattr__(self, name):
+        new = renames.get(name)
+        if new is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         warnings.warn(
-            f"`{type(self).__name__}.{old}` is deprecated: read `{new}`.",
+            f"`{type(self).__name__}.{name}` is deprecated: read `{new}`.",
             DeprecationWarning,
             stacklevel=2,
         )
         return getattr(self, new)
 
-    return property(read, doc=f"Deprecated name of `{new}` (read-only).")
+    return __getattr__

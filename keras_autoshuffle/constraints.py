@@ -110,7 +110,7 @@ class DoublyStochastic(keras.constraints.Constraint):
         Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
     """
 
-    iterations = _deprecation.renamed_attribute("iterations", "sinkhorn_iterations")
+    __getattr__ = _deprecation.renamed_attributes(iterations="sinkhorn_iterations")
 
     def __init__(self, sinkhorn_iterations=1, **deprecated):
         sinkhorn_iterations = _deprecation.renamed_argument(

@@ -116,8 +116,9 @@ class RelaxedShuffle(keras.layers.Layer):
         Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
     """
 
-    iterations = _deprecation.renamed_attribute("iterations", "sinkhorn_iterations")
-    initial_groups = _deprecation.renamed_attribute("initial_groups", "groups")
+    __getattr__ = _deprecation.renamed_attributes(
+        iterations="sinkhorn_iterations", initial_groups="groups"
+    )
 
     def __init__(
         self,

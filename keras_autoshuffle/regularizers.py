@@ -71,7 +71,7 @@ class L12Penalty(keras.regularizers.Regularizer):
         Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
     """
 
-    strength = _deprecation.renamed_attribute("strength", "penalty")
+    __getattr__ = _deprecation.renamed_attributes(strength="penalty")
 
     def __init__(self, penalty=1e-3, **deprecated):
         penalty = _deprecation.renamed_argument(

@@ -415,9 +415,13 @@ def test_public_builders_show_every_argument(builder):
 
 
 def test_public_builders_bind_arguments_as_a_written_out_def():
-    with pytest.raises(TypeError, match="unexpected keyword argument 'widht'"):
+    with pytest.raises(
+        TypeError, match=r"^ShuffleNetV2\(\) got an unexpected keyword argument 'widht'"
+    ):
         ShuffleNetV2(widht=1.0)
-    with pytest.raises(TypeError, match="multiple values for argument 'width'"):
+    with pytest.raises(
+        TypeError, match=r"^AutoShuffleNetV1\(\) multiple values for argument 'width'"
+    ):
         AutoShuffleNetV1(1.0, width=0.5)
     with pytest.raises(ValueError, match="Received: groups=5"):
         ShuffleNetV1(1.0, 5, input_shape=CIFAR)  # positional, in the signature's order

@@ -196,7 +196,9 @@ def test_a_hardening_record_not_of_the_backups_weights_is_named(tmp_path):
 
 
 def test_hardening_record_ahead_of_the_backup_is_ignored(tmp_path):
-    # Written just before a kill, before the backup of that epoch: harden again on time.
+    # Written just before a kill, before the backup of that epoch: harden again on time,
+    # and record that hardening (which may pick other permutations, e.g. balanced under a
+    # time limit), not keep the stale record that a later resume would check.
     backup = _killed_run(tmp_path / "run", epoch=1)
     report = {"epoch": 2, "layers": [{"name": "shuffle", "permutation": [2, 0, 3, 1]}]}
     ft.write_json(str(backup / ft.HARDENING_FILE), report)
@@ -205,6 +207,10 @@ def test_hardening_record_ahead_of_the_backup_is_ignored(tmp_path):
     record.set_model(model)
     record.on_train_begin()
     assert not model.get_layer("shuffle").is_hardened and hardening.report is None
+    assert not (backup / ft.HARDENING_FILE).exists()
+    hardening.report = {**report, "layers": [{"name": "shuffle", "permutation": [1, 0, 3, 2]}]}
+    record.on_epoch_end(1)
+    assert json.loads((backup / ft.HARDENING_FILE).read_text()) == hardening.report
 
 
 def test_a_broken_hardening_record_is_named_on_resume(tmp_path):

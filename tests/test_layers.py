@@ -499,6 +499,21 @@ def test_old_keyword_initial_groups_is_deprecated(initial_groups, new):
         assert old.initial_groups == initial_groups
 
 
+def test_saving_and_loading_with_the_new_names_warns_nothing(tmp_path):
+    # Keras's saving reads every attribute `dir()` lists: the old names must not be there.
+    import warnings
+
+    model = _small_model()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.save(tmp_path / "new.keras")
+        keras.saving.load_model(tmp_path / "new.keras", safe_mode=True)
+        model.save_weights(tmp_path / "new.weights.h5")
+        model.load_weights(tmp_path / "new.weights.h5")
+    assert not [w for w in caught if "deprecated: " in str(w.message)]
+    assert "iterations" not in dir(model.get_layer("shuffle"))
+
+
 # The config RelaxedShuffle wrote before the renames (git: penalty, iterations,
 # permutation, data_format, seed, initial_groups, forward).
 OLD_KEYS = {"iterations": 4, "initial_groups": None}

@@ -96,7 +96,7 @@ def test_train_cifar10_script_on_digits_writes_everything(digits_job):
     shuffles = [layer for layer in model.layers if isinstance(layer, RelaxedShuffle)]
     assert len(shuffles) == 16 and all(layer.is_hardened for layer in shuffles)
     # --sinkhorn-iterations reached every learned shuffle, and the run's settings.
-    assert {layer.iterations for layer in shuffles} == {3}
+    assert {layer.sinkhorn_iterations for layer in shuffles} == {3}
     assert report["settings"]["sinkhorn_iterations"] == 3
     # The saved model's test accuracy is the report's final accuracy (hardened after
     # epoch 1, then trained on).

@@ -157,14 +157,19 @@ def _public_builder(build, version, source, description, table, reference, shuff
         return_annotation=keras.Model,
     )
 
+    learned = shuffle == "auto"
+    title = f"{'Auto' if learned else ''}ShuffleNet {version}"
+    name = title.replace(" v", "V")
+
     def builder(*args, **kwargs):
-        call = signature.bind(*args, **kwargs)
+        try:
+            call = signature.bind(*args, **kwargs)
+        except TypeError as error:  # Python's wording, with the builder's name as a def's
+            raise TypeError(f"{name}() {error}") from None
         call.apply_defaults()
         return build(**call.arguments)
 
-    learned = shuffle == "auto"
-    title = f"{'Auto' if learned else ''}ShuffleNet {version}"
-    builder.__name__ = builder.__qualname__ = title.replace(" v", "V")
+    builder.__name__ = builder.__qualname__ = name
     builder.__module__ = build.__module__
     builder.__signature__ = signature
     if learned:

@@ -27,6 +27,7 @@ from keras_autoshuffle._atomic import OLD, as_json, partial_path, remove, siblin
 from keras_autoshuffle.training.backup import (
     RunBackup,
     backed_up_epochs,
+    check_weights_file,
     recover,
     restored_epoch,
     save_backup,
@@ -76,6 +77,7 @@ __all__ = [
     "backed_up_epochs",
     "check_backup",
     "check_hardening_record",
+    "check_weights_file",
     "elapsed_before",
     "finish_run",
     "prepare_run_directory",

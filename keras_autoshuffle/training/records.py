@@ -11,7 +11,7 @@ import time
 
 import keras
 
-from keras_autoshuffle._atomic import write_atomically, write_json
+from keras_autoshuffle._atomic import remove, write_atomically, write_json
 from keras_autoshuffle.hardening.harden import check_permutations
 from keras_autoshuffle.layers import checked_permutation
 from keras_autoshuffle.training.backup import backed_up_epochs, saved_permutations
@@ -156,8 +156,8 @@ class HardeningRecord(keras.callbacks.Callback):
 
     Place it after the run's `HardenShuffles` and before its backup callback in the
     callback list: the report is written before the backup of the hardened weights. A
-    record written ahead of its backup (killed between the two) is ignored: the backup
-    holds relaxed weights, and the hardening happens again on time.
+    record written ahead of its backup (killed between the two) is removed on resume: the
+    backup holds relaxed weights, and the hardening happens again on time.
 
     Args:
         backup_dir: the BackupAndRestore directory.
@@ -179,6 +179,10 @@ class HardeningRecord(keras.callbacks.Callback):
         if report["epoch"] is not None:
             if report["epoch"] <= backed_up:  # the backup's weights harden the model
                 self.hardening.report = report
+            else:
+                # Written ahead of its backup (killed between the two): the hardening runs
+                # again on time and writes its own record, which a later resume checks.
+                remove(self.path)
             return
         epochs = (self.params or {}).get("epochs")
         if epochs is not None and backed_up >= epochs:
