@@ -27,7 +27,9 @@ def _pyplot():
     return pyplot
 
 
-def _save(figure, path):
+def _save(figure, path, title=None):
+    if title:
+        figure.suptitle(title)
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     _pyplot().close(figure)
@@ -51,9 +53,7 @@ def plot_matrices(matrices, path, title=None):
         axis.set_xlabel("input channel j")
         axis.set_ylabel("output channel i")
         figure.colorbar(image, ax=axis, fraction=0.046)
-    if title:
-        figure.suptitle(title)
-    return _save(figure, path)
+    return _save(figure, path, title)
 
 
 def plot_penalty(history, path, title=None):
@@ -71,9 +71,7 @@ def plot_penalty(history, path, title=None):
     right.semilogy(epochs, np.maximum(history["l12_penalty"], 1e-12), marker="o", color="C1")
     right.set_xlabel("epoch")
     right.set_ylabel("sum of P(M) (log scale)")
-    if title:
-        figure.suptitle(title)
-    return _save(figure, path)
+    return _save(figure, path, title)
 
 
 def plot_rounding(history, path, title=None):
@@ -119,9 +117,7 @@ def plot_lambda_sweep(rows, path, title=None):
     right.loglog(x, np.maximum([r["penalty"] for r in rows], 1e-6), "o", color="C2")
     right.set_xlabel("lambda")
     right.set_ylabel("sum of P(M) at rounding")
-    if title:
-        figure.suptitle(title)
-    return _save(figure, path)
+    return _save(figure, path, title)
 
 
 def plot_routing(columns, path, title=None):
@@ -164,6 +160,4 @@ def plot_routing(columns, path, title=None):
                 axis.set_xticks(range(counts.shape[1]))
                 axis.set_ylabel("source group")
                 axis.set_xlabel("target group")
-    if title:
-        figure.suptitle(title)
-    return _save(figure, path)
+    return _save(figure, path, title)

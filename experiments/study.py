@@ -478,19 +478,17 @@ def _figures(rows, settings, output_dir, verdict_entries):
             sweep, os.path.join(output_dir, "lambda_sweep.png"), "ShuffleNet v2, Fashion-MNIST"
         )
     for model in ("v2", "v1"):
-        # The paper's routing (one pass, random start) and the verdict's recommended arm's
-        # (the first seed of each) beside the manual counts.
-        columns = []
-        paper = _first_seed(rows, settings, model, "paper")
-        if paper is not None:
-            columns.append(("learned (paper)", paper))
+        # The first seed of: the paper's routing (one pass, random start), the verdict's
+        # recommended arm (if any) and the routing chosen for speed; the manual counts last.
         chosen = [e["arm"] for e in verdict_entries if e["model"] == model and e["recommended"]]
-        # The recommended arm, if any, and the routing chosen for speed.
-        picked = [(arm, "recommended") for arm in chosen] + [("balanced_fixed", "for speed")]
-        for arm, heading in picked:
-            row = _first_seed(rows, settings, model, arm) if arm != "paper" else None
-            if row is not None and all(arm not in h for h, _ in columns):
-                columns.append((f"{arm} ({heading})", row))
+        headings = {"paper": "learned (paper)"}
+        headings.update({arm: f"{arm} (recommended)" for arm in chosen if arm != "paper"})
+        headings.setdefault("balanced_fixed", "balanced_fixed (for speed)")
+        columns = [
+            (heading, row)
+            for arm, heading in headings.items()
+            if (row := _first_seed(rows, settings, model, arm)) is not None
+        ]
         if columns:
             keep = 3 if model == "v2" else 2
             figures[f"routing_{model}"] = plots.plot_routing(
