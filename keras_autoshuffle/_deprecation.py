@@ -55,6 +55,13 @@ def renamed_attributes(**renames):
     def __getattr__(self, name):
         new = renames.get(name)
         if new is None:
+            # A base class's own `__getattr__` (torch.nn.Module's, on the torch backend,
+            # serves sub-modules and parameters) still answers every other name.
+            mro = type(self).__mro__
+            owner = next(i for i, k in enumerate(mro) if vars(k).get("__getattr__") is __getattr__)
+            for base in mro[owner + 1 :]:
+                if "__getattr__" in vars(base):
+                    return vars(base)["__getattr__"](self, name)
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         warnings.warn(
             f"`{type(self).__name__}.{name}` is deprecated: read `{new}`.",

@@ -147,7 +147,8 @@ class RelaxedShuffle(keras.layers.Layer):
             )
             shuffle_initializer = "random" if groups is None else "manual"
         super().__init__(**kwargs)
-        self.forward = _validation.choice(forward, FORWARDS, "forward")
+        # Not `self.forward`: on the torch backend that name is torch.nn.Module.forward.
+        self.forward_pass = _validation.choice(forward, FORWARDS, "forward")
         self.shuffle_initializer = _validation.choice(
             shuffle_initializer, SHUFFLE_INITIALIZERS, "shuffle_initializer"
         )
@@ -220,7 +221,7 @@ class RelaxedShuffle(keras.layers.Layer):
                 f"inputs.dtype={keras.backend.standardize_dtype(inputs.dtype)}"
             )
         matrix = self.matrix
-        if self.forward == "hard":
+        if self.forward_pass == "hard":
             matrix = straight_through(ops.convert_to_tensor(matrix))
         matrix = ops.cast(matrix, inputs.dtype)
         # tensordot, not an ellipsis einsum: the latter's gradient is ~60x slower on TF CPU.
@@ -333,7 +334,7 @@ class RelaxedShuffle(keras.layers.Layer):
                 "seed": self.seed,
                 "shuffle_initializer": self.shuffle_initializer,
                 "groups": self.groups,
-                "forward": self.forward,
+                "forward": self.forward_pass,
             }
         )
         return config

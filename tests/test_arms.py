@@ -86,7 +86,7 @@ def test_hard_forward_is_the_nearest_permutation_with_a_straight_through_gradien
 
 def test_hard_forward_round_trips_and_is_checked(tmp_path):
     layer = RelaxedShuffle(forward="hard")
-    assert RelaxedShuffle.from_config(layer.get_config()).forward == "hard"
+    assert RelaxedShuffle.from_config(layer.get_config()).forward_pass == "hard"
     with pytest.raises(ValueError, match="Received: forward='soft'"):
         RelaxedShuffle(forward="soft")
     model = tiny_v2(shuffle_forward="hard")
@@ -94,7 +94,7 @@ def test_hard_forward_round_trips_and_is_checked(tmp_path):
     path = str(tmp_path / "hard.keras")
     model.save(path)
     loaded = keras.saving.load_model(path, safe_mode=True)
-    assert {layer.forward for layer in shuffle_layers(loaded)} == {"hard"}
+    assert {layer.forward_pass for layer in shuffle_layers(loaded)} == {"hard"}
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
     with pytest.raises(ValueError, match="Received: shuffle_forward='soft'"):
         tiny_v2(shuffle_forward="soft")

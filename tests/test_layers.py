@@ -553,3 +553,21 @@ def test_keras_file_with_the_old_config_keys_loads_in_safe_mode(tmp_path, harden
     assert layer.is_hardened == harden
     x, _ = _data(n=4)
     np.testing.assert_array_equal(restored.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_renamed_attributes_leave_other_names_to_a_base_getattr():
+    # torch.nn.Module (the torch backend's layer base) serves parameters and sub-modules
+    # through its own __getattr__: the deprecated names must not hide it.
+    from keras_autoshuffle import _deprecation
+
+    class Base:
+        def __getattr__(self, name):
+            return f"base:{name}"
+
+    class Child(Base):
+        __getattr__ = _deprecation.renamed_attributes(old="new")
+        new = 1
+
+    assert Child().other == "base:other"
+    with pytest.warns(DeprecationWarning, match="Child.old"):
+        assert Child().old == 1
