@@ -30,7 +30,7 @@ def _study(args):
     from experiments import study
 
     names = ("epochs", "lambdas", "penalty", "harden_at_epoch", "max_train_examples", "seeds")
-    settings = _settings(study.StudySettings(), args, (*names, "arms", "finalists"))
+    settings = _settings(study.StudySettings(), args, (*names, "arms", "finalists", "more_seeds"))
     results = study.study(settings, args.output, jobs=args.jobs, train=not args.report_only)
     print(
         f"Report: {os.path.join(args.output, 'report.md')} ({len(results['runs'])} of "
@@ -63,6 +63,13 @@ def main(argv=None):
         help="the arms of the verdict (v1 and v2, seeds 0-4)",
     )
     parser.add_argument(
+        "--more-seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help="more seeds of the verdict for v2 only (its manual net and the finalists)",
+    )
+    parser.add_argument(
         "--report-only",
         action="store_true",
         help="the study's report from the runs finished so far (trains nothing)",
@@ -85,8 +92,10 @@ def main(argv=None):
                     f"Received: {flag} {value}"
                 )
         return _study(args)
-    if args.report_only or args.arms or args.finalists or args.seeds:
-        parser.error("--report-only, --arms, --finalists and --seeds apply to --study only")
+    if args.report_only or args.arms or args.finalists or args.seeds or args.more_seeds:
+        parser.error(
+            "--report-only, --arms, --finalists, --seeds and --more-seeds apply to --study only"
+        )
     from experiments import paper
 
     dataset = args.dataset or "digits"

@@ -50,6 +50,10 @@ class StudySettings:
     # nets of those seeds and v1 with `sinkhorn_iterations` passes (chosen after screening).
     finalists: tuple = ()
     verdict_seeds: tuple = (0, 1, 2, 3, 4)
+    # Seeds beyond `verdict_seeds` for v2 only (its manual net and the finalists): v2's
+    # paired spread (sd about 0.5 points) needs about 15 seeds for a +-0.3 interval;
+    # v1's intervals already sit at its A/A noise floor (docs/fashion_mnist).
+    more_seeds: tuple = ()
     # Epochs of the search in "search_retrain" (then the whole schedule from fresh weights).
     search_epochs: int = 3
 
@@ -63,6 +67,18 @@ class StudySettings:
             )
         if not self.seeds:
             raise ValueError(f"`seeds` must not be empty. Received: seeds={self.seeds}")
+        for name in ("seeds", "verdict_seeds", "more_seeds"):
+            for seed in getattr(self, name):
+                if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+                    raise ValueError(
+                        f"`{name}` must hold non-negative integers. "
+                        f"Received: {name}={getattr(self, name)!r}"
+                    )
+        if self.more_seeds and not self.finalists:
+            raise ValueError(
+                "`more_seeds` adds seeds to the finalists' verdict on v2; name the finalists "
+                f"too. Received: more_seeds={self.more_seeds!r}, finalists=()"
+            )
         for name in ("arms", "finalists"):
             unknown = [arm for arm in getattr(self, name) if arm not in ARMS]
             if unknown:
@@ -124,6 +140,9 @@ def specs(settings):
                 runs.append(RunSpec(f"{model}_manual_seed{seed}", model, "manual", 0.0, seed))
                 runs += [arm_spec(model, arm, seed, settings) for arm in settings.finalists]
             runs.append(arm_spec("v1", "ten_passes", seed, settings))
+        for seed in settings.more_seeds:
+            runs.append(RunSpec(f"v2_manual_seed{seed}", "v2", "manual", 0.0, seed))
+            runs += [arm_spec("v2", arm, seed, settings) for arm in settings.finalists]
     unique = {}
     for spec in runs:
         unique.setdefault(spec.name, spec)
@@ -167,24 +186,31 @@ def study(settings, output_dir, log=print, jobs=1, train=True):
     start = time.time()
     plots.check_available()  # the report's pictures: a missing extra fails before training
     check_recorded_settings(settings, output_dir)
+    # The report covers the runs recorded earlier too: a resume or `--report-only` without
+    # an earlier run's --finalists or --more-seeds must not drop its finished rows.
+    reported = with_recorded_runs(settings, output_dir)
     os.makedirs(output_dir, exist_ok=True)
     train_data, test_data = data.load(
         settings.dataset, seed=settings.seeds[0], data_dir=settings.data_dir
     )
     train_images = min(train_data.num_examples, settings.max_train_examples or np.inf)
     runs_dir = os.path.join(output_dir, "runs")
-    todo = specs(settings)
-    if not train:
-        todo = [s for s in todo if os.path.exists(os.path.join(runs_dir, s.name, "result.json"))]
+    todo = specs(settings) if train else []
+    planned = {s.name for s in todo}
+    todo += [
+        s
+        for s in specs(reported)
+        if s.name not in planned and os.path.exists(os.path.join(runs_dir, s.name, "result.json"))
+    ]
     rows = run_all(settings, todo, runs_dir, log, jobs)
     runs = [_public(row, settings) for row in rows.values()]
     results = {
         "dataset": settings.dataset,
         "train_images": int(train_images),
         "test_images": int(test_data.num_examples),
-        "settings": dataclasses.asdict(settings),
+        "settings": dataclasses.asdict(reported),
         "runs": runs,
-        "runs_planned": len(specs(settings)),
+        "runs_planned": len(specs(reported)),
         "summary": summarize(runs, settings),
         "verdict": verdict(runs, settings.harden_at_epoch),
         "wall_seconds_this_invocation": time.time() - start,
@@ -212,6 +238,28 @@ RUN_DEFINING = (
     "padding",
     "search_epochs",
 )
+
+
+# Settings that only add runs: a report unites the recorded ones with those given.
+RUN_ADDING = ("seeds", "lambdas", "arms", "finalists", "verdict_seeds", "more_seeds")
+
+
+def with_recorded_runs(settings, output_dir):
+    """`settings` with each run-adding setting united with `output_dir`'s recorded one
+    (the given values first: `seeds[0]` stays the seed of the lambda sweep)."""
+    path = os.path.join(output_dir, "results.json")
+    if not os.path.exists(path):
+        return settings
+    recorded = read_json(path, "study results")["settings"]  # checked by check_recorded_settings
+    united = {}
+    for name in RUN_ADDING:
+        extra = recorded.get(name) or []
+        if not isinstance(extra, list) or not all(isinstance(x, (int, float, str)) for x in extra):
+            raise ValueError(
+                f"{path}: settings.{name} must be a list of numbers or names. Received: {extra!r}"
+            )
+        united[name] = tuple(dict.fromkeys((*getattr(settings, name), *extra)))
+    return dataclasses.replace(settings, **united)
 
 
 def check_recorded_settings(settings, output_dir):

@@ -2,6 +2,7 @@
 pass with a straight-through gradient, shuffles fixed from the first step, search then
 retrain, and the study's arms and verdict."""
 
+import dataclasses
 import json
 
 import keras
@@ -230,6 +231,10 @@ def test_study_arms_and_verdict():
         specs
     )
     assert len(specs) == len(study.specs(settings))  # no run twice
+    # More seeds add v2's manual net and finalists only.
+    more = dataclasses.replace(settings, more_seeds=(5, 6))
+    added = {s.name for s in study.specs(more)} - {s.name for s in study.specs(settings)}
+    assert added == {f"v2_{arm}_seed{seed}" for arm in ("manual", "warm_hard") for seed in (5, 6)}
     with pytest.raises(ValueError, match="Received: finalists=\\('best',\\)"):
         study.StudySettings(finalists=("best",))
 
@@ -289,7 +294,6 @@ def test_a_hardened_nets_weights_file_carries_its_permutations(tmp_path):
 
 
 def test_the_study_checks_its_flags_and_its_recorded_settings(tmp_path):
-    import dataclasses
 
     from experiments import reproduce, study
 
@@ -298,6 +302,9 @@ def test_the_study_checks_its_flags_and_its_recorded_settings(tmp_path):
         ({"lambdas": (0.0, 1e-2, float("nan"))}, "Received: lambdas=nan"),
         ({"arms": ("warm", "best")}, "Received: arms="),
         ({"search_epochs": 10}, "Received: search_epochs=10"),
+        ({"more_seeds": (5,)}, "Received: more_seeds=\\(5,\\), finalists=\\(\\)"),
+        ({"more_seeds": (-1,), "finalists": ("warm",)}, "Received: more_seeds=\\(-1,\\)"),
+        ({"seeds": (0, 1.5)}, "Received: seeds=\\(0, 1.5\\)"),
     ):
         with pytest.raises(ValueError, match=match):
             study.StudySettings(**bad)
@@ -307,6 +314,21 @@ def test_the_study_checks_its_flags_and_its_recorded_settings(tmp_path):
     )
     with pytest.raises(ValueError, match="Received: epochs=10 \\(recorded: 20\\)"):
         study.study(settings, str(tmp_path), train=False)
+    # A report unites the recorded run-adding settings with those given: a resume without
+    # the earlier --finalists / --more-seeds keeps their finished rows in the report.
+    recorded = {**dataclasses.asdict(settings), "finalists": ["search_retrain"], "more_seeds": [5]}
+    (tmp_path / "results.json").write_text(json.dumps({"settings": recorded}))
+    united = study.with_recorded_runs(study.StudySettings(seeds=(3,)), str(tmp_path))
+    assert united.finalists == ("search_retrain",) and united.more_seeds == (5,)
+    assert united.seeds == (3, 0, 1, 2)  # the given seed stays first (the lambda sweep's)
+    assert "v2_search_retrain_seed5" in {s.name for s in study.specs(united)}
+    del recorded["more_seeds"]  # a study recorded before the setting existed
+    (tmp_path / "results.json").write_text(json.dumps({"settings": recorded}))
+    assert study.with_recorded_runs(settings, str(tmp_path)).more_seeds == ()
+    recorded["more_seeds"] = [{"seed": 5}]
+    (tmp_path / "results.json").write_text(json.dumps({"settings": recorded}))
+    with pytest.raises(ValueError, match="settings.more_seeds must be a list"):
+        study.with_recorded_runs(settings, str(tmp_path))
     for flags in (["--seed", "3"], ["--dataset", "digits"]):
         with pytest.raises(SystemExit):
             reproduce.main(["--study", "fashion_mnist", "--output", str(tmp_path), *flags])
