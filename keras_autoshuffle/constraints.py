@@ -128,7 +128,7 @@ class DoublyStochastic(keras.constraints.Constraint):
         w = ops.convert_to_tensor(w)
         if len(w.shape) != 2 or (None not in w.shape and w.shape[0] != w.shape[1]):
             raise ValueError(
-                f"DoublyStochastic applies to square 2-D matrices. Received: shape={w.shape}"
+                f"DoublyStochastic applies to square 2-D matrices. Received: shape={tuple(w.shape)}"
             )
         w = _revive_dead_lines(_revive_dead_lines(_rescaled(w), axis=1), axis=0)
         for _ in range(self.sinkhorn_iterations):

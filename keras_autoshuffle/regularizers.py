@@ -36,7 +36,7 @@ def l12_penalty(matrix):
     """
     m = ops.convert_to_tensor(matrix)
     if len(m.shape) != 2:
-        raise ValueError(f"l12_penalty expects a 2-D matrix. Received: shape={m.shape}")
+        raise ValueError(f"l12_penalty expects a 2-D matrix. Received: shape={tuple(m.shape)}")
     if keras.backend.standardize_dtype(m.dtype) != "float64":
         m = ops.cast(m, "float32")
     largest = ops.max(ops.abs(m))

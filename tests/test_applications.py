@@ -73,7 +73,7 @@ def _logits(model, x):
     activations of a deep net (more so with doubly stochastic relaxed shuffles) shrink
     toward 0, which would make output comparisons vacuous. The classifier starts at
     N(0, 0.01), so the logits' spread is about 0.05: still 500x the comparisons' atol."""
-    out = np.asarray(model(x, training=True))
+    out = keras.ops.convert_to_numpy(model(x, training=True))
     assert out.std() > 0.01
     return out
 
@@ -305,7 +305,7 @@ def test_custom_input_tensor():
     x = layers.Rescaling(1 / 255.0)(inputs)
     model = tiny_v2(shuffle="auto", input_tensor=x, classes=7)
     assert model.inputs[0] is inputs and model.output.shape == (None, 7)
-    out = model(np.full((2, 40, 48, 3), 255.0, "float32"))
+    out = keras.ops.convert_to_numpy(model(np.full((2, 40, 48, 3), 255.0, "float32")))
     assert out.shape == (2, 7) and np.allclose(np.sum(out, axis=-1), 1.0, atol=1e-5)
 
 
@@ -325,7 +325,7 @@ def test_channels_and_non_square_inputs(shape):
         tiny_v1(groups=3, input_shape=shape, classes=5),
         tiny_v2(shuffle="auto", input_shape=shape, classes=5),
     ):
-        out = model(_images(shape))
+        out = keras.ops.convert_to_numpy(model(_images(shape)))
         assert out.shape == (2, 5) and np.all(np.isfinite(out))
 
 
@@ -623,7 +623,7 @@ def test_mixed_precision_forward():
     keras.mixed_precision.set_global_policy("mixed_bfloat16")
     model = tiny_v2(shuffle="auto", classes=10)
     assert model.get_layer("stage2_unit1_conv1").compute_dtype == "bfloat16"
-    out = np.asarray(tf.cast(model(_images(TINY_SHAPE)), "float32"))
+    out = keras.ops.convert_to_numpy(keras.ops.cast(model(_images(TINY_SHAPE)), "float32"))
     assert np.all(np.isfinite(out))
 
 

@@ -55,7 +55,7 @@ def test_optimizer_variable_lists():
     averages = optimizer._model_variables_moving_average
     assert [tuple(v.shape) for v in averages] == [(3,)], "_model_variables_moving_average"
     # The kept variable still updates with its own momentum slot.
-    optimizer.apply([np.ones(3, "float32")], [b])
+    optimizer.apply([keras.ops.ones(3)], [b])
     assert np.all(keras.ops.convert_to_numpy(b) < 2.0), "_trainable_variables_indices"
     inner = keras.optimizers.SGD()
     multi = keras.optimizers.MultiOptimizer(keras.optimizers.OptimizerMap(inner))
