@@ -74,11 +74,6 @@ class StudySettings:
                         f"`{name}` must hold non-negative integers. "
                         f"Received: {name}={getattr(self, name)!r}"
                     )
-        if self.more_seeds and not self.finalists:
-            raise ValueError(
-                "`more_seeds` adds seeds to the finalists' verdict on v2; name the finalists "
-                f"too. Received: more_seeds={self.more_seeds!r}, finalists=()"
-            )
         for name in ("arms", "finalists"):
             unknown = [arm for arm in getattr(self, name) if arm not in ARMS]
             if unknown:
@@ -140,9 +135,9 @@ def specs(settings):
                 runs.append(RunSpec(f"{model}_manual_seed{seed}", model, "manual", 0.0, seed))
                 runs += [arm_spec(model, arm, seed, settings) for arm in settings.finalists]
             runs.append(arm_spec("v1", "ten_passes", seed, settings))
-        for seed in settings.more_seeds:
-            runs.append(RunSpec(f"v2_manual_seed{seed}", "v2", "manual", 0.0, seed))
-            runs += [arm_spec("v2", arm, seed, settings) for arm in settings.finalists]
+    for seed in settings.more_seeds:
+        runs.append(RunSpec(f"v2_manual_seed{seed}", "v2", "manual", 0.0, seed))
+        runs += [arm_spec("v2", arm, seed, settings) for arm in settings.finalists]
     unique = {}
     for spec in runs:
         unique.setdefault(spec.name, spec)
@@ -185,32 +180,30 @@ def study(settings, output_dir, log=print, jobs=1, train=True):
     """
     start = time.time()
     plots.check_available()  # the report's pictures: a missing extra fails before training
-    check_recorded_settings(settings, output_dir)
-    # The report covers the runs recorded earlier too: a resume or `--report-only` without
-    # an earlier run's --finalists or --more-seeds must not drop its finished rows.
-    reported = with_recorded_runs(settings, output_dir)
+    # Seeds, arms, finalists and more seeds only add runs: the study is what this call and
+    # the earlier ones asked for, recorded before training, so a resume or `--report-only`
+    # without an earlier call's flags (or after a kill) keeps its runs.
+    settings = with_recorded_runs(settings, output_dir)
     os.makedirs(output_dir, exist_ok=True)
+    if train:
+        record_plan(settings, output_dir)
     train_data, test_data = data.load(
         settings.dataset, seed=settings.seeds[0], data_dir=settings.data_dir
     )
     train_images = min(train_data.num_examples, settings.max_train_examples or np.inf)
     runs_dir = os.path.join(output_dir, "runs")
-    todo = specs(settings) if train else []
-    planned = {s.name for s in todo}
-    todo += [
-        s
-        for s in specs(reported)
-        if s.name not in planned and os.path.exists(os.path.join(runs_dir, s.name, "result.json"))
-    ]
+    todo = specs(settings)
+    if not train:
+        todo = [s for s in todo if os.path.exists(os.path.join(runs_dir, s.name, "result.json"))]
     rows = run_all(settings, todo, runs_dir, log, jobs)
     runs = [_public(row, settings) for row in rows.values()]
     results = {
         "dataset": settings.dataset,
         "train_images": int(train_images),
         "test_images": int(test_data.num_examples),
-        "settings": dataclasses.asdict(reported),
+        "settings": dataclasses.asdict(settings),
         "runs": runs,
-        "runs_planned": len(specs(reported)),
+        "runs_planned": len(specs(settings)),
         "summary": summarize(runs, settings),
         "verdict": verdict(runs, settings.harden_at_epoch),
         "wall_seconds_this_invocation": time.time() - start,
@@ -240,33 +233,53 @@ RUN_DEFINING = (
 )
 
 
-# Settings that only add runs: a report unites the recorded ones with those given.
+# Settings that only add runs: a study unites the recorded ones with those given.
 RUN_ADDING = ("seeds", "lambdas", "arms", "finalists", "verdict_seeds", "more_seeds")
+# More values than a study could ever train is a tampered file, not a plan.
+MAX_RECORDED_VALUES = 1000
 
 
 def with_recorded_runs(settings, output_dir):
-    """`settings` with each run-adding setting united with `output_dir`'s recorded one
-    (the given values first: `seeds[0]` stays the seed of the lambda sweep)."""
-    path = os.path.join(output_dir, "results.json")
-    if not os.path.exists(path):
+    """`settings` checked against `output_dir`'s results.json (check_recorded_settings),
+    each run-adding setting united with the recorded one (recorded values first: the
+    lambda sweep keeps its seed, `seeds[0]`)."""
+    recorded = check_recorded_settings(settings, output_dir)
+    if recorded is None:
         return settings
-    recorded = read_json(path, "study results")["settings"]  # checked by check_recorded_settings
+    path = os.path.join(output_dir, "results.json")
     united = {}
     for name in RUN_ADDING:
-        extra = recorded.get(name) or []
-        if not isinstance(extra, list) or not all(isinstance(x, (int, float, str)) for x in extra):
+        values = recorded.get(name, [])  # absent from studies recorded before the setting
+        if (
+            not isinstance(values, list)
+            or len(values) > MAX_RECORDED_VALUES
+            or not all(isinstance(x, (int, float, str)) for x in values)
+        ):
             raise ValueError(
-                f"{path}: settings.{name} must be a list of numbers or names. Received: {extra!r}"
+                f"{path}: settings.{name} must be a list of at most {MAX_RECORDED_VALUES} "
+                f"numbers or names. Received: {str(values)[:120]}"
             )
-        united[name] = tuple(dict.fromkeys((*getattr(settings, name), *extra)))
-    return dataclasses.replace(settings, **united)
+        united[name] = tuple(dict.fromkeys((*values, *getattr(settings, name))))
+    try:
+        return dataclasses.replace(settings, **united)
+    except ValueError as error:
+        raise ValueError(f"{path}: its recorded settings are refused: {error}") from None
+
+
+def record_plan(settings, output_dir):
+    """Writes `settings` into results.json (atomically, the last report kept) before any
+    training, so that runs asked for by this call stay in the study after a kill."""
+    path = os.path.join(output_dir, "results.json")
+    results = read_json(path, "study results") if os.path.exists(path) else {}
+    write_json(path, {**results, "settings": dataclasses.asdict(settings)})
 
 
 def check_recorded_settings(settings, output_dir):
-    """Refuses settings that differ from those `output_dir`'s results.json recorded."""
+    """Refuses settings that differ from those `output_dir`'s results.json recorded;
+    returns the recorded settings (None where there are none)."""
     path = os.path.join(output_dir, "results.json")
     if not os.path.exists(path):
-        return
+        return None
     recorded = read_json(path, "study results")
     recorded = recorded.get("settings") if isinstance(recorded, dict) else None
     if not isinstance(recorded, dict):
@@ -274,14 +287,21 @@ def check_recorded_settings(settings, output_dir):
             f"{path} is not a study's results (no 'settings' dict); move it away to start a "
             f"new study there. Received: {str(recorded)[:120]}"
         )
+    missing = [k for k in RUN_DEFINING if k not in recorded]
+    if missing:
+        raise ValueError(
+            f"{path} does not record what defines its runs, so they cannot be told apart "
+            f"from another study's; move it away to start a new study there. Missing: {missing}"
+        )
     current = dataclasses.asdict(settings)
-    differ = [k for k in RUN_DEFINING if k in recorded and recorded[k] != current[k]]
+    differ = [k for k in RUN_DEFINING if recorded[k] != current[k]]
     if differ:
         raise ValueError(
             f"{output_dir} holds a study run with other settings; its report would mix two "
             "studies. Use the recorded values or another --output. Received: "
             + ", ".join(f"{k}={current[k]!r} (recorded: {recorded[k]!r})" for k in differ)
         )
+    return recorded
 
 
 _PUBLIC = (

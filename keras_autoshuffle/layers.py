@@ -100,6 +100,8 @@ class RelaxedShuffle(keras.layers.Layer):
             and the gradient of M taken as if y = M x (straight-through). Training
             and inference then compute an exact permutation; M, its constraint and
             its penalty are trained as in the relaxed form, and `harden()` gives P.
+            The attribute is `forward_pass` (on the torch backend `forward` is
+            torch.nn.Module's call; elsewhere `forward` still reads it, deprecated).
 
     Deprecated names, still accepted as keywords and in saved configs (so `.keras`
     files written with them load, `safe_mode=True` included) with a DeprecationWarning:
@@ -117,7 +119,7 @@ class RelaxedShuffle(keras.layers.Layer):
     """
 
     __getattr__ = _deprecation.renamed_attributes(
-        iterations="sinkhorn_iterations", initial_groups="groups"
+        iterations="sinkhorn_iterations", initial_groups="groups", forward="forward_pass"
     )
 
     def __init__(

@@ -302,33 +302,49 @@ def test_the_study_checks_its_flags_and_its_recorded_settings(tmp_path):
         ({"lambdas": (0.0, 1e-2, float("nan"))}, "Received: lambdas=nan"),
         ({"arms": ("warm", "best")}, "Received: arms="),
         ({"search_epochs": 10}, "Received: search_epochs=10"),
-        ({"more_seeds": (5,)}, "Received: more_seeds=\\(5,\\), finalists=\\(\\)"),
         ({"more_seeds": (-1,), "finalists": ("warm",)}, "Received: more_seeds=\\(-1,\\)"),
         ({"seeds": (0, 1.5)}, "Received: seeds=\\(0, 1.5\\)"),
     ):
         with pytest.raises(ValueError, match=match):
             study.StudySettings(**bad)
     settings = study.StudySettings()
-    (tmp_path / "results.json").write_text(
-        json.dumps({"settings": {**dataclasses.asdict(settings), "epochs": 20}})
-    )
+    results = tmp_path / "results.json"
+    results.write_text(json.dumps({"settings": {**dataclasses.asdict(settings), "epochs": 20}}))
     with pytest.raises(ValueError, match="Received: epochs=10 \\(recorded: 20\\)"):
         study.study(settings, str(tmp_path), train=False)
-    # A report unites the recorded run-adding settings with those given: a resume without
-    # the earlier --finalists / --more-seeds keeps their finished rows in the report.
+    # Seeds, finalists, more seeds only add runs: a study unites the recorded ones with those
+    # given, so a resume or a report without an earlier call's flags keeps its runs.
     recorded = {**dataclasses.asdict(settings), "finalists": ["search_retrain"], "more_seeds": [5]}
-    (tmp_path / "results.json").write_text(json.dumps({"settings": recorded}))
+    results.write_text(json.dumps({"settings": recorded, "runs": ["kept"]}))
     united = study.with_recorded_runs(study.StudySettings(seeds=(3,)), str(tmp_path))
     assert united.finalists == ("search_retrain",) and united.more_seeds == (5,)
-    assert united.seeds == (3, 0, 1, 2)  # the given seed stays first (the lambda sweep's)
-    assert "v2_search_retrain_seed5" in {s.name for s in study.specs(united)}
+    assert united.seeds == (0, 1, 2, 3)  # the recorded first: the lambda sweep keeps its seed
+    assert {"v2_search_retrain_seed5", "v2_manual_seed5"} <= {s.name for s in study.specs(united)}
+    # The plan is recorded before training (a kill then loses none of it), the report kept.
+    study.record_plan(dataclasses.replace(united, more_seeds=(5, 7)), str(tmp_path))
+    assert json.loads(results.read_text())["runs"] == ["kept"]
+    assert study.with_recorded_runs(settings, str(tmp_path)).more_seeds == (5, 7)
+    # More seeds without finalists: the manual nets of those seeds.
+    manual_only = {s.name for s in study.specs(study.StudySettings(more_seeds=(8,)))}
+    assert "v2_manual_seed8" in manual_only and "v1_manual_seed8" not in manual_only
     del recorded["more_seeds"]  # a study recorded before the setting existed
-    (tmp_path / "results.json").write_text(json.dumps({"settings": recorded}))
+    results.write_text(json.dumps({"settings": recorded}))
     assert study.with_recorded_runs(settings, str(tmp_path)).more_seeds == ()
-    recorded["more_seeds"] = [{"seed": 5}]
-    (tmp_path / "results.json").write_text(json.dumps({"settings": recorded}))
-    with pytest.raises(ValueError, match="settings.more_seeds must be a list"):
-        study.with_recorded_runs(settings, str(tmp_path))
+    # A tampered file is refused naming it and the setting.
+    for name, value, match in (
+        ("more_seeds", [{"seed": 5}], "settings.more_seeds must be a list"),
+        ("more_seeds", None, "settings.more_seeds must be a list"),
+        ("seeds", list(range(5000)), "settings.seeds must be a list of at most 1000"),
+        ("seeds", [3.0], "results.json: its recorded settings are refused.*Received: seeds="),
+        ("arms", ["bogus"], "results.json: its recorded settings are refused.*arms="),
+        ("epochs", "absent", "does not record what defines its runs.*Missing: \\['epochs'\\]"),
+    ):
+        tampered = {**recorded, name: value}
+        if value == "absent":
+            del tampered[name]
+        results.write_text(json.dumps({"settings": tampered}))
+        with pytest.raises(ValueError, match=match):
+            study.with_recorded_runs(settings, str(tmp_path))
     for flags in (["--seed", "3"], ["--dataset", "digits"]):
         with pytest.raises(SystemExit):
             reproduce.main(["--study", "fashion_mnist", "--output", str(tmp_path), *flags])

@@ -571,3 +571,15 @@ def test_renamed_attributes_leave_other_names_to_a_base_getattr():
     assert Child().other == "base:other"
     with pytest.warns(DeprecationWarning, match="Child.old"):
         assert Child().old == 1
+
+
+def test_the_forward_mode_reads_as_forward_pass():
+    # `forward` (released with the hard forward pass) is torch.nn.Module's call on the
+    # torch backend: the mode lives in `forward_pass`; elsewhere `forward` still reads it.
+    layer = RelaxedShuffle(forward="hard")
+    assert layer.forward_pass == "hard" and layer.get_config()["forward"] == "hard"
+    if keras.backend.backend() == "torch":
+        assert callable(layer.forward)
+    else:
+        with pytest.warns(DeprecationWarning, match="RelaxedShuffle.forward.*forward_pass"):
+            assert layer.forward == "hard"
