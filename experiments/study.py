@@ -51,8 +51,8 @@ class StudySettings:
     finalists: tuple = ()
     verdict_seeds: tuple = (0, 1, 2, 3, 4)
     # Seeds beyond `verdict_seeds` for v2 only (its manual net and the finalists): v2's
-    # paired spread (sd about 0.5 points) needs about 15 seeds for a +-0.3 interval;
-    # v1's intervals already sit at its A/A noise floor (docs/fashion_mnist).
+    # paired spread (sd 0.4-0.5 points) needs about 12 seeds for a +-0.3 interval;
+    # v1's intervals already sit near its A/A noise floor (docs/fashion_mnist).
     more_seeds: tuple = ()
     # Epochs of the search in "search_retrain" (then the whole schedule from fresh weights).
     search_epochs: int = 3
