@@ -14,6 +14,7 @@ import os
 import pickle
 import pickletools
 import struct
+import threading
 import zipfile
 
 import numpy as np
@@ -355,3 +356,96 @@ def test_keys_and_values_that_are_not_a_state_dict_are_refused(tmp_path):
 def test_constants_are_torchs():
     # torch/serialization.py: MAGIC_NUMBER, PROTOCOL_VERSION.
     assert (LEGACY_MAGIC_NUMBER, LEGACY_PROTOCOL_VERSION) == (0x1950A86A20F9469CFC6C, 1001)
+
+
+# --- What a file can make the reader allocate, and what it can make it wait for ---
+
+
+def test_a_storage_inflating_past_the_bound_is_refused_without_allocating_it(tmp_path):
+    # 2^27 float64 zeros (1 GiB) deflate to about 1 MB; the tensor asks for one element.
+    import tracemalloc
+
+    numel = 2**27
+    obj = ordered_dict(
+        [("w", tensor(Storage("0", "DoubleStorage", None, numel=numel), 0, (1,), (1,)))]
+    )
+    path = tmp_path / "bomb.pth"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("archive/data.pkl", dumps(obj, legacy=False))
+        with archive.open("archive/data/0", "w", force_zip64=True) as entry:
+            block = bytes(1 << 20)
+            for _ in range(numel * 8 // len(block)):
+                entry.write(block)
+    assert os.path.getsize(path) < 2 * 2**20
+    tracemalloc.start()
+    try:
+        refused(path, "storage '0' of 1073741824 bytes", "max_bytes=1073741824")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 * 2**20, peak
+    # Under a larger bound it reads, and the one element comes back.
+    small = tmp_path / "small.pth"
+    storage = Storage("0", "DoubleStorage", np.zeros(1000, "<f8"))
+    write_zip(small, ordered_dict([("w", tensor(storage, 0, (1,), (1,)))]), [storage])
+    assert read_torch_checkpoint(small)["w"].tolist() == [0.0]
+    with pytest.raises(CheckpointError, match="past the reader's bound max_bytes=7000"):
+        read_torch_checkpoint(small, max_bytes=7000)
+
+
+@pytest.mark.parametrize("kind", ["zip", "legacy"])
+def test_a_view_larger_than_its_storage_is_refused(tmp_path, kind):
+    # shape (2^31,) with stride 0 over one float64: a 16 GiB copy from a tiny file.
+    storage = Storage("0", "DoubleStorage", np.ones(1, "<f8"))
+    obj = ordered_dict([("w", tensor(storage, 0, (2**31,), (0,)))])
+    path = WRITERS[kind](tmp_path / "stride0.pth", obj, [storage])
+    assert os.path.getsize(path) < 1000
+    refused(path, "(2147483648 elements) over a storage of 1 elements")
+    # The views a state dict holds (shared storages, transposes) still read.
+    storage = Storage("0", "FloatStorage", np.arange(4, dtype="<f4"))
+    obj = ordered_dict(
+        [("a", tensor(storage, 0, (2, 2), (1, 2))), ("b", tensor(storage, 0, (4,), (1,)))]
+    )
+    arrays = read_torch_checkpoint(WRITERS[kind](tmp_path / "views.pth", obj, [storage]))
+    np.testing.assert_array_equal(arrays["a"], [[0, 2], [1, 3]])
+
+
+def test_many_tensors_over_one_storage_are_bounded_in_total(tmp_path):
+    storage = Storage("0", "FloatStorage", np.ones(1000, "<f4"))
+    obj = ordered_dict([(f"w{i}", tensor(storage, 0, (1000,), (1,))) for i in range(50)])
+    path = write_zip(tmp_path / "many.pth", obj, [storage])
+    assert len(read_torch_checkpoint(path)) == 50
+    with pytest.raises(CheckpointError, match="a tensor of shape \\(1000,\\)"):
+        read_torch_checkpoint(path, max_bytes=100_000)
+
+
+def test_only_regular_files_are_read(tmp_path):
+    fifo = tmp_path / "fifo.pth"
+    os.mkfifo(fifo)  # nobody writes: open() for reading would block for ever
+
+    def unblock():  # a reader still blocked after 10 s is let go, to fail, not hang
+        if not done.wait(10):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+
+    done = threading.Event()
+    watchdog = threading.Thread(target=unblock, daemon=True)
+    watchdog.start()
+    try:
+        for path in (str(fifo), "/dev/zero", str(tmp_path)):
+            with pytest.raises(CheckpointError, match="is not a regular file") as info:
+                read_torch_checkpoint(path)
+            assert f"Received: path={path!r}" in str(info.value)
+    finally:
+        done.set()
+        watchdog.join()
+
+
+def test_a_negative_storage_size_is_refused_by_name(tmp_path):
+    for kind, write in WRITERS.items():
+        storage = Storage("0", "FloatStorage", np.ones(2, "<f4"), numel=-1)
+        path = write(
+            tmp_path / f"negative_{kind}.pth",
+            ordered_dict([("w", tensor(storage, 0, (0,), (1,)))]),
+            [],
+        )
+        refused(path, "storage '0' declared as -1 elements")

@@ -9,6 +9,13 @@ of them imports or calls anything, and every other name is refused before it is 
 up. Tensors come back as NumPy arrays copied out of their storages after every offset,
 shape and stride has been checked against the storage's size.
 
+What a file can make the reader allocate is bounded (`max_bytes`, 1 GiB by default): the
+file itself, its pickle and storages at the sizes the archive declares (zipfile never
+inflates an entry past its declared size, and each declared size must be the storage's),
+and every tensor copied out; a tensor never has more elements than its storage (a
+stride-0 view of a one-element storage would otherwise ask for any amount). Only regular
+files are read: a FIFO would block and a device such as /dev/zero never ends.
+
 Both of PyTorch's formats are read:
 - the zip archive of torch >= 1.6: `<root>/data.pkl` (the pickled object; tensors refer
   to storages by key) and `<root>/data/<key>` (each storage's raw bytes, little-endian
@@ -27,8 +34,10 @@ over 400 lines: the unpickler, its stand-ins and both formats' readers travel to
 import io
 import os
 import pickle
+import stat
 import struct
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -49,9 +58,10 @@ STORAGE_DTYPES = {
     "ByteStorage": "u1",
     "BoolStorage": "b1",
 }
-# No tensor of a state dict this package reads comes near this; a hostile file could
-# otherwise declare a huge shape with zero strides over a one-element storage.
-MAX_TENSOR_ELEMENTS = 2**31
+# What one file may make the reader allocate, in bytes (the file, its pickle, its storages
+# and the tensors copied out). torchvision's largest ShuffleNetV2 file (x2.0, 29 MB)
+# needs under 100 MB.
+MAX_BYTES = 2**30
 
 
 class CheckpointError(ValueError):
@@ -60,6 +70,21 @@ class CheckpointError(ValueError):
 
 class _Refused(Exception):
     """Raised while unpickling; `read_torch_checkpoint` adds the file's name."""
+
+
+class _Budget:
+    """The bytes a file may still make the reader allocate; `take` refuses past it."""
+
+    def __init__(self, limit):
+        self.limit, self.used = limit, 0
+
+    def take(self, size, what):
+        self.used += size
+        if self.used > self.limit:
+            raise _Refused(
+                f"{what}, which brings what reading it takes to {self.used} bytes, past "
+                f"the reader's bound max_bytes={self.limit}"
+            )
 
 
 class _StateDict(dict):
@@ -134,8 +159,6 @@ def _rebuild_tensor(storage, offset, size, stride):
     if len(size) != len(stride):
         raise _Refused(f"a tensor of shape {size} with strides {stride}")
     elements = int(np.prod(size, dtype=object))
-    if elements > MAX_TENSOR_ELEMENTS:
-        raise _Refused(f"a tensor of shape {size} ({elements} elements)")
     if elements:
         end = offset + sum((n - 1) * s for n, s in zip(size, stride, strict=True)) + 1
         if end > storage.numel:
@@ -143,6 +166,11 @@ def _rebuild_tensor(storage, offset, size, stride):
                 f"a tensor of shape {size}, strides {stride} at offset {offset} that "
                 f"reaches element {end} of a storage of {storage.numel} elements"
             )
+    if elements > storage.numel:  # only zero strides get there; its copy would be larger
+        raise _Refused(
+            f"a tensor of shape {size} ({elements} elements) over a storage of "
+            f"{storage.numel} elements"
+        )
     return _Tensor(storage, offset, size, stride)
 
 
@@ -221,13 +249,13 @@ class _Unpickler(pickle.Unpickler):
         key, location = _ascii(key), _ascii(location)
         if not isinstance(key, str) or not isinstance(location, str) or not _is_int(numel):
             raise _Refused(f"a storage reference {pid!r}")
-        if numel < 0 or self.roots.setdefault(key, (storage_type.dtype, numel)) != (
-            storage_type.dtype,
-            numel,
-        ):
+        if numel < 0:
+            raise _Refused(f"storage {key!r} declared as {numel} elements")
+        first = self.roots.setdefault(key, (storage_type.dtype, numel))
+        if first != (storage_type.dtype, numel):
             raise _Refused(
                 f"storage {key!r} declared as {numel} elements of {storage_type.name} "
-                f"(first declared: {self.roots[key]})"
+                f"(first declared: {first})"
             )
         view = pid[5] if self.legacy else None
         if view is None:
@@ -249,10 +277,13 @@ def _element_dtype(code, byteorder):
     return np.dtype(code if code in ("i1", "u1", "b1") else f"{byteorder}{code}")
 
 
-def _to_array(tensor, data, byteorder):
+def _to_array(tensor, data, byteorder, budget):
     """Copies `tensor` out of its root storage's bytes `data` (native byte order)."""
     storage = tensor.storage
     dtype = _element_dtype(storage.dtype, byteorder)
+    elements = int(np.prod(tensor.shape, dtype=object))
+    widened = 4 if storage.dtype == "bfloat16" else 0  # the float32 it becomes
+    budget.take(elements * (dtype.itemsize + widened), f"a tensor of shape {tensor.shape}")
     flat = np.frombuffer(data, dtype=dtype)
     flat = flat[storage.offset : storage.offset + storage.numel]
     if 0 in tensor.shape:
@@ -285,7 +316,7 @@ def _state_dict(obj):
     return obj
 
 
-def _read_zip(archive):
+def _read_zip(archive, budget):
     """`(object, {storage key: bytes}, byteorder)` of a zip-format checkpoint."""
     pickles = [n for n in archive.namelist() if n.count("/") == 1 and n.endswith("/data.pkl")]
     if len(pickles) != 1:
@@ -297,6 +328,7 @@ def _read_zip(archive):
         if order not in ("little", "big"):
             raise _Refused(f"the byte order {order!r}")
         byteorder = "<" if order == "little" else ">"
+    budget.take(archive.getinfo(pickles[0]).file_size, f"a pickle {pickles[0]}")
     unpickler = _Unpickler(io.BytesIO(archive.read(pickles[0])), legacy=False)
     obj = _state_dict(unpickler.load())
     data = {}
@@ -311,11 +343,12 @@ def _read_zip(archive):
             raise _Refused(
                 f"storage {key!r} of {numel} elements ({need} bytes) stored in {size} bytes"
             )
+        budget.take(size, f"storage {key!r} of {size} bytes")
         data[key] = archive.read(name)
     return obj, data, byteorder
 
 
-def _read_legacy(stream, total):
+def _read_legacy(stream, total, budget):
     """`(object, {storage key: bytes}, "<")` of a legacy-format checkpoint."""
     header = _Unpickler(stream, legacy=True)
     if header.load() != LEGACY_MAGIC_NUMBER:
@@ -348,11 +381,35 @@ def _read_legacy(stream, total):
                 f"storage {key!r} needs {numel * itemsize} bytes, the file has "
                 f"{total - stream.tell()} left: truncated"
             )
+        budget.take(numel * itemsize, f"storage {key!r} of {numel * itemsize} bytes")
         data[key] = stream.read(numel * itemsize)
     return obj, data, "<"
 
 
-def read_torch_checkpoint(path):
+def _read_regular_file(path, budget):
+    """The bytes of `path`, a regular file of at most the budget's size.
+
+    Opened without blocking (a FIFO would wait for a writer) and checked on the open
+    descriptor, so what is checked is what is read.
+    """
+    descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
+            raise CheckpointError(
+                f"{path} is not a regular file (a device, FIFO, socket or folder), so not a "
+                f"checkpoint; it was not read. Received: path={path!r}"
+            )
+        budget.take(status.st_size, f"{status.st_size} bytes of file")
+        handle = os.fdopen(descriptor, "rb")
+    except BaseException:
+        os.close(descriptor)
+        raise
+    with handle:
+        return handle.read(status.st_size)  # what it had when checked, no more
+
+
+def read_torch_checkpoint(path, max_bytes=MAX_BYTES):
     """Reads a PyTorch state dict (`.pth`) into NumPy arrays without torch, running no code.
 
     Accepts the zip format (torch >= 1.6) and the legacy stream (torch < 1.6, e.g.
@@ -362,7 +419,9 @@ def read_torch_checkpoint(path):
     that entry.
 
     Args:
-        path: the checkpoint file.
+        path: the checkpoint file, a regular file.
+        max_bytes: the most bytes the file may make the reader allocate (the file, its
+            pickle and storages, the arrays returned); 1 GiB by default.
 
     Returns:
         A dict {name: NumPy array} in the file's order. Each array is a C-contiguous copy
@@ -373,27 +432,29 @@ def read_torch_checkpoint(path):
         CheckpointError (a ValueError) naming the file: not a checkpoint, truncated, a
         global other than the allowed ones (e.g. `os.system`), a storage type other than
         the real and integer ones, a tensor whose shape and strides do not fit its
-        storage, a key that is not a string, a value that is not a tensor.
+        storage, a key that is not a string, a value that is not a tensor, a file that
+        is not a regular file or needs more than `max_bytes`.
     """
     path = os.fspath(path)
+    budget = _Budget(max_bytes)
     try:
-        with open(path, "rb") as handle:
-            content = handle.read()
+        content = _read_regular_file(path, budget)
+        if zipfile.is_zipfile(io.BytesIO(content)):
+            with zipfile.ZipFile(io.BytesIO(content)) as archive:
+                obj, data, byteorder = _read_zip(archive, budget)
+        else:
+            obj, data, byteorder = _read_legacy(io.BytesIO(content), len(content), budget)
+        return {
+            key: _to_array(tensor, data[tensor.storage.key], byteorder, budget)
+            for key, tensor in obj.items()
+        }
+    except CheckpointError:
+        raise
     except OSError as error:
         raise CheckpointError(
             f"Cannot read the checkpoint {path} ({type(error).__name__}: {error}). "
             f"Received: path={path!r}"
         ) from None
-    try:
-        if zipfile.is_zipfile(io.BytesIO(content)):
-            with zipfile.ZipFile(io.BytesIO(content)) as archive:
-                obj, data, byteorder = _read_zip(archive)
-        else:
-            obj, data, byteorder = _read_legacy(io.BytesIO(content), len(content))
-        return {
-            key: _to_array(tensor, data[tensor.storage.key], byteorder)
-            for key, tensor in obj.items()
-        }
     except _Refused as error:
         raise CheckpointError(
             f"Refused to read {path} as a PyTorch state dict: it holds {error}. Received: "
@@ -413,6 +474,7 @@ def read_torch_checkpoint(path):
         MemoryError,
         struct.error,
         UnicodeDecodeError,
+        zlib.error,
     ) as error:
         raise CheckpointError(
             f"{path} is not a readable PyTorch checkpoint (damaged or truncated: "
