@@ -11,13 +11,16 @@ Every test has its own Keras cache (KERAS_HOME in a temporary folder): none writ
 ~/.keras.
 """
 
+import contextlib
 import http.server
 import importlib.util
 import os
 import pickle
 import re
 import shutil
+import socket
 import threading
+import time
 import zipfile
 
 import keras
@@ -341,3 +344,162 @@ def test_conversion_script_reads_the_checkpoint_without_torch(tmp_path, parity):
     damaged.write_bytes(b"PK")
     with pytest.raises(SystemExit, match="damaged.pth"):
         script.main([str(damaged), str(tmp_path / "y.weights.h5")])
+
+
+# --- Servers that stall, mirrors with query strings, damaged files in the cache ---
+
+
+class StallingServer:
+    """A TCP server on 127.0.0.1 that accepts and then, per `mode`: "silent" answers
+    nothing; "stall" sends an HTTP header announcing 100000 bytes, 1000 of them, then
+    nothing; "trickle" sends that header then one byte every 0.2 s. Every connection is
+    closed after `release` seconds, so a client without a timeout fails there, not hangs.
+    """
+
+    def __init__(self, mode, release=20.0):
+        self.mode, self.release = mode, release
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/models/"
+        self.stop = threading.Event()
+        self.acceptor = threading.Thread(target=self._accept, daemon=True)
+        self.acceptor.start()
+
+    def _accept(self):
+        self.listener.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                connection, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection):
+        with connection, contextlib.suppress(OSError):  # the client may hang up first
+            if self.mode != "silent":
+                connection.recv(65536)  # the request
+                connection.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 100000\r\n\r\n")
+            if self.mode == "stall":
+                connection.sendall(b"x" * 1000)
+            deadline = time.monotonic() + self.release
+            while time.monotonic() < deadline and not self.stop.wait(0.2):
+                if self.mode == "trickle":
+                    connection.sendall(b"x")
+
+    def close(self):
+        self.stop.set()
+        self.acceptor.join()
+        self.listener.close()
+
+
+@pytest.mark.parametrize("mode", ["silent", "stall", "trickle"])
+def test_a_stalled_server_times_out_naming_the_url_and_the_ways_out(cache, monkeypatch, mode):
+    register(monkeypatch)
+    server = StallingServer(mode)
+    monkeypatch.setenv(pretrained.URL_VARIABLE, server.url)
+    monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, "1")
+    start = time.monotonic()
+    try:
+        with pytest.raises(OSError) as info:
+            imagenet_v2(input_shape=(64, 64, 3), stem="imagenet")
+    finally:
+        server.close()
+    assert time.monotonic() - start < 10
+    message = str(info.value)
+    assert f"{server.url}{NAME}" in message and "stalled" in message
+    assert f"Set {pretrained.TIMEOUT_VARIABLE} to a number of seconds" in message
+    assert pretrained.URL_VARIABLE in message and str(cache / NAME) in message
+    assert os.listdir(cache) == []  # the partial download is removed
+
+
+def test_the_download_timeout_is_a_setting(monkeypatch):
+    monkeypatch.delenv(pretrained.TIMEOUT_VARIABLE, raising=False)
+    assert pretrained.download_timeout() == 60
+    monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, " 2.5 ")
+    assert pretrained.download_timeout() == 2.5
+    for bad in ("0", "-1", "nan", "inf", "soon"):
+        monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, bad)
+        with pytest.raises(ValueError, match=f"Received: {pretrained.TIMEOUT_VARIABLE}='{bad}'"):
+            pretrained.download_timeout()
+
+
+def test_mirror_urls_keep_their_query_string(cache, server, monkeypatch):
+    cases = {
+        "https://mirror.example/models/?token=abc": "https://mirror.example/models/a.pth?token=abc",
+        "https://mirror.example/models?token=abc#x": "https://mirror.example/models/a.pth?token=abc#x",
+        "https://mirror.example": "https://mirror.example/a.pth",
+        "file:///srv/models/": "file:///srv/models/a.pth",
+    }
+    for base, url in cases.items():
+        monkeypatch.setenv(pretrained.URL_VARIABLE, base)
+        assert pretrained.checkpoint_url("a.pth") == url
+    for bad in ("file:relative/dir", "https:///models", "ftp:models"):
+        monkeypatch.setenv(pretrained.URL_VARIABLE, bad)
+        with pytest.raises(
+            ValueError, match=re.escape(f"Received: {pretrained.URL_VARIABLE}={bad!r}")
+        ):
+            pretrained.checkpoint_url("a.pth")
+    # For real: a mirror that wants its token gets it.
+    register(monkeypatch)
+    server.serve(CHECKPOINT)
+    monkeypatch.setenv(pretrained.URL_VARIABLE, server.url + "?token=abc")
+    path = pretrained.download_checkpoint(0.5)
+    assert server.requests == [f"/models/{NAME}?token=abc"]
+    assert pretrained.sha256_of(path) == pretrained.sha256_of(CHECKPOINT)
+
+
+def test_a_mirror_folder_entry_that_is_not_a_file_is_refused(cache, monkeypatch, tmp_path):
+    register(monkeypatch)
+    os.mkfifo(tmp_path / NAME)  # opening it to read would wait for a writer for ever
+    monkeypatch.setenv(pretrained.URL_VARIABLE, str(tmp_path))
+    with pytest.raises(OSError, match="is not a regular file"):
+        pretrained.download_checkpoint(0.5)
+
+
+def test_a_wrong_hash_file_in_the_cache_is_named_when_offline(cache, server, monkeypatch):
+    register(monkeypatch)
+    server.stop()
+    cache.mkdir(parents=True)
+    (cache / NAME).write_bytes(b"tampered")
+    with pytest.raises(OSError) as info:
+        pretrained.download_checkpoint(0.5)
+    message = str(info.value)
+    assert f"The file already at {cache / NAME} failed its hash check" in message
+    assert pretrained.sha256_of(cache / NAME) in message and "replace it" in message
+
+
+def test_a_damaged_converted_file_in_the_cache_is_named(cache, monkeypatch):
+    register(monkeypatch)
+    place_in_cache(cache)
+    good = pretrained.converted_weights(0.5)
+    content = open(good, "rb").read()
+    damages = {
+        "empty": b"",
+        "truncated": content[: len(content) // 2],
+        "not HDF5": b"not weights" * 100,
+    }
+    for label, damaged in damages.items():
+        with open(good, "wb") as handle:
+            handle.write(damaged)
+        with pytest.raises(ValueError) as info:
+            imagenet_v2(input_shape=(64, 64, 3), stem="imagenet")
+        message = str(info.value)
+        assert f"The cached ImageNet weights file {good} cannot be read" in message, label
+        assert "Delete it" in message and "replace it" in message
+    os.remove(good)
+    os.mkdir(good)  # a folder where the file goes
+    with pytest.raises(ValueError, match=f"file {re.escape(good)} cannot be read"):
+        pretrained.converted_weights(0.5)
+    os.rmdir(good)  # deleted as told: converted again
+    assert pretrained.converted_weights(0.5) == good and os.path.getsize(good) == len(content)
+
+
+def test_imagenet_weights_need_three_input_channels(cache, monkeypatch):
+    register(monkeypatch)
+    place_in_cache(cache)
+    for channels in (1, 4):
+        shape = (64, 64, channels)
+        with pytest.raises(
+            ValueError, match=re.escape(f"3 channels. Received: input_shape={shape}")
+        ):
+            imagenet_v2(input_shape=shape, stem="imagenet")
+    assert os.listdir(cache) == [NAME]  # nothing converted

@@ -8,10 +8,11 @@ weights="imagenet")` then:
 1. uses `<cache>/models/<checkpoint>.weights.h5` (or `..._notop.weights.h5`) if it is
    there: no network, no torch;
 2. otherwise takes the checkpoint from `<cache>/models/<file name>` if it is there with
-   the right hash, else downloads it with `keras.utils.get_file` from
-   `https://download.pytorch.org/models/<file name>` (or from `$KERAS_AUTOSHUFFLE_WEIGHTS_URL/
-   <file name>`: a mirror, or `file:///a/folder`) and checks its SHA-256 (a mismatch
-   deletes the download: nothing is cached);
+   the right hash, else downloads it from `https://download.pytorch.org/models/<file name>`
+   (or from `$KERAS_AUTOSHUFFLE_WEIGHTS_URL/<file name>`: a mirror, or `file:///a/folder`),
+   giving up when the server sends nothing for `$KERAS_AUTOSHUFFLE_DOWNLOAD_TIMEOUT`
+   seconds (60 by default), and checks its SHA-256 (a mismatch deletes the download:
+   nothing is cached);
 3. reads it with `read_torch_checkpoint` (no torch, no code from the file), converts it
    with `load_torchvision_weights` and writes the Keras weights file atomically.
 
@@ -24,23 +25,39 @@ checkpoint of its own through the same download, hash and conversion code.
 
 import dataclasses
 import hashlib
+import http.client
 import json
+import math
 import os
 import pathlib
 import tempfile
+import time
+import urllib.error
 import urllib.parse
+import urllib.request
 
 import keras
 import numpy as np
 
 from keras_autoshuffle.applications import architecture as arch
-from keras_autoshuffle.applications.common import IMAGENET_MEAN, IMAGENET_STD, mark_padding
+from keras_autoshuffle.applications.common import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    PADDING_ATTRIBUTE,
+    mark_padding,
+)
 from keras_autoshuffle.applications.shufflenet_v2 import REPEATS, V2_CONFIGS, ShuffleNetV2
 from keras_autoshuffle.applications.torch_checkpoint import read_torch_checkpoint
 from keras_autoshuffle.applications.torchvision_weights import load_torchvision_weights
 
 BASE_URL = "https://download.pytorch.org/models/"
 URL_VARIABLE = "KERAS_AUTOSHUFFLE_WEIGHTS_URL"
+# Seconds a download waits for the server to connect or send its next bytes.
+TIMEOUT_VARIABLE = "KERAS_AUTOSHUFFLE_DOWNLOAD_TIMEOUT"
+DEFAULT_TIMEOUT = 60.0
+# torchvision's largest ShuffleNetV2 checkpoint (x2.0) has 29 MB; a server sending more is
+# not sending it.
+MAX_DOWNLOAD_BYTES = 256 * 2**20
 CACHE_SUBDIR = "models"
 # Keras's ImageNet class index (keras.applications.imagenet_utils), the same file, URL
 # and MD5, so both share one cached copy.
@@ -118,18 +135,51 @@ CHECKPOINTS = {
 
 def checkpoint_url(file_name):
     """`<base>/<file_name>`: the base is `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` when set (an
-    http(s):// or file:// URL, or an absolute folder path), else torchvision's."""
+    http(s):// or file:// URL of a folder, its query string kept, or an absolute folder
+    path), else torchvision's."""
     base = os.environ.get(URL_VARIABLE, "").strip() or BASE_URL
-    scheme = urllib.parse.urlsplit(base).scheme
-    if not scheme and os.path.isabs(base):
-        base = pathlib.Path(base).as_uri()
-    elif scheme not in ("http", "https", "file", "ftp"):
+    parts = urllib.parse.urlsplit(base)
+    if not parts.scheme and os.path.isabs(base):
+        parts = urllib.parse.urlsplit(pathlib.Path(base).as_uri())
+    elif not _is_folder_url(parts):
         raise ValueError(
             f"The environment variable {URL_VARIABLE} must be the URL of a folder holding "
             "torchvision's checkpoint files (https://mirror/models/, file:///path/to/folder) "
             f"or an absolute folder path. Received: {URL_VARIABLE}={base!r}"
         )
-    return base.rstrip("/") + "/" + urllib.parse.quote(file_name)
+    path = parts.path.rstrip("/") + "/" + urllib.parse.quote(file_name)
+    return urllib.parse.urlunsplit(parts._replace(path=path))
+
+
+def _is_folder_url(parts):
+    """Whether split URL `parts` can be a base: http(s)/ftp with a host, or file: with an
+    absolute path (`file:relative/dir` has no meaning without a current folder)."""
+    absolute = parts.path.startswith("/")
+    if parts.scheme == "file":
+        return absolute and parts.netloc in ("", "localhost")
+    return (
+        parts.scheme in ("http", "https", "ftp")
+        and bool(parts.netloc)
+        and (absolute or not parts.path)
+    )
+
+
+def download_timeout():
+    """Seconds a download waits for the server to connect or send its next bytes:
+    `$KERAS_AUTOSHUFFLE_DOWNLOAD_TIMEOUT` when set (a number > 0), else 60."""
+    text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
+    if not text:
+        return DEFAULT_TIMEOUT
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(
+            f"The environment variable {TIMEOUT_VARIABLE} must be a number of seconds > 0 "
+            f"(how long a download waits for the server). Received: {TIMEOUT_VARIABLE}={text!r}"
+        )
+    return value
 
 
 def cache_dir():
@@ -169,9 +219,59 @@ def _convert_by_hand(entry, width):
     )
 
 
+class _Stalled(OSError):
+    """The server stopped sending (see `_fetch`)."""
+
+
+def _fetch(url, target, timeout):
+    """Writes what `url` serves into the file `target`, at most `MAX_DOWNLOAD_BYTES`.
+
+    Gives up (`_Stalled`) when the server takes more than `timeout` seconds to connect
+    or to send anything, or sends less than 64 KiB in any `timeout` seconds (a trickle
+    would hold the call as long as a stall). A file: URL must name a regular file (a
+    FIFO would block).
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme == "file":
+        local = urllib.request.url2pathname(parts.path)
+        if os.path.exists(local) and not os.path.isfile(local):
+            raise OSError(f"{local} is not a regular file")
+    try:
+        response = urllib.request.urlopen(url, timeout=timeout)
+    except TimeoutError:  # connected, no answer
+        raise _Stalled(f"no answer within {timeout:g} s") from None
+    except urllib.error.URLError as error:
+        if isinstance(error.reason, TimeoutError):
+            raise _Stalled(f"no connection within {timeout:g} s") from None
+        raise
+    length = response.headers.get("Content-Length", "")
+    progress = keras.utils.Progbar(int(length) if length.isdigit() else None)
+    received, window, window_start = 0, 0, time.monotonic()
+    with response, open(target, "wb") as out:
+        while True:
+            try:
+                block = response.read1(1 << 16)
+            except TimeoutError:
+                raise _Stalled(f"nothing sent for {timeout:g} s after {received} bytes") from None
+            if not block:
+                return
+            received, window = received + len(block), window + len(block)
+            if received > MAX_DOWNLOAD_BYTES:
+                raise OSError(f"the server sent more than {MAX_DOWNLOAD_BYTES} bytes")
+            out.write(block)
+            progress.update(received)
+            if window >= 1 << 16:
+                window, window_start = 0, time.monotonic()
+            elif time.monotonic() - window_start > timeout:
+                raise _Stalled(f"under 64 KiB sent in {timeout:g} s after {received} bytes")
+
+
 def download_checkpoint(width):
     """The path of torchvision's checkpoint for `width` in Keras's cache, downloaded if it
     is not there, its SHA-256 checked.
+
+    A download waits at most `download_timeout()` seconds for the server to connect or
+    to send its next bytes (`$KERAS_AUTOSHUFFLE_DOWNLOAD_TIMEOUT`, 60 by default).
 
     Args:
         width: a key of `CHECKPOINTS`.
@@ -183,20 +283,37 @@ def download_checkpoint(width):
     expected = entry.sha256.lower()
     base = cache_dir()
     path = os.path.join(base, CACHE_SUBDIR, entry.file_name)
-    if os.path.isfile(path) and sha256_of(path).startswith(expected):
-        return path
+    rejected = ""  # what is said of a file already in the cache that fails the check
+    if os.path.isfile(path):
+        digest = sha256_of(path)
+        if digest.startswith(expected):
+            return path
+        rejected = (
+            f"The file already at {path} failed its hash check (SHA-256 {digest}; "
+            f"torchvision's starts with {expected}): it is damaged or another file, so it "
+            "was not used; replace it with torchvision's file (or delete it). "
+        )
     url = entry.url
+    timeout = download_timeout()
     # Renamed to `path` once its hash is right; one name per process, so two processes
     # downloading at once never write into the same file.
-    partial = f".{entry.file_name}.{os.getpid()}.download"
+    download = os.path.join(base, CACHE_SUBDIR, f".{entry.file_name}.{os.getpid()}.download")
     try:
-        download = keras.utils.get_file(
-            partial, url, cache_subdir=CACHE_SUBDIR, cache_dir=base, force_download=True
-        )
-    except Exception as error:  # get_file raises a bare Exception on network errors
+        _fetch(url, download, timeout)
+    except (OSError, http.client.HTTPException, ValueError) as error:
+        if os.path.exists(download):
+            os.remove(download)
+        if isinstance(error, _Stalled):
+            cause = (
+                f"the server stalled ({error}). Set {TIMEOUT_VARIABLE} to a number of "
+                f"seconds to wait longer (it is {timeout:g}), or {URL_VARIABLE} to another "
+                "mirror."
+            )
+        else:
+            cause = f"{type(error).__name__}: {error}."
         raise OSError(
             f"Could not download torchvision's ImageNet ShuffleNetV2 x{width:g} weights from "
-            f"{url} ({type(error).__name__}: {error}). {_convert_by_hand(entry, width)} "
+            f"{url}: {cause} {rejected}{_convert_by_hand(entry, width)} "
             "Received: weights='imagenet'"
         ) from None
     digest = sha256_of(download)
@@ -210,6 +327,31 @@ def download_checkpoint(width):
         )
     os.replace(download, path)
     return path
+
+
+def _check_cached(path):
+    """Refuses a converted weights file in the cache that cannot be read whole (empty,
+    truncated, damaged, not HDF5, a folder), naming it: it would fail every later call."""
+    import h5py
+
+    def read(_, item):
+        if isinstance(item, h5py.Dataset):
+            item[()]
+
+    try:
+        if not os.path.isfile(path):
+            raise IsADirectoryError("not a regular file")
+        with h5py.File(path, "r") as handle:
+            if handle.attrs.get(PADDING_ATTRIBUTE) not in ("torch", b"torch"):
+                raise ValueError("not marked as converted from torchvision (padding 'torch')")
+            handle.visititems(read)
+    except (OSError, ValueError, KeyError, RuntimeError) as error:
+        raise ValueError(
+            f"The cached ImageNet weights file {path} cannot be read ({type(error).__name__}: "
+            f"{error}): it is damaged (e.g. truncated by a full disk) or not this package's. "
+            "Delete it, and it is converted again from torchvision's checkpoint at the next "
+            "call (or replace it with a good copy). Received: weights='imagenet'"
+        ) from None
 
 
 def converted_weights(width, include_top=True):
@@ -227,7 +369,8 @@ def converted_weights(width, include_top=True):
     entry = CHECKPOINTS[width]
     suffix = "" if include_top else "_notop"
     path = os.path.join(cache_dir(), CACHE_SUBDIR, f"{entry.stem}{suffix}.weights.h5")
-    if os.path.isfile(path):
+    if os.path.lexists(path):
+        _check_cached(path)
         return path
     checkpoint = download_checkpoint(width)
     state_dict = read_torch_checkpoint(checkpoint)
@@ -272,6 +415,13 @@ def imagenet_weights_file(model, include_top, classes):
     Returns:
         The path of the Keras weights file to load.
     """
+    shape = tuple(model.inputs[0].shape[1:])
+    channels = shape[0] if keras.config.image_data_format() == "channels_first" else shape[-1]
+    if channels != 3:
+        raise ValueError(
+            "weights='imagenet' are torchvision's network for RGB images: the input must "
+            f"have 3 channels. Received: input_shape={shape}"
+        )
     found = arch.describe(model)
     if found is None or found.family != "v2":
         raise ValueError(
