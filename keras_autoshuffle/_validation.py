@@ -12,20 +12,26 @@ import numpy as np
 DATA_FORMATS = ("channels_last", "channels_first")
 
 
-def _is_number(value):
+def is_number(value):
+    """Whether `value` is a real number, Python's or NumPy's (`np.float32(0.5)`), not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def is_integer(value):
+    """Whether `value` is an integer, Python's or NumPy's (`np.int64(3)`), not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def positive_int(value, name):
     """`value` as an int; ValueError unless it is an integer >= 1."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)) or value < 1:
+    if not is_integer(value) or value < 1:
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
     return int(value)
 
 
 def non_negative_int(value, name):
     """`value` as an int; ValueError unless it is an integer >= 0."""
-    if not isinstance(value, numbers.Integral) or isinstance(value, (bool, np.bool_)) or value < 0:
+    if not is_integer(value) or value < 0:
         raise ValueError(f"`{name}` must be an integer >= 0. Received: {name}={value!r}")
     return int(value)
 
@@ -37,7 +43,7 @@ def optional_positive_int(value, name):
 
 def positive_float(value, name):
     """`value` as a float; ValueError unless it is a finite number > 0."""
-    if not _is_number(value) or not np.isfinite(value) or not value > 0:
+    if not is_number(value) or not np.isfinite(value) or not value > 0:
         raise ValueError(f"`{name}` must be a finite number > 0. Received: {name}={value!r}")
     return float(value)
 
@@ -54,7 +60,7 @@ MAX_PENALTY = 1e30
 
 def penalty(value, name="penalty"):
     """The weight lambda of the l1-2 penalty: a finite number in [0, 1e30], as a float."""
-    if not _is_number(value) or not np.isfinite(value) or value < 0 or value > MAX_PENALTY:
+    if not is_number(value) or not np.isfinite(value) or value < 0 or value > MAX_PENALTY:
         raise ValueError(
             f"`{name}` (lambda, the weight of the l1-2 penalty) must be a finite number in "
             f"[0, {MAX_PENALTY:g}]. Received: {name}={value!r}"
@@ -63,7 +69,9 @@ def penalty(value, name="penalty"):
 
 
 def choice(value, allowed, name):
-    """`value` if it is one of `allowed` (bools never pass as numbers)."""
+    """The element of `allowed` equal to `value` (so NumPy's `np.int64(3)` gives the
+    plain 3 of `allowed`); ValueError naming `name` otherwise (bools never pass as
+    numbers)."""
     if isinstance(value, (bool, np.bool_)) and not any(a is value for a in allowed):
         raise ValueError(f"`{name}` must be one of {list(allowed)}. Received: {name}={value!r}")
     try:
@@ -72,7 +80,7 @@ def choice(value, allowed, name):
         ok = False
     if not ok:
         raise ValueError(f"`{name}` must be one of {list(allowed)}. Received: {name}={value!r}")
-    return value
+    return next(a for a in allowed if a is value or a == value)
 
 
 def data_format(value):

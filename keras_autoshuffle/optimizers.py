@@ -67,7 +67,7 @@ class CoupledSGD(keras.optimizers.SGD):
     """
 
     def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, l2=0.0, **kwargs):
-        if isinstance(l2, bool) or not isinstance(l2, (int, float)) or not 0 <= l2 < float("inf"):
+        if not _validation.is_number(l2) or not 0 <= l2 < float("inf"):
             raise ValueError(f"`l2` must be a finite number >= 0. Received: l2={l2!r}")
         super().__init__(
             learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, **kwargs

@@ -130,12 +130,14 @@ class ChannelSlice(keras.layers.Layer):
 
     def __init__(self, start, stop, **kwargs):
         super().__init__(**kwargs)
-        if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start < stop):
+        if not (_validation.is_integer(start) and _validation.is_integer(stop)) or not (
+            0 <= start < stop
+        ):
             raise ValueError(
                 "`start` and `stop` must be integers with 0 <= start < stop. "
-                f"Received: start={start}, stop={stop}"
+                f"Received: start={start!r}, stop={stop!r}"
             )
-        self.start, self.stop = start, stop
+        self.start, self.stop = int(start), int(stop)
 
     def build(self, input_shape):
         if input_shape[-1] is None or input_shape[-1] < self.stop:

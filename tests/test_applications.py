@@ -11,6 +11,7 @@ skips them (`tensorflow_only`).
 """
 
 import inspect
+import json
 import os
 import pydoc
 import re
@@ -21,7 +22,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from helpers import TINY_REPEATS, TINY_SHAPE, TINY_UNITS, tiny_v1, tiny_v2
+from helpers import TINY_REPEATS, TINY_SHAPE, TINY_UNITS, TINY_V2_CHANNELS, tiny_v1, tiny_v2
 from keras import layers
 
 from keras_autoshuffle import ChannelShuffle, RelaxedShuffle, harden_model
@@ -686,3 +687,35 @@ def test_v1_basic_units_start_as_the_identity():
     assert float(np.abs(later).max()) > 0
     gammas = [np.asarray(model.get_layer(f"stage3_unit{u}_bn2").gamma) for u in (1, 2)]
     assert np.all(gammas[0] == 1) and np.all(gammas[1] == 0)
+
+
+def layer_configs(model):
+    """Every layer's config as JSON (NumPy scalars would not serialize), the input's aside."""
+    return [json.dumps(layer.get_config()) for layer in model.layers[1:]]
+
+
+def test_numpy_numbers_are_accepted_as_python_ones():
+    # A value read from an array or a config (`np.int64(3)`) is an integer too.
+    i = np.int64
+    plain = ShuffleNetV1(
+        0.5, 3, classes=10, shuffle="auto", sinkhorn_iterations=3, input_shape=CIFAR
+    )
+    numpy = ShuffleNetV1(
+        np.float32(0.5),
+        i(3),
+        classes=i(10),
+        shuffle="auto",
+        sinkhorn_iterations=i(3),
+        input_shape=tuple(i(d) for d in CIFAR),
+    )
+    assert numpy.name == plain.name == "autoshufflenet_v1_g3_x0_5"
+    assert layer_configs(numpy) == layer_configs(plain)  # plain ints all through
+    tiny = tiny_v2(
+        classes=i(10),
+        channels=tuple(i(c) for c in TINY_V2_CHANNELS),
+        repeats=tuple(i(r) for r in TINY_REPEATS),
+    )
+    assert layer_configs(tiny) == layer_configs(tiny_v2(classes=10))
+    assert ShuffleNetV2(i(1), input_shape=CIFAR).name == "shufflenet_v2_x1_0"
+    with pytest.raises(ValueError, match="Received: groups=np.True_"):
+        ShuffleNetV1(groups=np.bool_(True), input_shape=CIFAR)

@@ -114,6 +114,11 @@ def test_shards_partition_each_global_batch(digits):
 def test_bad_batch_size_raises(digits):
     with pytest.raises(ValueError, match="batch_size=0"):
         digits[0].epoch_dataset(0, 0)
+    with pytest.raises(ValueError, match="batch_size=np.True_"):
+        digits[0].epoch_dataset(0, np.bool_(True))
+    # NumPy's integers are integers.
+    numpy = _collect(digits[0].epoch_dataset(1, np.int64(64)))[1]
+    np.testing.assert_array_equal(numpy, _collect(digits[0].epoch_dataset(1, 64))[1])
     with pytest.raises(ValueError, match="dataset='mnist'"):
         data.load("mnist")
 

@@ -1,5 +1,6 @@
 """Tests of RelaxedShuffle, ChannelShuffle and the model helpers."""
 
+import json
 import re
 
 import keras
@@ -583,3 +584,22 @@ def test_the_forward_mode_reads_as_forward_pass():
     else:
         with pytest.warns(DeprecationWarning, match="RelaxedShuffle.forward.*forward_pass"):
             assert layer.forward == "hard"
+
+
+def test_numpy_numbers_are_accepted_where_numbers_are_asked_for():
+    from keras_autoshuffle import ChannelSlice, DoublyStochastic, HardenShuffles
+    from keras_autoshuffle.optimizers import CoupledSGD
+
+    i = np.int64
+    layer = ChannelSlice(i(1), i(3))
+    assert json.dumps(layer.get_config())  # plain ints in the config
+    x = np.arange(8, dtype="float32").reshape(1, 1, 2, 4)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer(x)), x[..., 1:3])
+    assert json.dumps(CoupledSGD(l2=np.float32(1e-4)).get_config())
+    assert (
+        RelaxedShuffle(sinkhorn_iterations=i(2), penalty=np.float32(0.5)).sinkhorn_iterations == 2
+    )
+    assert DoublyStochastic(i(3)).get_config() == {"sinkhorn_iterations": 3}
+    assert HardenShuffles(at_epoch=i(2)).at_epoch == 2
+    with pytest.raises(ValueError, match="Received: start=np.True_"):
+        ChannelSlice(np.bool_(True), 3)

@@ -198,14 +198,14 @@ def check_config(values, length, name, multiple=1):
     if (
         values is None
         or len(values) != length
-        or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values)
+        or not all(_validation.is_integer(v) and v > 0 for v in values)
         or any(v % multiple for v in values)
     ):
         rule = f", each a multiple of {multiple}" if multiple > 1 else ""
         raise ValueError(
             f"`{name}` must be {length} positive integers{rule}. Received: {name}={values!r}"
         )
-    return values
+    return tuple(int(v) for v in values)
 
 
 def resolve_input(input_tensor, input_shape, include_top, stem):

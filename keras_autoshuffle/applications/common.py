@@ -254,7 +254,7 @@ def finish(inputs, x, name, rebuild, shared, options, image_shape):
         # Keras's Glorot default the v1 loss started at 4.7 (not ln 10) and training at
         # lr 0.1 diverged in the first epoch on the digits.
         x = layers.Dense(
-            shared["classes"],
+            int(shared["classes"]),  # checked: an integer, maybe NumPy's
             activation=shared["classifier_activation"],
             kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
             name="predictions",

@@ -160,9 +160,9 @@ def _shufflenet_v1(*, width, groups, channels=None, repeats=None, prefix=None, *
         prefix=prefix,
     )
     options = arguments.check_shared_arguments(shared)
-    _validation.choice(groups, tuple(STAGE2_WIDTHS), "groups")
+    groups = _validation.choice(groups, tuple(STAGE2_WIDTHS), "groups")
     if channels is None:
-        _validation.choice(width, WIDTHS, "width")
+        width = _validation.choice(width, WIDTHS, "width")
         channels = v1_channels(groups, width)
     else:
         channels = arguments.check_config(channels, 4, "channels")

@@ -144,7 +144,7 @@ def _shufflenet_v2(*, width, channels=None, repeats=None, prefix=None, **shared)
     )
     options = arguments.check_shared_arguments(shared)
     if channels is None:
-        _validation.choice(width, tuple(V2_CONFIGS), "width")
+        width = _validation.choice(width, tuple(V2_CONFIGS), "width")
         channels = V2_CONFIGS[width]
     channels = arguments.check_config(channels, 5, "channels", multiple=2)
     repeats = arguments.check_config(REPEATS if repeats is None else repeats, 3, "repeats")

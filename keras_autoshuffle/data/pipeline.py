@@ -16,6 +16,8 @@ training loops, evaluation).
 import numpy as np
 import tensorflow as tf
 
+from keras_autoshuffle import _validation
+
 
 def example_seed(seed, epoch, index):
     """The stateless seed (shape [2]) of one example in one epoch."""
@@ -74,7 +76,7 @@ class EpochData:
         return -(-self.num_examples // batch_size)
 
     def _check_batch(self, batch_size, training):
-        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        if not _validation.is_integer(batch_size) or batch_size < 1:
             raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size=}")
         if training and batch_size > self.num_examples:
             raise ValueError(
