@@ -20,41 +20,41 @@ def l12_penalty(matrix):
     `P(M) = sum_i [sum_j |m_ij| - ||m_i.||_2] + sum_j [sum_i |m_ij| - ||m_.j||_2]`.
     For a doubly stochastic M it is zero exactly at permutations (Theorem 1); the
     formula is defined for any 2-D matrix, rectangular ones included.
-    Computed in float32 whatever the input dtype (float64 input is scaled in float64
-    first). P is positively homogeneous, `P(cM) = c P(M)`: it is computed on M divided
-    by a power of two near max|m_ij| and scaled back, so no square overflows or
-    underflows (huge and tiny matrices give the right value), and ordinary matrices give
-    the unscaled formula's value bit for bit (dividing by a power of two is exact). A
-    value beyond float32's range (only from float64 input above ~1e37) is +inf; a matrix
-    with NaN or inf entries gives NaN (P is undefined there).
+    Computed in float64 for float64 input, else in float32. P is positively
+    homogeneous, `P(cM) = c P(M)`: it is computed on M divided by a power of two near
+    max|m_ij| and scaled back, so no square or sum overflows or underflows (every norm
+    stays finite for every finite input, float64 near its maximum included), and
+    ordinary matrices give the unscaled formula's value bit for bit (dividing by a power
+    of two is exact). Only a value beyond the dtype's range (entries within a factor
+    ~2N of its maximum) is +inf; a matrix with NaN or inf entries gives NaN (P is
+    undefined there).
 
     Args:
         matrix: a 2-D tensor, normally N x N.
 
     Returns:
-        A float32 scalar.
+        A scalar: float64 for float64 input, else float32.
     """
     m = ops.convert_to_tensor(matrix)
     if len(m.shape) != 2:
         raise ValueError(f"l12_penalty expects a 2-D matrix. Received: shape={tuple(m.shape)}")
-    if keras.backend.standardize_dtype(m.dtype) != "float64":
-        m = ops.cast(m, "float32")
+    dtype = "float64" if keras.backend.standardize_dtype(m.dtype) == "float64" else "float32"
+    m = ops.cast(m, dtype)
     largest = ops.max(ops.abs(m))
     exponent = ops.floor(ops.log2(ops.where(largest > 0, largest, ops.ones_like(largest))))
     # 2^-exponent stays a normal number: XLA (JAX, jit_compile) divides by multiplying
     # with the reciprocal and flushes a subnormal one to 0.
-    limit = 1022 if keras.backend.standardize_dtype(m.dtype) == "float64" else 126
+    limit = 1022 if dtype == "float64" else 126
     exponent = ops.clip(exponent, -limit, limit)
-    two = ops.cast(2.0, m.dtype)
+    two = ops.cast(2.0, dtype)
     # Constants for the gradient: P(M / s) s has P's gradient, exactly.
     scale = ops.stop_gradient(ops.power(two, exponent))
-    m = ops.cast(m * ops.stop_gradient(ops.power(two, -exponent)), "float32")
+    m = m * ops.stop_gradient(ops.power(two, -exponent))  # max |m_ij| in [1, 2)
     absolute = ops.abs(m)
     squares = ops.square(m)
     rows = ops.sum(absolute, axis=1) - _safe_norm(ops.sum(squares, axis=1))
     columns = ops.sum(absolute, axis=0) - _safe_norm(ops.sum(squares, axis=0))
-    # In the input's precision, then rounded: 0 stays 0 for any scale.
-    return ops.cast(scale * ops.cast(ops.sum(rows) + ops.sum(columns), scale.dtype), "float32")
+    return scale * (ops.sum(rows) + ops.sum(columns))  # 0 stays 0 at any scale
 
 
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")

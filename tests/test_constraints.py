@@ -1,5 +1,7 @@
 """Tests of the DoublyStochastic constraint (Algorithm 1, steps 4-6)."""
 
+import fractions
+
 import keras
 import numpy as np
 import pytest
@@ -250,3 +252,47 @@ def test_old_config_deserializes():
     with pytest.warns(DeprecationWarning, match="iterations"):
         restored = keras.saving.deserialize_keras_object(config, safe_mode=True)
     assert isinstance(restored, DoublyStochastic) and restored.sinkhorn_iterations == 7
+
+
+def _exact_sinkhorn(m, passes):
+    """Steps 4-6 of Algorithm 1 in exact rational arithmetic (an independent check of the
+    scaling: no sum can overflow or underflow there)."""
+    w = [
+        [fractions.Fraction(float(v)) if v > 0 else fractions.Fraction(0) for v in row] for row in m
+    ]
+    n = len(w)
+    for _ in range(passes):
+        for j in range(n):
+            total = sum(w[i][j] for i in range(n))
+            for i in range(n):
+                w[i][j] = w[i][j] / total if total else w[i][j]
+        for i in range(n):
+            total = sum(w[i])
+            w[i] = [v / total if total else v for v in w[i]]
+    return np.array([[float(v) for v in row] for row in w])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_sums_stay_finite_at_the_edges_of_the_dtype(dtype):
+    # Column and row sums of entries near the dtype's maximum would overflow to inf (and
+    # inf / inf is NaN) without the scaling; the result is the exact one, in the dtype.
+    if (
+        keras.backend.standardize_dtype(keras.ops.convert_to_tensor(np.zeros(1, dtype)).dtype)
+        != dtype
+    ):
+        pytest.skip(f"this backend runs without {dtype} (JAX without x64)")
+    info = np.finfo(dtype)
+    r = np.random.default_rng(0).random((3, 3)) + 0.1
+    cases = {
+        "max": np.full((3, 3), info.max),
+        "near max": r / r.max() * info.max,
+        "wide": np.array([[info.max / 4, 1, 1e-3], [1, info.max / 4, 1], [2, -3, info.max / 4]]),
+        "ordinary": r,
+    }
+    for label, m in cases.items():
+        m = m.astype(dtype)
+        got = DoublyStochastic(3)(keras.ops.convert_to_tensor(m))
+        assert keras.backend.standardize_dtype(got.dtype) == dtype, label
+        got = keras.ops.convert_to_numpy(got).astype("float64")
+        assert np.isfinite(got).all(), label
+        np.testing.assert_allclose(got, _exact_sinkhorn(m, 3), rtol=0, atol=16 * float(info.eps))

@@ -1,5 +1,6 @@
 """Tests of the l1-2 penalty, Eq. (1), and Theorem 1."""
 
+import decimal
 import re
 
 import keras
@@ -139,15 +140,56 @@ def test_huge_and_tiny_matrices_give_the_scaled_value(scale):
     assert _penalty(np.full((3, 3), scale)) == pytest.approx(scale * 6 * (3 - np.sqrt(3)), rel=1e-5)
 
 
-@pytest.mark.tensorflow_only(reason="JAX without x64 casts float64 inputs to float32")
-def test_float64_input_is_scaled_before_the_float32_cast():
+def _exact_penalty(m):
+    """Eq. (1) in 60-digit decimal arithmetic: no overflow or underflow at any float64 value
+    (an independent check of the scaling)."""
+    with decimal.localcontext() as context:
+        context.prec = 60
+        m = [[decimal.Decimal(float(v)) for v in row] for row in np.asarray(m)]
+        lines = m + [list(column) for column in zip(*m, strict=True)]
+        return float(
+            sum(sum(abs(v) for v in line) - sum(v * v for v in line).sqrt() for line in lines)
+        )
+
+
+def _dtype_range_cases(dtype):
+    """Matrices at the edges of `dtype`: near its maximum, near its smallest normal, mixed."""
+    info = np.finfo(dtype)
     m = np.random.default_rng(5).random((4, 4))
-    value = float(keras.ops.convert_to_numpy(l12_penalty(m * 1e36)))
-    assert value == pytest.approx(1e36 * _numpy_penalty(m), rel=1e-5)
-    # Beyond float32's range the value is +inf (float32 overflow), never NaN or -inf;
-    # a permutation's zero stays zero at any scale.
-    assert float(keras.ops.convert_to_numpy(l12_penalty(m * 1e200))) == np.inf
-    assert float(keras.ops.convert_to_numpy(l12_penalty(np.eye(4) * 1e200))) == 0.0
+    return {
+        "max": np.full((3, 3), info.max),  # P = 6 (3 - sqrt 3) max: beyond the range
+        "near max": (m / m.max() * info.max / 16),
+        "half max, one entry": np.diag([info.max / 2, 0.0, 0.0]),
+        "tiny": m * info.tiny * 64,
+        "wide": np.array([[info.max / 8, 1.0], [1e-3, info.max / 8]]),
+    }
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_every_norm_stays_finite_at_the_edges_of_the_dtype(dtype):
+    # Every finite input gives P as a 60-digit computation does, to the dtype's precision:
+    # +inf only where that value is beyond the dtype's range.
+    if (
+        keras.backend.standardize_dtype(keras.ops.convert_to_tensor(np.float64(1)).dtype) != dtype
+        and dtype == "float64"
+    ):
+        pytest.skip("this backend runs without float64 (JAX without x64)")
+    info = np.finfo(dtype)
+    for label, m in _dtype_range_cases(dtype).items():
+        m = m.astype(dtype)
+        value = l12_penalty(m)
+        assert keras.backend.standardize_dtype(value.dtype) == dtype, label
+        value = float(keras.ops.convert_to_numpy(value))
+        exact = _exact_penalty(m)
+        if abs(exact) > info.max:
+            assert value == np.inf, label
+        else:
+            # l1 - l2 cancels: the error is relative to the entries, not to P.
+            error = 4 * m.size * float(info.eps) * float(np.max(np.abs(m)))
+            assert np.isfinite(value), (label, value)
+            assert value == pytest.approx(exact, rel=1e-5, abs=error), label
+    # A permutation's zero stays zero at any scale.
+    assert float(keras.ops.convert_to_numpy(l12_penalty(np.eye(4, dtype=dtype) * info.max))) == 0.0
 
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
