@@ -108,7 +108,12 @@ def distance_to_permutation(matrix, perm=None):
     """Frobenius distance from `matrix` to `perm` (default: the nearest permutation)."""
     matrix = _as_square(matrix)
     perm = nearest_permutation(matrix) if perm is None else _as_permutation(perm)
-    return float(np.linalg.norm(matrix - permutation_matrix(perm, dtype=np.float64)))
+    difference = matrix - permutation_matrix(perm, dtype=np.float64)
+    # Scaled first: squares of entries above ~1e154 overflow float64.
+    largest = np.max(np.abs(difference), initial=0.0)
+    if largest == 0:
+        return 0.0
+    return float(largest * np.linalg.norm(difference / largest))
 
 
 def argmax_permutation(matrix):

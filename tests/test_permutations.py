@@ -1,6 +1,7 @@
 """Tests of the NumPy/SciPy permutation math against brute force."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -149,3 +150,12 @@ def test_nearest_permutation_with_allowed_mask_by_brute_force():
         permutations.nearest_permutation(matrix, allowed=np.eye(7, k=1, dtype=bool))
     with pytest.raises(ValueError, match="allowed"):
         permutations.nearest_permutation(matrix, allowed=np.ones((6, 6), dtype=bool))
+
+
+def test_distance_to_permutation_stays_finite_near_float64s_maximum():
+    # Squares of entries above ~1e154 overflow float64; the distance itself is finite.
+    for scale in (1e200, np.finfo(np.float64).max / 4):
+        m = np.array([[scale, 0.0], [0.0, scale]])
+        exact = math.sqrt(2) * (scale - 1)  # two diagonal entries off by scale - 1
+        assert distance_to_permutation(m) == pytest.approx(exact, rel=1e-15)
+    assert distance_to_permutation(np.eye(3)) == 0.0
