@@ -503,3 +503,12 @@ def test_imagenet_weights_need_three_input_channels(cache, monkeypatch):
         ):
             imagenet_v2(input_shape=shape, stem="imagenet")
     assert os.listdir(cache) == [NAME]  # nothing converted
+
+
+def test_a_folder_where_the_checkpoint_is_cached_is_named(cache, server, monkeypatch):
+    register(monkeypatch)
+    server.serve(CHECKPOINT)
+    (cache / NAME).mkdir(parents=True)
+    with pytest.raises(ValueError, match=f"{re.escape(str(cache / NAME))}, where .* delete it"):
+        pretrained.download_checkpoint(0.5)
+    assert server.requests == []  # refused before downloading

@@ -284,6 +284,12 @@ def download_checkpoint(width):
     base = cache_dir()
     path = os.path.join(base, CACHE_SUBDIR, entry.file_name)
     rejected = ""  # what is said of a file already in the cache that fails the check
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise ValueError(
+            f"{path}, where torchvision's checkpoint is cached, is not a regular file (a "
+            "folder, FIFO or broken link): delete it, or replace it with torchvision's "
+            f"file {entry.file_name}. Received: weights='imagenet'"
+        )
     if os.path.isfile(path):
         digest = sha256_of(path)
         if digest.startswith(expected):
