@@ -512,3 +512,12 @@ def test_a_folder_where_the_checkpoint_is_cached_is_named(cache, server, monkeyp
     with pytest.raises(ValueError, match=f"{re.escape(str(cache / NAME))}, where .* delete it"):
         pretrained.download_checkpoint(0.5)
     assert server.requests == []  # refused before downloading
+
+
+def test_a_server_sending_too_much_is_cut_off(cache, server, monkeypatch):
+    register(monkeypatch)
+    server.serve(CHECKPOINT)
+    monkeypatch.setattr(pretrained, "MAX_DOWNLOAD_BYTES", 100_000)  # the checkpoint has 1.5 MB
+    with pytest.raises(OSError, match="the server sent more than 100000 bytes"):
+        pretrained.download_checkpoint(0.5)
+    assert os.listdir(cache) == []
