@@ -1,7 +1,7 @@
 """What the ShuffleNet v1 / v2 builders build with: the layer factories (`conv`, `dwconv`,
 `pool`, `stem`, `Options.shuffle_layer`), the classifier head and the loading of weights
 (`finish`), `preprocess_input` and the multiply-add counter. The argument checks are in
-`arguments`, the builders' signature and docstring in `builder_api`, the custom layers in
+`arguments`, the builders' docstring in `docstrings`, the custom layers in
 `keras_autoshuffle.layers`."""
 
 import dataclasses
@@ -277,6 +277,11 @@ def finish(inputs, x, name, rebuild, shared, options, image_shape):
         model.load_weights(weights)
     options.check_permutations_used(model)
     return model
+
+
+def model_prefix(version, shuffle):
+    """`shufflenet_v1` for manual shuffles, `autoshufflenet_v1` for learned ones."""
+    return f"{'auto' if shuffle == 'auto' else ''}shufflenet_{version}"
 
 
 def width_name(width):
