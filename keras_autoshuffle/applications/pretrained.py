@@ -163,7 +163,7 @@ def _convert_by_hand(entry, width):
         f"Offline: download {entry.url} elsewhere and either put it at "
         f"{os.path.join(cache_dir(), CACHE_SUBDIR, entry.file_name)}, or set {URL_VARIABLE} to "
         "the folder or mirror that holds it (file:///path/to/folder works), or convert it by "
-        f"hand with `python scripts/convert_torchvision_weights.py {entry.file_name} "
+        f"hand with the command `autoshuffle-convert-weights {entry.file_name} "
         f"x{width:g}.weights.h5` and pass weights='x{width:g}.weights.h5' (shufflenet_v2 "
         "builders with stem='imagenet')."
     )
