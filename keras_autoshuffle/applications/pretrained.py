@@ -310,14 +310,19 @@ def imagenet_weights_file(model, include_top, classes):
 def decode_predictions(preds, top=5):
     """Decodes ImageNet predictions into (class id, class name, score), best first.
 
-    keras.applications' `decode_predictions`, with the class index Keras uses (the
-    synset order torchvision's classifiers share): `imagenet_class_index.json` is
-    fetched once with `keras.utils.get_file` (MD5-checked) into Keras's cache
-    (`$KERAS_HOME/models`, read at each call), where Keras's own copy is found too.
+    The same results as `keras.applications.imagenet_utils.decode_predictions`, with
+    the class index Keras uses (the synset order torchvision's classifiers share):
+    `imagenet_class_index.json` is fetched once with `keras.utils.get_file`
+    (MD5-checked) into Keras's cache, where Keras's own copy is found too. Not a call
+    to Keras's: that one reads the cache folder fixed when Keras was imported and keeps
+    the index in a module global; this one reads `$KERAS_HOME` at each call, says how
+    to place the file offline, and refuses scores that are NaN or infinite (which
+    would rank arbitrarily).
 
     Args:
-        preds: scores of shape (samples, 1000): probabilities or logits, NumPy or tensor.
-        top: how many classes per sample, an integer in [1, 1000].
+        preds: scores of shape (samples, 1000): probabilities or logits, NumPy or tensor,
+            all finite.
+        top: how many classes per sample, an integer in [1, 1000] (Python or NumPy).
 
     Returns:
         A list with, per sample, a list of `top` tuples `(class_id, class_name, score)`,
@@ -329,8 +334,16 @@ def decode_predictions(preds, top=5):
             "`preds` must be ImageNet scores of shape (samples, 1000). "
             f"Received: preds.shape={preds.shape}"
         )
-    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= 1000:
+    if not np.all(np.isfinite(preds)):
+        sample, column = np.argwhere(~np.isfinite(preds))[0]
+        raise ValueError(
+            "`preds` must be finite scores; a NaN or infinite score has no rank (a diverged "
+            f"model?). Received: preds[{sample}, {column}]={preds[sample, column]}"
+        )
+    integer = isinstance(top, (int, np.integer)) and not isinstance(top, (bool, np.bool_))
+    if not integer or not 1 <= top <= 1000:
         raise ValueError(f"`top` must be an integer in [1, 1000]. Received: top={top!r}")
+    top = int(top)
     try:
         path = keras.utils.get_file(
             CLASS_INDEX_FILE,
