@@ -73,9 +73,10 @@ class RelaxedShuffle(keras.layers.Layer):
     """A learned channel shuffle: `y[..., i] = sum_j M[i, j] * x[..., j]`.
 
     M is an N x N trainable matrix (N = input channels), initialised as |N(0, 1)|
-    and projected once, kept doubly stochastic by `DoublyStochastic` after every
-    optimizer step, and pushed toward a permutation by the l1-2 penalty
-    (`L12Penalty`, reaching the training loss through `layer.losses`).
+    passed once through its constraint, kept doubly stochastic by `DoublyStochastic`
+    (`sinkhorn_iterations` passes) after every optimizer step, and pushed toward a
+    permutation by the l1-2 penalty (`L12Penalty`, reaching the training loss through
+    `layer.losses`).
     `harden()` replaces M by the nearest exact permutation: the layer then
     gathers channels, `y[..., i] = x[..., perm[i]]`, with no weights, no penalty
     and no multiply-adds.
