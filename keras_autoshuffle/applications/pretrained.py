@@ -64,7 +64,8 @@ class Checkpoint:
         resize_size, crop_size: torchvision's evaluation transform
             (`ImageClassification`): resize the shorter side to `resize_size`
             (bilinear), center-crop `crop_size`, then `preprocess_input` (scale to [0, 1],
-            normalise with `mean` / `std`).
+            normalise with `mean` / `std`); `imagenet_preprocessing(width)` is this
+            transform as Keras layers.
         classes: the classifier's class count.
         mean, std: the normalisation, per RGB channel.
     """
