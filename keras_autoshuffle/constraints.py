@@ -10,6 +10,10 @@ from keras_autoshuffle import _deprecation, _validation
 # more than 1000 only burn time (the initializer runs the constraint when a model is
 # built, so a file saying 1e8 would hang `load_model`).
 MAX_ITERATIONS = 1000
+# The default passes per step of `DoublyStochastic`, `RelaxedShuffle` and the builders.
+# One pass is the paper's Algorithm 1; in docs/training.md's runs its matrices stalled on
+# fixed points that are not permutations, and ten ended on permutations.
+SINKHORN_ITERATIONS = 10
 
 
 def check_iterations(value, name="sinkhorn_iterations"):
@@ -88,8 +92,9 @@ class DoublyStochastic(keras.constraints.Constraint):
     More iterations are Sinkhorn (RAS) scaling. The paper found one per SGD step
     enough for validation accuracy; in this package's measurements (docs/training.md)
     one pass stalled on fixed points that are not permutations, so rounding changed the
-    net, and ten ended on permutations: the ShuffleNet builders default to ten. The
-    optimizer applies the constraint after each update of the variable.
+    net, and ten ended on permutations: the default is ten (`SINKHORN_ITERATIONS`), as in
+    `RelaxedShuffle` and the builders; pass 1 for Algorithm 1. The optimizer applies the
+    constraint after each update of the variable.
 
     The matrix is first divided by a power of two near its largest entry (exact, and
     normalising is scale invariant), so huge and tiny matrices normalise like
@@ -97,10 +102,11 @@ class DoublyStochastic(keras.constraints.Constraint):
     an optimizer step there is no raising on values, and NaN must not enter M.
 
     Args:
-        sinkhorn_iterations: number of clip/column/row passes, an integer in [1, 1000]
-            (the name `RelaxedShuffle`, the builders and the command line use). The
-            former name `iterations` (keyword and config key) is still accepted, with a
-            DeprecationWarning, so files saved with it load.
+        sinkhorn_iterations: number of clip/column/row passes, an integer in [1, 1000];
+            default 10, 1 is the paper's Algorithm 1 (the name `RelaxedShuffle`, the
+            builders and the command line use). The former name `iterations` (keyword
+            and config key) is still accepted, with a DeprecationWarning, so files saved
+            with it load.
 
     Example:
         >>> m = DoublyStochastic(sinkhorn_iterations=50)(keras.ops.ones((3, 3)))
@@ -112,14 +118,14 @@ class DoublyStochastic(keras.constraints.Constraint):
 
     __getattr__ = _deprecation.renamed_attributes(iterations="sinkhorn_iterations")
 
-    def __init__(self, sinkhorn_iterations=1, **deprecated):
+    def __init__(self, sinkhorn_iterations=SINKHORN_ITERATIONS, **deprecated):
         sinkhorn_iterations = _deprecation.renamed_argument(
             "DoublyStochastic",
             deprecated,
             "iterations",
             "sinkhorn_iterations",
             sinkhorn_iterations,
-            1,
+            SINKHORN_ITERATIONS,
         )
         _deprecation.no_other_keywords("DoublyStochastic", deprecated)
         self.sinkhorn_iterations = check_iterations(sinkhorn_iterations)

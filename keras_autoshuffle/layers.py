@@ -11,7 +11,7 @@ import numpy as np
 from keras import ops
 
 from keras_autoshuffle import _deprecation, _keras_internals, _validation, permutations
-from keras_autoshuffle.constraints import DoublyStochastic
+from keras_autoshuffle.constraints import SINKHORN_ITERATIONS, DoublyStochastic
 from keras_autoshuffle.hard_forward import FORWARDS, nearest_permutation_op, straight_through
 from keras_autoshuffle.regularizers import L12Penalty, l12_penalty
 from keras_autoshuffle.unit_layers import ChannelShuffle, ChannelSlice, ChannelSplit, GroupedConv2D
@@ -73,9 +73,10 @@ class RelaxedShuffle(keras.layers.Layer):
     """A learned channel shuffle: `y[..., i] = sum_j M[i, j] * x[..., j]`.
 
     M is an N x N trainable matrix (N = input channels), initialised as |N(0, 1)|
-    and projected once, kept doubly stochastic by `DoublyStochastic` after every
-    optimizer step, and pushed toward a permutation by the l1-2 penalty
-    (`L12Penalty`, reaching the training loss through `layer.losses`).
+    passed once through its constraint, kept doubly stochastic by `DoublyStochastic`
+    (`sinkhorn_iterations` passes) after every optimizer step, and pushed toward a
+    permutation by the l1-2 penalty (`L12Penalty`, reaching the training loss through
+    `layer.losses`).
     `harden()` replaces M by the nearest exact permutation: the layer then
     gathers channels, `y[..., i] = x[..., perm[i]]`, with no weights, no penalty
     and no multiply-adds.
@@ -83,7 +84,8 @@ class RelaxedShuffle(keras.layers.Layer):
     Args:
         penalty: the paper's lambda, >= 0 (0 is the plain convex relaxation).
         sinkhorn_iterations: clip/column/row passes of the constraint per step, an
-            integer in [1, 1000] (the builders' default is 10; see `DoublyStochastic`).
+            integer in [1, 1000] (default 10, as the builders; 1 is the paper's
+            Algorithm 1, which stalled short of permutations; see `DoublyStochastic`).
         permutation: an integer permutation to start hardened (used when a
             hardened layer is loaded; users call `harden()` instead).
         data_format: "channels_last" or "channels_first" (default: Keras's).
@@ -125,7 +127,7 @@ class RelaxedShuffle(keras.layers.Layer):
     def __init__(
         self,
         penalty=1e-3,
-        sinkhorn_iterations=1,
+        sinkhorn_iterations=SINKHORN_ITERATIONS,
         permutation=None,
         data_format=None,
         seed=None,
@@ -135,7 +137,12 @@ class RelaxedShuffle(keras.layers.Layer):
         **kwargs,
     ):
         sinkhorn_iterations = _deprecation.renamed_argument(
-            "RelaxedShuffle", kwargs, "iterations", "sinkhorn_iterations", sinkhorn_iterations, 1
+            "RelaxedShuffle",
+            kwargs,
+            "iterations",
+            "sinkhorn_iterations",
+            sinkhorn_iterations,
+            SINKHORN_ITERATIONS,
         )
         if "initial_groups" in kwargs:
             groups = _deprecation.renamed_argument(

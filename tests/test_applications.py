@@ -34,7 +34,6 @@ from keras_autoshuffle.applications import (
     ShuffleNetV1,
     ShuffleNetV2,
     arguments,
-    builder_api,
     common,
     count_macs,
     describe,
@@ -395,11 +394,11 @@ PUBLIC_BUILDERS = [ShuffleNetV1, AutoShuffleNetV1, ShuffleNetV2, AutoShuffleNetV
 
 @pytest.mark.parametrize("builder", PUBLIC_BUILDERS, ids=lambda b: b.__name__)
 def test_public_builders_show_every_argument(builder):
-    # The four builders are made from one table (`builder_api`): `help()` must still show
-    # each keyword argument with its default, and the docstring describe every one.
+    # `help()` shows each keyword argument with its default, and the docstring (one
+    # template, `docstrings.BASE_DOCSTRING`) describes every one.
     signature = inspect.signature(builder)
     own = ["width", "groups"] if "V1" in builder.__name__ else ["width"]
-    assert list(signature.parameters) == own + list(builder_api.ARGUMENTS)
+    assert list(signature.parameters) == own + list(arguments.COMMON_ARGUMENTS)
     assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
     assert signature.return_annotation is keras.Model
     learned = builder.__name__.startswith("Auto")
@@ -421,11 +420,38 @@ def test_public_builders_bind_arguments_as_a_written_out_def():
     ):
         ShuffleNetV2(widht=1.0)
     with pytest.raises(
-        TypeError, match=r"^AutoShuffleNetV1\(\) multiple values for argument 'width'"
+        TypeError, match=r"^AutoShuffleNetV1\(\) got multiple values for argument 'width'"
     ):
         AutoShuffleNetV1(1.0, width=0.5)
     with pytest.raises(ValueError, match="Received: groups=5"):
         ShuffleNetV1(1.0, 5, input_shape=CIFAR)  # positional, in the signature's order
+
+
+def test_public_builders_are_written_out_defs_sharing_their_common_arguments():
+    # Explicit `def`s, as keras.applications writes them: IDEs, type checkers and
+    # mkdocstrings read the signature from the source, not from a generated one.
+    signatures = {}
+    for builder in PUBLIC_BUILDERS:
+        assert "__signature__" not in vars(builder)
+        assert inspect.getsource(builder).startswith(f"def {builder.__name__}(\n")
+        code = builder.__code__
+        assert code.co_varnames[: code.co_argcount] == tuple(inspect.signature(builder).parameters)
+        signatures[builder.__name__] = inspect.signature(builder).parameters
+    # The arguments both families take: same order, same defaults (but `shuffle`).
+    common_args = {}
+    for name, parameters in signatures.items():
+        own = 2 if "V1" in name else 1
+        assert list(parameters)[own:] == list(arguments.COMMON_ARGUMENTS), name
+        defaults = {k: p.default for k, p in parameters.items() if k in arguments.COMMON_ARGUMENTS}
+        assert defaults.pop("shuffle") == ("auto" if name.startswith("Auto") else "manual")
+        common_args[name] = defaults
+    assert all(defaults == common_args["ShuffleNetV2"] for defaults in common_args.values())
+    v1, v2 = signatures["ShuffleNetV1"], signatures["ShuffleNetV2"]
+    assert (v1["width"].default, v1["groups"].default, v2["width"].default) == (1.0, 3, 1.0)
+    # One default for the Sinkhorn passes: the builders', the layer's, the constraint's.
+    assert common_args["ShuffleNetV2"]["sinkhorn_iterations"] == 10
+    assert RelaxedShuffle().sinkhorn_iterations == 10
+    assert RelaxedShuffle().constraint.sinkhorn_iterations == 10
 
 
 def test_default_model_names():

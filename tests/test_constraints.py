@@ -27,7 +27,7 @@ def test_one_pass_is_clip_columns_rows():
         m = rng.normal(size=(n, n)) + 1.0  # some negative entries, no empty column
         m[0, 0] = -0.5
         expected = _numpy_pass(m.astype(np.float64))
-        np.testing.assert_allclose(_apply(DoublyStochastic(), m), expected, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(_apply(DoublyStochastic(1), m), expected, rtol=1e-5, atol=1e-7)
 
 
 def test_one_pass_order_matters():
@@ -95,7 +95,7 @@ def test_adversarial_inputs_stay_finite(name, iterations):
 def test_scale_invariance_on_large_values():
     m = np.random.default_rng(4).random((5, 5))
     np.testing.assert_allclose(
-        _apply(DoublyStochastic(), m * 1e20), _apply(DoublyStochastic(), m), rtol=1e-5
+        _apply(DoublyStochastic(1), m * 1e20), _apply(DoublyStochastic(1), m), rtol=1e-5
     )
 
 
@@ -107,7 +107,7 @@ def test_bad_iterations_rejected(iterations):
 
 def test_rejects_non_matrices():
     with pytest.raises(ValueError, match="shape"):
-        DoublyStochastic()(keras.ops.ones((2, 2, 2)))
+        DoublyStochastic(1)(keras.ops.ones((2, 2, 2)))
 
 
 def test_serialization():
@@ -125,7 +125,7 @@ def test_tiny_positive_columns_and_rows_are_normalised():
     # left as they are.
     w = np.full((3, 3), 1e-30, dtype="float32")
     w[0] = [0.5, 0.2, 0.3]
-    out = keras.ops.convert_to_numpy(DoublyStochastic()(w))
+    out = keras.ops.convert_to_numpy(DoublyStochastic(1)(w))
     np.testing.assert_allclose(out.sum(axis=1), 1.0, rtol=1e-6)
     assert np.all(np.isfinite(out))
 
@@ -134,14 +134,14 @@ def test_tiny_positive_columns_and_rows_are_normalised():
 def test_subnormal_and_near_overflow_matrices_normalise(value):
     # TensorFlow's CPU kernels flush subnormal float32 numbers (1e-38, 1e-45) to zero,
     # and column sums of entries near 3e38 overflow: both used to give all zeros.
-    out = _apply(DoublyStochastic(), np.full((3, 3), value))
+    out = _apply(DoublyStochastic(1), np.full((3, 3), value))
     np.testing.assert_allclose(out, np.full((3, 3), 1 / 3), rtol=1e-6)
 
 
 def test_subnormal_entries_keep_their_proportions_and_negatives_are_clipped():
     m = np.array([[2e-40, 1e-40], [-1e-40, 1e-40]], dtype="float32")
     expected = _numpy_pass(np.array([[2.0, 1.0], [0.0, 1.0]]))
-    np.testing.assert_allclose(_apply(DoublyStochastic(), m), expected, rtol=1e-5)
+    np.testing.assert_allclose(_apply(DoublyStochastic(1), m), expected, rtol=1e-5)
 
 
 def test_non_finite_entries_count_as_zero():
@@ -151,8 +151,8 @@ def test_non_finite_entries_count_as_zero():
     bad[0, 1], bad[2, 3], bad[3, 0] = np.nan, np.inf, -np.inf
     zeroed = m.copy()
     zeroed[0, 1] = zeroed[2, 3] = zeroed[3, 0] = 0.0
-    out = _apply(DoublyStochastic(), bad)
-    np.testing.assert_allclose(out, _apply(DoublyStochastic(), zeroed), rtol=1e-6)
+    out = _apply(DoublyStochastic(1), bad)
+    np.testing.assert_allclose(out, _apply(DoublyStochastic(1), zeroed), rtol=1e-6)
     assert np.all(np.isfinite(_apply(DoublyStochastic(3), np.full((3, 3), np.nan))))
 
 
@@ -164,12 +164,12 @@ def test_ordinary_matrices_are_bit_for_bit_algorithm_1():
         w = keras.ops.maximum(keras.ops.convert_to_tensor(m), 0.0)
         w = w / keras.ops.sum(w, axis=0, keepdims=True)
         w = w / keras.ops.sum(w, axis=1, keepdims=True)
-        np.testing.assert_array_equal(_apply(DoublyStochastic(), m), keras.ops.convert_to_numpy(w))
+        np.testing.assert_array_equal(_apply(DoublyStochastic(1), m), keras.ops.convert_to_numpy(w))
 
 
 def test_rejects_non_square_matrices():
     with pytest.raises(ValueError, match=r"square.*Received: shape=\(2, 3\)"):
-        DoublyStochastic()(keras.ops.ones((2, 3)))
+        DoublyStochastic(1)(keras.ops.ones((2, 3)))
 
 
 @pytest.mark.parametrize("iterations", [1001, 100_000_000])
@@ -188,15 +188,15 @@ def test_a_line_the_clip_would_empty_is_refilled_from_its_pre_clip_values():
     # Shifted so its largest is 1/N of the matrix's largest (0.5): 1/6; the others clip.
     expected[1] = m[1] - m[1].max() + 0.5 / 3
     np.testing.assert_allclose(
-        _apply(DoublyStochastic(), m), _numpy_pass(expected), rtol=1e-5, atol=1e-7
+        _apply(DoublyStochastic(1), m), _numpy_pass(expected), rtol=1e-5, atol=1e-7
     )
     column = m.T.copy()
     expected = column.copy()
     expected[:, 1] = column[:, 1] - column[:, 1].max() + 0.5 / 3
     np.testing.assert_allclose(
-        _apply(DoublyStochastic(), column), _numpy_pass(expected), rtol=1e-5, atol=1e-7
+        _apply(DoublyStochastic(1), column), _numpy_pass(expected), rtol=1e-5, atol=1e-7
     )
-    out = _apply(DoublyStochastic(), -np.random.default_rng(5).random((6, 6)))
+    out = _apply(DoublyStochastic(1), -np.random.default_rng(5).random((6, 6)))
     assert np.all(out.sum(axis=0) > 0) and np.all(out.sum(axis=1) > 0)
 
 

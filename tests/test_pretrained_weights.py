@@ -208,7 +208,7 @@ def test_an_unreachable_server_says_how_to_convert_by_hand(cache, server, monkey
         imagenet_v2(input_shape=(64, 64, 3), stem="imagenet")
     message = str(info.value)
     assert f"{server.url}{NAME}" in message
-    assert "scripts/convert_torchvision_weights.py" in message
+    assert "`autoshuffle-convert-weights " in message  # an installed command
     assert str(cache / NAME) in message and pretrained.URL_VARIABLE in message
     assert os.listdir(cache) == []
 

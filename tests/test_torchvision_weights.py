@@ -16,7 +16,7 @@ import os
 import keras
 import numpy as np
 import pytest
-from helpers import _randomize_batch_norm, load_script, tiny_v1, tiny_v2
+from helpers import _randomize_batch_norm, tiny_v1, tiny_v2
 
 from keras_autoshuffle import folding
 from keras_autoshuffle.applications import (
@@ -175,8 +175,9 @@ def test_converted_weights_fit_only_nets_with_the_torch_padding(tmp_path, refere
         _v2(224, weights=path, padding="same")
 
 
-def test_conversion_script_reads_the_width_and_classes(reference):
-    script = load_script("convert_torchvision_weights")
+def test_conversion_command_reads_the_width_and_classes(reference):
+    from keras_autoshuffle.commands import convert_weights as script
+
     _, state_dict, _ = reference
     model = script.model_for(state_dict)
     assert (model.name, model.output_shape[-1]) == ("shufflenet_v2_x0_5", 10)

@@ -1,7 +1,12 @@
 """ShuffleNet v1 / v2 and AutoShuffleNet v1 / v2 builders in the keras.applications style."""
 
 from keras_autoshuffle.applications.architecture import Architecture, describe
-from keras_autoshuffle.applications.common import count_macs, preprocess_input
+from keras_autoshuffle.applications.common import count_macs
+from keras_autoshuffle.applications.preprocessing import (
+    ResizeCenterCrop,
+    imagenet_preprocessing,
+    preprocess_input,
+)
 from keras_autoshuffle.applications.pretrained import CHECKPOINTS, decode_predictions
 from keras_autoshuffle.applications.shufflenet_v1 import AutoShuffleNetV1, ShuffleNetV1
 from keras_autoshuffle.applications.shufflenet_v2 import AutoShuffleNetV2, ShuffleNetV2
@@ -17,11 +22,13 @@ __all__ = [
     "CheckpointError",
     "ChannelSplit",
     "GroupedConv2D",
+    "ResizeCenterCrop",
     "ShuffleNetV1",
     "ShuffleNetV2",
     "count_macs",
     "decode_predictions",
     "describe",
+    "imagenet_preprocessing",
     "load_torchvision_weights",
     "preprocess_input",
     "read_torch_checkpoint",

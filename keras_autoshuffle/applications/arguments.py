@@ -11,7 +11,7 @@ import keras
 from keras import layers, ops
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle.applications import builder_api, common
+from keras_autoshuffle.applications import common
 from keras_autoshuffle.constraints import check_iterations
 from keras_autoshuffle.hard_forward import FORWARDS
 from keras_autoshuffle.layers import SHUFFLE_INITIALIZERS
@@ -23,6 +23,26 @@ POOLINGS = (None, "avg", "max")
 CIFAR_MAX_SIDE = 64
 # Total stride of the network for each stem: the smallest accepted input side.
 MIN_SIZE = {"imagenet": 32, "cifar": 8}
+# The arguments all four builders take, in their signatures' order after the family's
+# own (`width`; v1: `groups`).
+COMMON_ARGUMENTS = (
+    "include_top",
+    "weights",
+    "input_tensor",
+    "input_shape",
+    "pooling",
+    "classes",
+    "classifier_activation",
+    "name",
+    "shuffle",
+    "penalty",
+    "stem",
+    "shuffle_initializer",
+    "padding",
+    "sinkhorn_iterations",
+    "shuffle_forward",
+    "shuffle_permutations",
+)
 
 
 @functools.cache
@@ -157,13 +177,13 @@ def check_common_args(
 
 def check_shared_arguments(shared):
     """The `Options` of the arguments both families take: `shared`, a private builder's
-    `**shared`, must hold exactly the names of `builder_api.ARGUMENTS` (TypeError
+    `**shared`, must hold exactly the names of `COMMON_ARGUMENTS` (TypeError
     otherwise); `check_common_args` checks the values."""
-    unknown = sorted(set(shared) - set(builder_api.ARGUMENTS))
-    missing = sorted(set(builder_api.ARGUMENTS) - set(shared))
+    unknown = sorted(set(shared) - set(COMMON_ARGUMENTS))
+    missing = sorted(set(COMMON_ARGUMENTS) - set(shared))
     if unknown or missing:
         raise TypeError(
-            "A ShuffleNet builder takes the arguments of `builder_api.ARGUMENTS`, all by "
+            "A ShuffleNet builder takes the arguments of `COMMON_ARGUMENTS`, all by "
             f"keyword. Received: unknown {unknown}, missing {missing}"
         )
     names = inspect.signature(check_common_args).parameters

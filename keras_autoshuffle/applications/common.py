@@ -1,8 +1,8 @@
 """What the ShuffleNet v1 / v2 builders build with: the layer factories (`conv`, `dwconv`,
 `pool`, `stem`, `Options.shuffle_layer`), the classifier head and the loading of weights
-(`finish`), `preprocess_input` and the multiply-add counter. The argument checks are in
-`arguments`, the builders' signature and docstring in `builder_api`, the custom layers in
-`keras_autoshuffle.layers`."""
+(`finish`) and the multiply-add counter. The argument checks are in `arguments`, the
+builders' docstring in `docstrings`, the input preprocessing in `preprocessing`, the
+custom layers in `keras_autoshuffle.layers`."""
 
 import dataclasses
 import functools
@@ -10,7 +10,7 @@ import zipfile
 
 import keras
 import numpy as np
-from keras import layers, ops
+from keras import layers
 
 from keras_autoshuffle import _keras_internals, _validation
 from keras_autoshuffle.layers import ChannelShuffle, GroupedConv2D, RelaxedShuffle
@@ -279,39 +279,14 @@ def finish(inputs, x, name, rebuild, shared, options, image_shape):
     return model
 
 
+def model_prefix(version, shuffle):
+    """`shufflenet_v1` for manual shuffles, `autoshufflenet_v1` for learned ones."""
+    return f"{'auto' if shuffle == 'auto' else ''}shufflenet_{version}"
+
+
 def width_name(width):
     """`1.5` -> `"x1_5"`, torchvision's variant suffix."""
     return "x" + f"{float(width):g}".replace(".", "_") + ("_0" if float(width).is_integer() else "")
-
-
-def preprocess_input(x, data_format=None):
-    """Scales pixels from [0, 255] to [0, 1], then normalises each RGB channel with
-    ImageNet's mean and standard deviation (torchvision's "torch" mode).
-
-    Args:
-        x: a float array or tensor of RGB images, values in [0, 255], rank 3 or 4.
-        data_format: "channels_last" or "channels_first" (default: Keras's).
-
-    Returns:
-        The preprocessed images, same shape (a NumPy array for NumPy input).
-    """
-    data_format = _validation.data_format(data_format)
-    is_numpy = isinstance(x, np.ndarray)
-    x = ops.convert_to_tensor(x)
-    if not keras.backend.is_float_dtype(x.dtype):
-        x = ops.cast(x, keras.config.floatx())
-    axis = -1 if data_format == "channels_last" else (0 if len(x.shape) == 3 else 1)
-    if len(x.shape) not in (3, 4) or x.shape[axis] != 3:
-        raise ValueError(
-            f"`x` must be RGB images of rank 3 or 4 with 3 channels ({data_format}). "
-            f"Received: x.shape={tuple(x.shape)}"
-        )
-    shape = [1] * len(x.shape)
-    shape[axis] = 3
-    mean = ops.reshape(ops.convert_to_tensor(IMAGENET_MEAN, dtype=x.dtype), shape)
-    std = ops.reshape(ops.convert_to_tensor(IMAGENET_STD, dtype=x.dtype), shape)
-    x = (x / 255.0 - mean) / std
-    return ops.convert_to_numpy(x) if is_numpy else x
 
 
 def _layer_macs(layer):

@@ -81,7 +81,8 @@ class Checkpoint:
         resize_size, crop_size: torchvision's evaluation transform
             (`ImageClassification`): resize the shorter side to `resize_size`
             (bilinear), center-crop `crop_size`, then `preprocess_input` (scale to [0, 1],
-            normalise with `mean` / `std`).
+            normalise with `mean` / `std`); `imagenet_preprocessing(width)` is this
+            transform as Keras layers.
         classes: the classifier's class count.
         mean, std: the normalisation, per RGB channel.
     """
@@ -213,7 +214,7 @@ def _convert_by_hand(entry, width):
         f"Offline: download {entry.url} elsewhere and either put it at "
         f"{os.path.join(cache_dir(), CACHE_SUBDIR, entry.file_name)}, or set {URL_VARIABLE} to "
         "the folder or mirror that holds it (file:///path/to/folder works), or convert it by "
-        f"hand with `python scripts/convert_torchvision_weights.py {entry.file_name} "
+        f"hand with the command `autoshuffle-convert-weights {entry.file_name} "
         f"x{width:g}.weights.h5` and pass weights='x{width:g}.weights.h5' (shufflenet_v2 "
         "builders with stem='imagenet')."
     )
@@ -466,14 +467,19 @@ def imagenet_weights_file(model, include_top, classes):
 def decode_predictions(preds, top=5):
     """Decodes ImageNet predictions into (class id, class name, score), best first.
 
-    keras.applications' `decode_predictions`, with the class index Keras uses (the
-    synset order torchvision's classifiers share): `imagenet_class_index.json` is
-    fetched once with `keras.utils.get_file` (MD5-checked) into Keras's cache
-    (`$KERAS_HOME/models`, read at each call), where Keras's own copy is found too.
+    The same results as `keras.applications.imagenet_utils.decode_predictions`, with
+    the class index Keras uses (the synset order torchvision's classifiers share):
+    `imagenet_class_index.json` is fetched once with `keras.utils.get_file`
+    (MD5-checked) into Keras's cache, where Keras's own copy is found too. Not a call
+    to Keras's: that one reads the cache folder fixed when Keras was imported and keeps
+    the index in a module global; this one reads `$KERAS_HOME` at each call, says how
+    to place the file offline, and refuses scores that are NaN or infinite (which
+    would rank arbitrarily).
 
     Args:
-        preds: scores of shape (samples, 1000): probabilities or logits, NumPy or tensor.
-        top: how many classes per sample, an integer in [1, 1000].
+        preds: scores of shape (samples, 1000): probabilities or logits, NumPy or tensor,
+            all finite.
+        top: how many classes per sample, an integer in [1, 1000] (Python or NumPy).
 
     Returns:
         A list with, per sample, a list of `top` tuples `(class_id, class_name, score)`,
@@ -485,8 +491,16 @@ def decode_predictions(preds, top=5):
             "`preds` must be ImageNet scores of shape (samples, 1000). "
             f"Received: preds.shape={preds.shape}"
         )
-    if isinstance(top, bool) or not isinstance(top, int) or not 1 <= top <= 1000:
+    if not np.all(np.isfinite(preds)):
+        sample, column = np.argwhere(~np.isfinite(preds))[0]
+        raise ValueError(
+            "`preds` must be finite scores; a NaN or infinite score has no rank (a diverged "
+            f"model?). Received: preds[{sample}, {column}]={preds[sample, column]}"
+        )
+    integer = isinstance(top, (int, np.integer)) and not isinstance(top, (bool, np.bool_))
+    if not integer or not 1 <= top <= 1000:
         raise ValueError(f"`top` must be an integer in [1, 1000]. Received: top={top!r}")
+    top = int(top)
     try:
         path = keras.utils.get_file(
             CLASS_INDEX_FILE,

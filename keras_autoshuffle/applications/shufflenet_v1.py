@@ -39,10 +39,11 @@ identity, so training at the paper's learning rates does not diverge; see `_unit
 
 import functools
 
+import keras
 from keras import layers
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle.applications import architecture, arguments, builder_api, common
+from keras_autoshuffle.applications import architecture, arguments, common, docstrings
 
 # Stage-2 output width at 1.0x per groups (the paper's Table 1; stages 3, 4 double it).
 STAGE2_WIDTHS = {1: 144, 2: 200, 3: 240, 4: 272, 8: 384}
@@ -72,20 +73,14 @@ DESCRIPTION = """Stage repeats 4, 8, 4. Stage-2 width at 1.0x by groups: g1 144,
     pair builds (g3 0.25x is osmr's 6, 60, 120, 240; see `v1_channels`).
     BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults)."""
 
-# v1's own arguments, then the Args texts that say more than `builder_api.ARGUMENTS`'.
-ARGUMENTS = {
-    "width": (1.0, "width multiplier, one of 0.25, 0.5, 1.0, 1.5, 2.0 (default 1.0)."),
-    "groups": (3, "groups of the 1x1 convolutions, one of 1, 2, 3, 4, 8 (default 3)."),
-    "name": (
-        None,
-        "model name (default `{prefix}_g<groups>_<width>`, e.g. `{prefix}_g3_x1_0`).",
-    ),
-    "shuffle": (
-        None,
-        '"manual" (ChannelShuffle(groups), none for groups=1) or "auto" (RelaxedShuffle in '
-        'every unit) (default "{shuffle}").',
-    ),
-}
+# The Args texts of the builders' docstring that are v1's own (`docstrings.BASE_DOCSTRING`).
+OWN_ARGUMENTS = """        width: width multiplier, one of 0.25, 0.5, 1.0, 1.5, 2.0 (default 1.0).
+        groups: groups of the 1x1 convolutions, one of 1, 2, 3, 4, 8 (default 3)."""
+WEIGHTS = """None (random initialization) or the path to a Keras weights file
+            (`.weights.h5`). A learned-shuffle net also takes the file of the same net
+            with manual shuffles; its shuffles then start as `shuffle_initializer` says."""
+SHUFFLE = """"manual" (ChannelShuffle(groups), none for groups=1) or "auto"
+            (RelaxedShuffle in every unit)"""
 
 
 def v1_channels(groups, width):
@@ -142,7 +137,7 @@ def _unit(inputs, filters, groups, stride, first_group, options, prefix):
 
 def _shufflenet_v1(*, width, groups, channels=None, repeats=None, prefix=None, **shared):
     """The builder behind `ShuffleNetV1` / `AutoShuffleNetV1`; `shared` holds the
-    arguments of `builder_api.ARGUMENTS`, all of them, by keyword.
+    arguments both families take (`arguments.COMMON_ARGUMENTS`), all of them, by keyword.
 
     `prefix` starts the default model name (default: `shufflenet_v1`, or
     `autoshufflenet_v1` with learned shuffles). `channels` (stem, stage2, stage3, stage4;
@@ -183,11 +178,67 @@ def _shufflenet_v1(*, width, groups, channels=None, repeats=None, prefix=None, *
             x = _unit(in_channels, filters, groups, stride, first_group, options, prefix_)(x)
             in_channels = filters
 
-    prefix = prefix or builder_api.model_prefix("v1", shared["shuffle"])
+    prefix = prefix or common.model_prefix("v1", shared["shuffle"])
     name = shared["name"] or f"{prefix}_g{groups}_{common.width_name(width)}"
     return common.finish(inputs, x, name, rebuild, shared, options, image_shape)
 
 
-ShuffleNetV1, AutoShuffleNetV1 = builder_api.public_builders(
-    _shufflenet_v1, "v1", "megvii", DESCRIPTION, ARGUMENTS, REFERENCE
-)
+def ShuffleNetV1(
+    width=1.0,
+    groups=3,
+    include_top=True,
+    weights=None,
+    input_tensor=None,
+    input_shape=None,
+    pooling=None,
+    classes=1000,
+    classifier_activation="softmax",
+    name=None,
+    shuffle="manual",
+    penalty=1e-3,
+    stem="auto",
+    shuffle_initializer="random",
+    padding="torch",
+    sinkhorn_iterations=10,
+    shuffle_forward="relaxed",
+    shuffle_permutations=None,
+) -> keras.Model:
+    # `locals()` is exactly the arguments here: the private builder takes them all.
+    return _shufflenet_v1(**locals())
+
+
+def AutoShuffleNetV1(
+    width=1.0,
+    groups=3,
+    include_top=True,
+    weights=None,
+    input_tensor=None,
+    input_shape=None,
+    pooling=None,
+    classes=1000,
+    classifier_activation="softmax",
+    name=None,
+    shuffle="auto",
+    penalty=1e-3,
+    stem="auto",
+    shuffle_initializer="random",
+    padding="torch",
+    sinkhorn_iterations=10,
+    shuffle_forward="relaxed",
+    shuffle_permutations=None,
+) -> keras.Model:
+    return _shufflenet_v1(**locals())
+
+
+for _builder in (ShuffleNetV1, AutoShuffleNetV1):
+    _builder.__doc__ = docstrings.builder_docstring(
+        "v1",
+        _builder is AutoShuffleNetV1,
+        "megvii",
+        DESCRIPTION,
+        OWN_ARGUMENTS,
+        WEIGHTS,
+        SHUFFLE,
+        "_g<groups>_<width>",
+        REFERENCE,
+    )

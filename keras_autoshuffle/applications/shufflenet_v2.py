@@ -31,10 +31,11 @@ no PAD ops in LiteRT; not torchvision's function on even sides).
 
 import functools
 
+import keras
 from keras import layers
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle.applications import architecture, arguments, builder_api, common
+from keras_autoshuffle.applications import architecture, arguments, common, docstrings
 from keras_autoshuffle.layers import ChannelSplit
 
 # width: stem, stage2, stage3, stage4, head (torchvision `shufflenet_v2_x*`).
@@ -53,30 +54,24 @@ DESCRIPTION = """Stage repeats 4, 8, 4; channels per width (stem, stages 2-4, he
     1.5: 24, 176, 352, 704, 1024; 2.0: 24, 244, 488, 976, 2048.
     BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults)."""
 
-# v2's own argument, then the Args texts that say more than `builder_api.ARGUMENTS`'.
-ARGUMENTS = {
-    "width": (1.0, "width multiplier, one of 0.5, 1.0, 1.5, 2.0 (default 1.0)."),
-    "weights": (
-        None,
-        'None (random initialization), "imagenet" or the path to a Keras weights file '
-        '(`.weights.h5`). "imagenet": torchvision\'s ImageNet-1K checkpoint for `width` '
-        "(`applications.CHECKPOINTS`: URL, SHA-256, accuracy, preprocessing), downloaded "
-        "once with `keras.utils.get_file` into Keras's cache (`$KERAS_HOME/models`; "
-        "`$KERAS_AUTOSHUFFLE_WEIGHTS_URL` replaces the download location's base, `file://` "
-        "included), its hash checked, read without torch, converted and cached as a "
-        '`.weights.h5`: later calls need no network. It needs `stem="imagenet"` (or "auto" '
-        'with input sides above 64), `padding="torch"`, and `classes=1000` with '
-        "`include_top`; learned shuffles are then always started at the manual shuffle "
-        "(the pretrained net; `shuffle_initializer` is ignored). A learned-shuffle net also "
-        "takes the file of the same net with manual shuffles (e.g. written by "
-        "`scripts/convert_torchvision_weights.py`); its shuffles then start as "
-        "`shuffle_initializer` says.",
-    ),
-    "shuffle": (
-        None,
-        '"manual" (ChannelShuffle with 2 groups) or "auto" (RelaxedShuffle) (default "{shuffle}").',
-    ),
-}
+# The Args texts of the builders' docstring that are v2's own (`docstrings.BASE_DOCSTRING`).
+OWN_ARGUMENTS = """        width: width multiplier, one of 0.5, 1.0, 1.5, 2.0 (default 1.0)."""
+WEIGHTS = """None (random initialization), "imagenet" or the path to a Keras weights
+            file (`.weights.h5`). "imagenet": torchvision's ImageNet-1K checkpoint for
+            `width` (`applications.CHECKPOINTS`: URL, SHA-256, accuracy, preprocessing;
+            `applications.imagenet_preprocessing(width)` is its evaluation transform),
+            downloaded once with `keras.utils.get_file` into Keras's cache
+            (`$KERAS_HOME/models`; `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` replaces the download
+            location's base, `file://` included), its hash checked, read without torch,
+            converted and cached as a `.weights.h5`: later calls need no network. It
+            needs `stem="imagenet"` (or "auto" with input sides above 64),
+            `padding="torch"`, and `classes=1000` with `include_top`; learned shuffles
+            are then always started at the manual shuffle (the pretrained net;
+            `shuffle_initializer` is ignored). A learned-shuffle net also takes the file
+            of the same net with manual shuffles (e.g. written by the
+            `autoshuffle-convert-weights` command); its shuffles then start as
+            `shuffle_initializer` says."""
+SHUFFLE = """"manual" (ChannelShuffle with 2 groups) or "auto" (RelaxedShuffle)"""
 
 
 def _down_unit(filters, options, prefix):
@@ -130,7 +125,7 @@ def _branch(filters, strides, options, prefix):
 
 def _shufflenet_v2(*, width, channels=None, repeats=None, prefix=None, **shared):
     """The builder behind `ShuffleNetV2` / `AutoShuffleNetV2`; `shared` holds the
-    arguments of `builder_api.ARGUMENTS`, all of them, by keyword.
+    arguments both families take (`arguments.COMMON_ARGUMENTS`), all of them, by keyword.
 
     `prefix` starts the default model name (default: `shufflenet_v2`, or
     `autoshufflenet_v2` with learned shuffles). `channels` (stem, stage2, stage3, stage4,
@@ -162,11 +157,65 @@ def _shufflenet_v2(*, width, channels=None, repeats=None, prefix=None, **shared)
     x = common.batch_norm("head_bn")(x)
     x = layers.ReLU(name="head_relu")(x)
 
-    prefix = prefix or builder_api.model_prefix("v2", shared["shuffle"])
+    prefix = prefix or common.model_prefix("v2", shared["shuffle"])
     name = shared["name"] or f"{prefix}_{common.width_name(width)}"
     return common.finish(inputs, x, name, rebuild, shared, options, image_shape)
 
 
-ShuffleNetV2, AutoShuffleNetV2 = builder_api.public_builders(
-    _shufflenet_v2, "v2", "torchvision / megvii", DESCRIPTION, ARGUMENTS, REFERENCE
-)
+def ShuffleNetV2(
+    width=1.0,
+    include_top=True,
+    weights=None,
+    input_tensor=None,
+    input_shape=None,
+    pooling=None,
+    classes=1000,
+    classifier_activation="softmax",
+    name=None,
+    shuffle="manual",
+    penalty=1e-3,
+    stem="auto",
+    shuffle_initializer="random",
+    padding="torch",
+    sinkhorn_iterations=10,
+    shuffle_forward="relaxed",
+    shuffle_permutations=None,
+) -> keras.Model:
+    # `locals()` is exactly the arguments here: the private builder takes them all.
+    return _shufflenet_v2(**locals())
+
+
+def AutoShuffleNetV2(
+    width=1.0,
+    include_top=True,
+    weights=None,
+    input_tensor=None,
+    input_shape=None,
+    pooling=None,
+    classes=1000,
+    classifier_activation="softmax",
+    name=None,
+    shuffle="auto",
+    penalty=1e-3,
+    stem="auto",
+    shuffle_initializer="random",
+    padding="torch",
+    sinkhorn_iterations=10,
+    shuffle_forward="relaxed",
+    shuffle_permutations=None,
+) -> keras.Model:
+    return _shufflenet_v2(**locals())
+
+
+for _builder in (ShuffleNetV2, AutoShuffleNetV2):
+    _builder.__doc__ = docstrings.builder_docstring(
+        "v2",
+        _builder is AutoShuffleNetV2,
+        "torchvision / megvii",
+        DESCRIPTION,
+        OWN_ARGUMENTS,
+        WEIGHTS,
+        SHUFFLE,
+        "_<width>",
+        REFERENCE,
+    )

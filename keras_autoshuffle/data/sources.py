@@ -247,7 +247,7 @@ def prepared_builder(name, data_dir=None, manual_dir=None, download=False):
     if not download:
         raise DataMissingError(
             f"The TFDS data set {name!r} is not prepared at {where}. On a machine with "
-            f"internet, run `tfds build {name} --data_dir DIR` (or this script with "
+            f"internet, run `tfds build {name} --data_dir DIR` (or this command with "
             "--download), then pass --data-dir DIR; or copy a prepared tensorflow_datasets "
             "folder here. Without a network, `--dataset digits` trains on the embedded data."
         )

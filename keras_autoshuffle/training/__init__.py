@@ -10,7 +10,7 @@
   `run_files.py`: the run's file names, a damaged file named;
 - `search.py`: `search_then_retrain`, learned shuffles searched, hardened, then fixed
   in a net trained from fresh weights;
-- `cli.py`: the scripts' options, `run_from_args`, `format_run_summary`.
+- `cli.py`: the training commands' options, `run_from_args`, `format_run_summary`.
 
 Reference:
     Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624 (Section 4)

@@ -1,4 +1,5 @@
-"""The training scripts' command line: shared options, `run_from_args`, the summary."""
+"""The training commands' command line (`keras_autoshuffle.commands`): shared options,
+`run_from_args`, the summary."""
 
 import argparse
 import functools
@@ -104,7 +105,7 @@ def _positive_float(text):
 
 
 def add_arguments(parser, datasets, default_dataset):
-    """The command-line options shared by the training scripts."""
+    """The command-line options shared by the training commands."""
     parser.add_argument("--dataset", choices=datasets, default=default_dataset)
     parser.add_argument("--model", choices=("v1", "v2"), default="v2", help="ShuffleNet version")
     parser.add_argument("--width", type=float, default=None, help="width multiplier")
@@ -162,6 +163,11 @@ def add_arguments(parser, datasets, default_dataset):
     parser.add_argument("--mixed-precision", action="store_true", help="fp16 GPU / bf16 CPU")
     parser.add_argument("--jit-compile", action="store_true", help="XLA (slower on CPU)")
     parser.add_argument("--data-dir", default=None, help="TFDS data directory")
+    parser.add_argument(
+        "--download",
+        action="store_true",
+        help="download and prepare CIFAR-10 into --data-dir when it is missing there",
+    )
     parser.add_argument("--output", required=True, help="output directory")
     parser.add_argument("--seed", type=_seed, default=0)
     parser.add_argument(
@@ -235,7 +241,8 @@ def make_model_fn(
 
 
 def run_from_args(args, recipe_name, stem, manual_dir=None):
-    """What the scripts do: load the data, build the model, `train()`, print the summary."""
+    """What the training commands do: load the data, build the model, `train()`, print the
+    summary."""
     from keras_autoshuffle import data
 
     # First: MultiWorkerMirroredStrategy must exist before TensorFlow runs any op.
@@ -285,7 +292,11 @@ def run_from_args(args, recipe_name, stem, manual_dir=None):
             )
     try:
         train_data, test_data = data.load(
-            args.dataset, seed=args.seed, data_dir=args.data_dir, manual_dir=manual_dir
+            args.dataset,
+            seed=args.seed,
+            data_dir=args.data_dir,
+            manual_dir=manual_dir,
+            download=args.download,
         )
     except data.DataMissingError as error:
         sys.exit(f"error: {error}")
@@ -313,6 +324,7 @@ def run_from_args(args, recipe_name, stem, manual_dir=None):
     # What defines the run (and must match to resume it); not where or how it is shown.
     skip = (
         "output",
+        "download",
         "verbose",
         "no_export",
         "export_formats",

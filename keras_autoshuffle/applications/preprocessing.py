@@ -1,0 +1,197 @@
+"""The images the ImageNet weights expect: torchvision's evaluation transform as Keras
+layers (`imagenet_preprocessing`, `ResizeCenterCrop`) and `preprocess_input`.
+
+torchvision evaluates its ShuffleNetV2 checkpoints with `ImageClassification`: resize the
+shorter side to `resize_size` (bilinear, antialiased), crop the central `crop_size`
+square, scale to [0, 1], normalise with ImageNet's mean and standard deviation. The
+sizes are each checkpoint's (`CHECKPOINTS[width].resize_size`, `.crop_size`).
+"""
+
+import keras
+import numpy as np
+from keras import ops
+from keras.applications import imagenet_utils
+
+from keras_autoshuffle import _validation
+from keras_autoshuffle.applications import common
+
+
+def _resized_size(height, width, size):
+    """torchvision's `Resize(size)` output (height, width): the shorter side `size`, the
+    longer one `int(size * long / short)`. Python ints, or TensorFlow tensors."""
+    if isinstance(height, int) and isinstance(width, int):
+        if width <= height:
+            return int(size * height / width), size
+        return size, int(size * width / height)
+    import tensorflow as tf
+
+    short, long = tf.minimum(height, width), tf.maximum(height, width)
+    new_long = (size * long) // short  # = int(size * long / short) for positive ints
+    tall = width <= height
+    return tf.where(tall, new_long, size), tf.where(tall, size, new_long)
+
+
+def _crop_start(side, crop):
+    """torchvision's `CenterCrop` offset: `int(round((side - crop) / 2))`, Python's round
+    (halves to even), for ints or TensorFlow tensors."""
+    if isinstance(side, int):
+        return int(round((side - crop) / 2.0))
+    half = (side - crop) // 2
+    return half + ((side - crop) % 2) * (half % 2)
+
+
+@keras.saving.register_keras_serializable(package="keras_autoshuffle")
+class ResizeCenterCrop(keras.layers.Layer):
+    """torchvision's `Resize(resize_size)` then `CenterCrop(crop_size)` on a batch.
+
+    The shorter side is resized to `resize_size`, the longer one to
+    `int(resize_size * long / short)` (bilinear, antialiased, as torchvision's tensor
+    transform and PIL), then the central `crop_size` x `crop_size` square is kept, its
+    offset rounded as torchvision's (`int(round((side - crop_size) / 2))`). Any input
+    size; the output is `crop_size` x `crop_size`. Values keep their range (no scaling).
+
+    Args:
+        resize_size: the shorter side after resizing, a positive integer.
+        crop_size: the side of the square kept, a positive integer at most `resize_size`.
+        data_format: "channels_last" or "channels_first" (default: Keras's).
+        **kwargs: other Layer arguments (`name`, `dtype`).
+
+    Input: images of shape (batch, height, width, channels) (channels_last). Integer
+    inputs are cast to the layer's float dtype.
+    """
+
+    def __init__(self, resize_size, crop_size, data_format=None, **kwargs):
+        super().__init__(**kwargs)
+        self.resize_size = _validation.positive_int(resize_size, "resize_size")
+        self.crop_size = _validation.positive_int(crop_size, "crop_size")
+        if self.crop_size > self.resize_size:
+            raise ValueError(
+                f"`crop_size` must be at most `resize_size` ({self.resize_size}). "
+                f"Received: crop_size={crop_size!r}"
+            )
+        self.data_format = _validation.data_format(data_format)
+
+    def call(self, images):
+        images = ops.convert_to_tensor(images)
+        if not keras.backend.is_float_dtype(images.dtype):
+            images = ops.cast(images, self.compute_dtype)
+        first = self.data_format == "channels_first"
+        if len(images.shape) != 4:
+            raise ValueError(
+                "ResizeCenterCrop takes a batch of images (rank 4). "
+                f"Received: images.shape={tuple(images.shape)}"
+            )
+        shape = ops.shape(images)
+        height, width = shape[2:4] if first else shape[1:3]
+        new_height, new_width = _resized_size(height, width, self.resize_size)
+        static = isinstance(new_height, int)
+        if static:
+            resized = ops.image.resize(
+                images,
+                (new_height, new_width),
+                interpolation="bilinear",
+                antialias=True,
+                data_format=self.data_format,
+            )
+        else:  # TensorFlow with sides unknown when traced: its resize takes tensor sizes
+            import tensorflow as tf
+
+            channels_last = tf.transpose(images, (0, 2, 3, 1)) if first else images
+            resized = tf.image.resize(
+                channels_last, tf.stack([new_height, new_width]), "bilinear", antialias=True
+            )
+            resized = tf.transpose(resized, (0, 3, 1, 2)) if first else resized
+        top, left = _crop_start(new_height, self.crop_size), _crop_start(new_width, self.crop_size)
+        rows, columns = slice(top, top + self.crop_size), slice(left, left + self.crop_size)
+        cropped = resized[:, :, rows, columns] if first else resized[:, rows, columns, :]
+        if not static:
+            cropped = tf.ensure_shape(cropped, self.compute_output_shape(images.shape))
+        return cropped
+
+    def compute_output_shape(self, input_shape):
+        side = self.crop_size
+        if self.data_format == "channels_first":
+            return (input_shape[0], input_shape[1], side, side)
+        return (input_shape[0], side, side, input_shape[3])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            {
+                "resize_size": self.resize_size,
+                "crop_size": self.crop_size,
+                "data_format": self.data_format,
+            }
+        )
+        return config
+
+
+def imagenet_preprocessing(width=1.0, data_format=None):
+    """torchvision's evaluation transform for the ImageNet weights of `ShuffleNetV2(width)`,
+    as a `keras.Sequential`: `ResizeCenterCrop` (the checkpoint's resize and crop sizes),
+    `Rescaling(1 / 255)`, `Normalization` with ImageNet's mean and variance.
+
+    Built-in layers and `ResizeCenterCrop` only (no Lambda): it saves and loads with
+    `safe_mode=True`, and runs in a `tf.data` pipeline or as the first part of a model.
+
+    Args:
+        width: a key of `applications.CHECKPOINTS` (0.5, 1.0, 1.5, 2.0).
+        data_format: "channels_last" or "channels_first" (default: Keras's).
+
+    Returns:
+        A `keras.Sequential` from RGB pixel values in [0, 255], a batch of any size
+        (batch, height, width, 3), to the model's input (batch, 224, 224, 3).
+
+    Example:
+        >>> preprocess = applications.imagenet_preprocessing(1.0)
+        >>> model = applications.ShuffleNetV2(1.0, weights="imagenet")
+        >>> image = keras.utils.load_img("cat.jpg")  # needs Pillow
+        >>> batch = keras.ops.expand_dims(keras.utils.img_to_array(image), 0)
+        >>> applications.decode_predictions(model.predict(preprocess(batch)), top=3)
+    """
+    from keras_autoshuffle.applications.pretrained import CHECKPOINTS
+
+    entry = CHECKPOINTS[_validation.choice(width, tuple(CHECKPOINTS), "width")]
+    data_format = _validation.data_format(data_format)
+    return keras.Sequential(
+        [
+            ResizeCenterCrop(entry.resize_size, entry.crop_size, data_format, name="resize_crop"),
+            keras.layers.Rescaling(1 / 255, name="rescale"),
+            keras.layers.Normalization(
+                axis=_validation.channel_axis(data_format),
+                mean=list(entry.mean),
+                variance=list(np.square(entry.std)),
+                name="normalize",
+            ),
+        ],
+        name=f"shufflenet_v2_{common.width_name(width)}_preprocessing",
+    )
+
+
+def preprocess_input(x, data_format=None):
+    """Scales pixels from [0, 255] to [0, 1], then normalises each RGB channel with
+    ImageNet's mean and standard deviation: `keras.applications.imagenet_utils.
+    preprocess_input(x, mode="torch")` (torchvision's normalisation), on a copy (Keras's
+    divides a float NumPy input in place) and after checking the channels.
+
+    Args:
+        x: an array or tensor of RGB images, values in [0, 255], rank 3 or 4.
+        data_format: "channels_last" or "channels_first" (default: Keras's).
+
+    Returns:
+        The preprocessed images, same shape (a NumPy array for NumPy input).
+    """
+    data_format = _validation.data_format(data_format)
+    is_numpy = isinstance(x, np.ndarray)
+    x = ops.convert_to_tensor(x)
+    if not keras.backend.is_float_dtype(x.dtype):
+        x = ops.cast(x, keras.config.floatx())
+    axis = -1 if data_format == "channels_last" else (0 if len(x.shape) == 3 else 1)
+    if len(x.shape) not in (3, 4) or x.shape[axis] != 3:
+        raise ValueError(
+            f"`x` must be RGB images of rank 3 or 4 with 3 channels ({data_format}). "
+            f"Received: x.shape={tuple(x.shape)}"
+        )
+    if is_numpy:
+        x = ops.convert_to_numpy(x).copy()
+    return imagenet_utils.preprocess_input(x, data_format=data_format, mode="torch")

@@ -1,0 +1,97 @@
+"""Convert a torchvision ShuffleNetV2 checkpoint (`.pth`) into a Keras weights file.
+
+Reads the checkpoint with torch where it is installed, else with
+`keras_autoshuffle.applications.read_torch_checkpoint` (no torch needed; both of PyTorch's
+formats). The width and the class count are read from the checkpoint; the Keras net is
+`ShuffleNetV2(width, stem="imagenet", classes=...)`, whose logits equal torchvision's
+(max difference 1e-5 to 5e-5 measured at 224x224 and 225x225 for every width).
+
+Usage:
+    autoshuffle-convert-weights shufflenetv2_x1-5666bf0f80.pth shufflenet_v2_x1_0.weights.h5
+
+`--no-top` leaves the classifier out (for `include_top=False`, to fine-tune a new head).
+Then, in Keras (manual shuffles, or learned ones starting at the manual shuffle):
+    ShuffleNetV2(1.0, stem="imagenet", weights="shufflenet_v2_x1_0.weights.h5")
+    AutoShuffleNetV2(1.0, stem="imagenet", weights="shufflenet_v2_x1_0.weights.h5",
+                     shuffle_initializer="manual")
+"""
+
+import argparse
+import os
+import sys
+
+from keras_autoshuffle.applications import (
+    CheckpointError,
+    ShuffleNetV2,
+    load_torchvision_weights,
+    read_torch_checkpoint,
+)
+from keras_autoshuffle.applications.common import mark_padding
+from keras_autoshuffle.applications.torchvision_weights import torchvision_width
+
+
+def read_checkpoint(path):
+    """The state dict of a `.pth` file, read without running any pickled code: with
+    `torch.load(weights_only=True)` where torch is installed, else with this package's
+    `read_torch_checkpoint` (NumPy only; the same arrays, bit for bit, on the test files)."""
+    try:
+        import torch
+    except ImportError:
+        try:
+            return read_torch_checkpoint(path)
+        except CheckpointError as error:
+            sys.exit(str(error))
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many types for a damaged or foreign file
+        sys.exit(f"{path} is not a readable PyTorch checkpoint ({type(error).__name__}: {error})")
+    if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict):
+        sys.exit(f"{path} holds a {type(state).__name__}, not a state dict.")
+    return state
+
+
+def model_for(state_dict, include_top=True):
+    """The ShuffleNetV2 the state dict's shapes describe."""
+    fc = state_dict.get("fc.weight")
+    if "conv5.0.weight" not in state_dict or (include_top and fc is None):
+        sys.exit("The checkpoint is not a torchvision ShuffleNetV2 (no conv5.0 / fc weights).")
+    width = torchvision_width(state_dict)
+    if width is None:
+        sys.exit("No torchvision ShuffleNetV2 width has this checkpoint's stage-4 channels.")
+    return ShuffleNetV2(
+        width,
+        include_top=include_top,
+        stem="imagenet",
+        input_shape=(224, 224, 3),
+        classes=int(fc.shape[0]) if include_top else 1000,
+        classifier_activation=None,
+    )
+
+
+def main(argv=None):
+    """Runs the `autoshuffle-convert-weights` command on `argv` (default: the command line)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("checkpoint", help="torchvision .pth file")
+    parser.add_argument("output", help="Keras weights file to write (.weights.h5)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    parser.add_argument(
+        "--no-top", action="store_true", help="leave the classifier out (include_top=False)"
+    )
+    args = parser.parse_args(argv)
+    if not args.output.endswith(".weights.h5"):
+        sys.exit(f"The output must end in .weights.h5. Received: output={args.output!r}")
+    if os.path.exists(args.output) and not args.overwrite:
+        sys.exit(f"{args.output} exists; pass --overwrite to replace it.")
+    state_dict = read_checkpoint(args.checkpoint)
+    model = model_for(state_dict, include_top=not args.no_top)
+    try:
+        load_torchvision_weights(model, state_dict)
+    except ValueError as error:
+        sys.exit(str(error))
+    model.save_weights(args.output)
+    mark_padding(args.output, "torch")  # so a padding="same" net refuses the file
+    top = "no classifier" if args.no_top else f"{model.output_shape[-1]} classes"
+    print(f"wrote {args.output}: {model.name}, {model.count_params():,} parameters, {top}")
+    return 0
