@@ -24,6 +24,7 @@ from keras_autoshuffle.unit_layers import ChannelShuffle, ChannelSlice, ChannelS
 OPSET = 17
 _ACTIVATIONS = {"linear": None, "relu": "Relu", "softmax": "Softmax", "sigmoid": "Sigmoid"}
 _CONVS = (keras.layers.Conv2D, keras.layers.DepthwiseConv2D)
+_POOLS = (keras.layers.MaxPooling2D, keras.layers.AveragePooling2D)
 _LAYERS = (
     *_CONVS,
     keras.layers.BatchNormalization,
@@ -139,8 +140,11 @@ def _conv(w, layer, x, out, pads):
         output = bn._inbound_nodes[0].output_tensors[0]
     y = w.node(
         "Conv",
-        [x, w.constant(f"{layer.name}_w", kernel.astype("float32")),
-         w.constant(f"{layer.name}_b", bias.astype("float32"))],
+        [
+            x,
+            w.constant(f"{layer.name}_w", kernel.astype("float32")),
+            w.constant(f"{layer.name}_b", bias.astype("float32")),
+        ],
         [out if _activation_name(layer) == "linear" else f"{out}_pre"],
         layer.name,
         kernel_shape=list(kernel.shape[2:]),
@@ -200,12 +204,15 @@ def onnx_graph(model, opset=OPSET):
         name = layer.name
         if isinstance(layer, keras.layers.ZeroPadding2D):
             (top, bottom), (left, right) = layer.padding
-            consumer = w.only_consumer(node.output_tensors[0], (*_CONVS, keras.layers.MaxPooling2D))
+            consumer = w.only_consumer(node.output_tensors[0], (*_CONVS, *_POOLS))
             relu_in = isinstance(ins[0]._keras_history[0], keras.layers.ReLU)
-            if consumer is not None and consumer.padding == "valid" and (
-                isinstance(consumer, _CONVS) or relu_in
+            if (
+                consumer is not None
+                and consumer.padding == "valid"
+                and (not isinstance(consumer, keras.layers.MaxPooling2D) or relu_in)
             ):
-                # Zeros before a max-pool of ReLU outputs change nothing: its own pads.
+                # Into the op's own pads: an average pool counting them (zeros), a max pool
+                # of ReLU outputs (zeros change nothing there).
                 skip[id(node.output_tensors[0])] = ins[0]
                 pending_pads[id(node.output_tensors[0])] = ((top, bottom), (left, right))
                 continue
@@ -223,20 +230,27 @@ def onnx_graph(model, opset=OPSET):
             c = scale.shape[0]
             s = w.constant(f"{name}_scale", scale.reshape(c, 1, 1).astype("float32"))
             b = w.constant(f"{name}_shift", shift.reshape(c, 1, 1).astype("float32"))
-            w.node("Add", [w.node("Mul", [xs[0], s], [f"{outs[0]}_mul"], f"{name}_mul"), b],
-                   outs, name)
+            w.node(
+                "Add", [w.node("Mul", [xs[0], s], [f"{outs[0]}_mul"], f"{name}_mul"), b], outs, name
+            )
         elif isinstance(layer, keras.layers.ReLU):
             w.node("Relu", xs, outs, name)
-        elif isinstance(layer, keras.layers.MaxPooling2D | keras.layers.AveragePooling2D):
-            pads = pending_pads.get(id(node.input_tensors[0])) or _spatial_pads(layer, shape)
+        elif isinstance(layer, _POOLS):
+            explicit = pending_pads.get(id(node.input_tensors[0]))
+            pads = explicit or _spatial_pads(layer, shape)
             extra = {}
             if isinstance(layer, keras.layers.AveragePooling2D):
-                extra["count_include_pad"] = 0
+                # Keras's 'same' averages over the pixels inside; ZeroPadding2D's are zeros.
+                extra["count_include_pad"] = int(explicit is not None)
             w.node(
                 "MaxPool" if isinstance(layer, keras.layers.MaxPooling2D) else "AveragePool",
-                xs, outs, name,
-                kernel_shape=list(layer.pool_size), strides=list(layer.strides),
-                pads=[pads[0][0], pads[1][0], pads[0][1], pads[1][1]], **extra,
+                xs,
+                outs,
+                name,
+                kernel_shape=list(layer.pool_size),
+                strides=list(layer.strides),
+                pads=[pads[0][0], pads[1][0], pads[0][1], pads[1][1]],
+                **extra,
             )
         elif isinstance(layer, keras.layers.GlobalAveragePooling2D):
             pooled = w.node("GlobalAveragePool", xs, [f"{outs[0]}_4d"], name)
@@ -252,7 +266,8 @@ def onnx_graph(model, opset=OPSET):
             y = w.node(
                 "Gemm",
                 [xs[0], w.constant(f"{name}_w", kernel), w.constant(f"{name}_b", bias)],
-                [f"{outs[0]}_pre" if activation else outs[0]], name,
+                [f"{outs[0]}_pre" if activation else outs[0]],
+                name,
             )
             if activation:
                 w.node(activation, [y], outs, f"{name}_act", **_axis_of(activation))
@@ -262,30 +277,50 @@ def onnx_graph(model, opset=OPSET):
         elif isinstance(layer, keras.layers.Add):
             y = xs[0]
             for k, other in enumerate(xs[1:]):
-                y = w.node("Add", [y, other], [outs[0] if k == len(xs) - 2 else f"{name}{k}"],
-                           f"{name}{k}")
+                y = w.node(
+                    "Add", [y, other], [outs[0] if k == len(xs) - 2 else f"{name}{k}"], f"{name}{k}"
+                )
         elif isinstance(layer, keras.layers.Identity | keras.layers.Activation):
             activation = _ACTIVATIONS[_activation_name(layer)]
             w.node(activation or "Identity", xs, outs, name, **_axis_of(activation))
         elif isinstance(layer, ChannelSplit):
             half = shape[-1] // 2
-            w.node("Split", [xs[0], w.constant(f"{name}_sizes", np.array([half, half]))],
-                   outs, name, axis=1)
+            w.node(
+                "Split",
+                [xs[0], w.constant(f"{name}_sizes", np.array([half, half]))],
+                outs,
+                name,
+                axis=1,
+            )
         elif isinstance(layer, ChannelSlice):
-            consts = [w.constant(f"{name}_{k}", np.array([v]))
-                      for k, v in (("start", layer.start), ("stop", layer.stop), ("axis", 1))]
+            consts = [
+                w.constant(f"{name}_{k}", np.array([v]))
+                for k, v in (("start", layer.start), ("stop", layer.stop), ("axis", 1))
+            ]
             w.node("Slice", [xs[0], *consts], outs, name)
         elif isinstance(layer, ChannelShuffle):
             g, c = layer.groups, shape[-1]
-            grouped = w.node("Reshape", [xs[0], w.constant(f"{name}_s1",
-                             np.array([0, g, c // g, -1]))], [f"{outs[0]}_g"], f"{name}_r1")
-            swapped = w.node("Transpose", [grouped], [f"{outs[0]}_t"], f"{name}_t",
-                             perm=[0, 2, 1, 3])
-            w.node("Reshape", [swapped, w.constant(f"{name}_s2",
-                   np.array([0, c, shape[1], shape[2]]))], outs, f"{name}_r2")
+            grouped = w.node(
+                "Reshape",
+                [xs[0], w.constant(f"{name}_s1", np.array([0, g, c // g, -1]))],
+                [f"{outs[0]}_g"],
+                f"{name}_r1",
+            )
+            swapped = w.node(
+                "Transpose", [grouped], [f"{outs[0]}_t"], f"{name}_t", perm=[0, 2, 1, 3]
+            )
+            w.node(
+                "Reshape",
+                [swapped, w.constant(f"{name}_s2", np.array([0, c, shape[1], shape[2]]))],
+                outs,
+                f"{name}_r2",
+            )
     result = model.outputs[0]
-    outputs = [helper.make_tensor_value_info(w.name(skip.get(id(result), result)),
-                                             TensorProto.FLOAT, ["batch", *result.shape[1:]])]
+    outputs = [
+        helper.make_tensor_value_info(
+            w.name(skip.get(id(result), result)), TensorProto.FLOAT, ["batch", *result.shape[1:]]
+        )
+    ]
     graph = helper.make_graph(w.nodes, model.name, [graph_input], outputs, w.weights)
     proto = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="keras_autoshuffle"
