@@ -183,3 +183,38 @@ def test_the_cli_refuses_a_missing_extra_before_training(monkeypatch, tmp_path):
     assert "pip install 'keras-autoshuffle[onnx]'" in str(exit.value.code)
     assert "Received: --export-formats onnx" in str(exit.value.code)
     assert not out.exists()
+
+
+@needs_onnx
+def test_channels_padded_for_blocked_kernels_keep_the_outputs():
+    import onnxruntime
+    from onnx import numpy_helper
+
+    from keras_autoshuffle.export.onnx_align import align_channels
+
+    # v2 1.0x: 58-channel branches in stage 2, 116 in stage 3 (0.5x has 24 / 48: aligned).
+    common = {"input_shape": (64, 64, 3), "classes": 10, "classifier_activation": None}
+    model = _randomize_batch_norms(ShuffleNetV2(1.0, stem="imagenet", **common), seed=4)
+    folded = folding.fold_model(model)
+    plain = export.onnx_graph(folded)
+    aligned = export.onnx_graph(folded)
+    # conv1 and conv2 of each unit of stages 2 and 3 (58 and 116 channels): 2 x (4 + 8)
+    assert align_channels(aligned, 8) == 24
+    assert align_channels(aligned, 8) == 0  # nothing left to pad
+    rows = [
+        numpy_helper.to_array(t).shape[0]
+        for t in aligned.graph.initializer
+        if t.name.endswith("_w")
+    ]
+    assert sum(r % 8 != 0 for r in rows) < sum(
+        numpy_helper.to_array(t).shape[0] % 8 != 0
+        for t in plain.graph.initializer
+        if t.name.endswith("_w")
+    )
+    x = _images(64)
+    expected = export.keras_outputs(model, x)
+    for proto in (plain, aligned):
+        session = onnxruntime.InferenceSession(
+            proto.SerializeToString(), providers=["CPUExecutionProvider"]
+        )
+        np.testing.assert_allclose(session.run(None, {"input": x})[0], expected, atol=2e-5)

@@ -19,6 +19,7 @@ names any other, for which the caller falls back to Keras's exporter.
 import keras
 import numpy as np
 
+from keras_autoshuffle.export.onnx_align import align_channels
 from keras_autoshuffle.unit_layers import ChannelShuffle, ChannelSlice, ChannelSplit
 
 OPSET = 17
@@ -174,8 +175,14 @@ def _spatial_pads(layer, shape):
     return tuple(_same_pads(shape[1 + i], size[i], layer.strides[i]) for i in range(2))
 
 
-def onnx_graph(model, opset=OPSET):
+def onnx_graph(model, opset=OPSET, align=None):
     """The model as an NCHW `onnx.ModelProto` (NHWC input, one Transpose at the start).
+
+    Args:
+        model: a single-input Keras model of the layers listed in the module docstring.
+        opset: the ONNX opset.
+        align: None, or a channel multiple (8) to pad convs to with zero channels for
+            ONNX Runtime's blocked kernels (`onnx_align.align_channels`).
 
     Raises ValueError naming the layers it cannot write (`unsupported_layers`).
     """
@@ -187,6 +194,7 @@ def onnx_graph(model, opset=OPSET):
     w = _Writer(model)
     skip = {}  # id(Keras tensor) -> the tensor it stands for (folded BN, merged padding)
     pending_pads = {}  # id(padded tensor) -> ((top, bottom), (left, right))
+    split_done = set()  # tensors whose ChannelSlices are written (one Split each)
     source = model.inputs[0]
     graph_input = helper.make_tensor_value_info(
         "input", TensorProto.FLOAT, ["batch", *source.shape[1:]]
@@ -280,7 +288,9 @@ def onnx_graph(model, opset=OPSET):
                 y = w.node(
                     "Add", [y, other], [outs[0] if k == len(xs) - 2 else f"{name}{k}"], f"{name}{k}"
                 )
-        elif isinstance(layer, keras.layers.Identity | keras.layers.Activation):
+        elif isinstance(layer, keras.layers.Identity):
+            skip[id(node.output_tensors[0])] = ins[0]  # an alias, no node
+        elif isinstance(layer, keras.layers.Activation):
             activation = _ACTIVATIONS[_activation_name(layer)]
             w.node(activation or "Identity", xs, outs, name, **_axis_of(activation))
         elif isinstance(layer, ChannelSplit):
@@ -293,11 +303,9 @@ def onnx_graph(model, opset=OPSET):
                 axis=1,
             )
         elif isinstance(layer, ChannelSlice):
-            consts = [
-                w.constant(f"{name}_{k}", np.array([v]))
-                for k, v in (("start", layer.start), ("stop", layer.stop), ("axis", 1))
-            ]
-            w.node("Slice", [xs[0], *consts], outs, name)
+            if xs[0] not in split_done:  # all slices of a tensor: one Split
+                split_done.add(xs[0])
+                _split_slices(w, node.input_tensors[0], xs[0], shape[-1])
         elif isinstance(layer, ChannelShuffle):
             g, c = layer.groups, shape[-1]
             grouped = w.node(
@@ -326,8 +334,32 @@ def onnx_graph(model, opset=OPSET):
         graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="keras_autoshuffle"
     )
     _drop_unused(proto)
+    if align:
+        align_channels(proto, align)
     checker.check_model(proto)
     return proto
+
+
+def _split_slices(w, tensor, name, channels):
+    """The ChannelSlices of `tensor` as one Split along the channels (OpenVINO runs a Split
+    faster than as many Slices; ONNX Runtime fuses them into one either way)."""
+    slices = {}
+    for layer in w.consumers[id(tensor)]:
+        if isinstance(layer, ChannelSlice):
+            slices[layer.start, layer.stop] = w.name(layer._inbound_nodes[0].output_tensors[0])
+    bounds = sorted({0, channels, *(b for pair in slices for b in pair)})
+    pieces = list(zip(bounds, bounds[1:], strict=False))
+    if len(slices) != sum(piece in slices for piece in pieces):  # overlapping slices
+        for (start, stop), out in slices.items():
+            consts = [
+                w.constant(f"{out}_{k}", np.array([v]))
+                for k, v in (("start", start), ("stop", stop), ("axis", 1))
+            ]
+            w.node("Slice", [name, *consts], [out], f"{out}_slice")
+        return
+    outs = [slices.get(piece, f"{name}_unused{piece[0]}") for piece in pieces]
+    sizes = w.constant(f"{name}_split_sizes", np.diff(bounds))
+    w.node("Split", [name, sizes], outs, f"{name}_split", axis=1)
 
 
 def _axis_of(activation):
