@@ -64,6 +64,8 @@ from keras_autoshuffle.applications import (  # noqa: E402
 )
 
 TASKS = ("train_step", "keras_infer", "litert_infer", "ort_infer", "openvino_infer")
+# Without --tasks: ort_infer and openvino_infer need the onnx / openvino extras.
+DEFAULT_TASKS = ("train_step", "keras_infer", "litert_infer")
 # Timed together, in the same interleaved rounds.
 RUNTIME_TASKS = ("litert_infer", "ort_infer", "openvino_infer")
 # Largest difference from Keras (and from torch's logits) allowed in a runtime's outputs.
@@ -173,14 +175,15 @@ def build_variants(name, spec, side, classes, variants, time_limit, torchvision=
     return models
 
 
-def measure(functions, repeats, min_seconds):
-    """Median milliseconds per call of each function, interleaved and repeated."""
+def measure(functions, repeats, min_seconds, clock=time.perf_counter):
+    """Median milliseconds per call of each function, interleaved and repeated (`clock`:
+    wall time, or `time.process_time` for the process's CPU time)."""
     numbers = {}
     for name, fn in functions.items():
         fn()  # warm-up (tracing, allocation)
-        start = time.perf_counter()
+        start = clock()
         fn()
-        once = max(time.perf_counter() - start, 1e-6)
+        once = max(clock() - start, 1e-6)
         numbers[name] = max(1, math.ceil(min_seconds / once))
     samples = {name: [] for name in functions}
     names = list(functions)
@@ -188,10 +191,10 @@ def measure(functions, repeats, min_seconds):
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
             fn, number = functions[name], numbers[name]
-            start = time.perf_counter()
+            start = clock()
             for _ in range(number):
                 fn()
-            samples[name].append((time.perf_counter() - start) / number)
+            samples[name].append((clock() - start) / number)
     return {name: 1000 * statistics.median(values) for name, values in samples.items()}
 
 
@@ -392,7 +395,8 @@ def run(args):
                 functions, sizes = runtime_functions(
                     runtimes, models, big, args.threads, directory, torchvision
                 )
-                medians = measure(functions, repeats * (1 if quick else 3), min_seconds)
+                clock = time.process_time if args.cpu_time else time.perf_counter
+                medians = measure(functions, repeats * (1 if quick else 3), min_seconds, clock)
             named = {f"{task}/{variant}": size for (task, variant), size in sizes.items()}
             print(f"# {model_name}: file bytes {json.dumps(named)}", flush=True)
             for task in runtimes:
@@ -407,12 +411,18 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny nets and inputs (tests)")
     parser.add_argument("--json", help="write the rows to this JSON file")
-    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(DEFAULT_TASKS))
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--models", nargs="+", choices=("v1", "v2"), default=["v1", "v2"])
     parser.add_argument("--repeats", type=int, default=None, help="samples per median")
     parser.add_argument(
         "--threads", type=int, default=2, help="LiteRT, ONNX Runtime and OpenVINO threads"
+    )
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time the runtimes by the process's CPU time, not wall time: with --threads 1, "
+        "what a machine loaded by other processes disturbs least",
     )
     parser.add_argument(
         "--torchvision",
