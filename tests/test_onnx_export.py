@@ -13,7 +13,7 @@ import pytest
 from helpers import load_script
 from keras import layers
 
-from keras_autoshuffle import export, folding, harden_model
+from keras_autoshuffle import RelaxedShuffle, export, folding, harden_model
 from keras_autoshuffle.applications import ShuffleNetV1, ShuffleNetV2
 from keras_autoshuffle.export import checks
 
@@ -70,7 +70,7 @@ def nets():
 
 
 @needs_onnx
-@pytest.mark.parametrize("name", ["v2_manual", "v2_folded", "v1_manual"])
+@pytest.mark.parametrize("name", ["v2_manual", "v2_folded", "v2_hardened_reference", "v1_manual"])
 def test_onnx_graph_is_nchw_and_matches_keras(nets, name):
     import onnxruntime  # noqa: F401
 
@@ -218,3 +218,23 @@ def test_channels_padded_for_blocked_kernels_keep_the_outputs():
             proto.SerializeToString(), providers=["CPUExecutionProvider"]
         )
         np.testing.assert_allclose(session.run(None, {"input": x})[0], expected, atol=2e-5)
+
+
+@needs_onnx
+@needs_openvino
+def test_hardened_shuffles_export_as_gathers(tmp_path):
+    # A grouped Conv2D (Keras's exporter gives ONNX Runtime an op it lacks) and a hardened
+    # learned shuffle: written by onnx_graph, the shuffle a Gather.
+    inputs = keras.Input((8, 8, 3))
+    x = layers.Conv2D(12, 3, padding="same")(inputs)
+    x = RelaxedShuffle(seed=3)(layers.ReLU()(x))
+    x = layers.Conv2D(12, 1, groups=3)(x)
+    model = keras.Model(inputs, layers.Dense(5)(layers.GlobalAveragePooling2D()(x)))
+    harden_model(model)
+    assert not export.unsupported_layers(model)
+    ops = Counter(node.op_type for node in export.onnx_graph(model).graph.node)
+    assert ops["Gather"] == 1
+    x = np.random.default_rng(0).normal(size=(2, 8, 8, 3)).astype("float32")
+    result = export.export_model(model, str(tmp_path), x, formats=("onnx", "openvino"))
+    for name in ("onnx", "openvino"):
+        assert result[name]["max_abs_diff"] <= 1e-4, (name, result[name])

@@ -12,7 +12,8 @@ and outputs are those of the Keras model (NHWC images in).
 It takes the layers of this package's ShuffleNet v1/v2 nets (manual, hardened, folded):
 Conv2D / GroupedConv2D, DepthwiseConv2D, BatchNormalization, ReLU, ZeroPadding2D,
 MaxPooling2D, AveragePooling2D, GlobalAveragePooling2D, Dense, Concatenate, Add,
-ChannelSplit, ChannelSlice, ChannelShuffle, Identity, Activation; `unsupported_layers`
+ChannelSplit, ChannelSlice, ChannelShuffle, hardened RelaxedShuffle (a Gather), Identity,
+Activation; `unsupported_layers`
 names any other, for which the caller falls back to Keras's exporter.
 """
 
@@ -20,6 +21,7 @@ import keras
 import numpy as np
 
 from keras_autoshuffle.export.onnx_align import align_channels
+from keras_autoshuffle.layers import RelaxedShuffle, shuffle_permutation
 from keras_autoshuffle.unit_layers import ChannelShuffle, ChannelSlice, ChannelSplit
 
 OPSET = 17
@@ -43,6 +45,7 @@ _LAYERS = (
     ChannelSplit,
     ChannelSlice,
     ChannelShuffle,
+    RelaxedShuffle,
 )
 
 
@@ -55,6 +58,8 @@ def _why_unsupported(layer):
         return type(layer).__name__
     if getattr(layer, "data_format", "channels_last") != "channels_last":
         return f"{type(layer).__name__}(data_format={layer.data_format})"
+    if isinstance(layer, RelaxedShuffle) and not layer.is_hardened:
+        return "RelaxedShuffle (relaxed: harden it first)"
     if _activation_name(layer) not in _ACTIVATIONS:
         return f"{type(layer).__name__}(activation={_activation_name(layer)})"
     if isinstance(layer, _CONVS) and tuple(layer.dilation_rate) != (1, 1):
@@ -306,6 +311,9 @@ def onnx_graph(model, opset=OPSET, align=None):
             if xs[0] not in split_done:  # all slices of a tensor: one Split
                 split_done.add(xs[0])
                 _split_slices(w, node.input_tensors[0], xs[0], shape[-1])
+        elif isinstance(layer, RelaxedShuffle):  # hardened: a GATHER of the channels
+            perm = w.constant(f"{name}_perm", shuffle_permutation(layer))
+            w.node("Gather", [xs[0], perm], outs, name, axis=1)
         elif isinstance(layer, ChannelShuffle):
             g, c = layer.groups, shape[-1]
             grouped = w.node(
