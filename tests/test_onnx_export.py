@@ -238,3 +238,18 @@ def test_hardened_shuffles_export_as_gathers(tmp_path):
     result = export.export_model(model, str(tmp_path), x, formats=("onnx", "openvino"))
     for name in ("onnx", "openvino"):
         assert result[name]["max_abs_diff"] <= 1e-4, (name, result[name])
+
+
+@needs_onnx
+def test_spatial_concatenation_maps_to_the_nchw_axis():
+    import onnxruntime
+
+    inputs = keras.Input((4, 6, 3))
+    x = layers.Concatenate(axis=1)([inputs, layers.Conv2D(3, 1)(inputs)])  # along the height
+    model = keras.Model(inputs, layers.Concatenate(axis=-1)([x, x]))
+    session = onnxruntime.InferenceSession(
+        export.onnx_graph(model).SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    x = np.random.default_rng(0).normal(size=(2, 4, 6, 3)).astype("float32")
+    got = session.run(None, {"input": x})[0]  # NHWC out, as the Keras model's
+    np.testing.assert_allclose(got, model(x), atol=1e-6)

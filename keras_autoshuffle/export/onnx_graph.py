@@ -72,6 +72,8 @@ def _why_unsupported(layer):
         0
     ].input_tensors[0].ndim not in (2, 4):
         return f"{type(layer).__name__} of rank other than 2 or 4"
+    if isinstance(layer, keras.layers.Dense) and layer._inbound_nodes[0].input_tensors[0].ndim != 2:
+        return "Dense on a rank other than 2"
     if isinstance(layer, keras.layers.GlobalAveragePooling2D) and layer.keepdims:
         return "GlobalAveragePooling2D(keepdims=True)"
     return None
@@ -181,7 +183,8 @@ def _spatial_pads(layer, shape):
 
 
 def onnx_graph(model, opset=OPSET, align=None):
-    """The model as an NCHW `onnx.ModelProto` (NHWC input, one Transpose at the start).
+    """The model as an NCHW `onnx.ModelProto`: NHWC input, one Transpose at the start (and
+    one at the end for an image-shaped output), as the Keras model's inputs and outputs.
 
     Args:
         model: a single-input Keras model of the layers listed in the module docstring.
@@ -285,7 +288,9 @@ def onnx_graph(model, opset=OPSET, align=None):
             if activation:
                 w.node(activation, [y], outs, f"{name}_act", **_axis_of(activation))
         elif isinstance(layer, keras.layers.Concatenate):
-            axis = 1 if layer.axis in (-1, ins[0].ndim - 1) else layer.axis
+            axis = layer.axis % ins[0].ndim
+            if ins[0].ndim == 4:  # NHWC axis -> NCHW axis
+                axis = (0, 2, 3, 1)[axis]
             w.node("Concat", _flatten_concats(w, layer, xs, skip), outs, name, axis=axis)
         elif isinstance(layer, keras.layers.Add):
             y = xs[0]
@@ -332,11 +337,11 @@ def onnx_graph(model, opset=OPSET, align=None):
                 f"{name}_r2",
             )
     result = model.outputs[0]
-    outputs = [
-        helper.make_tensor_value_info(
-            w.name(skip.get(id(result), result)), TensorProto.FLOAT, ["batch", *result.shape[1:]]
-        )
-    ]
+    name = w.name(skip.get(id(result), result))
+    if result.ndim == 4:  # an image-shaped output goes back to the model's NHWC
+        name = w.node("Transpose", [name], ["output"], "to_nhwc", perm=[0, 2, 3, 1])
+    shape = ["batch", *result.shape[1:]]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)]
     graph = helper.make_graph(w.nodes, model.name, [graph_input], outputs, w.weights)
     proto = helper.make_model(
         graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="keras_autoshuffle"
