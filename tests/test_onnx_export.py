@@ -136,6 +136,9 @@ def _other_model():
 
 @needs_onnx
 @needs_openvino
+@pytest.mark.tensorflow_only(
+    reason="Keras's ONNX exporter is tf2onnx on TensorFlow; on JAX it needs jax2onnx"
+)
 def test_other_layers_go_through_keras_exporter(tmp_path):
     model = _other_model()
     assert export.unsupported_layers(model)
