@@ -7,7 +7,21 @@ samples, the variants' order rotated every round), for ShuffleNet v1 g3 1.0x and
   stem) and 224x224 batch 32;
 - keras_infer: a traced `model(x, training=False)` (tf.function) at 224x224, batch 1
   and 64;
-- litert_infer: the LiteRT interpreter (XNNPACK) at 224x224, batch 1, `--threads` 2.
+- litert_infer: the LiteRT interpreter (XNNPACK) at 224x224, batch 1, `--threads` 2;
+- ort_infer, openvino_infer: ONNX Runtime (CPU) and OpenVINO (CPU, latency hint) on the
+  package's ONNX / OpenVINO files (`export.export_onnx`, `export.export_openvino`: NCHW
+  graphs written from the layers), same input and threads. The three runtimes' calls are
+  timed in the same interleaved rounds, each file's outputs checked against Keras first
+  (1e-4).
+
+`--torchvision DIR` (v2 1.0x only) adds torchvision's own graph: DIR holds what
+`experiments/torchvision_onnx.py` writes with a scratch install of torch and torchvision
+(`torch.onnx.export`, opset 17, seeded weights and BatchNorm statistics): `torchvision.onnx`,
+its `state_dict.npz` and `check.npz` (an input and torch's logits). The package's v2 1.0x is
+then `ShuffleNetV2(1.0, stem="imagenet", classifier_activation=None)` with those weights
+(`load_torchvision_weights`), its Keras outputs and each runtime's checked against torch's
+logits, and the table below the rows gives each runtime's medians over torchvision's in
+ONNX Runtime.
 
 Variants: manual (ChannelShuffle), manual_folded (the manual net through `fold_model`:
 v1 keeps the reshape-transpose, v2 routes by slices and concats, as a hardened net),
@@ -24,7 +38,7 @@ the float files). The LiteRT files' sizes in bytes are printed on a `#` line.
 
 Usage:
     python -m experiments.benchmark [--quick] [--json rows.json] [--tasks litert_infer]
-        [--models v2] [--variants manual hardened_folded]
+        [--models v2] [--variants manual hardened_folded] [--torchvision DIR]
 """
 
 import argparse
@@ -43,9 +57,19 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from keras_autoshuffle import ChannelShuffle, export, folding, harden_model  # noqa: E402
-from keras_autoshuffle.applications import ShuffleNetV1, ShuffleNetV2  # noqa: E402
+from keras_autoshuffle.applications import (  # noqa: E402
+    ShuffleNetV1,
+    ShuffleNetV2,
+    load_torchvision_weights,
+)
 
-TASKS = ("train_step", "keras_infer", "litert_infer")
+TASKS = ("train_step", "keras_infer", "litert_infer", "ort_infer", "openvino_infer")
+# Without --tasks: ort_infer and openvino_infer need the onnx / openvino extras.
+DEFAULT_TASKS = ("train_step", "keras_infer", "litert_infer")
+# Timed together, in the same interleaved rounds.
+RUNTIME_TASKS = ("litert_infer", "ort_infer", "openvino_infer")
+# Largest difference from Keras (and from torch's logits) allowed in a runtime's outputs.
+OUTPUT_TOLERANCE = 1e-4
 VARIANTS = (
     "manual",
     "manual_folded",
@@ -86,12 +110,42 @@ def _no_shuffle(model):
     return keras.models.clone_model(model, clone_function=clone)
 
 
-def build_variants(name, spec, side, classes, variants, time_limit):
-    """{variant: model} for one net at `side` x `side` input."""
+def load_torchvision(directory):
+    """(torchvision.onnx path, state dict, NCHW input, torch's logits) from `directory`."""
+    names = ("torchvision.onnx", "state_dict.npz", "check.npz")
+    missing = [n for n in names if not os.path.isfile(os.path.join(directory, n))]
+    if missing:
+        raise SystemExit(
+            f"error: --torchvision {directory} lacks {missing}: write it with "
+            "experiments/torchvision_onnx.py"
+        )
+    with np.load(os.path.join(directory, "state_dict.npz")) as f:
+        state_dict = dict(f)
+    with np.load(os.path.join(directory, "check.npz")) as f:
+        x, logits = f["x"], f["logits"]
+    return os.path.join(directory, names[0]), state_dict, x, logits
+
+
+def _max_diff(a, b):
+    return float(np.max(np.abs(np.asarray(a, "float64") - np.asarray(b, "float64"))))
+
+
+def build_variants(name, spec, side, classes, variants, time_limit, torchvision=None):
+    """{variant: model} for one net at `side` x `side` input (with `torchvision`, its
+    weights in the manual net, and through it in manual_folded and no_shuffle)."""
     builder, kwargs = spec
     common = {**kwargs, "input_shape": (side, side, 3), "classes": classes}
+    if torchvision is not None:
+        common.update(stem="imagenet", classifier_activation=None)
     models = {}
     manual = builder(shuffle="manual", **common)
+    if torchvision is not None:
+        _, state_dict, x, logits = torchvision
+        load_torchvision_weights(manual, state_dict)
+        diff = _max_diff(export.keras_outputs(manual, x.transpose(0, 2, 3, 1)), logits)
+        print(f"# {name}: Keras vs torch logits, max |diff| {diff:.2e}", flush=True)
+        if not diff <= OUTPUT_TOLERANCE:
+            raise SystemExit(f"error: the Keras net differs from torch's by {diff:.3e}")
     for variant in variants:
         if variant == "manual":
             models[variant] = manual
@@ -116,18 +170,20 @@ def build_variants(name, spec, side, classes, variants, time_limit):
             models[variant] = folding.fold_model(model)
         elif variant == "no_shuffle":
             models[variant] = _no_shuffle(manual)
+            models[variant].set_weights(manual.get_weights())
     models.pop("hardened", None)
     return models
 
 
-def measure(functions, repeats, min_seconds):
-    """Median milliseconds per call of each function, interleaved and repeated."""
+def measure(functions, repeats, min_seconds, clock=time.perf_counter):
+    """Median milliseconds per call of each function, interleaved and repeated (`clock`:
+    wall time, or `time.process_time` for the process's CPU time)."""
     numbers = {}
     for name, fn in functions.items():
         fn()  # warm-up (tracing, allocation)
-        start = time.perf_counter()
+        start = clock()
         fn()
-        once = max(time.perf_counter() - start, 1e-6)
+        once = max(clock() - start, 1e-6)
         numbers[name] = max(1, math.ceil(min_seconds / once))
     samples = {name: [] for name in functions}
     names = list(functions)
@@ -135,10 +191,10 @@ def measure(functions, repeats, min_seconds):
         shift = round_ % len(names)
         for name in names[shift:] + names[:shift]:
             fn, number = functions[name], numbers[name]
-            start = time.perf_counter()
+            start = clock()
             for _ in range(number):
                 fn()
-            samples[name].append((time.perf_counter() - start) / number)
+            samples[name].append((clock() - start) / number)
     return {name: 1000 * statistics.median(values) for name, values in samples.items()}
 
 
@@ -167,22 +223,93 @@ def keras_functions(models, side, batch):
     return functions
 
 
-def litert_functions(models, side, threads, directory):
-    """({variant: timed call}, {variant: file bytes}) of each model's LiteRT file."""
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(1, side, side, 3)).astype("float32")
-    calibration = rng.normal(size=(8, side, side, 3)).astype("float32")
-    functions, sizes = {}, {}
-    for variant, model in models.items():
-        path = os.path.join(directory, f"{model.name}_{variant}.tflite")
-        if variant in INT8_VARIANTS:
+def _runtime_call(task, model, path, threads, calibration=None):
+    """(timed call, outputs function, file bytes) of `model` written for `task` at `path`."""
+    if task == "litert_infer":
+        if calibration is not None:
             export.export_int8(model, path, calibration)
         else:
             export.export_litert(model, path)
-        sizes[variant] = os.path.getsize(path)
+        size = os.path.getsize(path)
         interpreter = export.litert_interpreter(path, 1, threads)
-        functions[variant] = lambda i=interpreter: export.litert_run(i, x)
+        return lambda x: export.litert_run(interpreter, x), size
+    if task == "ort_infer":
+        if model is not None:
+            export.export_onnx(model, path)
+        session = export.onnx_session(path, threads)
+        return lambda x: export.onnx_run(session, x), os.path.getsize(path)
+    if model is not None:
+        export.export_openvino(model, path)
+    compiled = export.openvino_model(path, threads)
+    size = sum(e.stat().st_size for e in os.scandir(path)) if os.path.isdir(path) else 0
+    return lambda x: export.openvino_run(compiled, x), size
+
+
+_SUFFIX = {"litert_infer": ".tflite", "ort_infer": ".onnx", "openvino_infer": ""}
+
+
+def runtime_functions(tasks, models, side, threads, directory, torchvision=None):
+    """({(task, variant): timed call}, {(task, variant): file bytes}) for the runtime tasks,
+    every file's outputs checked first against Keras (and torchvision's against torch)."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(1, side, side, 3)).astype("float32")
+    if torchvision is not None:
+        x = torchvision[2].transpose(0, 2, 3, 1).copy()
+    calibration = rng.normal(size=(8, side, side, 3)).astype("float32")
+    functions, sizes = {}, {}
+    for task in tasks:
+        for variant, model in models.items():
+            if variant in INT8_VARIANTS and task != "litert_infer":
+                continue
+            path = os.path.join(directory, f"{model.name}_{variant}{_SUFFIX[task]}")
+            int8 = calibration if variant in INT8_VARIANTS else None
+            call, sizes[task, variant] = _runtime_call(task, model, path, threads, int8)
+            if variant not in INT8_VARIANTS:
+                diff = _max_diff(call(x), export.keras_outputs(model, x))
+                if not diff <= OUTPUT_TOLERANCE:
+                    raise SystemExit(f"error: {task} {variant} differs from Keras by {diff:.3e}")
+            functions[task, variant] = lambda c=call: c(x)
+        if torchvision is not None and task != "litert_infer":
+            call, sizes[task, "torchvision"] = _runtime_call(task, None, torchvision[0], threads)
+            nchw = np.ascontiguousarray(torchvision[2])
+            diff = _max_diff(call(nchw), torchvision[3])
+            print(f"# {task} torchvision vs torch logits, max |diff| {diff:.2e}", flush=True)
+            if not diff <= OUTPUT_TOLERANCE:
+                raise SystemExit(f"error: {task} torchvision differs from torch by {diff:.3e}")
+            functions[task, "torchvision"] = lambda c=call, a=nchw: c(a)
     return functions, sizes
+
+
+def runtime_table(rows):
+    """A markdown table per model: runtimes by variants, medians and ratios to torchvision's
+    graph in ONNX Runtime (to manual's there without --torchvision)."""
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in rows if r["task"] in RUNTIME_TASKS):
+        cells = {
+            (r["task"], r["variant"]): r["median_ms"]
+            for r in rows
+            if r["model"] == model and r["task"] in RUNTIME_TASKS
+        }
+        variants = list(dict.fromkeys(v for _, v in cells))
+        variants.sort(key=lambda v: v != "torchvision")
+        reference = "torchvision" if ("ort_infer", "torchvision") in cells else "manual"
+        base = cells.get(("ort_infer", reference))
+        lines += [
+            f"\n{model}: median ms (ratio to {reference} in ONNX Runtime)",
+            "| runtime | " + " | ".join(variants) + " |",
+            "|---" * (len(variants) + 1) + "|",
+        ]
+        for task in RUNTIME_TASKS:
+            if not any(t == task for t, _ in cells):
+                continue
+            row = []
+            for v in variants:
+                ms = cells.get((task, v))
+                row.append(
+                    "-" if ms is None else f"{ms:.2f}" + (f" ({ms / base:.2f})" if base else "")
+                )
+            lines.append(f"| {task} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
 
 
 def markdown(rows):
@@ -239,11 +366,18 @@ def run(args):
                     train_functions(models, side, batch, classes), repeats, min_seconds
                 )
                 record("train_step", model_name, side, batch, medians)
-        infer_tasks = [t for t in ("keras_infer", "litert_infer") if t in args.tasks]
+        infer_tasks = [t for t in ("keras_infer", *RUNTIME_TASKS) if t in args.tasks]
         if not infer_tasks:
             continue
         variants = [v for v in args.variants if v in VARIANTS]
-        models = build_variants(model_name, spec, big, 1000, variants, args.balanced_time_limit)
+        torchvision = (
+            load_torchvision(args.torchvision)
+            if model_name == "v2_1.0" and (args.torchvision)
+            else None
+        )
+        models = build_variants(
+            model_name, spec, big, 1000, variants, args.balanced_time_limit, torchvision
+        )
         if "keras_infer" in infer_tasks:
             for batch in (1, 4) if quick else (1, 64):
                 functions = keras_functions(models, big, batch)
@@ -255,12 +389,20 @@ def run(args):
                         batch,
                         measure(functions, repeats, min_seconds),
                     )
-        if "litert_infer" in infer_tasks:
+        runtimes = [t for t in RUNTIME_TASKS if t in infer_tasks]
+        if runtimes:
             with tempfile.TemporaryDirectory() as directory:
-                functions, sizes = litert_functions(models, big, args.threads, directory)
-                medians = measure(functions, repeats * (1 if quick else 3), min_seconds)
-            print(f"# {model_name}: LiteRT file bytes {json.dumps(sizes)}", flush=True)
-            record("litert_infer", model_name, big, 1, medians)
+                functions, sizes = runtime_functions(
+                    runtimes, models, big, args.threads, directory, torchvision
+                )
+                clock = time.process_time if args.cpu_time else time.perf_counter
+                medians = measure(functions, repeats * (1 if quick else 3), min_seconds, clock)
+            named = {f"{task}/{variant}": size for (task, variant), size in sizes.items()}
+            print(f"# {model_name}: file bytes {json.dumps(named)}", flush=True)
+            for task in runtimes:
+                record(
+                    task, model_name, big, 1, {v: ms for (t, v), ms in medians.items() if t == task}
+                )
         keras.backend.clear_session()
     return rows
 
@@ -269,11 +411,24 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="tiny nets and inputs (tests)")
     parser.add_argument("--json", help="write the rows to this JSON file")
-    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=list(DEFAULT_TASKS))
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--models", nargs="+", choices=("v1", "v2"), default=["v1", "v2"])
     parser.add_argument("--repeats", type=int, default=None, help="samples per median")
-    parser.add_argument("--threads", type=int, default=2, help="LiteRT threads")
+    parser.add_argument(
+        "--threads", type=int, default=2, help="LiteRT, ONNX Runtime and OpenVINO threads"
+    )
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time the runtimes by the process's CPU time, not wall time: with --threads 1, "
+        "what a machine loaded by other processes disturbs least",
+    )
+    parser.add_argument(
+        "--torchvision",
+        metavar="DIR",
+        help="also time torchvision's v2 1.0x graph (experiments/torchvision_onnx.py's folder)",
+    )
     parser.add_argument(
         "--balanced-time-limit",
         type=float,
@@ -295,6 +450,7 @@ def main(argv=None):
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
     print(markdown(rows))
+    print(runtime_table(rows))
     return 0
 
 

@@ -1,5 +1,6 @@
 """`python -m experiments.benchmark --quick` runs end to end and writes well-formed JSON rows."""
 
+import importlib.util
 import json
 
 import keras
@@ -69,3 +70,40 @@ def test_balanced_variant_survives_a_forced_time_out(monkeypatch, model_name):
     assert balanced and all(isinstance(entry["optimal"], bool) for entry in balanced)
     outputs = keras.ops.convert_to_numpy(folded(np.zeros((1, 32, 32, 3)), training=False))
     assert outputs.shape == (1, 10) and np.all(np.isfinite(outputs))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("onnx", "onnxruntime", "openvino")),
+    reason="needs the onnx and openvino extras",
+)
+def test_runtime_tasks_time_onnx_runtime_and_openvino(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(
+        benchmark, "model_specs", lambda quick: {"v1_tiny": (tiny_v1, {"groups": 3})}
+    )
+    path = tmp_path / "rows.json"
+    argv = ["--quick", "--models", "v1", "--variants", "manual", "manual_folded"]
+    argv += ["--tasks", "ort_infer", "openvino_infer", "--json", str(path)]
+    assert benchmark.main(argv) == 0
+    rows = json.loads(path.read_text())
+    assert {(r["task"], r["variant"]) for r in rows} == {
+        (t, v) for t in ("ort_infer", "openvino_infer") for v in ("manual", "manual_folded")
+    }
+    assert "| ort_infer | " in capsys.readouterr().out
+
+
+def test_runtime_table_gives_ratios_to_torchvision_in_onnx_runtime():
+    rows = [
+        {"task": t, "model": "v2_1.0", "variant": v, "input": 224, "batch": 1, "median_ms": ms}
+        for t, v, ms in [
+            ("ort_infer", "torchvision", 4.0),
+            ("ort_infer", "manual_folded", 3.0),
+            ("openvino_infer", "torchvision", 2.0),
+            ("litert_infer", "manual_folded", 1.0),
+        ]
+    ]
+    table = benchmark.runtime_table(rows)
+    assert "| runtime | torchvision | manual_folded |" in table
+    assert "| ort_infer | 4.00 (1.00) | 3.00 (0.75) |" in table
+    assert "| openvino_infer | 2.00 (0.50) | - |" in table
+    assert "| litert_infer | - | 1.00 (0.25) |" in table

@@ -451,11 +451,13 @@ def test_an_out_of_range_seed_is_refused(tmp_path, seed):
 def test_the_cli_checks_seeds_and_export_formats():
     parser = cli.add_arguments(argparse.ArgumentParser(), ("digits",), "digits")
     assert parser.parse_args(["--output", "o", "--seed", "7"]).seed == 7
-    for bad in (["--seed", "-1"], ["--seed", "4294967296"], ["--export-formats", "onnx"]):
+    for bad in (["--seed", "-1"], ["--seed", "4294967296"], ["--export-formats", "coreml"]):
         with pytest.raises(SystemExit):
             parser.parse_args(["--output", "o", *bad])
     args = parser.parse_args(["--output", "o", "--export-formats", "saved_model,litert"])
     assert args.export_formats == ("saved_model", "litert")
+    args = parser.parse_args(["--output", "o", "--export-formats", "onnx", "openvino,litert"])
+    assert args.export_formats == ("onnx", "openvino", "litert")
 
 
 def test_export_refuses_non_finite_samples_and_a_file_as_folder(tmp_path):

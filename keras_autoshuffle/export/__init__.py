@@ -1,4 +1,5 @@
-"""Export to `.keras`, SavedModel and LiteRT, each reloaded and checked against Keras.
+"""Export to `.keras`, SavedModel, LiteRT, ONNX and OpenVINO, each reloaded and checked
+against Keras.
 
 A model whose shuffles are still relaxed is refused unless asked for: its shuffles
 are dense N x N matrices, not the permutations the paper ships. Harden first
@@ -16,7 +17,9 @@ labelled test data (`export_int8`).
 - what is checked before anything is written (`checks.py`);
 - each format's writer and reader (`files.py`);
 - running `.tflite` files with the LiteRT interpreter (`litert.py`);
-- the int8 file and its check (`int8.py`).
+- the int8 file and its check (`int8.py`);
+- ONNX and OpenVINO files, run with ONNX Runtime and OpenVINO (`onnx_runtimes.py`), written
+  from the net's layers as an NCHW graph (`onnx_graph.py`).
 """
 
 from keras_autoshuffle.export.checks import (
@@ -29,6 +32,7 @@ from keras_autoshuffle.export.checks import (
     unsupported_formats,
 )
 from keras_autoshuffle.export.files import (
+    DEFAULT_FORMATS,
     FILENAMES,
     FORMATS,
     export_litert,
@@ -55,6 +59,17 @@ from keras_autoshuffle.export.litert import (
     litert_predict,
     litert_run,
 )
+from keras_autoshuffle.export.onnx_graph import onnx_graph, unsupported_layers
+from keras_autoshuffle.export.onnx_runtimes import (
+    export_onnx,
+    export_openvino,
+    onnx_outputs,
+    onnx_run,
+    onnx_session,
+    openvino_model,
+    openvino_outputs,
+    openvino_run,
+)
 from keras_autoshuffle.export.pipeline import (
     _EPSILON,
     _READERS,
@@ -65,6 +80,7 @@ from keras_autoshuffle.export.pipeline import (
 )
 
 __all__ = [
+    "DEFAULT_FORMATS",
     "FILENAMES",
     "FORMATS",
     "INT8_FILENAME",
@@ -76,6 +92,8 @@ __all__ = [
     "export_int8",
     "export_litert",
     "export_model",
+    "export_onnx",
+    "export_openvino",
     "export_saved_model",
     "int8_check",
     "keras_outputs",
@@ -86,7 +104,15 @@ __all__ = [
     "litert_run",
     "load_keras_outputs",
     "make_folder",
+    "onnx_graph",
+    "onnx_outputs",
+    "onnx_run",
+    "onnx_session",
+    "openvino_model",
+    "openvino_outputs",
+    "openvino_run",
     "save_keras",
     "saved_model_outputs",
     "unsupported_formats",
+    "unsupported_layers",
 ]

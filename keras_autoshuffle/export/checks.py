@@ -9,6 +9,7 @@ import os
 import keras
 import numpy as np
 
+from keras_autoshuffle.export import onnx_runtimes
 from keras_autoshuffle.export.files import FORMATS
 from keras_autoshuffle.layers import relaxed_shuffles
 
@@ -38,7 +39,9 @@ def unsupported_formats(formats, dtypes=("float32",)):
     LiteRT needs Keras's TensorFlow backend (its JAX backend refuses), the
     `ai_edge_litert` package for the parity check, and float32 layers (a model
     computing in bfloat16 or float16 converts to TensorFlow "Flex" ops, which LiteRT's
-    builtin interpreter lacks: measured with both mixed precision policies).
+    builtin interpreter lacks: measured with both mixed precision policies). ONNX and
+    OpenVINO need their extras (`pip install keras-autoshuffle[onnx]` / `[openvino]`) and
+    float32 layers (Keras's exporters refuse other dtype policies).
 
     Args:
         formats: formats of FORMATS.
@@ -60,6 +63,19 @@ def unsupported_formats(formats, dtypes=("float32",)):
             reasons["litert"] = (
                 f"a model computing in {half[0]} (mixed precision) converts to TensorFlow Flex "
                 "ops, which the LiteRT interpreter lacks; train in float32 to export LiteRT"
+            )
+    for name in ("onnx", "openvino"):
+        if name not in formats:
+            continue
+        missing = [m for m in onnx_runtimes.MODULES[name] if not _installed(m)]
+        if missing:
+            reasons[name] = (
+                f"the {name} export needs {', '.join(missing)} "
+                f"(pip install '{onnx_runtimes.EXTRAS[name]}')"
+            )
+        elif set(dtypes) != {"float32"}:
+            reasons[name] = f"the {name} export needs float32 layers; the model computes in " + (
+                ", ".join(sorted(set(dtypes) - {"float32"}))
             )
     return reasons
 

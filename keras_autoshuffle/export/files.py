@@ -1,13 +1,21 @@
-"""The three formats, `.keras`, SavedModel and LiteRT: writing each file, atomically
-(`_atomic`), and reading it back to run it."""
+"""The formats, `.keras`, SavedModel and LiteRT: writing each file, atomically
+(`_atomic`), and reading it back to run it (ONNX and OpenVINO: `onnx_runtimes.py`)."""
 
 import keras
 import numpy as np
 
 from keras_autoshuffle._atomic import write_atomically
 
-FORMATS = ("keras", "saved_model", "litert")
-FILENAMES = {"keras": "model.keras", "saved_model": "saved_model", "litert": "model.tflite"}
+FORMATS = ("keras", "saved_model", "litert", "onnx", "openvino")
+# What `export_model` writes unless told: the formats of the core install and `litert`.
+DEFAULT_FORMATS = ("keras", "saved_model", "litert")
+FILENAMES = {
+    "keras": "model.keras",
+    "saved_model": "saved_model",
+    "litert": "model.tflite",
+    "onnx": "model.onnx",  # onnx_runtimes.py
+    "openvino": "openvino",  # a folder: model.xml and model.bin
+}
 
 
 def keras_outputs(model, inputs):

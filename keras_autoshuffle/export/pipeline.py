@@ -5,7 +5,7 @@ import os
 
 import numpy as np
 
-from keras_autoshuffle.export import checks, files, int8, litert
+from keras_autoshuffle.export import checks, files, int8, litert, onnx_runtimes
 
 QUANTIZE = (None, "int8")
 # Machine epsilon of the 16-bit compute dtypes of mixed precision.
@@ -23,11 +23,15 @@ _WRITERS = {
     "keras": files.save_keras,
     "saved_model": files.export_saved_model,
     "litert": files.export_litert,
+    "onnx": onnx_runtimes.export_onnx,
+    "openvino": onnx_runtimes.export_openvino,
 }
 _READERS = {
     "keras": files.load_keras_outputs,
     "saved_model": files.saved_model_outputs,
     "litert": litert.litert_outputs,
+    "onnx": onnx_runtimes.onnx_outputs,
+    "openvino": onnx_runtimes.openvino_outputs,
 }
 
 
@@ -35,7 +39,7 @@ def export_model(
     model,
     output_dir,
     sample_inputs,
-    formats=files.FORMATS,
+    formats=files.DEFAULT_FORMATS,
     allow_relaxed=False,
     atol=1e-4,
     rtol=1e-4,
@@ -48,16 +52,19 @@ def export_model(
 ):
     """Exports `model`, reloads every file and checks its outputs against Keras.
 
-    Writes `model.keras`, `saved_model/` and `model.tflite` (the formats asked for,
-    each atomically) in `output_dir`, loads each back (`.keras` with `safe_mode=True`, SavedModel
-    with `tf.saved_model.load`, LiteRT with `ai_edge_litert`) and runs it on
-    `sample_inputs`.
+    Writes `model.keras`, `saved_model/` and `model.tflite` (by default; with "onnx" and
+    "openvino" also `model.onnx` and `openvino/model.xml`), each atomically, in
+    `output_dir`, loads each back (`.keras` with `safe_mode=True`, SavedModel with
+    `tf.saved_model.load`, LiteRT with `ai_edge_litert`, ONNX with ONNX Runtime, OpenVINO
+    with its CPU plugin) and runs it on `sample_inputs`.
 
     Args:
         model: a single-input Keras model; its shuffles must be hardened (or manual).
         output_dir: directory to write into (created if missing).
         sample_inputs: a batch of inputs for the parity check.
-        formats: any of "keras", "saved_model", "litert"; one this backend, these
+        formats: any of "keras", "saved_model", "litert", "onnx", "openvino" (default the
+            first three; ONNX and OpenVINO are written as NCHW graphs, see
+            `onnx_runtimes`); one this backend, these
             packages or the model's dtypes cannot give is refused before anything is
             written (`unsupported_formats`).
         allow_relaxed: export relaxed shuffles as dense matrices instead of refusing.

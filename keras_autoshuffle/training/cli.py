@@ -77,6 +77,13 @@ def _export_formats(text):
     return formats
 
 
+class _FormatsAction(argparse.Action):
+    """`--export-formats onnx openvino` or `onnx,openvino`: one flat tuple of formats."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, tuple(f for group in values for f in group))
+
+
 def _non_negative_int(text):
     try:
         value = int(text)
@@ -183,10 +190,13 @@ def add_arguments(parser, datasets, default_dataset):
     parser.add_argument(
         "--export-formats",
         type=_export_formats,
+        nargs="+",
+        action=_FormatsAction,
         default=None,
-        help="export exactly these formats (e.g. saved_model,litert), refusing before training "
-        "any this backend or precision cannot write (default: SavedModel and LiteRT where "
-        "possible, the others left out with a warning)",
+        help="export exactly these formats (e.g. saved_model,litert or onnx openvino), "
+        "refusing before training any this backend, precision or install cannot write (onnx, "
+        "openvino: pip install 'keras-autoshuffle[onnx,openvino]'; default: SavedModel and "
+        "LiteRT where possible, the others left out with a warning)",
     )
     parser.add_argument(
         "--int8",

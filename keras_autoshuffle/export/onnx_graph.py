@@ -1,0 +1,410 @@
+"""A channels-first ONNX graph written straight from a Keras model's layers and weights.
+
+Keras's own `Model.export(format="onnx")` (tf2onnx) keeps the model's NHWC layout and
+wraps the convolutions in transposes; ONNX Runtime and OpenVINO then pay for that layout
+(measured: ShuffleNet v2 1.0x without any shuffle tied torchvision's NCHW graph with its
+shuffles). `onnx_graph` writes the same network in NCHW, as torchvision's graphs are:
+one Transpose of the NHWC input, then each layer as its ONNX op with its weights, every
+BatchNormalization after a convolution folded into it, each padding into the op it pads,
+and nested concatenations (LiteRT's 4-input limit, `folding._concat`) merged. The inputs
+and outputs are those of the Keras model (NHWC images in).
+
+It takes the layers of this package's ShuffleNet v1/v2 nets (manual, hardened, folded):
+Conv2D / GroupedConv2D, DepthwiseConv2D, BatchNormalization, ReLU, ZeroPadding2D,
+MaxPooling2D, AveragePooling2D, GlobalAveragePooling2D, Dense, Concatenate, Add,
+ChannelSplit, ChannelSlice, ChannelShuffle, hardened RelaxedShuffle (a Gather), Identity,
+Activation; `unsupported_layers`
+names any other, for which the caller falls back to Keras's exporter.
+"""
+
+import keras
+import numpy as np
+
+from keras_autoshuffle.export.onnx_align import align_channels
+from keras_autoshuffle.layers import RelaxedShuffle, shuffle_permutation
+from keras_autoshuffle.unit_layers import ChannelShuffle, ChannelSlice, ChannelSplit
+
+OPSET = 17
+_ACTIVATIONS = {"linear": None, "relu": "Relu", "softmax": "Softmax", "sigmoid": "Sigmoid"}
+_CONVS = (keras.layers.Conv2D, keras.layers.DepthwiseConv2D)
+_POOLS = (keras.layers.MaxPooling2D, keras.layers.AveragePooling2D)
+_LAYERS = (
+    *_CONVS,
+    keras.layers.BatchNormalization,
+    keras.layers.ReLU,
+    keras.layers.ZeroPadding2D,
+    keras.layers.MaxPooling2D,
+    keras.layers.AveragePooling2D,
+    keras.layers.GlobalAveragePooling2D,
+    keras.layers.Dense,
+    keras.layers.Concatenate,
+    keras.layers.Add,
+    keras.layers.Identity,
+    keras.layers.Activation,
+    keras.layers.InputLayer,
+    ChannelSplit,
+    ChannelSlice,
+    ChannelShuffle,
+    RelaxedShuffle,
+)
+
+
+def _activation_name(layer):
+    return getattr(getattr(layer, "activation", None), "__name__", "linear")
+
+
+def _why_unsupported(layer):
+    if not isinstance(layer, _LAYERS) or len(layer._inbound_nodes) != 1:
+        return type(layer).__name__
+    if getattr(layer, "data_format", "channels_last") != "channels_last":
+        return f"{type(layer).__name__}(data_format={layer.data_format})"
+    if isinstance(layer, RelaxedShuffle) and not layer.is_hardened:
+        return "RelaxedShuffle (relaxed: harden it first)"
+    if _activation_name(layer) not in _ACTIVATIONS:
+        return f"{type(layer).__name__}(activation={_activation_name(layer)})"
+    if isinstance(layer, _CONVS) and tuple(layer.dilation_rate) != (1, 1):
+        return f"{type(layer).__name__}(dilation_rate={layer.dilation_rate})"
+    if isinstance(layer, keras.layers.ReLU) and (
+        layer.max_value is not None or layer.negative_slope != 0 or layer.threshold != 0
+    ):
+        return "ReLU(max_value, negative_slope or threshold set)"
+    if isinstance(layer, keras.layers.Concatenate | ChannelSplit) and layer._inbound_nodes[
+        0
+    ].input_tensors[0].ndim not in (2, 4):
+        return f"{type(layer).__name__} of rank other than 2 or 4"
+    if isinstance(layer, keras.layers.Dense) and layer._inbound_nodes[0].input_tensors[0].ndim != 2:
+        return "Dense on a rank other than 2"
+    if isinstance(layer, keras.layers.GlobalAveragePooling2D) and layer.keepdims:
+        return "GlobalAveragePooling2D(keepdims=True)"
+    return None
+
+
+def unsupported_layers(model):
+    """Names and kinds of `model`'s layers `onnx_graph` cannot write (empty: all can)."""
+    found = []
+    for layer in model.operations:
+        why = _why_unsupported(layer)
+        if why:
+            found.append(f"{layer.name}: {why}")
+    if len(model.inputs) != 1 or model.inputs[0].ndim != 4:
+        found.append("the model: not a single 4-D (NHWC image) input")
+    return found
+
+
+def _same_pads(size, kernel, stride):
+    """(begin, end) of TensorFlow's 'same' padding along one side."""
+    total = max((-(-size // stride) - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
+class _Writer:
+    """Accumulates nodes and initializers; tensors are named by their Keras tensors."""
+
+    def __init__(self, model):
+        from onnx import helper
+
+        self.helper, self.nodes, self.weights, self.names = helper, [], [], {}
+        self.consumers = {}
+        for layer in model.operations:
+            for tensor in layer._inbound_nodes[0].input_tensors:
+                self.consumers.setdefault(id(tensor), []).append(layer)
+
+    def name(self, tensor):
+        return self.names.setdefault(id(tensor), f"t{len(self.names)}")
+
+    def constant(self, name, array):
+        from onnx import numpy_helper
+
+        self.weights.append(numpy_helper.from_array(np.asarray(array), name))
+        return name
+
+    def node(self, op, inputs, outputs, name, **attributes):
+        self.nodes.append(self.helper.make_node(op, inputs, outputs, name=name, **attributes))
+        return outputs[0]
+
+    def only_consumer(self, tensor, kind):
+        layers = self.consumers.get(id(tensor), [])
+        return layers[0] if len(layers) == 1 and isinstance(layers[0], kind) else None
+
+
+def _conv(w, layer, x, out, pads):
+    """Conv (+ folded BatchNormalization, + activation) in NCHW."""
+    kernel = keras.ops.convert_to_numpy(layer.kernel).astype(np.float64)
+    if isinstance(layer, keras.layers.DepthwiseConv2D):
+        # (kh, kw, channels, multiplier) -> (channels * multiplier, 1, kh, kw)
+        kh, kw, c, m = kernel.shape
+        kernel, groups = kernel.reshape(kh, kw, c * m, 1).transpose(2, 3, 0, 1), c
+    else:
+        kernel, groups = kernel.transpose(3, 2, 0, 1), layer.groups
+    bias = np.zeros(kernel.shape[0])
+    if layer.use_bias:
+        bias = keras.ops.convert_to_numpy(layer.bias).astype(np.float64)
+    output = layer._inbound_nodes[0].output_tensors[0]
+    bn = w.only_consumer(output, keras.layers.BatchNormalization)
+    fused = bn is not None and _activation_name(layer) == "linear" and bn.axis in (-1, 3)
+    if fused:
+        scale, shift = _bn_affine(bn)
+        kernel, bias = kernel * scale[:, None, None, None], bias * scale + shift
+        output = bn._inbound_nodes[0].output_tensors[0]
+    y = w.node(
+        "Conv",
+        [
+            x,
+            w.constant(f"{layer.name}_w", kernel.astype("float32")),
+            w.constant(f"{layer.name}_b", bias.astype("float32")),
+        ],
+        [out if _activation_name(layer) == "linear" else f"{out}_pre"],
+        layer.name,
+        kernel_shape=list(kernel.shape[2:]),
+        strides=list(layer.strides),
+        pads=[pads[0][0], pads[1][0], pads[0][1], pads[1][1]],
+        group=groups,
+    )
+    if _activation_name(layer) != "linear":
+        y = w.node(_ACTIVATIONS[_activation_name(layer)], [y], [out], f"{layer.name}_act")
+    return output if fused else None
+
+
+def _bn_affine(bn):
+    """(scale, shift) with `bn(x) = x * scale + shift`, in float64."""
+    values = {v.path.split("/")[-1]: keras.ops.convert_to_numpy(v) for v in bn.weights}
+    variance = values["moving_variance"].astype(np.float64)
+    scale = values.get("gamma", np.ones_like(variance)) / np.sqrt(variance + bn.epsilon)
+    shift = values.get("beta", np.zeros_like(variance)) - values["moving_mean"] * scale
+    return scale, shift
+
+
+def _spatial_pads(layer, shape):
+    """((top, bottom), (left, right)) of a conv or pooling layer on NHWC `shape`."""
+    if layer.padding == "valid":
+        return (0, 0), (0, 0)
+    size = layer.kernel_size if hasattr(layer, "kernel_size") else layer.pool_size
+    return tuple(_same_pads(shape[1 + i], size[i], layer.strides[i]) for i in range(2))
+
+
+def onnx_graph(model, opset=OPSET, align=None):
+    """The model as an NCHW `onnx.ModelProto`: NHWC input, one Transpose at the start (and
+    one at the end for an image-shaped output), as the Keras model's inputs and outputs.
+
+    Args:
+        model: a single-input Keras model of the layers listed in the module docstring.
+        opset: the ONNX opset.
+        align: None, or a channel multiple (8) to pad convs to with zero channels for
+            ONNX Runtime's blocked kernels (`onnx_align.align_channels`).
+
+    Raises ValueError naming the layers it cannot write (`unsupported_layers`).
+    """
+    from onnx import TensorProto, checker, helper
+
+    missing = unsupported_layers(model)
+    if missing:
+        raise ValueError(f"onnx_graph cannot write these layers: {missing}")
+    w = _Writer(model)
+    skip = {}  # id(Keras tensor) -> the tensor it stands for (folded BN, merged padding)
+    pending_pads = {}  # id(padded tensor) -> ((top, bottom), (left, right))
+    split_done = set()  # tensors whose ChannelSlices are written (one Split each)
+    source = model.inputs[0]
+    graph_input = helper.make_tensor_value_info(
+        "input", TensorProto.FLOAT, ["batch", *source.shape[1:]]
+    )
+    w.node("Transpose", ["input"], [w.name(source)], "to_nchw", perm=[0, 3, 1, 2])
+    for layer in model.operations:
+        node = layer._inbound_nodes[0]
+        if isinstance(layer, keras.layers.InputLayer):
+            continue
+        ins = [skip.get(id(t), t) for t in node.input_tensors]
+        if any(t is None for t in ins):  # folded into the previous op
+            continue
+        xs, outs = [w.name(t) for t in ins], [w.name(t) for t in node.output_tensors]
+        shape = ins[0].shape
+        name = layer.name
+        if isinstance(layer, keras.layers.ZeroPadding2D):
+            (top, bottom), (left, right) = layer.padding
+            consumer = w.only_consumer(node.output_tensors[0], (*_CONVS, *_POOLS))
+            relu_in = isinstance(ins[0]._keras_history[0], keras.layers.ReLU)
+            if (
+                consumer is not None
+                and consumer.padding == "valid"
+                and (not isinstance(consumer, keras.layers.MaxPooling2D) or relu_in)
+            ):
+                # Into the op's own pads: an average pool counting them (zeros), a max pool
+                # of ReLU outputs (zeros change nothing there).
+                skip[id(node.output_tensors[0])] = ins[0]
+                pending_pads[id(node.output_tensors[0])] = ((top, bottom), (left, right))
+                continue
+            pads = [0, 0, top, left, 0, 0, bottom, right]
+            w.node("Pad", [xs[0], w.constant(f"{name}_pads", np.array(pads))], outs, name)
+        elif isinstance(layer, _CONVS):
+            pads = pending_pads.get(id(node.input_tensors[0])) or _spatial_pads(layer, shape)
+            fused_output = _conv(w, layer, xs[0], outs[0], pads)
+            if fused_output is not None:
+                skip[id(fused_output)] = node.output_tensors[0]
+                bn_layer = fused_output._keras_history[0]
+                skip[id(bn_layer._inbound_nodes[0].input_tensors[0])] = None
+        elif isinstance(layer, keras.layers.BatchNormalization):
+            scale, shift = _bn_affine(layer)
+            c = scale.shape[0]
+            s = w.constant(f"{name}_scale", scale.reshape(c, 1, 1).astype("float32"))
+            b = w.constant(f"{name}_shift", shift.reshape(c, 1, 1).astype("float32"))
+            w.node(
+                "Add", [w.node("Mul", [xs[0], s], [f"{outs[0]}_mul"], f"{name}_mul"), b], outs, name
+            )
+        elif isinstance(layer, keras.layers.ReLU):
+            w.node("Relu", xs, outs, name)
+        elif isinstance(layer, _POOLS):
+            explicit = pending_pads.get(id(node.input_tensors[0]))
+            pads = explicit or _spatial_pads(layer, shape)
+            extra = {}
+            if isinstance(layer, keras.layers.AveragePooling2D):
+                # Keras's 'same' averages over the pixels inside; ZeroPadding2D's are zeros.
+                extra["count_include_pad"] = int(explicit is not None)
+            w.node(
+                "MaxPool" if isinstance(layer, keras.layers.MaxPooling2D) else "AveragePool",
+                xs,
+                outs,
+                name,
+                kernel_shape=list(layer.pool_size),
+                strides=list(layer.strides),
+                pads=[pads[0][0], pads[1][0], pads[0][1], pads[1][1]],
+                **extra,
+            )
+        elif isinstance(layer, keras.layers.GlobalAveragePooling2D):
+            pooled = w.node("GlobalAveragePool", xs, [f"{outs[0]}_4d"], name)
+            w.node("Flatten", [pooled], outs, f"{name}_flatten")
+        elif isinstance(layer, keras.layers.Dense):
+            kernel = keras.ops.convert_to_numpy(layer.kernel)
+            bias = (
+                keras.ops.convert_to_numpy(layer.bias)
+                if layer.use_bias
+                else np.zeros(kernel.shape[1], "float32")
+            )
+            activation = _ACTIVATIONS[_activation_name(layer)]
+            y = w.node(
+                "Gemm",
+                [xs[0], w.constant(f"{name}_w", kernel), w.constant(f"{name}_b", bias)],
+                [f"{outs[0]}_pre" if activation else outs[0]],
+                name,
+            )
+            if activation:
+                w.node(activation, [y], outs, f"{name}_act", **_axis_of(activation))
+        elif isinstance(layer, keras.layers.Concatenate):
+            axis = layer.axis % ins[0].ndim
+            if ins[0].ndim == 4:  # NHWC axis -> NCHW axis
+                axis = (0, 2, 3, 1)[axis]
+            w.node("Concat", _flatten_concats(w, layer, xs, skip), outs, name, axis=axis)
+        elif isinstance(layer, keras.layers.Add):
+            y = xs[0]
+            for k, other in enumerate(xs[1:]):
+                y = w.node(
+                    "Add", [y, other], [outs[0] if k == len(xs) - 2 else f"{name}{k}"], f"{name}{k}"
+                )
+        elif isinstance(layer, keras.layers.Identity):
+            skip[id(node.output_tensors[0])] = ins[0]  # an alias, no node
+        elif isinstance(layer, keras.layers.Activation):
+            activation = _ACTIVATIONS[_activation_name(layer)]
+            w.node(activation or "Identity", xs, outs, name, **_axis_of(activation))
+        elif isinstance(layer, ChannelSplit):
+            half = shape[-1] // 2
+            w.node(
+                "Split",
+                [xs[0], w.constant(f"{name}_sizes", np.array([half, half]))],
+                outs,
+                name,
+                axis=1,
+            )
+        elif isinstance(layer, ChannelSlice):
+            if xs[0] not in split_done:  # all slices of a tensor: one Split
+                split_done.add(xs[0])
+                _split_slices(w, node.input_tensors[0], xs[0], shape[-1])
+        elif isinstance(layer, RelaxedShuffle):  # hardened: a GATHER of the channels
+            perm = w.constant(f"{name}_perm", shuffle_permutation(layer))
+            w.node("Gather", [xs[0], perm], outs, name, axis=1)
+        elif isinstance(layer, ChannelShuffle):
+            g, c = layer.groups, shape[-1]
+            grouped = w.node(
+                "Reshape",
+                [xs[0], w.constant(f"{name}_s1", np.array([0, g, c // g, -1]))],
+                [f"{outs[0]}_g"],
+                f"{name}_r1",
+            )
+            swapped = w.node(
+                "Transpose", [grouped], [f"{outs[0]}_t"], f"{name}_t", perm=[0, 2, 1, 3]
+            )
+            w.node(
+                "Reshape",
+                [swapped, w.constant(f"{name}_s2", np.array([0, c, shape[1], shape[2]]))],
+                outs,
+                f"{name}_r2",
+            )
+    result = model.outputs[0]
+    name = w.name(skip.get(id(result), result))
+    if result.ndim == 4:  # an image-shaped output goes back to the model's NHWC
+        name = w.node("Transpose", [name], ["output"], "to_nhwc", perm=[0, 2, 3, 1])
+    shape = ["batch", *result.shape[1:]]
+    outputs = [helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)]
+    graph = helper.make_graph(w.nodes, model.name, [graph_input], outputs, w.weights)
+    proto = helper.make_model(
+        graph, opset_imports=[helper.make_opsetid("", opset)], producer_name="keras_autoshuffle"
+    )
+    _drop_unused(proto)
+    if align:
+        align_channels(proto, align)
+    checker.check_model(proto)
+    return proto
+
+
+def _split_slices(w, tensor, name, channels):
+    """The ChannelSlices of `tensor` as one Split along the channels (OpenVINO runs a Split
+    faster than as many Slices; ONNX Runtime fuses them into one either way)."""
+    slices = {}
+    for layer in w.consumers[id(tensor)]:
+        if isinstance(layer, ChannelSlice):
+            slices[layer.start, layer.stop] = w.name(layer._inbound_nodes[0].output_tensors[0])
+    bounds = sorted({0, channels, *(b for pair in slices for b in pair)})
+    pieces = list(zip(bounds, bounds[1:], strict=False))
+    if len(slices) != sum(piece in slices for piece in pieces):  # overlapping slices
+        for (start, stop), out in slices.items():
+            consts = [
+                w.constant(f"{out}_{k}", np.array([v]))
+                for k, v in (("start", start), ("stop", stop), ("axis", 1))
+            ]
+            w.node("Slice", [name, *consts], [out], f"{out}_slice")
+        return
+    outs = [slices.get(piece, f"{name}_unused{piece[0]}") for piece in pieces]
+    sizes = w.constant(f"{name}_split_sizes", np.diff(bounds))
+    w.node("Split", [name, sizes], outs, f"{name}_split", axis=1)
+
+
+def _axis_of(activation):
+    return {"axis": -1} if activation == "Softmax" else {}
+
+
+def _flatten_concats(w, layer, xs, skip):
+    """The inputs of a Concatenate, with those of nested Concatenates feeding only it."""
+    flat = []
+    for tensor, name in zip(layer._inbound_nodes[0].input_tensors, xs, strict=True):
+        inner = tensor._keras_history[0]
+        if (
+            isinstance(inner, keras.layers.Concatenate)
+            and inner.axis == layer.axis
+            and len(w.consumers.get(id(tensor), [])) == 1
+        ):
+            flat.extend(next(n for n in w.nodes if n.output[0] == name).input)
+        else:
+            flat.append(name)
+    return flat
+
+
+def _drop_unused(proto):
+    """Removes nodes whose outputs nothing reads (a merged Concatenate) and their weights."""
+    graph = proto.graph
+    while True:
+        used = {graph.output[0].name} | {i for n in graph.node for i in n.input}
+        dead = [n for n in graph.node if not any(o in used for o in n.output)]
+        if not dead:
+            break
+        for n in dead:
+            graph.node.remove(n)
+    used = {i for n in graph.node for i in n.input}
+    for tensor in [t for t in graph.initializer if t.name not in used]:
+        graph.initializer.remove(tensor)
