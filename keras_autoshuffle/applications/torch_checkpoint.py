@@ -370,10 +370,10 @@ def read_torch_checkpoint(path):
         int16, int8, uint8, bool), except bfloat16, which is widened exactly to float32.
 
     Raises:
-        CheckpointError (a ValueError) naming the file: not a checkpoint, truncated, a
-        global other than the allowed ones (e.g. `os.system`), a storage type other than
-        the real and integer ones, a tensor whose shape and strides do not fit its
-        storage, a key that is not a string, a value that is not a tensor.
+        CheckpointError: (a ValueError) naming the file: not a checkpoint, truncated, a
+            global other than the allowed ones (e.g. `os.system`), a storage type other
+            than the real and integer ones, a tensor whose shape and strides do not fit
+            its storage, a key that is not a string, a value that is not a tensor.
     """
     path = os.fspath(path)
     try:
