@@ -7,7 +7,8 @@ LiteRT file and times it in the LiteRT interpreter (XNNPACK, batch 1, `--threads
 the widths interleaved and repeated as `experiments.benchmark` does. Weights are random:
 a float32 file's size and speed do not depend on their values (and this machine has no
 network for torchvision's files). Each row also holds the parameter count, the
-multiply-adds (`count_macs`), the machine and the library versions.
+multiply-adds (`count_macs`), the machine, its load average at the start and the end, and
+the library versions.
 
 `render` makes the markdown table from the rows and torchvision's accuracies (the
 registry's, torchvision's report, not measured here); `--readme` replaces the table
@@ -52,22 +53,28 @@ def _cpu_name():
 def measure(widths, threads, repeats, note):
     """One row per width: parameters, multiply-adds, folded LiteRT latency and bytes."""
     import keras
+    import numpy as np
     import tensorflow as tf
 
     from experiments.benchmark import litert_functions
     from experiments.benchmark import measure as interleaved_medians
     from keras_autoshuffle import applications, folding
 
+    load_start = os.getloadavg()[0]
     models, counts = {}, {}
     for width in widths:
         model = applications.ShuffleNetV2(width=width, input_shape=(SIDE, SIDE, 3), classes=1000)
-        counts[width] = (int(model.count_params()), int(applications.count_macs(model)))
+        # Trainable parameters, as torchvision counts them (BatchNorm statistics left out).
+        parameters = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+        counts[width] = (parameters, int(applications.count_macs(model)))
         models[width] = folding.fold_model(model)
     with tempfile.TemporaryDirectory() as directory:
         named = {f"x{width}": model for width, model in models.items()}
         functions, sizes = litert_functions(named, SIDE, threads, directory)
         medians = interleaved_medians(functions, repeats, 0.3)
     machine = f"{_cpu_name()}, {os.cpu_count()} cores"
+    # The 1-minute load average at the start and the end: how busy the machine was.
+    load = [round(load_start, 2), round(os.getloadavg()[0], 2)]
     versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
     try:
         from importlib.metadata import version
@@ -90,12 +97,21 @@ def measure(widths, threads, repeats, note):
                 "litert_ms": float(medians[f"x{width}"]),
                 "litert_bytes": int(sizes[f"x{width}"]),
                 "machine": machine,
+                "load_average": load,
                 "note": note,
                 "date": datetime.date.today().isoformat(),
                 **versions,
             }
         )
     return rows
+
+
+def _load(row):
+    """The row's load averages as words, or "" where it has none."""
+    if not row.get("load_average"):
+        return ""
+    start, end = row["load_average"]
+    return f"load average {start:.1f} at the start, {end:.1f} at the end"
 
 
 def render(rows, checkpoints):
@@ -112,16 +128,17 @@ def render(rows, checkpoints):
             f"| {row['litert_ms']:.2f} | {row['litert_bytes'] / 1e6:.1f} |"
         )
     settings = {
-        (r["machine"], r["threads"], r["date"], r.get("tensorflow"), r.get("note") or "")
+        (r["machine"], r["threads"], r["date"], r.get("tensorflow"), _load(r), r.get("note"))
         for r in rows
     }
-    for machine, threads, date, tf_version, note in sorted(settings):
+    for machine, threads, date, tf_version, load, note in sorted(settings, key=str):
         lines.append("")
+        details = "; ".join(x for x in (load, note) if x)
         lines.append(
             f"Top-1/top-5: torchvision's ImageNet-1K report for its weights, not measured here. "
             f"LiteRT: the folded float32 file at {SIDE}x{SIDE}, batch 1, {threads} threads "
             f"(XNNPACK), median ms on {machine} (TensorFlow {tf_version}, {date})"
-            + (f"; {note}" if note else "")
+            + (f"; {details}" if details else "")
             + "."
         )
     return "\n".join(lines)

@@ -10,6 +10,7 @@ from keras_autoshuffle import _deprecation, _validation
 # more than 1000 only burn time (the initializer runs the constraint when a model is
 # built, so a file saying 1e8 would hang `load_model`).
 MAX_ITERATIONS = 1000
+"""The largest `sinkhorn_iterations` accepted (more only burns time)."""
 
 
 def check_iterations(value, name="sinkhorn_iterations"):
