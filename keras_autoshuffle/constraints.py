@@ -10,10 +10,12 @@ from keras_autoshuffle import _deprecation, _validation
 # more than 1000 only burn time (the initializer runs the constraint when a model is
 # built, so a file saying 1e8 would hang `load_model`).
 MAX_ITERATIONS = 1000
+"""The largest `sinkhorn_iterations` accepted (more only burns time)."""
 # The default passes per step of `DoublyStochastic`, `RelaxedShuffle` and the builders.
 # One pass is the paper's Algorithm 1; in docs/training.md's runs its matrices stalled on
 # fixed points that are not permutations, and ten ended on permutations.
 SINKHORN_ITERATIONS = 10
+"""The default passes per step of `DoublyStochastic`, `RelaxedShuffle` and the builders."""
 
 
 def check_iterations(value, name="sinkhorn_iterations"):

@@ -12,6 +12,7 @@ from keras import ops
 from keras_autoshuffle import permutations
 
 FORWARDS = ("relaxed", "hard")
+"""What a learned shuffle computes while training (`RelaxedShuffle(forward=...)`)."""
 
 
 def _assignment_int32(matrix):

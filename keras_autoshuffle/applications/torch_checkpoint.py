@@ -429,11 +429,11 @@ def read_torch_checkpoint(path, max_bytes=MAX_BYTES):
         int16, int8, uint8, bool), except bfloat16, which is widened exactly to float32.
 
     Raises:
-        CheckpointError (a ValueError) naming the file: not a checkpoint, truncated, a
-        global other than the allowed ones (e.g. `os.system`), a storage type other than
-        the real and integer ones, a tensor whose shape and strides do not fit its
-        storage, a key that is not a string, a value that is not a tensor, a file that
-        is not a regular file or needs more than `max_bytes`.
+        CheckpointError: (a ValueError) naming the file: not a checkpoint, truncated, a
+            global other than the allowed ones (e.g. `os.system`), a storage type other
+            than the real and integer ones, a tensor whose shape and strides do not fit
+            its storage, a key that is not a string, a value that is not a tensor, a file
+            that is not a regular file or needs more than `max_bytes`.
     """
     path = os.fspath(path)
     budget = _Budget(max_bytes)

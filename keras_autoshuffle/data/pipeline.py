@@ -40,6 +40,7 @@ class EpochCounter:
             self.variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="data_epoch")
 
     def callback(self):
+        """A Keras callback that sets the variable to the epoch at each epoch's start."""
         import keras
 
         counter = self

@@ -14,7 +14,9 @@ LOADERS = {
         seed, data_dir, manual_dir
     ),
 }
+"""{data set name: loader(seed, data_dir=, manual_dir=, download=) -> (train, test)}."""
 DATASETS = tuple(LOADERS)
+"""The data set names `load` takes (the keys of `LOADERS`)."""
 
 
 def load(name, seed=0, data_dir=None, manual_dir=None, download=False):

@@ -18,19 +18,24 @@ from keras_autoshuffle.data.pipeline import ArrayData, TFDSData
 
 # Per-channel statistics of the training images (RGB, images scaled to [0, 1]).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+"""CIFAR-10's per-channel mean (RGB, images in [0, 1])."""
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
+"""CIFAR-10's per-channel standard deviation (RGB, images in [0, 1])."""
 # Fashion-MNIST: mean and std of the 60,000 training images' pixels scaled to [0, 1]
 # (computed from the original IDX files: 0.28604, 0.35302; the test set's are 0.28685,
 # 0.35244). Fixed constants, like CIFAR-10's: every split and subset is scaled alike.
 FASHION_MNIST_MEAN = (0.2860,)
+"""Fashion-MNIST's pixel mean (images in [0, 1])."""
 FASHION_MNIST_STD = (0.3530,)
+"""Fashion-MNIST's pixel standard deviation (images in [0, 1])."""
 
-# Where Debian's `dataset-fashion-mnist` package installs the original IDX files.
 FASHION_MNIST_DEBIAN_DIR = "/usr/share/datasets/fashion-mnist"
+"""Where Debian's `dataset-fashion-mnist` package installs the original IDX files."""
 FASHION_MNIST_FILES = {
     "train": ("train-images-idx3-ubyte", "train-labels-idx1-ubyte"),
     "test": ("t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"),
 }
+"""The IDX file names of each split: {split: (images, labels)}."""
 
 
 class DataMissingError(ValueError):

@@ -1,0 +1,214 @@
+"""The README's model table: ShuffleNet v2 at each pretrained width, measured, then rendered.
+
+`measure` builds `ShuffleNetV2(width)` for each width of `applications.CHECKPOINTS` at
+224x224 with 1000 classes, folds it (`folding.fold_model`: the manual shuffle becomes
+slices and concatenations, as any pretrained or hardened net ships), writes its float
+LiteRT file and times it in the LiteRT interpreter (XNNPACK, batch 1, `--threads`),
+the widths interleaved and repeated as `experiments.benchmark` does. Weights are random:
+a float32 file's size and speed do not depend on their values (and this machine has no
+network for torchvision's files). Each row also holds the parameter count, the
+multiply-adds (`count_macs`), the machine, its load average at the start and the end, and
+the library versions.
+
+`render` makes the markdown table from the rows and torchvision's accuracies (the
+registry's, torchvision's report, not measured here); `--readme` replaces the table
+between the README's `model-table` markers, `--check` fails if the README's table differs
+from the rows (the test suite runs that check).
+
+Usage:
+    python -m experiments.model_table measure --json docs/results/model_table_cpu.json \
+        [--note "machine busy with ..."] [--widths 0.5 1.0] [--threads 2] [--repeats 27]
+    python -m experiments.model_table render --json docs/results/model_table_cpu.json \
+        [--readme README.md] [--check]
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+ROWS = os.path.join("docs", "results", "model_table_cpu.json")
+BEGIN = "<!-- model-table: python -m experiments.model_table render --readme README.md -->"
+END = "<!-- /model-table -->"
+SIDE = 224
+
+
+def _cpu_name():
+    """The CPU's model name (Linux), else the platform's processor string."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def measure(widths, threads, repeats, note):
+    """One row per width: parameters, multiply-adds, folded LiteRT latency and bytes."""
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    from experiments.benchmark import litert_functions
+    from experiments.benchmark import measure as interleaved_medians
+    from keras_autoshuffle import applications, folding
+
+    load_start = os.getloadavg()[0]
+    models, counts = {}, {}
+    for width in widths:
+        model = applications.ShuffleNetV2(width=width, input_shape=(SIDE, SIDE, 3), classes=1000)
+        # Trainable parameters, as torchvision counts them (BatchNorm statistics left out).
+        parameters = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
+        counts[width] = (parameters, int(applications.count_macs(model)))
+        models[width] = folding.fold_model(model)
+    with tempfile.TemporaryDirectory() as directory:
+        named = {f"x{width}": model for width, model in models.items()}
+        functions, sizes = litert_functions(named, SIDE, threads, directory)
+        medians = interleaved_medians(functions, repeats, 0.3)
+    machine = f"{_cpu_name()}, {os.cpu_count()} cores"
+    # The 1-minute load average at the start and the end: how busy the machine was.
+    load = [round(load_start, 2), round(os.getloadavg()[0], 2)]
+    versions = {"tensorflow": tf.__version__, "keras": keras.__version__}
+    try:
+        from importlib.metadata import version
+
+        versions["ai-edge-litert"] = version("ai-edge-litert")
+    except Exception:  # the interpreter may come from TensorFlow itself
+        pass
+    rows = []
+    for width in widths:
+        parameters, macs = counts[width]
+        rows.append(
+            {
+                "model": "ShuffleNetV2",
+                "width": width,
+                "input": SIDE,
+                "batch": 1,
+                "threads": threads,
+                "parameters": parameters,
+                "macs": macs,
+                "litert_ms": float(medians[f"x{width}"]),
+                "litert_bytes": int(sizes[f"x{width}"]),
+                "machine": machine,
+                "load_average": load,
+                "note": note,
+                "date": datetime.date.today().isoformat(),
+                **versions,
+            }
+        )
+    return rows
+
+
+def _load(row):
+    """The row's load averages as words, or "" where it has none."""
+    if not row.get("load_average"):
+        return ""
+    start, end = row["load_average"]
+    return f"load average {start:.1f} at the start, {end:.1f} at the end"
+
+
+def render(rows, checkpoints):
+    """The markdown table (and a line naming the machine) from the measured rows."""
+    lines = [
+        "| model | parameters | multiply-adds | top-1 / top-5 (%) | LiteRT ms | LiteRT MB |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in sorted(rows, key=lambda r: r["width"]):
+        entry = checkpoints[row["width"]]
+        lines.append(
+            f"| `ShuffleNetV2({row['width']})` | {row['parameters'] / 1e6:.2f}M "
+            f"| {row['macs'] / 1e6:.0f}M | {entry.acc1:.1f} / {entry.acc5:.1f} "
+            f"| {row['litert_ms']:.2f} | {row['litert_bytes'] / 1e6:.1f} |"
+        )
+    settings = {
+        (r["machine"], r["threads"], r["date"], r.get("tensorflow"), _load(r), r.get("note"))
+        for r in rows
+    }
+    for machine, threads, date, tf_version, load, note in sorted(settings, key=str):
+        lines.append("")
+        details = "; ".join(x for x in (load, note) if x)
+        lines.append(
+            f"Top-1/top-5: torchvision's ImageNet-1K report for its weights, not measured here. "
+            f"LiteRT: the folded float32 file at {SIDE}x{SIDE}, batch 1, {threads} threads "
+            f"(XNNPACK), median ms on {machine} (TensorFlow {tf_version}, {date})"
+            + (f"; {details}" if details else "")
+            + "."
+        )
+    return "\n".join(lines)
+
+
+def replace_block(text, table, path):
+    """`text` with the block between BEGIN and END replaced by `table`."""
+    if BEGIN not in text or END not in text:
+        raise ValueError(f"{path} has no model-table markers ({BEGIN!r} ... {END!r}).")
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("measure", help="build, fold, export and time each width")
+    run.add_argument("--json", default=ROWS, help="where the rows go")
+    run.add_argument("--widths", nargs="+", type=float, default=None)
+    run.add_argument("--threads", type=int, default=2, help="LiteRT threads")
+    run.add_argument("--repeats", type=int, default=27, help="samples per median")
+    run.add_argument("--note", default="", help="the machine's state, kept in each row")
+    show = commands.add_parser("render", help="the markdown table from the rows")
+    show.add_argument("--json", default=ROWS, help="the measured rows")
+    show.add_argument("--readme", help="replace the table between this file's markers")
+    show.add_argument("--check", action="store_true", help="fail if --readme's table differs")
+    args = parser.parse_args(argv)
+    if args.command == "measure":
+        if args.threads < 1:
+            parser.error(f"--threads must be >= 1. Received: threads={args.threads}")
+        if args.repeats < 1:
+            parser.error(f"--repeats must be >= 1. Received: repeats={args.repeats}")
+    if args.command == "render" and args.check and not args.readme:
+        parser.error("--check needs --readme.")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from keras_autoshuffle.applications import CHECKPOINTS
+
+    if args.command == "measure":
+        widths = args.widths or sorted(CHECKPOINTS)
+        unknown = [w for w in widths if w not in CHECKPOINTS]
+        if unknown:
+            raise SystemExit(f"No checkpoint for width {unknown}. Received: widths={widths}")
+        rows = measure(widths, args.threads, args.repeats, args.note)
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+        print(render(rows, CHECKPOINTS))
+        return 0
+    with open(args.json) as f:
+        rows = json.load(f)
+    table = render(rows, CHECKPOINTS)
+    if not args.readme:
+        print(table)
+        return 0
+    with open(args.readme) as f:
+        text = f.read()
+    new = replace_block(text, table, args.readme)
+    if args.check:
+        if new != text:
+            print(f"{args.readme}'s model table differs from {args.json}: rerun render.")
+            return 1
+        return 0
+    with open(args.readme, "w") as f:
+        f.write(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

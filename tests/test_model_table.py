@@ -1,0 +1,79 @@
+"""The README's model table is the one `experiments/model_table.py` renders from its rows."""
+
+import json
+import pathlib
+
+import pytest
+
+from experiments import model_table
+from keras_autoshuffle.applications import CHECKPOINTS
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def test_readme_table_is_rendered_from_the_measured_rows():
+    # Fails when the README's table is edited by hand or the rows change without a render.
+    argv = ["render", "--json", str(ROOT / model_table.ROWS), "--readme", str(ROOT / "README.md")]
+    assert model_table.main(argv) == 0
+
+
+def test_every_pretrained_width_has_a_measured_row():
+    rows = json.loads((ROOT / model_table.ROWS).read_text())
+    assert sorted(row["width"] for row in rows) == sorted(CHECKPOINTS)
+    for row in rows:
+        # The builder's count is torchvision's (the registry holds torchvision's number).
+        assert row["parameters"] == CHECKPOINTS[row["width"]].num_params
+        assert row["input"] == 224 and row["batch"] == 1 and row["threads"] == 2
+        assert row["litert_ms"] > 0 and row["litert_bytes"] > 4 * row["parameters"] * 0.9
+
+
+def test_render_and_replace(tmp_path):
+    row = {
+        "width": 1.0,
+        "parameters": 2_278_604,
+        "macs": 145_000_000,
+        "litert_ms": 7.125,
+        "litert_bytes": 9_100_000,
+        "threads": 2,
+        "machine": "Some CPU, 2 cores",
+        "date": "2026-11-27",
+        "tensorflow": "2.21.0",
+        "note": "busy",
+    }
+    table = model_table.render([row], CHECKPOINTS)
+    assert "| `ShuffleNetV2(1.0)` | 2.28M | 145M | 69.4 / 88.3 | 7.12 | 9.1 |" in table
+    assert "Some CPU, 2 cores (TensorFlow 2.21.0, 2026-11-27); busy." in table
+    readme = tmp_path / "README.md"
+    readme.write_text(f"intro\n{model_table.BEGIN}\nold\n{model_table.END}\nafter\n")
+    rows = tmp_path / "rows.json"
+    rows.write_text(json.dumps([row]))
+    argv = ["render", "--json", str(rows), "--readme", str(readme)]
+    assert model_table.main([*argv, "--check"]) == 1  # "old" is not the rendered table
+    assert model_table.main(argv) == 0
+    assert readme.read_text() == f"intro\n{model_table.BEGIN}\n{table}\n{model_table.END}\nafter\n"
+    assert model_table.main([*argv, "--check"]) == 0
+    readme.write_text("no markers\n")
+    with pytest.raises(ValueError, match="model-table markers"):
+        model_table.main(argv)
+
+
+def test_bad_arguments():
+    with pytest.raises(SystemExit):
+        model_table.parse_args(["measure", "--threads", "0"])
+    with pytest.raises(SystemExit):
+        model_table.parse_args(["render", "--check"])
+    with pytest.raises(SystemExit, match="No checkpoint for width"):
+        model_table.main(["measure", "--widths", "0.7", "--json", "unused.json"])
+
+
+@pytest.mark.slow
+def test_measure_writes_a_row(tmp_path, monkeypatch):
+    # The same path as the README's rows at 32x32 instead of 224x224 (a tenth of the time).
+    monkeypatch.setattr(model_table, "SIDE", 32)
+    path = tmp_path / "rows.json"
+    argv = ["measure", "--widths", "0.5", "--repeats", "1", "--json", str(path), "--note", "x"]
+    assert model_table.main(argv) == 0
+    (row,) = json.loads(path.read_text())
+    assert row["width"] == 0.5 and row["input"] == 32 and row["note"] == "x"
+    assert row["parameters"] == CHECKPOINTS[0.5].num_params
+    assert row["macs"] > 0 and row["litert_ms"] > 0 and row["litert_bytes"] > 4e6
