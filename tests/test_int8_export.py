@@ -139,9 +139,7 @@ def test_quantize_is_compared_by_value(untrained, tmp_path):
             untrained, str(tmp_path / "out"), _images(2), formats=("keras",), quantize=built
         )
     with pytest.raises(ValueError, match=r"Received: quantize=array\('int8'"):
-        export.export_model(
-            untrained, str(tmp_path / "out"), _images(2), quantize=np.array("int8")
-        )
+        export.export_model(untrained, str(tmp_path / "out"), _images(2), quantize=np.array("int8"))
 
 
 @pytest.mark.parametrize(
