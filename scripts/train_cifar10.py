@@ -25,7 +25,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.width is None:
         args.width = 1.0 if args.dataset == "cifar10" else 0.5
-    return training.run_from_args(args, recipe_name=args.dataset, stem="cifar")
+    return training.run_from_args(args, recipe_name=args.dataset, stem="cifar", parser=parser)
 
 
 if __name__ == "__main__":

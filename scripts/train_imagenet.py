@@ -27,7 +27,7 @@ def main(argv=None):
     if args.width is None:
         args.width = 1.0
     return training.run_from_args(
-        args, recipe_name="imagenet", stem="imagenet", manual_dir=args.manual_dir
+        args, recipe_name="imagenet", stem="imagenet", manual_dir=args.manual_dir, parser=parser
     )
 
 

@@ -9,6 +9,7 @@ import contextlib
 import csv
 import io
 import json
+import re
 import shutil
 
 import keras
@@ -125,6 +126,38 @@ def test_train_cifar10_rejects_bad_arguments(tmp_path):
         "train_cifar10", "--sinkhorn-iterations", "1001", "--output", str(tmp_path)
     )
     assert code != 0 and "Received: sinkhorn_iterations=1001" in output
+
+
+TINY_RUN = [
+    "--dataset", "digits", "--max-train-examples", "64", "--batch-size", "32", "--epochs", "1",
+    "--verbose", "0", "--no-export",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--search-epochs", "2", "--epochs", "2"], "argument --search-epochs: must be below"),
+        (["--harden-at-epoch", "5", "--epochs", "2"], "argument --harden-at-epoch: must be below"),
+        (["--width", "0.3"], "argument --width: must be one of 0.5, 1.0, 1.5, 2.0 with --model v2"),
+        (["--width", "nan"], "argument --width: must be one of .*, got nan"),
+        (["--model", "v1", "--groups", "5"], "argument --groups: must be one of 1, 2, 3, 4, 8"),
+        (["--penalty", "1e31"], "argument --penalty/--lambda: must be at most 1e\\+30"),
+        (["--shuffle", "manual", "--balanced"], "argument --balanced: needs learned shuffles"),
+        (["--shuffle", "manual", "--shuffle-forward", "hard"], "--shuffle-forward hard: needs"),
+        (["--shuffle", "manual", "--shuffle-initializer", "manual"], "initializer manual: needs"),
+        (["--shuffle", "manual", "--search-epochs", "0"], "--search-epochs: needs learned"),
+        (["--int8"], "argument --int8: needs the LiteRT export, got --no-export"),
+    ],
+)
+def test_train_cifar10_refuses_contradicting_options_as_argparse_does(tmp_path, args, message):
+    # Checked after parsing, before anything runs: argparse's usage, error and status 2.
+    out = tmp_path / "run"
+    code, output = _main("train_cifar10", *TINY_RUN, *args, "--output", str(out))
+    assert code == 2 and "Traceback" not in output, output[-3000:]
+    assert "usage: " in output and "error: argument --" in output, output[-3000:]
+    assert re.search(message, output), output[-3000:]
+    assert not out.exists()
 
 
 @pytest.mark.slow
