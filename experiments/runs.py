@@ -202,7 +202,7 @@ def check_row(path, row, spec, settings):
     }
     differ = [key for key, value in expected.items() if row[key] != value]
     if differ:
-        raise ValueError(
+        raise RunDirectoryError(
             f"The result row {path} is not the row of run {spec.name} (copied from another "
             f"run?). {_REBUILD} Received: "
             + ", ".join(f"{k}={row[k]!r} (the run's: {expected[k]!r})" for k in differ)
