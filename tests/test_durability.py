@@ -145,7 +145,7 @@ def _tmpfs(folder, size):
     try:
         yield
     finally:
-        subprocess.run(["umount", str(folder)], check=True)
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
 
 
 @contextlib.contextmanager
