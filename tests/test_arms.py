@@ -257,6 +257,14 @@ def test_a_search_is_reused_only_by_the_run_it_belongs_to(tmp_path):
     (out / "search" / "permutations.json").write_text(json.dumps(first))
     with pytest.raises(RunDirectoryError, match=r"permutations\.json records a search made"):
         run(seed=1, balanced=True)
+    # Its permutations tampered with (the definition kept): named, not built.
+    broken = {
+        **second,
+        "permutations": {n: [0] * len(p) for n, p in second["permutations"].items()},
+    }
+    (out / "search" / "permutations.json").write_text(json.dumps(broken))
+    with pytest.raises(RunDirectoryError, match=r"permutations\.json is damaged: `permutation of"):
+        run(seed=1, balanced=True)
     # A search folder that does not say what made it is not reused.
     (out / "search" / "definition.json").unlink()
     with pytest.raises(RunDirectoryError, match="no definition.json"):

@@ -148,6 +148,7 @@ TINY_RUN = [
         (["--shuffle", "manual", "--shuffle-initializer", "manual"], "initializer manual: needs"),
         (["--shuffle", "manual", "--search-epochs", "0"], "--search-epochs: needs learned"),
         (["--int8"], "argument --int8: needs the LiteRT export, got --no-export"),
+        (["--batch-size", "1000"], "--batch-size: must be at most the 64 training examples"),
     ],
 )
 def test_train_cifar10_refuses_contradicting_options_as_argparse_does(tmp_path, args, message):

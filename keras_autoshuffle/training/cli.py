@@ -300,6 +300,14 @@ def _argument_errors(args, recipe):
     return errors
 
 
+def _error(parser, message):
+    """Ends the program as argparse's own errors do (usage, `error: ...`, status 2)."""
+    if parser is None:
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+    parser.error(message)
+
+
 def run_from_args(args, recipe_name, stem, manual_dir=None, parser=None):
     """What the scripts do: load the data, build the model, `train()`, print the summary.
 
@@ -317,10 +325,7 @@ def run_from_args(args, recipe_name, stem, manual_dir=None, parser=None):
     )
     errors = _argument_errors(args, recipe)
     if errors:
-        if parser is None:
-            print(f"error: {errors[0]}", file=sys.stderr)
-            sys.exit(2)
-        parser.error(errors[0])
+        _error(parser, errors[0])
     # MultiWorkerMirroredStrategy must exist before TensorFlow runs any op.
     strategy = make_strategy(args.strategy)
     if args.export_formats or args.int8:
@@ -351,6 +356,12 @@ def run_from_args(args, recipe_name, stem, manual_dir=None, parser=None):
         sys.exit(f"error: {error}")
     if args.max_train_examples:
         train_data = train_data.subset(args.max_train_examples)
+    if recipe.batch_size > train_data.num_examples:  # no full batch: nothing to train on
+        _error(
+            parser,
+            f"argument --batch-size: must be at most the {train_data.num_examples} training "
+            f"examples, got {recipe.batch_size}",
+        )
 
     model_fn = make_model_fn(
         args.model,

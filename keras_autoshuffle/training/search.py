@@ -20,7 +20,7 @@ import numpy as np
 from keras_autoshuffle import _validation
 from keras_autoshuffle._atomic import as_json
 from keras_autoshuffle.hardening import harden_model
-from keras_autoshuffle.layers import RelaxedShuffle, shuffle_layers
+from keras_autoshuffle.layers import RelaxedShuffle, checked_permutation, shuffle_layers
 from keras_autoshuffle.training.divergence import DIVERGENCE_FILE
 from keras_autoshuffle.training.fault_tolerance import (
     CHANGEABLE_AFTER_DIVERGENCE,
@@ -282,4 +282,9 @@ def _read_permutations(path, definition, output_dir):
             f"Received: {str(record)[:200]}"
         )
     _check_definition(path, record.get("definition"), definition, output_dir)
+    for name, permutation in perms.items():
+        try:
+            checked_permutation(permutation, f"permutation of {name}")
+        except ValueError as error:
+            raise damaged(path, "searched permutations", str(error), name, _REDO) from None
     return perms, float(penalty)
