@@ -149,12 +149,13 @@ TINY_RUN = [
         (["--shuffle", "manual", "--search-epochs", "0"], "--search-epochs: needs learned"),
         (["--int8"], "argument --int8: needs the LiteRT export, got --no-export"),
         (["--batch-size", "1000"], "--batch-size: must be at most the 64 training examples"),
+        (["--output", " "], "argument --output: must name a folder, got ' '"),
     ],
 )
 def test_train_cifar10_refuses_contradicting_options_as_argparse_does(tmp_path, args, message):
     # Checked after parsing, before anything runs: argparse's usage, error and status 2.
     out = tmp_path / "run"
-    code, output = _main("train_cifar10", *TINY_RUN, *args, "--output", str(out))
+    code, output = _main("train_cifar10", *TINY_RUN, "--output", str(out), *args)
     assert code == 2 and "Traceback" not in output, output[-3000:]
     assert "usage: " in output and "error: argument --" in output, output[-3000:]
     assert re.search(message, output), output[-3000:]

@@ -248,6 +248,8 @@ def _argument_errors(args, recipe):
     from keras_autoshuffle.applications import shufflenet_v1, shufflenet_v2
 
     errors = []
+    if not args.output.strip():  # "" would write the run into the working directory
+        errors.append(f"argument --output: must name a folder, got {args.output!r}")
     widths = shufflenet_v2.V2_CONFIGS if args.model == "v2" else shufflenet_v1.WIDTHS
     if args.width not in widths:
         errors.append(
