@@ -163,6 +163,24 @@ def test_train_cifar10_refuses_contradicting_options_as_argparse_does(tmp_path, 
 
 
 @pytest.mark.slow
+def test_a_killed_balanced_search_run_resumes(tmp_path):
+    # The retraining records balanced=False and the recipe's lambda (the flags: --balanced,
+    # no --penalty): its backup is this run's all the same, not refused before the search.
+    out = tmp_path / "run"
+    args = [*TINY_RUN, "--search-epochs", "0", "--balanced", "--output", str(out)]
+    code, output = _main("train_cifar10", *args)
+    assert code == 0, output[-3000:]
+    settings = json.loads((out / "report.json").read_text())["settings"]
+    for key in ("strategy", "replicas", "jit_compile"):
+        settings.pop(key)
+    (out / "report.json").unlink()
+    (out / "backup").mkdir()
+    (out / "backup" / "settings.json").write_text(json.dumps(settings))
+    code, output = _main("train_cifar10", *args)
+    assert code == 0 and "Traceback" not in output, output[-3000:]
+
+
+@pytest.mark.slow
 def test_train_cifar10_reruns_into_a_used_output_directory(digits_job, tmp_path):
     # The digits job's finished run, copied: the reruns below must not train or write.
     finished, code, output = digits_job

@@ -91,7 +91,12 @@ def search_then_retrain(
     # Before any training: a finished run (refused, or removed with `overwrite`), a killed
     # retraining of other settings, and a search made by other settings are refused.
     clear_finished_run(output_dir, train_kwargs.get("overwrite", False))
-    _check_killed_retraining(output_dir, {**retrain_settings, "seed": seed})
+    # What train() records itself (the recipe's values, `balanced=False`) is its to check.
+    recorded_by_train = {"epochs", "mixed_precision", "balanced", *dataclasses.asdict(recipe)}
+    _check_killed_retraining(
+        output_dir,
+        {k: v for k, v in retrain_settings.items() if k not in recorded_by_train} | {"seed": seed},
+    )
     definition = as_json(
         {**(settings or {}), **dataclasses.asdict(recipe), "seed": seed, **retrain_settings}
     )
