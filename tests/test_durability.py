@@ -260,7 +260,7 @@ def test_the_cli_on_jax_refuses_litert_before_training(tmp_path):
     out = tmp_path / "run"
     args = [sys.executable, str(script), "--dataset", "digits", "--epochs", "1"]
     args += ["--max-train-examples", "64", "--export-formats", "saved_model,litert"]
-    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
     result = subprocess.run(
         [*args, "--output", str(out)], env=env, capture_output=True, timeout=240
     )
