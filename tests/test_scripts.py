@@ -194,13 +194,13 @@ def test_train_cifar10_reruns_into_a_used_output_directory(digits_job, tmp_path)
     assert code != 0 and "Traceback" not in output, output[-3000:]
     assert "holds a finished run" in output and "--overwrite" in output
     assert (out / "model.keras").exists() and (out / "report.json").exists()
-    # A killed run's backup (its settings kept) is not resumed with another shuffle.
+    # A killed run's backup (its settings kept) is not resumed with another width.
     settings = json.loads((out / "report.json").read_text())["settings"]
     for key in ("strategy", "replicas", "jit_compile"):  # how, not what, the run trains
         settings.pop(key)
     (out / "report.json").unlink()
     (out / "backup").mkdir()
     (out / "backup" / "settings.json").write_text(json.dumps(settings))
-    code, output = _main("train_cifar10", *args, "--shuffle", "manual")
+    code, output = _main("train_cifar10", *args, "--width", "1.0")
     assert code != 0 and "Traceback" not in output, output[-3000:]
-    assert "shuffle='manual' (backup: 'auto')" in output
+    assert "width=1.0 (backup: 0.5)" in output
