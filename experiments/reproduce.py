@@ -15,23 +15,49 @@ runs/<name>/result.json: a rerun skips finished runs and resumes a killed one.
 import argparse
 import dataclasses
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 
-def _settings(defaults, args, names):
-    """`defaults` with each flag in `names` that was given (lists as tuples)."""
+def _given(args, names):
+    """The flags of `names` that were given (lists as tuples)."""
     given = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
-    given = {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
-    return dataclasses.replace(defaults, **given)
+    return {k: tuple(v) if isinstance(v, list) else v for k, v in given.items()}
 
 
-def _study(args):
+def _settings(defaults, given, parser):
+    """`defaults` with the `given` flags; an invalid value ends as argparse's errors do."""
+    try:
+        return dataclasses.replace(defaults, **given)
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def _run(function, *args, **kwargs):
+    """`function(...)`; a folder or file it refuses, missing data or a diverged run ends
+    the program with its message, as the training scripts do."""
+    from keras_autoshuffle.data import DataMissingError
+    from keras_autoshuffle.training import RunDirectoryError, TrainingDivergedError
+
+    try:
+        return function(*args, **kwargs)
+    except (RunDirectoryError, TrainingDivergedError, DataMissingError) as error:
+        sys.exit(f"error: {error}")
+
+
+def _study(args, parser):
     from experiments import study
 
     names = ("epochs", "lambdas", "penalty", "harden_at_epoch", "max_train_examples", "seeds")
-    settings = _settings(study.StudySettings(), args, (*names, "arms", "finalists", "more_seeds"))
-    results = study.study(settings, args.output, jobs=args.jobs, train=not args.report_only)
+    given = _given(args, (*names, "arms", "finalists", "more_seeds"))
+    # A flag that differs from the recorded study is named first: the settings check
+    # below would otherwise blame what it contradicts (e.g. harden_at_epoch for --epochs).
+    differences = _run(study.recorded_differences, given, args.output)
+    if differences:
+        parser.error(str(study.other_settings(args.output, differences)))
+    settings = _settings(study.StudySettings(), given, parser)
+    results = _run(study.study, settings, args.output, jobs=args.jobs, train=not args.report_only)
     print(
         f"Report: {os.path.join(args.output, 'report.md')} ({len(results['runs'])} of "
         f"{results['runs_planned']} runs)"
@@ -91,7 +117,7 @@ def main(argv=None):
                     f"{flag} does not apply to --study (it has its data set; use --seeds). "
                     f"Received: {flag} {value}"
                 )
-        return _study(args)
+        return _study(args, parser)
     if args.report_only or args.arms or args.finalists or args.seeds or args.more_seeds:
         parser.error(
             "--report-only, --arms, --finalists, --seeds and --more-seeds apply to --study only"
@@ -99,12 +125,10 @@ def main(argv=None):
     from experiments import paper
 
     dataset = args.dataset or "digits"
-    settings = _settings(
-        paper.quick(dataset) if args.quick else paper.full(dataset),
-        args,
-        ("epochs", "lambdas", "harden_at_epoch", "max_train_examples", "seed"),
-    )
-    results = paper.reproduce(settings, args.output, jobs=args.jobs)
+    names = ("epochs", "lambdas", "harden_at_epoch", "max_train_examples", "seed")
+    defaults = paper.quick(dataset) if args.quick else paper.full(dataset)
+    settings = _settings(defaults, _given(args, names), parser)
+    results = _run(paper.reproduce, settings, args.output, jobs=args.jobs)
     print(f"Report: {os.path.join(args.output, 'report.md')} ({results['time'] / 60:.1f} min)")
     return results
 

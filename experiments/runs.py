@@ -18,7 +18,7 @@ import numpy as np
 from keras_autoshuffle import _validation, data, hardening, training
 from keras_autoshuffle.callbacks import RoundingMonitor
 from keras_autoshuffle.layers import relaxed_shuffles, shuffle_layers
-from keras_autoshuffle.training.fault_tolerance import write_json
+from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, read_json, write_json
 
 
 def check_settings(settings):
@@ -30,10 +30,16 @@ def check_settings(settings):
     for x in settings.lambdas:
         _validation.penalty(x, "lambdas")
     _validation.penalty(settings.penalty)
-    if settings.penalty not in settings.lambdas or 0.0 not in settings.lambdas:
+    if 0.0 not in settings.lambdas:
         raise ValueError(
-            f"`lambdas` must include 0 and penalty={settings.penalty}. "
+            "`lambdas` must include 0 (the sweep's baseline, no penalty). "
             f"Received: lambdas={settings.lambdas}"
+        )
+    if settings.penalty not in settings.lambdas:
+        raise ValueError(
+            "`penalty` must be one of the swept `lambdas` (the reports compare it with the "
+            f"others): add it to them. Received: lambdas={settings.lambdas}, "
+            f"penalty={settings.penalty}"
         )
     if not 1 <= settings.harden_at_epoch < settings.epochs:
         raise ValueError(
@@ -109,13 +115,99 @@ def run_one(settings, splits, spec, output_dir):
         output_dir: the run's directory.
     """
     result_path = os.path.join(output_dir, "result.json")
-    row = _read_json(result_path)
-    if row is None:
+    if os.path.exists(result_path):
+        row = check_row(result_path, read_json(result_path, "result row", _REBUILD), spec, settings)
+    else:
         if not os.path.exists(os.path.join(output_dir, "report.json")):
             _train(settings, splits, spec, output_dir)
         row = _row_from_files(settings, splits[1], spec, output_dir)
         write_json(result_path, row)
     return _with_arrays(row, output_dir)
+
+
+_REBUILD = (
+    "Delete it: a rerun rebuilds it from the run's files, or trains the run again where "
+    "they are gone."
+)
+
+
+def _fraction(value):
+    return _number(value) and 0 <= value <= 1
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+
+
+def _count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# A row's entries and what each must be (rows from before the arms lack the optional ones).
+_ROW_ENTRIES = {
+    "name": lambda v: isinstance(v, str),
+    "model": lambda v: v in ("v1", "v2"),
+    "shuffle": lambda v: v in ("manual", "auto"),
+    "lambda": lambda v: _number(v) and v >= 0,
+    "seed": _count,
+    "epochs": lambda v: _count(v) and v > 0,
+    "harden_at_epoch": lambda v: v is None or (_count(v) and v > 0),
+    "relaxed_accuracy": _fraction,
+    "rounded_accuracy": _fraction,
+    "final_accuracy": _fraction,
+    "relative_change": lambda v: v is None or _number(v),
+    "penalty": lambda v: _number(v) and v >= 0,
+    "routing_difference": lambda v: _number(v) and v >= 0,
+    "seconds": lambda v: _number(v) and v >= 0,
+    "routing": lambda v: isinstance(v, list),
+    "history": lambda v: isinstance(v, dict),
+}
+_OPTIONAL_ROW_ENTRIES = {
+    "arm": lambda v: v is None or isinstance(v, str),
+    "sinkhorn_iterations": lambda v: _count(v) and v > 0,
+    "shuffle_initializer": lambda v: v in ("random", "manual"),
+    "shuffle_forward": lambda v: v in ("relaxed", "hard"),
+    "search_epochs": lambda v: v is None or _count(v),
+    "balanced": lambda v: isinstance(v, bool),
+    "search_penalty": lambda v: v is None or (_number(v) and v >= 0),
+    "equals_manual": lambda v: isinstance(v, bool),
+}
+
+
+def check_row(path, row, spec, settings):
+    """`row` (read from `path`) if it is a result row of `spec`'s run: every entry of the
+    right type and range (accuracies in [0, 1], numbers finite) and the run's name, seed,
+    model, shuffle, lambda and epochs; else RunDirectoryError naming the file."""
+    if not isinstance(row, dict):
+        raise RunDirectoryError(
+            f"The result row {path} is not an object. {_REBUILD} Received: {row!r:.200}"
+        )
+    missing = [key for key in _ROW_ENTRIES if key not in row]
+    if missing:
+        raise RunDirectoryError(f"The result row {path} lacks {', '.join(missing)}. {_REBUILD}")
+    checks = {**_ROW_ENTRIES, **{k: v for k, v in _OPTIONAL_ROW_ENTRIES.items() if k in row}}
+    for key, check in checks.items():
+        if not check(row[key]):
+            raise RunDirectoryError(
+                f"The result row {path} holds an invalid {key}. {_REBUILD} "
+                f"Received: {key}={row[key]!r:.200}"
+            )
+    expected = {
+        "name": spec.name,
+        "seed": spec.seed,
+        "model": spec.model,
+        "shuffle": spec.shuffle,
+        "lambda": spec.penalty,
+        "epochs": settings.epochs,
+    }
+    differ = [key for key, value in expected.items() if row[key] != value]
+    if differ:
+        raise RunDirectoryError(
+            f"The result row {path} is not the row of run {spec.name} (copied from another "
+            f"run?). {_REBUILD} Received: "
+            + ", ".join(f"{k}={row[k]!r} (the run's: {expected[k]!r})" for k in differ)
+        )
+    return row
 
 
 def _train(settings, splits, spec, output_dir):

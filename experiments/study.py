@@ -18,8 +18,9 @@ import numpy as np
 from experiments import plots
 from experiments.runs import RunSpec, check_settings, run_all
 from keras_autoshuffle import data
+from keras_autoshuffle._atomic import as_json
 from keras_autoshuffle.constraints import check_iterations
-from keras_autoshuffle.training.fault_tolerance import read_json, write_json
+from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, read_json, write_json
 
 
 @dataclasses.dataclass(frozen=True)
@@ -255,7 +256,7 @@ def with_recorded_runs(settings, output_dir):
             or len(values) > MAX_RECORDED_VALUES
             or not all(isinstance(x, (int, float, str)) for x in values)
         ):
-            raise ValueError(
+            raise RunDirectoryError(
                 f"{path}: settings.{name} must be a list of at most {MAX_RECORDED_VALUES} "
                 f"numbers or names. Received: {str(values)[:120]}"
             )
@@ -263,7 +264,7 @@ def with_recorded_runs(settings, output_dir):
     try:
         return dataclasses.replace(settings, **united)
     except ValueError as error:
-        raise ValueError(f"{path}: its recorded settings are refused: {error}") from None
+        raise RunDirectoryError(f"{path}: its recorded settings are refused: {error}") from None
 
 
 def record_plan(settings, output_dir):
@@ -274,34 +275,56 @@ def record_plan(settings, output_dir):
     write_json(path, {**results, "settings": dataclasses.asdict(settings)})
 
 
+def recorded_differences(given, output_dir):
+    """Of `given` ({setting: value}), those that differ from what defines the runs of the
+    study `output_dir`'s results.json recorded, as 'name=value (recorded: value)'."""
+    recorded = check_recorded_settings(None, output_dir)
+    if recorded is None:
+        return []
+    return [
+        f"{k}={v!r} (recorded: {recorded[k]!r})"
+        for k, v in given.items()
+        if k in RUN_DEFINING and as_json(v) != recorded[k]
+    ]
+
+
 def check_recorded_settings(settings, output_dir):
     """Refuses settings that differ from those `output_dir`'s results.json recorded;
-    returns the recorded settings (None where there are none)."""
+    returns the recorded settings (None where there are none; `settings` None: only
+    checks the file)."""
     path = os.path.join(output_dir, "results.json")
     if not os.path.exists(path):
         return None
     recorded = read_json(path, "study results")
     recorded = recorded.get("settings") if isinstance(recorded, dict) else None
     if not isinstance(recorded, dict):
-        raise ValueError(
+        raise RunDirectoryError(
             f"{path} is not a study's results (no 'settings' dict); move it away to start a "
             f"new study there. Received: {str(recorded)[:120]}"
         )
     missing = [k for k in RUN_DEFINING if k not in recorded]
     if missing:
-        raise ValueError(
+        raise RunDirectoryError(
             f"{path} does not record what defines its runs, so they cannot be told apart "
             f"from another study's; move it away to start a new study there. Missing: {missing}"
         )
+    if settings is None:
+        return recorded
     current = dataclasses.asdict(settings)
     differ = [k for k in RUN_DEFINING if recorded[k] != current[k]]
     if differ:
-        raise ValueError(
-            f"{output_dir} holds a study run with other settings; its report would mix two "
-            "studies. Use the recorded values or another --output. Received: "
-            + ", ".join(f"{k}={current[k]!r} (recorded: {recorded[k]!r})" for k in differ)
+        raise other_settings(
+            output_dir, [f"{k}={current[k]!r} (recorded: {recorded[k]!r})" for k in differ]
         )
     return recorded
+
+
+def other_settings(output_dir, differences):
+    """The RunDirectoryError of a study asked for with other settings than it recorded."""
+    return RunDirectoryError(
+        f"{output_dir} holds a study run with other settings; its report would mix two "
+        "studies. Use the recorded values or another --output. Received: " + ", ".join(differences)
+    )
 
 
 _PUBLIC = (

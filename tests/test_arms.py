@@ -4,6 +4,7 @@ retrain, and the study's arms and verdict."""
 
 import dataclasses
 import json
+import shutil
 
 import keras
 import numpy as np
@@ -15,6 +16,7 @@ from keras_autoshuffle.applications import shufflenet_v1, shufflenet_v2
 from keras_autoshuffle.hard_forward import straight_through
 from keras_autoshuffle.layers import shuffle_layers
 from keras_autoshuffle.training import search
+from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 
 TINY = dict(
     include_top=True,
@@ -186,9 +188,12 @@ def test_search_then_retrain_fixes_the_searched_permutations(tmp_path):
     # Searching again reads the record back instead of training (a killed retraining
     # resumes with the same permutations).
     stamp = (out / "search" / "model.keras").stat().st_mtime_ns
+    definition = json.loads((out / "search" / "definition.json").read_text())
+    assert record["definition"] == definition and definition["seed"] == 4
     again, penalty = search._search(
-        _model_fn, train_data, test_data, recipe, str(out / "search"), 1, False, 4, None, 0
-    )
+        _model_fn, train_data, test_data, recipe, str(out / "search"), 1, False, 4, None, 0,
+        definition,
+    )  # fmt: skip
     assert again == record["permutations"] and penalty == record["l12_penalty_at_hardening"]
     assert (out / "search" / "model.keras").stat().st_mtime_ns == stamp
     with pytest.raises(ValueError, match="Received: search_epochs=3"):
@@ -213,6 +218,70 @@ def test_search_of_zero_epochs_fixes_the_balanced_routing_of_the_fresh_net(tmp_p
     final = keras.saving.load_model(str(out / "model.keras"), safe_mode=True)
     for layer in shuffle_layers(fresh):
         np.testing.assert_array_equal(final.get_layer(layer.name).permutation, layer.permutation)
+
+
+@pytest.mark.tensorflow_only(reason="train() runs on the TensorFlow backend")
+def test_a_search_is_reused_only_by_the_run_it_belongs_to(tmp_path):
+    train_data, test_data = _splits(32)
+    recipe = training.get_recipe("digits", epochs=2, batch_size=16)
+    out = tmp_path / "run"
+
+    def run(output=out, **kwargs):
+        arguments = {"search_epochs": 0, "export": False, "verbose": 0, **kwargs}
+        return training.search_then_retrain(
+            _model_fn, train_data, test_data, recipe, str(output), **arguments
+        )
+
+    def record():
+        return json.loads((out / "search" / "permutations.json").read_text())
+
+    run(seed=0)
+    first = record()
+    # --overwrite removes the finished run's search: a new one is made for seed 1.
+    run(seed=1, balanced=True, overwrite=True)
+    second = record()
+    assert (second["definition"]["seed"], second["definition"]["search_balanced"]) == (1, True)
+    assert second["permutations"] != first["permutations"]
+    # Killed between the search and the retraining, rerun with other flags: refused
+    # before any training, naming the record (nothing is written).
+    for name in ("report.json", "model.keras", "history.csv", "logs"):
+        shutil.rmtree(out / name) if name == "logs" else (out / name).unlink()
+    before = sorted(p.name for p in out.rglob("*"))
+    with pytest.raises(RunDirectoryError, match=r"definition\.json records a search made"):
+        run(seed=7, balanced=True)
+    with pytest.raises(RunDirectoryError, match=r"search_epochs=1 \(recorded: 0\)"):
+        run(seed=1, balanced=True, search_epochs=1)
+    assert sorted(p.name for p in out.rglob("*")) == before
+    # Its permutations copied from another run: refused too.
+    definition = json.loads((out / "search" / "definition.json").read_text())
+    (out / "search" / "permutations.json").write_text(json.dumps(first))
+    with pytest.raises(RunDirectoryError, match=r"permutations\.json records a search made"):
+        run(seed=1, balanced=True)
+    # Its permutations tampered with (the definition kept): named, not built.
+    broken = {
+        **second,
+        "permutations": {n: [0] * len(p) for n, p in second["permutations"].items()},
+    }
+    (out / "search" / "permutations.json").write_text(json.dumps(broken))
+    with pytest.raises(RunDirectoryError, match=r"permutations\.json is damaged: `permutation of"):
+        run(seed=1, balanced=True)
+    # A search folder that does not say what made it is not reused.
+    (out / "search" / "definition.json").unlink()
+    with pytest.raises(RunDirectoryError, match="no definition.json"):
+        run(seed=1, balanced=True)
+    # A killed retraining of other settings is refused before the search starts.
+    other = tmp_path / "other"
+    (other / "backup").mkdir(parents=True)
+    (other / "backup" / "settings.json").write_text(json.dumps({**definition, "seed": 3}))
+    with pytest.raises(RunDirectoryError, match=r"seed=1 \(recorded: 3\)"):
+        run(other, seed=1, balanced=True)
+    assert not (other / "search").exists()
+    # A finished run is refused before its search is read or redone.
+    shutil.rmtree(out / "search")
+    (out / "report.json").write_text("{}")
+    with pytest.raises(RunDirectoryError, match="holds a finished run"):
+        run(seed=1)
+    assert not (out / "search").exists()
 
 
 def test_study_arms_and_verdict():

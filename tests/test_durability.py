@@ -6,10 +6,13 @@ one interrupted by an exception at the start of an epoch, which leaves the same 
 """
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import resource
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -131,6 +134,54 @@ def test_a_backup_write_cut_before_its_weights_moved_resumes_the_epoch_before(tm
     assert ft.prepare_run_directory(str(tmp_path / "run"), {"epochs": 2}) is True
     assert json.loads((backup / ft.METADATA_FILE).read_text())["epoch"] == 1
     assert not [p.name for p in backup.iterdir() if ".partial" in p.name]
+
+
+@contextlib.contextmanager
+def _tmpfs(folder, size):
+    """A tmpfs of `size` bytes mounted at `folder`: a real disk that fills up (root only)."""
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)]
+    if os.geteuid() != 0 or subprocess.run(mount, capture_output=True).returncode:
+        pytest.skip("mounting a tmpfs needs root (the file size limit case runs anywhere)")
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "--lazy", str(folder)], check=True)
+
+
+@contextlib.contextmanager
+def _file_size_limit(size):
+    """This process's files limited to `size` bytes: a real write failure (EFBIG)."""
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # fail the write, not the process
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+@pytest.mark.parametrize("full", ["tmpfs", "file_size_limit"])
+def test_a_backup_that_runs_out_of_space_is_removed_and_named(tmp_path, full):
+    size = (_backup_of(tmp_path / "measure", 1) / ft.WEIGHTS_FILE).stat().st_size
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    # tmpfs: room for one backup, not for the next beside it; else no file of half its size.
+    disk = _tmpfs(folder, size + size // 2) if full == "tmpfs" else contextlib.nullcontext()
+    limit = contextlib.nullcontext() if full == "tmpfs" else _file_size_limit(size // 2)
+    with disk:
+        backup = _backup_of(folder, 1)
+        model = _tiny()
+        model.compile(optimizer="sgd", loss="mse")
+        model.optimizer.build(model.trainable_variables)
+        with limit, pytest.raises(ft.RunDirectoryError) as error:
+            ft.save_backup(model, str(backup), 2)
+        reason = "No space left on device" if full == "tmpfs" else "File too large"
+        assert f"backup of epoch 2 could not be written in {backup} ({reason})" in str(error.value)
+        # The partial files are gone; the epoch before stays whole, for the rerun.
+        names = sorted(p.name for p in backup.iterdir())
+        assert names == sorted([ft.SETTINGS_FILE, ft.METADATA_FILE, ft.WEIGHTS_FILE])
+        assert ft.backed_up_epochs(str(backup), 2) == 1
 
 
 def test_a_first_backup_write_cut_before_its_weights_moved_starts_over(tmp_path):

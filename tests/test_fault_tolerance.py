@@ -57,6 +57,30 @@ def test_overwrite_removes_every_file_of_the_old_run(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["backup", "notes.txt"]
 
 
+def test_overwrite_and_resume_remove_the_int8_file_and_overwrite_the_search(tmp_path):
+    # An earlier --int8 run's file would not match the new float files; a finished run's
+    # search/ belongs to it (a new search must not reuse its permutations).
+    out = tmp_path / "run"
+    _finished_run(out)
+    (out / "model_int8.tflite").write_text("old")
+    (out / "search").mkdir()
+    (out / "search" / "permutations.json").write_text("{}")
+    prepare_run_directory(str(out), SETTINGS, overwrite=True)
+    assert sorted(p.name for p in out.iterdir()) == ["backup", "notes.txt"]
+    # Resumed, a run remakes its products: a killed --int8 run's old int8 file goes.
+    out = tmp_path / "killed"
+    _killed_run(out)
+    (out / "model_int8.tflite").write_text("old")
+    assert prepare_run_directory(str(out), SETTINGS) is True
+    assert not (out / "model_int8.tflite").exists()
+    # A run killed before its first backup keeps its search (search.py checks it).
+    out = tmp_path / "searched"
+    (out / "search").mkdir(parents=True)
+    (out / "model_int8.tflite").write_text("old")
+    assert prepare_run_directory(str(out), SETTINGS) is False
+    assert sorted(p.name for p in out.iterdir()) == ["backup", "search"]
+
+
 def test_a_killed_run_resumes_with_the_same_settings(tmp_path):
     out = tmp_path / "run"
     _killed_run(out)

@@ -123,6 +123,25 @@ def test_refusal_below_the_threshold_leaves_no_int8_file(exported, untrained, tm
     assert sorted(os.listdir(tmp_path)) == ["model.tflite"]
 
 
+def test_a_float_export_removes_an_earlier_int8_file(exported, untrained, tmp_path):
+    # The old int8 file does not match the new float model beside it.
+    shutil.copy(exported[0]["int8"]["path"], tmp_path / "model_int8.tflite")
+    export.export_model(untrained, str(tmp_path), _images(2), formats=("litert",))
+    assert sorted(os.listdir(tmp_path)) == ["model.tflite"]
+
+
+def test_quantize_is_compared_by_value(untrained, tmp_path):
+    # A string built at run time is not the literal "int8" object: it is accepted (and
+    # reaches the int8 checks, here the missing "litert").
+    built = "".join(["IN", "T8"]).lower()
+    with pytest.raises(ValueError, match='keep "litert"'):
+        export.export_model(
+            untrained, str(tmp_path / "out"), _images(2), formats=("keras",), quantize=built
+        )
+    with pytest.raises(ValueError, match=r"Received: quantize=array\('int8'"):
+        export.export_model(untrained, str(tmp_path / "out"), _images(2), quantize=np.array("int8"))
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [

@@ -5,8 +5,10 @@ real ones took 60-130 s per run, mostly tracing); a second invocation with two j
 every finished run back through worker processes.
 """
 
+import dataclasses
 import json
 import os
+import re
 
 import keras
 import numpy as np
@@ -77,3 +79,56 @@ def test_settings_are_validated():
         paper.Settings(lambdas=(0.0, 1e-3))  # the default penalty 5e-2 is missing
     with pytest.raises(ValueError, match="Received: harden_at_epoch=10"):
         paper.Settings(harden_at_epoch=10)
+
+
+def _main_exit(capsys, *argv):
+    """reproduce.main(argv)'s exit: (status, what it printed or exited with)."""
+    with pytest.raises(SystemExit) as exit:
+        reproduce.main(list(argv))
+    printed = capsys.readouterr()
+    code = exit.value.code
+    if isinstance(code, str):  # sys.exit("error: ..."): printed, status 1
+        return 1, printed.out + printed.err + code
+    return code, printed.out + printed.err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--study", "fashion_mnist", "--seeds", "-1"], r"Received: seeds=\(-1,\)"),
+        (["--study", "fashion_mnist", "--arms", "bogus"], r"Received: arms=\('bogus',\)"),
+        (["--study", "fashion_mnist", "--lambdas", "nan"], "Received: lambdas=nan"),
+        (["--quick", "--lambdas", "nan"], "Received: lambdas=nan"),
+        (["--quick", "--epochs", "3", "--harden-at-epoch", "3"], "Received: harden_at_epoch=3"),
+        (["--study", "fashion_mnist", "--penalty", "0.02"], "`penalty` must be one of the swept"),
+    ],
+)
+def test_invalid_values_end_as_argparse_errors(tmp_path, capsys, argv, message):
+    code, output = _main_exit(capsys, *argv, "--output", str(tmp_path / "out"))
+    assert code == 2 and "Traceback" not in output and "usage: " in output, output
+    assert re.search(message, output), output
+    assert not (tmp_path / "out").exists()
+
+
+def test_flags_against_a_recorded_study_name_the_difference(tmp_path, capsys):
+    from experiments import study
+
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "results.json").write_text(
+        json.dumps({"settings": dataclasses.asdict(study.StudySettings())})
+    )
+    before = (out / "results.json").read_text()
+    # --epochs 5 contradicts the recorded epochs (not the harden_at_epoch it implies).
+    for flag, value, recorded in (("--epochs", "5", "10"), ("--penalty", "0.02", "0.01")):
+        code, output = _main_exit(
+            capsys, "--study", "fashion_mnist", flag, value, "--output", str(out)
+        )
+        assert code == 2 and "holds a study run with other settings" in output, output
+        name = flag[2:]
+        assert f"{name}={value} (recorded: {recorded})" in output, output
+        assert "harden_at_epoch" not in output and "must include 0" not in output
+    # A damaged record is named, without a traceback.
+    (out / "results.json").write_text(before[:50])
+    code, output = _main_exit(capsys, "--study", "fashion_mnist", "--output", str(out))
+    assert code == 1 and f"{out / 'results.json'} is damaged" in output, output

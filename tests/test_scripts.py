@@ -9,6 +9,7 @@ import contextlib
 import csv
 import io
 import json
+import re
 import shutil
 
 import keras
@@ -127,6 +128,58 @@ def test_train_cifar10_rejects_bad_arguments(tmp_path):
     assert code != 0 and "Received: sinkhorn_iterations=1001" in output
 
 
+TINY_RUN = [
+    "--dataset", "digits", "--max-train-examples", "64", "--batch-size", "32", "--epochs", "1",
+    "--verbose", "0", "--no-export",
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--search-epochs", "2", "--epochs", "2"], "argument --search-epochs: must be below"),
+        (["--harden-at-epoch", "5", "--epochs", "2"], "argument --harden-at-epoch: must be below"),
+        (["--width", "0.3"], "argument --width: must be one of 0.5, 1.0, 1.5, 2.0 with --model v2"),
+        (["--width", "nan"], "argument --width: must be one of .*, got nan"),
+        (["--model", "v1", "--groups", "5"], "argument --groups: must be one of 1, 2, 3, 4, 8"),
+        (["--penalty", "1e31"], "argument --penalty/--lambda: must be at most 1e\\+30"),
+        (["--shuffle", "manual", "--balanced"], "argument --balanced: needs learned shuffles"),
+        (["--shuffle", "manual", "--shuffle-forward", "hard"], "--shuffle-forward hard: needs"),
+        (["--shuffle", "manual", "--shuffle-initializer", "manual"], "initializer manual: needs"),
+        (["--shuffle", "manual", "--search-epochs", "0"], "--search-epochs: needs learned"),
+        (["--int8"], "argument --int8: needs the LiteRT export, got --no-export"),
+        (["--batch-size", "1000"], "--batch-size: must be at most the 64 training examples"),
+        (["--output", " "], "argument --output: must name a folder, got ' '"),
+    ],
+)
+def test_train_cifar10_refuses_contradicting_options_as_argparse_does(tmp_path, args, message):
+    # Checked after parsing, before anything runs: argparse's usage, error and status 2.
+    out = tmp_path / "run"
+    code, output = _main("train_cifar10", *TINY_RUN, "--output", str(out), *args)
+    assert code == 2 and "Traceback" not in output, output[-3000:]
+    assert "usage: " in output and "error: argument --" in output, output[-3000:]
+    assert re.search(message, output), output[-3000:]
+    assert not out.exists()
+
+
+@pytest.mark.slow
+def test_a_killed_balanced_search_run_resumes(tmp_path):
+    # The retraining records balanced=False and the recipe's lambda (the flags: --balanced,
+    # no --penalty): its backup is this run's all the same, not refused before the search.
+    out = tmp_path / "run"
+    args = [*TINY_RUN, "--search-epochs", "0", "--balanced", "--output", str(out)]
+    code, output = _main("train_cifar10", *args)
+    assert code == 0, output[-3000:]
+    settings = json.loads((out / "report.json").read_text())["settings"]
+    for key in ("strategy", "replicas", "jit_compile"):
+        settings.pop(key)
+    (out / "report.json").unlink()
+    (out / "backup").mkdir()
+    (out / "backup" / "settings.json").write_text(json.dumps(settings))
+    code, output = _main("train_cifar10", *args)
+    assert code == 0 and "Traceback" not in output, output[-3000:]
+
+
 @pytest.mark.slow
 def test_train_cifar10_reruns_into_a_used_output_directory(digits_job, tmp_path):
     # The digits job's finished run, copied: the reruns below must not train or write.
@@ -141,13 +194,13 @@ def test_train_cifar10_reruns_into_a_used_output_directory(digits_job, tmp_path)
     assert code != 0 and "Traceback" not in output, output[-3000:]
     assert "holds a finished run" in output and "--overwrite" in output
     assert (out / "model.keras").exists() and (out / "report.json").exists()
-    # A killed run's backup (its settings kept) is not resumed with another shuffle.
+    # A killed run's backup (its settings kept) is not resumed with another width.
     settings = json.loads((out / "report.json").read_text())["settings"]
     for key in ("strategy", "replicas", "jit_compile"):  # how, not what, the run trains
         settings.pop(key)
     (out / "report.json").unlink()
     (out / "backup").mkdir()
     (out / "backup" / "settings.json").write_text(json.dumps(settings))
-    code, output = _main("train_cifar10", *args, "--shuffle", "manual")
+    code, output = _main("train_cifar10", *args, "--width", "1.0")
     assert code != 0 and "Traceback" not in output, output[-3000:]
-    assert "shuffle='manual' (backup: 'auto')" in output
+    assert "width=1.0 (backup: 0.5)" in output

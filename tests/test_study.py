@@ -4,12 +4,15 @@ tiny nets of tests/helpers.py (the study's code is the same for every net size);
 arms' own pieces are tests/test_arms.py's."""
 
 import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 from helpers import _write_fashion, use_tiny_builders
 
-from experiments import study
+from experiments import runs, study
+from keras_autoshuffle.training import RunDirectoryError
 
 
 def test_specs_cover_the_comparison_the_sweep_early_hardening_and_sinkhorn():
@@ -106,3 +109,65 @@ def test_tiny_study_runs_and_resumes(tmp_path, monkeypatch):
     assert "6 of 7 planned runs are finished" in report
     assert partial["summary"]["sinkhorn"]["rounded"]["n"] == 1  # the ten-pass row is filled
     assert "| 10 | -" not in report
+
+
+def _committed_row(name="v2_manual_seed0"):
+    """A row of the committed study (docs/fashion_mnist/runs), as the study wrote it."""
+    return json.loads((DOCS_RUNS / name / "result.json").read_text())
+
+
+DOCS_RUNS = Path(__file__).resolve().parent.parent / "docs" / "fashion_mnist" / "runs"
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"final_accuracy": float("nan")}, "invalid final_accuracy.*Received: final_accuracy=nan"),
+        ({"final_accuracy": 17.0}, "invalid final_accuracy.*Received: final_accuracy=17.0"),
+        ({"rounded_accuracy": "0.9"}, "invalid rounded_accuracy"),
+        ({"seed": True}, "invalid seed"),
+        ({"seconds": -1.0}, "invalid seconds"),
+        ({"balanced": "no"}, "invalid balanced"),
+        ({"final_accuracy": None}, "invalid final_accuracy"),
+        ({"final_accuracy": "drop"}, "lacks final_accuracy"),
+        # Another seed's row copied over this run's (its name and seed inside unchanged).
+        (_committed_row("v2_manual_seed1"), r"not the row of run v2_manual_seed0.*seed=1"),
+        ({"epochs": 5}, r"epochs=5 \(the run's: 10\)"),
+        ([1, 2], "is not an object"),
+    ],
+)
+def test_a_result_row_is_checked_and_refused_naming_its_file(tmp_path, change, message):
+    settings = study.StudySettings()
+    spec = next(s for s in study.specs(settings) if s.name == "v2_manual_seed0")
+    folder = tmp_path / spec.name
+    folder.mkdir()
+    path = folder / "result.json"
+    row = _committed_row()
+    path.write_text(json.dumps(row))
+    assert (
+        runs.run_one(settings, None, spec, str(folder))["final_accuracy"] == row["final_accuracy"]
+    )
+    if isinstance(change, dict) and "name" not in change:
+        row = {k: v for k, v in {**row, **change}.items() if v != "drop"}
+    else:
+        row = change
+    path.write_text(json.dumps(row))
+    with pytest.raises(RunDirectoryError, match=f"{re.escape(str(path))}.*{message}"):
+        runs.run_one(settings, None, spec, str(folder))
+
+
+def test_a_truncated_result_row_is_named(tmp_path):
+    settings = study.StudySettings()
+    spec = study.specs(settings)[0]
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps(_committed_row(spec.name))[:100])
+    with pytest.raises(RunDirectoryError, match=f"result row file {re.escape(str(path))} is dam"):
+        runs.run_one(settings, None, spec, str(tmp_path))
+
+
+def test_every_committed_row_passes_its_check():
+    settings = study.with_recorded_runs(study.StudySettings(), str(DOCS_RUNS.parent))
+    specs = {spec.name: spec for spec in study.specs(settings)}
+    for folder in sorted(DOCS_RUNS.iterdir()):
+        path = folder / "result.json"
+        runs.check_row(str(path), json.loads(path.read_text()), specs[folder.name], settings)

@@ -23,5 +23,5 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.width is None:
         args.width = 1.0 if args.dataset == "cifar10" else 0.5
-    training.run_from_args(args, recipe_name=args.dataset, stem="cifar")
+    training.run_from_args(args, recipe_name=args.dataset, stem="cifar", parser=parser)
     return 0

@@ -25,6 +25,6 @@ def main(argv=None):
     if args.width is None:
         args.width = 1.0
     training.run_from_args(
-        args, recipe_name="imagenet", stem="imagenet", manual_dir=args.manual_dir
+        args, recipe_name="imagenet", stem="imagenet", manual_dir=args.manual_dir, parser=parser
     )
     return 0

@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 
+from keras_autoshuffle._atomic import remove
 from keras_autoshuffle.export import checks, files, int8, litert, onnx_runtimes
 
 QUANTIZE = (None, "int8")
@@ -80,7 +81,8 @@ def export_model(
             is not a tolerance on the outputs but top-1 agreement with `reference` (the
             float Keras model) and accuracy on `test_data`; below either threshold the
             export raises `Int8CheckError` (a ValueError) with the numbers and no int8
-            file is left in `output_dir` (the float files stay).
+            file is left in `output_dir` (the float files stay). With None, an int8
+            file an earlier export left in `output_dir` is removed.
         representative_data: with "int8", a batch of inputs to calibrate on (training
             images, a few hundred suffice).
         test_data: with "int8", `(images, labels)`: labelled examples (integer labels).
@@ -104,7 +106,8 @@ def export_model(
             + "; ".join(f"{name}: {why}" for name, why in unsupported.items())
             + f". Received: formats={formats}"
         )
-    if not any(quantize is q for q in QUANTIZE):
+    # Compared by value (a string built at run time is not the literal), strings only.
+    if not (quantize is None or (isinstance(quantize, str) and quantize in QUANTIZE)):
         raise ValueError(f"`quantize` must be None or 'int8'. Received: quantize={quantize!r}")
     if quantize is None and (representative_data is not None or test_data is not None):
         raise ValueError(
@@ -123,6 +126,8 @@ def export_model(
         rtol = max(rtol, 2 * _EPSILON[dtype])
     tolerance = atol + rtol * float(np.max(np.abs(expected), initial=0.0))
     checks.make_folder(output_dir, "output_dir")
+    if quantize is None:  # an earlier export's int8 file would not match the new files
+        remove(os.path.join(output_dir, int8.INT8_FILENAME))
     results = {}
     for name in formats:
         path = _WRITERS[name](model, os.path.join(output_dir, files.FILENAMES[name]))

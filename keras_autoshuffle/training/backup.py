@@ -11,8 +11,10 @@ permutations: loaded into the freshly built (relaxed) model of a resumed run, it
 its shuffles (`RunBackup`).
 """
 
+import errno
 import json
 import os
+import shutil
 import tempfile
 
 import h5py
@@ -27,6 +29,7 @@ from keras_autoshuffle.layers import relaxed_shuffles
 from keras_autoshuffle.training.run_files import (
     METADATA_FILE,
     WEIGHTS_FILE,
+    RunDirectoryError,
     check_epoch,
     damaged,
     is_int,
@@ -50,17 +53,49 @@ def _paths(backup_dir):
 
 
 def save_backup(model, backup_dir, epochs):
-    """Writes the backup of `epochs` completed epochs atomically (see above)."""
+    """Writes the backup of `epochs` completed epochs atomically (see above).
+
+    A write that fails (a full disk) removes what it left and raises RunDirectoryError
+    saying what failed; the previous epoch's backup stays, and a rerun resumes from it.
+    """
     os.makedirs(backup_dir, exist_ok=True)
     weights, metadata, weights_partial, metadata_partial = _paths(backup_dir)
-    remove(weights_partial)
-    model.save_weights(weights_partial)
-    sync(weights_partial)
-    with open(metadata_partial, "w") as f:
-        json.dump({"epoch": epochs, "batch": 0, "weights_sha256": sha256(weights_partial)}, f)
-    sync(metadata_partial)
+    try:
+        remove(weights_partial)
+        _check_space(model, backup_dir, weights)
+        model.save_weights(weights_partial)
+        sync(weights_partial)
+        with open(metadata_partial, "w") as f:
+            digest = sha256(weights_partial)
+            json.dump({"epoch": epochs, "batch": 0, "weights_sha256": digest}, f)
+        sync(metadata_partial)
+    except OSError as error:
+        remove(weights_partial)
+        remove(metadata_partial)
+        raise RunDirectoryError(
+            f"The backup of epoch {epochs} could not be written in {backup_dir} "
+            f"({os.strerror(error.errno) if error.errno else error}); its partial files were "
+            "removed and the previous backup kept. Free some space (or fix the folder) and "
+            f"rerun with the same arguments to resume. Received: {str(error)[:300]}"
+        ) from None
     move_into_place(weights_partial, weights)
     move_into_place(metadata_partial, metadata)
+
+
+def _check_space(model, backup_dir, weights):
+    """OSError(ENOSPC) where the folder has less free space than the backup needs (the
+    last one's size, or the variables' bytes): h5py can crash the process when a disk
+    fills up while it closes a file, so a write that cannot fit is not started."""
+    if os.path.exists(weights):
+        needed = os.path.getsize(weights)
+    else:
+        variables = [*model.weights, *getattr(model.optimizer, "variables", [])]
+        needed = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in variables)
+    free = shutil.disk_usage(backup_dir).free
+    if free < needed:
+        raise OSError(
+            errno.ENOSPC, f"{free} bytes free in {backup_dir}, about {needed} needed", weights
+        )
 
 
 def recover(backup_dir):

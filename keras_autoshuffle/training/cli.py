@@ -104,6 +104,15 @@ def _non_negative_float(text):
     return value
 
 
+def _penalty(text):
+    from keras_autoshuffle._validation import MAX_PENALTY
+
+    value = _non_negative_float(text)
+    if value > MAX_PENALTY:  # lambda x P(M) would overflow the loss
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_PENALTY:g}, got {text!r}")
+    return value
+
+
 def _positive_float(text):
     value = _non_negative_float(text)
     if value == 0:
@@ -157,7 +166,7 @@ def add_arguments(parser, datasets, default_dataset):
         "--penalty",
         "--lambda",
         dest="penalty",
-        type=_non_negative_float,
+        type=_penalty,
         default=None,
         help="lambda, the weight of the l1-2 penalty (recipe default)",
     )
@@ -250,13 +259,81 @@ def make_model_fn(
     return model_fn
 
 
-def run_from_args(args, recipe_name, stem, manual_dir=None):
-    """What the training commands do: load the data, build the model, `train()`, print the
-    summary."""
+def _argument_errors(args, recipe):
+    """What the options contradict (argparse checks each alone): messages, first first."""
+    from keras_autoshuffle.applications import shufflenet_v1, shufflenet_v2
+
+    errors = []
+    if not args.output.strip():  # "" would write the run into the working directory
+        errors.append(f"argument --output: must name a folder, got {args.output!r}")
+    widths = shufflenet_v2.V2_CONFIGS if args.model == "v2" else shufflenet_v1.WIDTHS
+    if args.width not in widths:
+        errors.append(
+            f"argument --width: must be one of {', '.join(map(str, widths))} with --model "
+            f"{args.model}, got {args.width!r}"
+        )
+    if args.model == "v1" and args.groups not in shufflenet_v1.STAGE2_WIDTHS:
+        errors.append(
+            "argument --groups: must be one of "
+            f"{', '.join(map(str, shufflenet_v1.STAGE2_WIDTHS))} with --model v1, "
+            f"got {args.groups}"
+        )
+    for flag, value in (
+        ("search-epochs", args.search_epochs),
+        ("harden-at-epoch", args.harden_at_epoch),
+    ):
+        if value is not None and value >= recipe.epochs:
+            errors.append(
+                f"argument --{flag}: must be below the run's {recipe.epochs} epochs "
+                f"(--epochs), got {value}"
+            )
+    if args.harden_at_epoch is not None and args.strategy == "multi-worker":
+        errors.append("argument --harden-at-epoch: not with --strategy multi-worker")
+    if args.shuffle == "manual":
+        # What only learned shuffles use means nothing with manual ones (as the study).
+        meaningless = {
+            "--search-epochs": args.search_epochs is not None,
+            "--balanced": args.balanced,
+            "--shuffle-forward hard": args.shuffle_forward != "relaxed",
+            "--shuffle-initializer manual": args.shuffle_initializer != "random",
+        }
+        for flag in (flag for flag, given in meaningless.items() if given):
+            errors.append(f"argument {flag}: needs learned shuffles (--shuffle auto)")
+    if args.no_export and args.export_formats:
+        errors.append(
+            "argument --export-formats: not allowed with argument --no-export, got "
+            f"{','.join(args.export_formats)}"
+        )
+    if args.int8 and (
+        args.no_export or (args.export_formats and "litert" not in args.export_formats)
+    ):
+        errors.append(
+            "argument --int8: needs the LiteRT export, got "
+            + (
+                "--no-export"
+                if args.no_export
+                else f"--export-formats {','.join(args.export_formats)}"
+            )
+        )
+    return errors
+
+
+def _error(parser, message):
+    """Ends the program as argparse's own errors do (usage, `error: ...`, status 2)."""
+    if parser is None:
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+    parser.error(message)
+
+
+def run_from_args(args, recipe_name, stem, manual_dir=None, parser=None):
+    """What the training commands do: load the data, build the model, `train()`, print the summary.
+
+    Options that contradict each other or the recipe end the program before anything
+    runs, as argparse's own errors do (`parser.error`: usage, `error: ...`, status 2).
+    """
     from keras_autoshuffle import data
 
-    # First: MultiWorkerMirroredStrategy must exist before TensorFlow runs any op.
-    strategy = make_strategy(args.strategy)
     recipe = get_recipe(
         recipe_name,
         epochs=args.epochs,
@@ -264,22 +341,11 @@ def run_from_args(args, recipe_name, stem, manual_dir=None):
         penalty=args.penalty,
         learning_rate=args.learning_rate,
     )
-    if args.no_export and args.export_formats:
-        sys.exit(
-            "error: --no-export and --export-formats contradict each other. Received: "
-            f"--export-formats {','.join(args.export_formats)}"
-        )
-    if args.int8 and (
-        args.no_export or (args.export_formats and "litert" not in args.export_formats)
-    ):
-        sys.exit(
-            "error: --int8 needs the LiteRT export. Received: "
-            + (
-                "--no-export"
-                if args.no_export
-                else f"--export-formats {','.join(args.export_formats)}"
-            )
-        )
+    errors = _argument_errors(args, recipe)
+    if errors:
+        _error(parser, errors[0])
+    # MultiWorkerMirroredStrategy must exist before TensorFlow runs any op.
+    strategy = make_strategy(args.strategy)
     if args.export_formats or args.int8:
         # Before the data is read: what this backend or precision cannot export.
         import keras
@@ -312,6 +378,12 @@ def run_from_args(args, recipe_name, stem, manual_dir=None):
         sys.exit(f"error: {error}")
     if args.max_train_examples:
         train_data = train_data.subset(args.max_train_examples)
+    if recipe.batch_size > train_data.num_examples:  # no full batch: nothing to train on
+        _error(
+            parser,
+            f"argument --batch-size: must be at most the {train_data.num_examples} training "
+            f"examples, got {recipe.batch_size}",
+        )
 
     model_fn = make_model_fn(
         args.model,
@@ -326,11 +398,6 @@ def run_from_args(args, recipe_name, stem, manual_dir=None):
         args.shuffle_initializer,
         args.shuffle_forward,
     )
-    if args.search_epochs is not None and args.shuffle != "auto":
-        sys.exit(
-            "error: --search-epochs searches learned shuffles; it needs --shuffle auto. "
-            f"Received: --shuffle {args.shuffle}"
-        )
     # What defines the run (and must match to resume it); not where or how it is shown.
     skip = (
         "output",

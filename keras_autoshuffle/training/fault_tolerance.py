@@ -49,6 +49,7 @@ from keras_autoshuffle.training.run_files import (
     METADATA_FILE,
     PRODUCTS,
     RUN_FILES,
+    SEARCH_DIR,
     SETTINGS_FILE,
     WEIGHTS_FILE,
     RunDirectoryError,
@@ -78,6 +79,7 @@ __all__ = [
     "check_backup",
     "check_hardening_record",
     "check_weights_file",
+    "clear_finished_run",
     "elapsed_before",
     "finish_run",
     "prepare_run_directory",
@@ -92,7 +94,7 @@ __all__ = [
 # their backups lack the key and resume when the run asks for that value.
 _SETTINGS_BEFORE_RECORDED = {"sinkhorn_iterations": 1}
 # Settings a resume may change after a divergence (the advice of TrainingDivergedError).
-_CHANGEABLE_AFTER_DIVERGENCE = ("learning_rates", "learning_rate")
+CHANGEABLE_AFTER_DIVERGENCE = ("learning_rates", "learning_rate")
 
 
 def _check_settings(backup_dir, settings):
@@ -113,7 +115,7 @@ def _check_settings(backup_dir, settings):
             saved.setdefault(key, value)
     differ = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
     if differ and os.path.exists(os.path.join(backup_dir, DIVERGENCE_FILE)):
-        differ = [k for k in differ if k not in _CHANGEABLE_AFTER_DIVERGENCE]
+        differ = [k for k in differ if k not in CHANGEABLE_AFTER_DIVERGENCE]
     if differ:
         raise RunDirectoryError(
             f"{os.path.dirname(backup_dir)} holds the backup of a killed run with other "
@@ -170,9 +172,10 @@ def prepare_run_directory(output_dir, settings, overwrite=False):
       One holding trained epochs but no settings record is refused. Every file of it is
       checked first (`check_backup`); a damaged one raises RunDirectoryError naming it.
     - A finished run (`report.json`) is never overwritten unless `overwrite=True`; then
-      its files are removed first, so no stale file (an old SavedModel or LiteRT model)
-      stays beside the new ones.
-    - Otherwise the files of a run that died before its first backup are removed.
+      its files are removed first, so no stale file (an old SavedModel or LiteRT model,
+      its int8 file, its search) stays beside the new ones (`clear_finished_run`).
+    - Otherwise the files of a run that died before its first backup are removed, but
+      for a search's `search/`, which `search.py` checks before reusing it.
     - A path that is a file, or a folder that cannot be written, raises RunDirectoryError.
 
     Args:
@@ -185,16 +188,7 @@ def prepare_run_directory(output_dir, settings, overwrite=False):
     backup_dir = os.path.join(output_dir, BACKUP)
     settings = as_json(settings)
     try:
-        if os.path.exists(os.path.join(output_dir, "report.json")):
-            # Finished; a backup left means the kill came just before it was removed.
-            remove(backup_dir)
-            if not overwrite:
-                raise RunDirectoryError(
-                    f"{output_dir} holds a finished run (report.json); it is not overwritten. "
-                    "Use another output directory, or pass overwrite=True (--overwrite) to "
-                    "replace it."
-                )
-        elif os.path.isdir(backup_dir):
+        if not clear_finished_run(output_dir, overwrite) and os.path.isdir(backup_dir):
             recover(backup_dir)
             if not trained(backup_dir):
                 if os.path.exists(os.path.join(backup_dir, SETTINGS_FILE)):
@@ -204,15 +198,42 @@ def prepare_run_directory(output_dir, settings, overwrite=False):
                 _remove_run_files(output_dir, PRODUCTS)
                 write_json(os.path.join(backup_dir, SETTINGS_FILE), settings)
                 return True
-        _remove_run_files(output_dir, RUN_FILES)
+        # A search's result stays for its retraining (`search.py` checks it is this run's).
+        _remove_run_files(output_dir, [name for name in RUN_FILES if name != SEARCH_DIR])
         remove(backup_dir)
         write_json(os.path.join(backup_dir, SETTINGS_FILE), settings)
         return False
     except OSError as error:
-        raise RunDirectoryError(
-            f"The output folder cannot be used ({error.strerror or error}: "
-            f"{error.filename or output_dir}). Received: output_dir={output_dir!r}"
-        ) from None
+        raise _unusable(output_dir, error) from None
+
+
+def _unusable(output_dir, error):
+    return RunDirectoryError(
+        f"The output folder cannot be used ({error.strerror or error}: "
+        f"{error.filename or output_dir}). Received: output_dir={output_dir!r}"
+    )
+
+
+def clear_finished_run(output_dir, overwrite):
+    """False where `output_dir` holds no finished run (`report.json`); else, with
+    `overwrite`, removes every file of it (its `search/` too) and returns True, and
+    without it raises RunDirectoryError."""
+    output_dir = os.fspath(output_dir)
+    if not os.path.exists(os.path.join(output_dir, "report.json")):
+        return False
+    try:
+        # Finished; a backup left means the kill came just before it was removed.
+        remove(os.path.join(output_dir, BACKUP))
+        if not overwrite:
+            raise RunDirectoryError(
+                f"{output_dir} holds a finished run (report.json); it is not overwritten. "
+                "Use another output directory, or pass overwrite=True (--overwrite) to "
+                "replace it."
+            )
+        _remove_run_files(output_dir, RUN_FILES)
+    except OSError as error:
+        raise _unusable(output_dir, error) from None
+    return True
 
 
 def finish_run(output_dir):

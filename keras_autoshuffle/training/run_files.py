@@ -17,18 +17,21 @@ METADATA_FILE = "training_metadata.json"
 WEIGHTS_FILE = "latest.weights.h5"
 # The files of a run, report.json (written last: the run is finished) first. `best.keras`
 # is no longer written (it was chosen on the test split); an older run's is still removed.
+SEARCH_DIR = "search"
 RUN_FILES = (
     "report.json",
     "model.keras",
     "best.keras",
     "history.csv",
     "model.tflite",
+    "model_int8.tflite",
     "saved_model",
     "logs",
+    SEARCH_DIR,
 )
 # What the end of a run makes (after its last epoch), remade by a resumed run; and the
 # `best.keras` an older version's killed run left.
-PRODUCTS = ("model.keras", "model.tflite", "saved_model", "best.keras")
+PRODUCTS = ("model.keras", "model.tflite", "model_int8.tflite", "saved_model", "best.keras")
 
 
 class RunDirectoryError(ValueError):

@@ -18,13 +18,29 @@ import keras
 import numpy as np
 
 from keras_autoshuffle import _validation
+from keras_autoshuffle._atomic import as_json
 from keras_autoshuffle.hardening import harden_model
-from keras_autoshuffle.layers import RelaxedShuffle, shuffle_layers
-from keras_autoshuffle.training.fault_tolerance import read_json, write_json
-from keras_autoshuffle.training.loops import BALANCED_TIME_LIMIT, train
+from keras_autoshuffle.layers import RelaxedShuffle, checked_permutation, shuffle_layers
+from keras_autoshuffle.training.divergence import DIVERGENCE_FILE
+from keras_autoshuffle.training.fault_tolerance import (
+    CHANGEABLE_AFTER_DIVERGENCE,
+    clear_finished_run,
+    read_json,
+    write_json,
+)
+from keras_autoshuffle.training.loops import BALANCED_TIME_LIMIT, _check_seed, train
+from keras_autoshuffle.training.run_files import (
+    BACKUP,
+    SEARCH_DIR,
+    SETTINGS_FILE,
+    RunDirectoryError,
+    damaged,
+)
 
-SEARCH_DIR = "search"
 PERMUTATIONS_FILE = "permutations.json"
+# What defines the search (its settings, recipe, seed, epochs, balanced), written first.
+DEFINITION_FILE = "definition.json"
+_REDO = "Delete the search folder to search again."
 
 
 def search_then_retrain(
@@ -65,7 +81,26 @@ def search_then_retrain(
             f"is the short phase). Received: search_epochs={search_epochs}"
         )
     _validation.choice(balanced, (False, True), "balanced")
+    seed = _check_seed(seed)
+    retrain_settings = {
+        **(settings or {}),
+        "search_epochs": search_epochs,
+        "search_balanced": balanced,
+    }
     search_dir = os.path.join(output_dir, SEARCH_DIR)
+    # Before any training: a finished run (refused, or removed with `overwrite`), a killed
+    # retraining of other settings, and a search made by other settings are refused.
+    clear_finished_run(output_dir, train_kwargs.get("overwrite", False))
+    # What train() records itself (the recipe's values, `balanced=False`) is its to check.
+    recorded_by_train = {"epochs", "mixed_precision", "balanced", *dataclasses.asdict(recipe)}
+    _check_killed_retraining(
+        output_dir,
+        {k: v for k, v in retrain_settings.items() if k not in recorded_by_train} | {"seed": seed},
+    )
+    definition = as_json(
+        {**(settings or {}), **dataclasses.asdict(recipe), "seed": seed, **retrain_settings}
+    )
+    _start_search(search_dir, definition)
     search = {"epochs": search_epochs, "balanced": balanced}
     permutations, search["l12_penalty_at_hardening"] = _search(
         model_fn,
@@ -78,6 +113,7 @@ def search_then_retrain(
         seed,
         settings,
         train_kwargs.get("verbose", 1),
+        definition,
     )
     search["permutations"] = os.path.join(SEARCH_DIR, PERMUTATIONS_FILE)
 
@@ -91,19 +127,97 @@ def search_then_retrain(
         recipe,
         output_dir,
         seed=seed,
-        settings={**(settings or {}), "search_epochs": search_epochs, "search_balanced": balanced},
+        settings=retrain_settings,
         report_entries={"search": search},
         **train_kwargs,
     )
 
 
+def _diverged(output_dir):
+    """Whether the run or its search diverged (then its learning rate may change)."""
+    search_dir = os.path.join(output_dir, SEARCH_DIR)
+    if any(
+        os.path.exists(os.path.join(folder, BACKUP, DIVERGENCE_FILE))
+        for folder in (output_dir, search_dir)
+    ):
+        return True
+    report = os.path.join(search_dir, "report.json")
+    return os.path.exists(report) and "resumed_after_divergence" in str(
+        read_json(report, "search report", "Delete the search folder.")
+    )
+
+
+def _differences(saved, expected, output_dir, keys):
+    """The keys of `keys` whose values differ, as 'key=value (recorded: value)'."""
+    differ = [k for k in keys if saved.get(k) != expected.get(k)]
+    if differ and _diverged(output_dir):
+        differ = [k for k in differ if k not in CHANGEABLE_AFTER_DIVERGENCE]
+    return ", ".join(f"{k}={expected.get(k)!r} (recorded: {saved.get(k)!r})" for k in differ)
+
+
+def _check_killed_retraining(output_dir, expected):
+    """RunDirectoryError where `output_dir` holds a killed run of other settings."""
+    path = os.path.join(output_dir, BACKUP, SETTINGS_FILE)
+    if not os.path.exists(path):
+        return
+    saved = read_json(path, "run settings")
+    if not isinstance(saved, dict):
+        raise damaged(path, "run settings", "not an object of settings", saved)
+    expected = as_json(expected)
+    differ = _differences(saved, expected, output_dir, [k for k in expected if k in saved])
+    if differ:
+        raise RunDirectoryError(
+            f"{output_dir} holds the backup of a killed run with other settings; searching "
+            "for it would mix two runs. Rerun with the same settings, or use another output "
+            f"directory, or delete {os.path.dirname(path)}. Received: {differ}"
+        )
+
+
+def _check_definition(path, saved, definition, output_dir):
+    if not isinstance(saved, dict):
+        raise damaged(path, "search definition", "not an object of settings", saved, _REDO)
+    differ = _differences(saved, definition, output_dir, sorted(set(saved) | set(definition)))
+    if differ:
+        raise RunDirectoryError(
+            f"{path} records a search made with other settings; retraining its permutations "
+            f"would mix two runs. Rerun with the same settings, or use another output "
+            f"directory, or delete {os.path.dirname(path)} to search again. Received: {differ}"
+        )
+
+
+def _start_search(search_dir, definition):
+    """Writes what defines the search into `search_dir` before its first file; refuses
+    a folder holding a search of another definition (or of none)."""
+    path = os.path.join(search_dir, DEFINITION_FILE)
+    if os.path.exists(path):
+        saved = read_json(path, "search definition", _REDO)
+        _check_definition(path, saved, definition, os.path.dirname(search_dir))
+    elif os.path.isdir(search_dir) and os.listdir(search_dir):
+        raise RunDirectoryError(
+            f"{search_dir} holds files but no {DEFINITION_FILE} saying what search made them, "
+            f"so they are not reused. {_REDO} Received: {sorted(os.listdir(search_dir))}"
+        )
+    else:
+        write_json(path, definition)
+
+
 def _search(
-    model_fn, train_data, test_data, recipe, search_dir, epochs, balanced, seed, settings, verbose
+    model_fn,
+    train_data,
+    test_data,
+    recipe,
+    search_dir,
+    epochs,
+    balanced,
+    seed,
+    settings,
+    verbose,
+    definition,
 ):
     """Phase 1 (resumable): the permutations found, read back once written."""
     path = os.path.join(search_dir, PERMUTATIONS_FILE)
     if os.path.exists(path):
-        return _read_permutations(path)
+        return _read_permutations(path, definition, os.path.dirname(search_dir))
     if epochs == 0:
         keras.utils.set_random_seed(seed)
         model = model_fn()
@@ -143,7 +257,8 @@ def _search(
         if isinstance(layer, RelaxedShuffle)
     }
     os.makedirs(search_dir, exist_ok=True)
-    write_json(path, {"l12_penalty_at_hardening": penalty, "permutations": permutations})
+    record = {"l12_penalty_at_hardening": penalty, "permutations": permutations}
+    write_json(path, {**record, "definition": definition})
     return permutations, penalty
 
 
@@ -157,8 +272,8 @@ def _hardenable(model):
     return layers
 
 
-def _read_permutations(path):
-    record = read_json(path, "searched permutations")
+def _read_permutations(path, definition, output_dir):
+    record = read_json(path, "searched permutations", _REDO)
     perms = record.get("permutations") if isinstance(record, dict) else None
     penalty = record.get("l12_penalty_at_hardening") if isinstance(record, dict) else None
     if (
@@ -171,4 +286,10 @@ def _read_permutations(path):
             "list}, 'l12_penalty_at_hardening': number}); delete it to search again. "
             f"Received: {str(record)[:200]}"
         )
+    _check_definition(path, record.get("definition"), definition, output_dir)
+    for name, permutation in perms.items():
+        try:
+            checked_permutation(permutation, f"permutation of {name}")
+        except ValueError as error:
+            raise damaged(path, "searched permutations", str(error), name, _REDO) from None
     return perms, float(penalty)
