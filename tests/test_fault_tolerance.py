@@ -1,6 +1,7 @@
 """Run-directory safety: finished runs, killed runs with other settings, damaged backups."""
 
 import json
+import os
 import re
 
 import keras
@@ -63,6 +64,8 @@ def test_overwrite_and_resume_remove_the_int8_file_and_overwrite_the_search(tmp_
     out = tmp_path / "run"
     _finished_run(out)
     (out / "model_int8.tflite").write_text("old")
+    (out / "model.onnx").write_text("old")  # an earlier --export-formats onnx openvino run
+    (out / "openvino").mkdir()
     (out / "search").mkdir()
     (out / "search" / "permutations.json").write_text("{}")
     prepare_run_directory(str(out), SETTINGS, overwrite=True)
@@ -71,8 +74,9 @@ def test_overwrite_and_resume_remove_the_int8_file_and_overwrite_the_search(tmp_
     out = tmp_path / "killed"
     _killed_run(out)
     (out / "model_int8.tflite").write_text("old")
+    (out / "model.onnx").write_text("old")
     assert prepare_run_directory(str(out), SETTINGS) is True
-    assert not (out / "model_int8.tflite").exists()
+    assert not (out / "model_int8.tflite").exists() and not (out / "model.onnx").exists()
     # A run killed before its first backup keeps its search (search.py checks it).
     out = tmp_path / "searched"
     (out / "search").mkdir(parents=True)
@@ -262,3 +266,23 @@ def test_a_backup_without_recorded_settings_is_refused(tmp_path):
     (backup / ft.SETTINGS_FILE).unlink()
     with pytest.raises(RunDirectoryError, match="no record of the settings"):
         prepare_run_directory(str(tmp_path / "run"), SETTINGS)
+
+
+def test_read_json_refuses_what_is_not_a_small_regular_json_file(tmp_path, monkeypatch):
+    # A FIFO would block the reader, a deeply nested file raised a raw RecursionError, and
+    # a huge file would be read whole: each is named as damaged.
+    from keras_autoshuffle.training import run_files
+
+    fifo = tmp_path / "result.json"
+    os.mkfifo(fifo)
+    with pytest.raises(RunDirectoryError, match="not a regular file"):
+        run_files.read_json(str(fifo), "result")
+    nested = tmp_path / "nested.json"
+    nested.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(RunDirectoryError, match="nested.json is damaged"):
+        run_files.read_json(str(nested), "result")
+    monkeypatch.setattr(run_files, "MAX_JSON_BYTES", 10)
+    big = tmp_path / "big.json"
+    big.write_text(json.dumps({"accuracy": 0.5}))
+    with pytest.raises(RunDirectoryError, match="larger than 10 bytes"):
+        run_files.read_json(str(big), "result")

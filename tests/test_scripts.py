@@ -150,6 +150,7 @@ TINY_RUN = [
         (["--int8"], "argument --int8: needs the LiteRT export, got --no-export"),
         (["--batch-size", "1000"], "--batch-size: must be at most the 64 training examples"),
         (["--output", " "], "argument --output: must name a folder, got ' '"),
+        (["--download"], "argument --download: only CIFAR-10 downloads, got --dataset digits"),
     ],
 )
 def test_train_cifar10_refuses_contradicting_options_as_argparse_does(tmp_path, args, message):

@@ -299,6 +299,10 @@ def _argument_errors(args, recipe):
         }
         for flag in (flag for flag, given in meaningless.items() if given):
             errors.append(f"argument {flag}: needs learned shuffles (--shuffle auto)")
+    if args.download and args.dataset != "cifar10":
+        # The others never download: digits ship with scikit-learn, Fashion-MNIST's files
+        # come from Debian or --data-dir, ImageNet's archives from --manual-dir.
+        errors.append(f"argument --download: only CIFAR-10 downloads, got --dataset {args.dataset}")
     if args.no_export and args.export_formats:
         errors.append(
             "argument --export-formats: not allowed with argument --no-export, got "

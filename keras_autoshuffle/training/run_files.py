@@ -7,6 +7,7 @@ and `read_record` raise RunDirectoryError naming the file, the problem and the r
 import json
 import math
 import os
+import stat
 
 BACKUP = "backup"
 ELAPSED_FILE = "elapsed.json"
@@ -26,12 +27,22 @@ RUN_FILES = (
     "model.tflite",
     "model_int8.tflite",
     "saved_model",
+    "model.onnx",
+    "openvino",
     "logs",
     SEARCH_DIR,
 )
 # What the end of a run makes (after its last epoch), remade by a resumed run; and the
 # `best.keras` an older version's killed run left.
-PRODUCTS = ("model.keras", "model.tflite", "model_int8.tflite", "saved_model", "best.keras")
+PRODUCTS = (
+    "model.keras",
+    "model.tflite",
+    "model_int8.tflite",
+    "saved_model",
+    "model.onnx",
+    "openvino",
+    "best.keras",
+)
 
 
 class RunDirectoryError(ValueError):
@@ -55,12 +66,24 @@ def damaged(path, what, problem, received, remedy=None):
     )
 
 
+# A run's JSON records are a few kB; a larger file is not one of them (bounds the memory).
+MAX_JSON_BYTES = 64 * 2**20
+
+
 def read_json(path, what, remedy=None):
-    """Reads a JSON file of a run; a damaged one raises RunDirectoryError naming it."""
+    """Reads a JSON file of a run; a damaged one raises RunDirectoryError naming it.
+
+    Regular files only (a FIFO would block), at most MAX_JSON_BYTES, nesting as deep as
+    Python's parser takes (deeper is damaged, not a RecursionError)."""
     try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as error:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise OSError(f"not a regular file: {path}")
+        with open(path, "rb") as f:
+            content = f.read(MAX_JSON_BYTES + 1)
+        if len(content) > MAX_JSON_BYTES:
+            raise ValueError(f"larger than {MAX_JSON_BYTES} bytes")
+        return json.loads(content)
+    except (OSError, ValueError, RecursionError) as error:
         raise damaged(
             path, what, "not readable JSON", f"{type(error).__name__}: {error}", remedy
         ) from None
