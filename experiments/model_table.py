@@ -3,8 +3,10 @@
 `measure` builds `ShuffleNetV2(width)` for each width of `applications.CHECKPOINTS` at
 224x224 with 1000 classes, folds it (`folding.fold_model`: the manual shuffle becomes
 slices and concatenations, as any pretrained or hardened net ships), writes its float
-LiteRT file and times it in the LiteRT interpreter (XNNPACK, batch 1, `--threads`),
-the widths interleaved and repeated as `experiments.benchmark` does. Weights are random:
+LiteRT file (and its ONNX file where the `onnx` and `openvino` extras are installed) and
+times it in the LiteRT interpreter (XNNPACK), ONNX Runtime and OpenVINO (batch 1,
+`--threads`), every file checked against Keras first, the widths and runtimes interleaved
+and repeated as `experiments.benchmark` does. Weights are random:
 a float32 file's size and speed do not depend on their values (and this machine has no
 network for torchvision's files). Each row also holds the parameter count, the
 multiply-adds (`count_macs`), the machine, its load average at the start and the end, and
@@ -36,6 +38,10 @@ ROWS = os.path.join("docs", "results", "model_table_cpu.json")
 BEGIN = "<!-- model-table: python -m experiments.model_table render --readme README.md -->"
 END = "<!-- /model-table -->"
 SIDE = 224
+# The export format -> its task in experiments.benchmark (the row's key: "<task>_ms").
+RUNTIMES = {"onnx": "ort_infer", "openvino": "openvino_infer"}
+# The optional columns: a row's key and its header.
+COLUMNS = {"ort_ms": "ONNX Runtime ms", "openvino_ms": "OpenVINO ms"}
 
 
 def _cpu_name():
@@ -56,9 +62,9 @@ def measure(widths, threads, repeats, note):
     import numpy as np
     import tensorflow as tf
 
-    from experiments.benchmark import litert_functions
     from experiments.benchmark import measure as interleaved_medians
-    from keras_autoshuffle import applications, folding
+    from experiments.benchmark import runtime_functions
+    from keras_autoshuffle import applications, export, folding
 
     load_start = os.getloadavg()[0]
     models, counts = {}, {}
@@ -68,9 +74,12 @@ def measure(widths, threads, repeats, note):
         parameters = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
         counts[width] = (parameters, int(applications.count_macs(model)))
         models[width] = folding.fold_model(model)
+    # ONNX Runtime and OpenVINO beside LiteRT where their extras are installed.
+    missing = export.unsupported_formats(("onnx", "openvino"))
+    tasks = ["litert_infer"] + [RUNTIMES[f] for f in ("onnx", "openvino") if f not in missing]
     with tempfile.TemporaryDirectory() as directory:
         named = {f"x{width}": model for width, model in models.items()}
-        functions, sizes = litert_functions(named, SIDE, threads, directory)
+        functions, sizes = runtime_functions(tasks, named, SIDE, threads, directory)
         medians = interleaved_medians(functions, repeats, 0.3)
     machine = f"{_cpu_name()}, {os.cpu_count()} cores"
     # The 1-minute load average at the start and the end: how busy the machine was.
@@ -94,8 +103,12 @@ def measure(widths, threads, repeats, note):
                 "threads": threads,
                 "parameters": parameters,
                 "macs": macs,
-                "litert_ms": float(medians[f"x{width}"]),
-                "litert_bytes": int(sizes[f"x{width}"]),
+                "litert_ms": float(medians["litert_infer", f"x{width}"]),
+                "litert_bytes": int(sizes["litert_infer", f"x{width}"]),
+                **{
+                    f"{task.removesuffix('_infer')}_ms": float(medians[task, f"x{width}"])
+                    for task in tasks[1:]
+                },
                 "machine": machine,
                 "load_average": load,
                 "note": note,
@@ -116,9 +129,11 @@ def _load(row):
 
 def render(rows, checkpoints):
     """The markdown table (and a line naming the machine) from the measured rows."""
+    extra = [key for key in COLUMNS if all(key in row for row in rows)]
     lines = [
-        "| model | parameters | multiply-adds | top-1 / top-5 (%) | LiteRT ms | LiteRT MB |",
-        "|---|---|---|---|---|---|",
+        "| model | parameters | multiply-adds | top-1 / top-5 (%) | LiteRT ms | LiteRT MB |"
+        + "".join(f" {COLUMNS[key]} |" for key in extra),
+        "|---|---|---|---|---|---|" + "---|" * len(extra),
     ]
     for row in sorted(rows, key=lambda r: r["width"]):
         entry = checkpoints[row["width"]]
@@ -126,6 +141,7 @@ def render(rows, checkpoints):
             f"| `ShuffleNetV2({row['width']})` | {row['parameters'] / 1e6:.2f}M "
             f"| {row['macs'] / 1e6:.0f}M | {entry.acc1:.1f} / {entry.acc5:.1f} "
             f"| {row['litert_ms']:.2f} | {row['litert_bytes'] / 1e6:.1f} |"
+            + "".join(f" {row[key]:.2f} |" for key in extra)
         )
     settings = {
         (r["machine"], r["threads"], r["date"], r.get("tensorflow"), _load(r), r.get("note"))
@@ -136,10 +152,11 @@ def render(rows, checkpoints):
         details = "; ".join(x for x in (load, note) if x)
         lines.append(
             f"Top-1/top-5: torchvision's ImageNet-1K report for its weights, not measured here. "
-            f"LiteRT: the folded float32 file at {SIDE}x{SIDE}, batch 1, {threads} threads "
-            f"(XNNPACK), median ms on {machine} (TensorFlow {tf_version}, {date})"
-            + (f"; {details}" if details else "")
-            + "."
+            f"Latency: the folded float32 net at {SIDE}x{SIDE}, batch 1, {threads} threads, "
+            f"median ms (LiteRT with XNNPACK"
+            + (", and the ONNX file in ONNX Runtime and OpenVINO" if extra else "")
+            + f", timed in the same interleaved rounds) on {machine} (TensorFlow {tf_version}, "
+            f"{date})" + (f"; {details}" if details else "") + "."
         )
     return "\n".join(lines)
 
@@ -159,7 +176,7 @@ def parse_args(argv=None):
     run = commands.add_parser("measure", help="build, fold, export and time each width")
     run.add_argument("--json", default=ROWS, help="where the rows go")
     run.add_argument("--widths", nargs="+", type=float, default=None)
-    run.add_argument("--threads", type=int, default=2, help="LiteRT threads")
+    run.add_argument("--threads", type=int, default=2, help="threads of each runtime")
     run.add_argument("--repeats", type=int, default=27, help="samples per median")
     run.add_argument("--note", default="", help="the machine's state, kept in each row")
     show = commands.add_parser("render", help="the markdown table from the rows")

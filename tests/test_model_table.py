@@ -14,7 +14,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 def test_readme_table_is_rendered_from_the_measured_rows():
     # Fails when the README's table is edited by hand or the rows change without a render.
     argv = ["render", "--json", str(ROOT / model_table.ROWS), "--readme", str(ROOT / "README.md")]
-    assert model_table.main(argv) == 0
+    assert model_table.main([*argv, "--check"]) == 0
 
 
 def test_every_pretrained_width_has_a_measured_row():
@@ -43,6 +43,9 @@ def test_render_and_replace(tmp_path):
     table = model_table.render([row], CHECKPOINTS)
     assert "| `ShuffleNetV2(1.0)` | 2.28M | 145M | 69.4 / 88.3 | 7.12 | 9.1 |" in table
     assert "Some CPU, 2 cores (TensorFlow 2.21.0, 2026-11-27); busy." in table
+    both = model_table.render([{**row, "ort_ms": 5.5, "openvino_ms": 4.25}], CHECKPOINTS)
+    assert "| LiteRT MB | ONNX Runtime ms | OpenVINO ms |" in both
+    assert "| 7.12 | 9.1 | 5.50 | 4.25 |" in both
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{model_table.BEGIN}\nold\n{model_table.END}\nafter\n")
     rows = tmp_path / "rows.json"
