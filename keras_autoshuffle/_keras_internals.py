@@ -95,3 +95,21 @@ def count_layer_entries(path, class_name):
         handle.visit(names.append)
     pattern = re.compile(re.escape(class_name) + r"(_\d+)?")
     return sum(bool(pattern.fullmatch(name.rsplit("/", 1)[-1])) for name in names)
+
+
+def inbound_nodes(layer):
+    """The nodes where `layer` was called in a functional graph (`_inbound_nodes`): the ONNX
+    writer walks the graph layer by layer, and no public API lists a layer's calls."""
+    return layer._inbound_nodes
+
+
+def producing_layer(tensor):
+    """The layer whose call made the symbolic `tensor` (`_keras_history[0]`): no public API
+    maps a functional graph's tensor to its layer."""
+    return tensor._keras_history[0]
+
+
+def is_called(model):
+    """Whether `model` has been called (`_called`): Keras's exporters trace a model built by
+    a call, and `built` is also true of a model built without one."""
+    return model._called

@@ -176,3 +176,24 @@ def test_no_private_keras_names_outside_the_internals_module():
         "Keras internals outside keras_autoshuffle/_keras_internals.py (move them there, "
         "with a comment saying why no public API does it):\n" + "\n".join(found)
     )
+
+
+def test_graph_walk_internals():
+    # The ONNX writer (export/onnx_graph.py) walks a functional graph through these.
+    inputs = keras.Input((4, 4, 3))
+    conv = keras.layers.Conv2D(2, 1)
+    relu = keras.layers.ReLU()
+    hidden = conv(inputs)
+    model = keras.Model(inputs, relu(hidden))
+    _require(conv, "_inbound_nodes")
+    _require(hidden, "_keras_history")
+    assert len(internals.inbound_nodes(conv)) == 1
+    assert internals.inbound_nodes(relu)[0].input_tensors[0] is hidden
+    assert internals.producing_layer(hidden) is conv
+    assert internals.producing_layer(model.output) is relu
+    sequential = keras.Sequential([keras.layers.Dense(1)])
+    sequential.build((None, 2))
+    _require(sequential, "_called")
+    assert sequential.built and not internals.is_called(sequential)
+    sequential(np.zeros((1, 2), "float32"))
+    assert internals.is_called(sequential)

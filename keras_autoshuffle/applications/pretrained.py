@@ -149,7 +149,7 @@ def checkpoint_url(file_name):
             f"or an absolute folder path. Received: {URL_VARIABLE}={base!r}"
         )
     path = parts.path.rstrip("/") + "/" + urllib.parse.quote(file_name)
-    return urllib.parse.urlunsplit(parts._replace(path=path))
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, parts.fragment))
 
 
 def _is_folder_url(parts):

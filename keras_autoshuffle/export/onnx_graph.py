@@ -20,6 +20,7 @@ names any other, for which the caller falls back to Keras's exporter.
 import keras
 import numpy as np
 
+from keras_autoshuffle._keras_internals import inbound_nodes, producing_layer
 from keras_autoshuffle.export.onnx_align import align_channels
 from keras_autoshuffle.layers import RelaxedShuffle, shuffle_permutation
 from keras_autoshuffle.unit_layers import ChannelShuffle, ChannelSlice, ChannelSplit
@@ -54,7 +55,7 @@ def _activation_name(layer):
 
 
 def _why_unsupported(layer):
-    if not isinstance(layer, _LAYERS) or len(layer._inbound_nodes) != 1:
+    if not isinstance(layer, _LAYERS) or len(inbound_nodes(layer)) != 1:
         return type(layer).__name__
     if getattr(layer, "data_format", "channels_last") != "channels_last":
         return f"{type(layer).__name__}(data_format={layer.data_format})"
@@ -68,11 +69,11 @@ def _why_unsupported(layer):
         layer.max_value is not None or layer.negative_slope != 0 or layer.threshold != 0
     ):
         return "ReLU(max_value, negative_slope or threshold set)"
-    if isinstance(layer, keras.layers.Concatenate | ChannelSplit) and layer._inbound_nodes[
+    if isinstance(layer, keras.layers.Concatenate | ChannelSplit) and inbound_nodes(layer)[
         0
     ].input_tensors[0].ndim not in (2, 4):
         return f"{type(layer).__name__} of rank other than 2 or 4"
-    if isinstance(layer, keras.layers.Dense) and layer._inbound_nodes[0].input_tensors[0].ndim != 2:
+    if isinstance(layer, keras.layers.Dense) and inbound_nodes(layer)[0].input_tensors[0].ndim != 2:
         return "Dense on a rank other than 2"
     if isinstance(layer, keras.layers.GlobalAveragePooling2D) and layer.keepdims:
         return "GlobalAveragePooling2D(keepdims=True)"
@@ -106,7 +107,7 @@ class _Writer:
         self.helper, self.nodes, self.weights, self.names = helper, [], [], {}
         self.consumers = {}
         for layer in model.operations:
-            for tensor in layer._inbound_nodes[0].input_tensors:
+            for tensor in inbound_nodes(layer)[0].input_tensors:
                 self.consumers.setdefault(id(tensor), []).append(layer)
 
     def name(self, tensor):
@@ -139,13 +140,13 @@ def _conv(w, layer, x, out, pads):
     bias = np.zeros(kernel.shape[0])
     if layer.use_bias:
         bias = keras.ops.convert_to_numpy(layer.bias).astype(np.float64)
-    output = layer._inbound_nodes[0].output_tensors[0]
+    output = inbound_nodes(layer)[0].output_tensors[0]
     bn = w.only_consumer(output, keras.layers.BatchNormalization)
     fused = bn is not None and _activation_name(layer) == "linear" and bn.axis in (-1, 3)
     if fused:
         scale, shift = _bn_affine(bn)
         kernel, bias = kernel * scale[:, None, None, None], bias * scale + shift
-        output = bn._inbound_nodes[0].output_tensors[0]
+        output = inbound_nodes(bn)[0].output_tensors[0]
     y = w.node(
         "Conv",
         [
@@ -209,7 +210,7 @@ def onnx_graph(model, opset=OPSET, align=None):
     )
     w.node("Transpose", ["input"], [w.name(source)], "to_nchw", perm=[0, 3, 1, 2])
     for layer in model.operations:
-        node = layer._inbound_nodes[0]
+        node = inbound_nodes(layer)[0]
         if isinstance(layer, keras.layers.InputLayer):
             continue
         ins = [skip.get(id(t), t) for t in node.input_tensors]
@@ -221,7 +222,7 @@ def onnx_graph(model, opset=OPSET, align=None):
         if isinstance(layer, keras.layers.ZeroPadding2D):
             (top, bottom), (left, right) = layer.padding
             consumer = w.only_consumer(node.output_tensors[0], (*_CONVS, *_POOLS))
-            relu_in = isinstance(ins[0]._keras_history[0], keras.layers.ReLU)
+            relu_in = isinstance(producing_layer(ins[0]), keras.layers.ReLU)
             if (
                 consumer is not None
                 and consumer.padding == "valid"
@@ -239,8 +240,8 @@ def onnx_graph(model, opset=OPSET, align=None):
             fused_output = _conv(w, layer, xs[0], outs[0], pads)
             if fused_output is not None:
                 skip[id(fused_output)] = node.output_tensors[0]
-                bn_layer = fused_output._keras_history[0]
-                skip[id(bn_layer._inbound_nodes[0].input_tensors[0])] = None
+                bn_layer = producing_layer(fused_output)
+                skip[id(inbound_nodes(bn_layer)[0].input_tensors[0])] = None
         elif isinstance(layer, keras.layers.BatchNormalization):
             scale, shift = _bn_affine(layer)
             c = scale.shape[0]
@@ -359,7 +360,7 @@ def _split_slices(w, tensor, name, channels):
     slices = {}
     for layer in w.consumers[id(tensor)]:
         if isinstance(layer, ChannelSlice):
-            slices[layer.start, layer.stop] = w.name(layer._inbound_nodes[0].output_tensors[0])
+            slices[layer.start, layer.stop] = w.name(inbound_nodes(layer)[0].output_tensors[0])
     bounds = sorted({0, channels, *(b for pair in slices for b in pair)})
     pieces = list(zip(bounds, bounds[1:], strict=False))
     if len(slices) != sum(piece in slices for piece in pieces):  # overlapping slices
@@ -382,8 +383,8 @@ def _axis_of(activation):
 def _flatten_concats(w, layer, xs, skip):
     """The inputs of a Concatenate, with those of nested Concatenates feeding only it."""
     flat = []
-    for tensor, name in zip(layer._inbound_nodes[0].input_tensors, xs, strict=True):
-        inner = tensor._keras_history[0]
+    for tensor, name in zip(inbound_nodes(layer)[0].input_tensors, xs, strict=True):
+        inner = producing_layer(tensor)
         if (
             isinstance(inner, keras.layers.Concatenate)
             and inner.axis == layer.axis

@@ -13,6 +13,7 @@ import tempfile
 import numpy as np
 
 from keras_autoshuffle._atomic import write_atomically
+from keras_autoshuffle._keras_internals import is_called
 from keras_autoshuffle.export.onnx_graph import onnx_graph, unsupported_layers
 
 # Python modules each format needs, and the extra that installs them.
@@ -25,7 +26,7 @@ ONNX_ALIGN = 8
 
 
 def _keras_export(model, path, fmt):
-    if not model._called:  # Keras's exporters need the model built by a call
+    if not is_called(model):  # Keras's exporters need the model built by a call
         model(np.zeros((1, *model.inputs[0].shape[1:]), "float32"))
     model.export(path, format=fmt, verbose=False)
 
