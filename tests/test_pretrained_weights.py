@@ -27,6 +27,7 @@ import keras
 import numpy as np
 import pytest
 
+from keras_autoshuffle._files import sha256_of
 from keras_autoshuffle.applications import (
     AutoShuffleNetV2,
     CheckpointError,
@@ -116,7 +117,7 @@ def register(monkeypatch, path=CHECKPOINT, sha256=None, name=None):
     """Registers `path` as the x0.5 checkpoint (a 10-class net), under `name`."""
     entry = pretrained.Checkpoint(
         file_name=name or os.path.basename(path),
-        sha256=sha256 or pretrained.sha256_of(path),
+        sha256=sha256 or sha256_of(path),
         num_params=PARAMS_10_CLASSES,
         acc1=0.0,
         acc5=0.0,
@@ -191,13 +192,13 @@ def test_a_wrong_hash_caches_nothing(cache, server, monkeypatch):
             pretrained.download_checkpoint(0.5)
         message = str(info.value)
         assert f"{server.url}{NAME}" in message and wrong in message
-        assert pretrained.sha256_of(CHECKPOINT) in message and "nothing was cached" in message
+        assert sha256_of(CHECKPOINT) in message and "nothing was cached" in message
         assert os.listdir(cache) == []
     # A damaged file in the cache is replaced by a good download.
     register(monkeypatch)
     (cache / NAME).write_bytes(b"damaged")
     path = pretrained.download_checkpoint(0.5)
-    assert pretrained.sha256_of(path) == pretrained.sha256_of(CHECKPOINT)
+    assert sha256_of(path) == sha256_of(CHECKPOINT)
     assert sorted(os.listdir(cache)) == [NAME]
 
 
@@ -220,9 +221,7 @@ def test_the_location_variable_takes_file_urls_and_folders(cache, monkeypatch):
         monkeypatch.setenv(pretrained.URL_VARIABLE, base)
         assert pretrained.CHECKPOINTS[0.5].url == f"file://{folder}/{NAME}"
     path = pretrained.download_checkpoint(0.5)
-    assert path == str(cache / NAME) and pretrained.sha256_of(path) == pretrained.sha256_of(
-        CHECKPOINT
-    )
+    assert path == str(cache / NAME) and sha256_of(path) == sha256_of(CHECKPOINT)
     monkeypatch.setenv(pretrained.URL_VARIABLE, "mirror/models")
     with pytest.raises(ValueError, match="KERAS_AUTOSHUFFLE_WEIGHTS_URL='mirror/models'"):
         pretrained.checkpoint_url(NAME)
@@ -444,7 +443,7 @@ def test_mirror_urls_keep_their_query_string(cache, server, monkeypatch):
     monkeypatch.setenv(pretrained.URL_VARIABLE, server.url + "?token=abc")
     path = pretrained.download_checkpoint(0.5)
     assert server.requests == [f"/models/{NAME}?token=abc"]
-    assert pretrained.sha256_of(path) == pretrained.sha256_of(CHECKPOINT)
+    assert sha256_of(path) == sha256_of(CHECKPOINT)
 
 
 def test_a_mirror_folder_entry_that_is_not_a_file_is_refused(cache, monkeypatch, tmp_path):
@@ -464,7 +463,7 @@ def test_a_wrong_hash_file_in_the_cache_is_named_when_offline(cache, server, mon
         pretrained.download_checkpoint(0.5)
     message = str(info.value)
     assert f"The file already at {cache / NAME} failed its hash check" in message
-    assert pretrained.sha256_of(cache / NAME) in message and "replace it" in message
+    assert sha256_of(cache / NAME) in message and "replace it" in message
 
 
 def test_a_damaged_converted_file_in_the_cache_is_named(cache, monkeypatch):

@@ -24,7 +24,6 @@ checkpoint of its own through the same download, hash and conversion code.
 """
 
 import dataclasses
-import hashlib
 import http.client
 import json
 import math
@@ -39,6 +38,7 @@ import urllib.request
 import keras
 import numpy as np
 
+from keras_autoshuffle._files import sha256_of
 from keras_autoshuffle.applications import architecture as arch
 from keras_autoshuffle.applications.common import (
     IMAGENET_MEAN,
@@ -197,15 +197,6 @@ def cache_dir():
         base = os.path.join(tempfile.gettempdir(), ".keras")
         os.makedirs(os.path.join(base, CACHE_SUBDIR), exist_ok=True)
     return base
-
-
-def sha256_of(path):
-    """The SHA-256 of a file, in hex."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _convert_by_hand(entry, width):

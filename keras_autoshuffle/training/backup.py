@@ -23,7 +23,7 @@ import numpy as np
 
 from keras_autoshuffle import _keras_internals
 from keras_autoshuffle._atomic import move_into_place, partial_path, remove, sync
-from keras_autoshuffle.applications.pretrained import sha256_of as sha256
+from keras_autoshuffle._files import sha256_of as sha256
 from keras_autoshuffle.hardening.harden import drop_removed_variables
 from keras_autoshuffle.layers import relaxed_shuffles
 from keras_autoshuffle.training.run_files import (
