@@ -55,6 +55,7 @@ def _activation_name(layer):
 
 
 def _why_unsupported(layer):
+    """Why `onnx_graph` cannot write `layer` (its kind or settings), or None."""
     if not isinstance(layer, _LAYERS) or len(inbound_nodes(layer)) != 1:
         return type(layer).__name__
     if getattr(layer, "data_format", "channels_last") != "channels_last":
@@ -69,14 +70,34 @@ def _why_unsupported(layer):
         layer.max_value is not None or layer.negative_slope != 0 or layer.threshold != 0
     ):
         return "ReLU(max_value, negative_slope or threshold set)"
-    if isinstance(layer, keras.layers.Concatenate | ChannelSplit) and inbound_nodes(layer)[
-        0
-    ].input_tensors[0].ndim not in (2, 4):
-        return f"{type(layer).__name__} of rank other than 2 or 4"
-    if isinstance(layer, keras.layers.Dense) and inbound_nodes(layer)[0].input_tensors[0].ndim != 2:
-        return "Dense on a rank other than 2"
     if isinstance(layer, keras.layers.GlobalAveragePooling2D) and layer.keepdims:
         return "GlobalAveragePooling2D(keepdims=True)"
+    node = inbound_nodes(layer)[0]
+    return _why_unsupported_on(layer, node) if node.input_tensors else None  # InputLayer
+
+
+def _why_unsupported_on(layer, node):
+    """Why `onnx_graph` cannot write `layer` on the tensors of its call `node`, or None:
+    ranks and axes the NCHW graph would get wrong, sizes it needs and does not know."""
+    kind, rank = type(layer).__name__, node.input_tensors[0].ndim
+    if isinstance(layer, keras.layers.Concatenate | ChannelSplit) and rank not in (2, 4):
+        return f"{kind} of rank other than 2 or 4"
+    if isinstance(layer, keras.layers.Dense) and rank != 2:
+        return "Dense on a rank other than 2"
+    if _activation_name(layer) == "softmax" and node.output_tensors[0].ndim != 2:
+        # Keras's is over the NHWC channels; the NCHW graph's last axis is the width.
+        rank_out = node.output_tensors[0].ndim
+        return f"{kind}(activation=softmax) of rank {rank_out} (written: a 2-D one's last axis)"
+    if isinstance(layer, keras.layers.BatchNormalization) and (rank != 4 or layer.axis % 4 != 3):
+        # Written as a scale and a shift of shape (channels, 1, 1): the NCHW channels.
+        return f"BatchNormalization(axis={layer.axis}) of rank {rank} (written: 4-D channels)"
+    sides = node.input_tensors[0].shape[1:3]
+    needs_sides = isinstance(layer, ChannelShuffle) or (
+        isinstance(layer, _CONVS + _POOLS) and layer.padding == "same"
+    )
+    if needs_sides and None in sides:
+        # ChannelShuffle's last Reshape and TensorFlow's 'same' pads need them.
+        return f"{kind} on unknown spatial sides {tuple(sides)}"
     return None
 
 
