@@ -281,6 +281,11 @@ def _shuffle_of_unknown_sides():
     return keras.Model(inputs, ChannelShuffle(2)(layers.Conv2D(6, 1)(inputs)))
 
 
+def _same_conv_of_unknown_sides():
+    inputs = keras.Input((None, None, 3))
+    return keras.Model(inputs, layers.Conv2D(4, 3, strides=2, padding="same")(inputs))
+
+
 @needs_onnx
 @pytest.mark.tensorflow_only(
     reason="Keras's ONNX exporter is tf2onnx on TensorFlow; on JAX it needs jax2onnx"
@@ -292,6 +297,7 @@ def _shuffle_of_unknown_sides():
         (_batch_norm_not_on_channels, "batch_normalization: BatchNormalization(axis=1) of rank 4"),
         (_batch_norm_of_features, "BatchNormalization(axis=-1) of rank 2"),
         (_shuffle_of_unknown_sides, "channel_shuffle: ChannelShuffle on unknown spatial sides"),
+        (_same_conv_of_unknown_sides, "Conv2D on unknown spatial sides (None, None)"),
     ],
 )
 def test_what_the_nchw_writer_would_get_wrong_goes_through_keras_exporter(tmp_path, build, reason):
