@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_autoshuffle import _deprecation, _validation
+from keras_autoshuffle import _validation
 
 # Sinkhorn passes per call. One is the paper's; the row/column sums converge
 # geometrically, so a few dozen already reach float32 precision on ordinary matrices and
@@ -106,9 +106,7 @@ class DoublyStochastic(keras.constraints.Constraint):
     Args:
         sinkhorn_iterations: number of clip/column/row passes, an integer in [1, 1000];
             default 10, 1 is the paper's Algorithm 1 (the name `RelaxedShuffle`, the
-            builders and the command line use). The former name `iterations` (keyword
-            and config key) is still accepted, with a DeprecationWarning, so files saved
-            with it load.
+            builders and the command line use).
 
     Example:
         >>> m = DoublyStochastic(sinkhorn_iterations=50)(keras.ops.ones((3, 3)))
@@ -118,18 +116,7 @@ class DoublyStochastic(keras.constraints.Constraint):
         Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
     """
 
-    __getattr__ = _deprecation.renamed_attributes(iterations="sinkhorn_iterations")
-
-    def __init__(self, sinkhorn_iterations=SINKHORN_ITERATIONS, **deprecated):
-        sinkhorn_iterations = _deprecation.renamed_argument(
-            "DoublyStochastic",
-            deprecated,
-            "iterations",
-            "sinkhorn_iterations",
-            sinkhorn_iterations,
-            SINKHORN_ITERATIONS,
-        )
-        _deprecation.no_other_keywords("DoublyStochastic", deprecated)
+    def __init__(self, sinkhorn_iterations=SINKHORN_ITERATIONS):
         self.sinkhorn_iterations = check_iterations(sinkhorn_iterations)
 
     def __call__(self, w):

@@ -10,7 +10,7 @@ import keras
 import numpy as np
 from keras import ops
 
-from keras_autoshuffle import _deprecation, _keras_internals, _validation, permutations
+from keras_autoshuffle import _keras_internals, _validation, permutations
 from keras_autoshuffle.constraints import SINKHORN_ITERATIONS, DoublyStochastic
 from keras_autoshuffle.hard_forward import FORWARDS, nearest_permutation_op, straight_through
 from keras_autoshuffle.regularizers import L12Penalty, l12_penalty
@@ -103,13 +103,7 @@ class RelaxedShuffle(keras.layers.Layer):
             and inference then compute an exact permutation; M, its constraint and
             its penalty are trained as in the relaxed form, and `harden()` gives P.
             The attribute is `forward_pass` (on the torch backend `forward` is
-            torch.nn.Module's call; elsewhere `forward` still reads it, deprecated).
-
-    Deprecated names, still accepted as keywords and in saved configs (so `.keras`
-    files written with them load, `safe_mode=True` included) with a DeprecationWarning:
-    `iterations` (now `sinkhorn_iterations`; the attribute `iterations` still reads it)
-    and `initial_groups=g` (now `shuffle_initializer="manual", groups=g`; None was
-    "random").
+            torch.nn.Module's call).
 
     Example:
         >>> shuffle = RelaxedShuffle(penalty=1e-3)
@@ -119,10 +113,6 @@ class RelaxedShuffle(keras.layers.Layer):
     Reference:
         Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
     """
-
-    __getattr__ = _deprecation.renamed_attributes(
-        iterations="sinkhorn_iterations", initial_groups="groups", forward="forward_pass"
-    )
 
     def __init__(
         self,
@@ -136,25 +126,6 @@ class RelaxedShuffle(keras.layers.Layer):
         forward="relaxed",
         **kwargs,
     ):
-        sinkhorn_iterations = _deprecation.renamed_argument(
-            "RelaxedShuffle",
-            kwargs,
-            "iterations",
-            "sinkhorn_iterations",
-            sinkhorn_iterations,
-            SINKHORN_ITERATIONS,
-        )
-        if "initial_groups" in kwargs:
-            groups = _deprecation.renamed_argument(
-                "RelaxedShuffle",
-                kwargs,
-                "initial_groups",
-                "groups",
-                groups,
-                None,
-                replacement='shuffle_initializer="manual", groups=',
-            )
-            shuffle_initializer = "random" if groups is None else "manual"
         super().__init__(**kwargs)
         # Not `self.forward`: on the torch backend that name is torch.nn.Module.forward.
         self.forward_pass = _validation.choice(forward, FORWARDS, "forward")

@@ -3,7 +3,7 @@
 import keras
 from keras import ops
 
-from keras_autoshuffle import _deprecation, _validation
+from keras_autoshuffle import _validation
 
 
 def _safe_norm(squares_sum):
@@ -64,20 +64,12 @@ class L12Penalty(keras.regularizers.Regularizer):
     Args:
         penalty: the paper's lambda, a non-negative float (1e-3 on CIFAR-10,
             2e-3 on ImageNet): the name `RelaxedShuffle` and the builders use.
-            The former name `strength` (keyword and config key) is still accepted,
-            with a DeprecationWarning, so files saved with it load.
 
     Reference:
         Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
     """
 
-    __getattr__ = _deprecation.renamed_attributes(strength="penalty")
-
-    def __init__(self, penalty=1e-3, **deprecated):
-        penalty = _deprecation.renamed_argument(
-            "L12Penalty", deprecated, "strength", "penalty", penalty, 1e-3
-        )
-        _deprecation.no_other_keywords("L12Penalty", deprecated)
+    def __init__(self, penalty=1e-3):
         self.penalty = _validation.penalty(penalty, "penalty")
 
     def __call__(self, x):

@@ -231,27 +231,15 @@ def test_ten_passes_end_on_a_permutation_where_one_pass_stalls(seed):
     np.testing.assert_array_equal(ends[10].round().sum(axis=0), np.ones(16))
 
 
-# --- the deprecated name `iterations` -----------------------------------------------
+# --- the name of an unreleased API (`iterations`, now `sinkhorn_iterations`): no alias ---
 
 
-def test_old_keyword_iterations_is_deprecated():
-    with pytest.warns(DeprecationWarning, match="sinkhorn_iterations"):
-        old = DoublyStochastic(iterations=7)
-    assert old.get_config() == DoublyStochastic(sinkhorn_iterations=7).get_config()
-    with pytest.warns(DeprecationWarning, match="sinkhorn_iterations"):
-        assert old.iterations == 7
-    with pytest.raises(TypeError, match="sinkhorn_iterations=3"):
-        DoublyStochastic(iterations=7, sinkhorn_iterations=3)
-    with pytest.raises(TypeError, match="unexpected keyword argument 'passes'"):
-        DoublyStochastic(passes=7)
-
-
-def test_old_config_deserializes():
-    # What the constraint wrote before the rename (e.g. as a Dense layer's kernel constraint).
+def test_former_keyword_iterations_is_an_unexpected_keyword():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'iterations'"):
+        DoublyStochastic(iterations=7)
     config = saved_form(DoublyStochastic, {"iterations": 7})
-    with pytest.warns(DeprecationWarning, match="iterations"):
-        restored = keras.saving.deserialize_keras_object(config, safe_mode=True)
-    assert isinstance(restored, DoublyStochastic) and restored.sinkhorn_iterations == 7
+    with pytest.raises(TypeError, match="unexpected keyword argument 'iterations'"):
+        keras.saving.deserialize_keras_object(config, safe_mode=True)
 
 
 def _exact_sinkhorn(m, passes):

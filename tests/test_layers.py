@@ -474,116 +474,35 @@ def test_groups_go_with_the_manual_initializer_only(kwargs, message):
         RelaxedShuffle(**kwargs)
 
 
-# --- deprecated names (RelaxedShuffle's `iterations` and `initial_groups`) ----------
+# --- names of an unreleased API (0.1.0 was never published): no aliases --------------
 
 
-def test_old_keyword_iterations_is_deprecated():
-    with pytest.warns(DeprecationWarning, match="sinkhorn_iterations"):
-        old = RelaxedShuffle(iterations=5, name="shuffle")
-    assert old.get_config() == RelaxedShuffle(sinkhorn_iterations=5, name="shuffle").get_config()
-    assert old.constraint.sinkhorn_iterations == 5
-    with pytest.warns(DeprecationWarning, match="sinkhorn_iterations"):
-        assert old.iterations == 5
-    with pytest.raises(TypeError, match="sinkhorn_iterations=5"):
-        RelaxedShuffle(iterations=3, sinkhorn_iterations=5)
+@pytest.mark.parametrize(("key", "value"), [("iterations", 3), ("initial_groups", 2)])
+def test_former_keywords_get_keras_unrecognized_keyword_error(key, value):
+    # `iterations` is `sinkhorn_iterations`, `initial_groups=g` is
+    # `shuffle_initializer="manual", groups=g`.
+    message = f"Unrecognized keyword arguments passed to RelaxedShuffle: {{'{key}': {value}}}"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RelaxedShuffle(**{key: value})
 
 
-@pytest.mark.parametrize(
-    ("initial_groups", "new"),
-    [(3, {"shuffle_initializer": "manual", "groups": 3}), (None, {})],
-)
-def test_old_keyword_initial_groups_is_deprecated(initial_groups, new):
-    with pytest.warns(DeprecationWarning, match='shuffle_initializer="manual", groups='):
-        old = RelaxedShuffle(initial_groups=initial_groups, name="shuffle")
-    assert old.get_config() == RelaxedShuffle(**new, name="shuffle").get_config()
-    with pytest.warns(DeprecationWarning, match="groups"):
-        assert old.initial_groups == initial_groups
-
-
-def test_saving_and_loading_with_the_new_names_warns_nothing(tmp_path):
-    # Keras's saving reads every attribute `dir()` lists: the old names must not be there.
-    import warnings
-
-    model = _small_model()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        model.save(tmp_path / "new.keras")
-        keras.saving.load_model(tmp_path / "new.keras", safe_mode=True)
-        model.save_weights(tmp_path / "new.weights.h5")
-        model.load_weights(tmp_path / "new.weights.h5")
-    assert not [w for w in caught if "deprecated: " in str(w.message)]
-    assert "iterations" not in dir(model.get_layer("shuffle"))
-
-
-# The config RelaxedShuffle wrote before the renames (git: penalty, iterations,
-# permutation, data_format, seed, initial_groups, forward).
-OLD_KEYS = {"iterations": 4, "initial_groups": None}
-
-
-def _old_config(config, **old):
-    """`config` as an older RelaxedShuffle wrote it: the renamed keys under their old names."""
-    for key in ("sinkhorn_iterations", "shuffle_initializer", "groups"):
-        del config[key]
-    config.update({**OLD_KEYS, **old})
-    return config
-
-
-@pytest.mark.parametrize("initial_groups", [None, 2])
-def test_old_config_dict_deserializes(initial_groups):
-    config = keras.saving.serialize_keras_object(RelaxedShuffle(seed=0, name="shuffle"))
-    _old_config(config["config"], initial_groups=initial_groups)
-    with pytest.warns(DeprecationWarning):
-        layer = keras.saving.deserialize_keras_object(config, safe_mode=True)
-    assert isinstance(layer, RelaxedShuffle) and layer.sinkhorn_iterations == 4
-    expected = ("random", None) if initial_groups is None else ("manual", 2)
-    assert (layer.shuffle_initializer, layer.groups) == expected
-
-
-@pytest.mark.parametrize("harden", [False, True])
-def test_keras_file_with_the_old_config_keys_loads_in_safe_mode(tmp_path, harden):
-    model = _small_model()
-    if harden:
-        model.get_layer("shuffle").harden()
+def test_keras_file_with_a_former_config_key_is_refused_naming_it(tmp_path):
     path = tmp_path / "old.keras"
-    model.save(path)
-    edit_keras_file(path, "shuffle", lambda config: _old_config(config, initial_groups=2))
-    with pytest.warns(DeprecationWarning, match="iterations"):
-        restored = keras.saving.load_model(path, safe_mode=True)
-    layer = restored.get_layer("shuffle")
-    assert (layer.sinkhorn_iterations, layer.shuffle_initializer, layer.groups) == (4, "manual", 2)
-    assert layer.is_hardened == harden
-    x, _ = _data(n=4)
-    np.testing.assert_array_equal(restored.predict(x, verbose=0), model.predict(x, verbose=0))
-
-
-def test_renamed_attributes_leave_other_names_to_a_base_getattr():
-    # torch.nn.Module (the torch backend's layer base) serves parameters and sub-modules
-    # through its own __getattr__: the deprecated names must not hide it.
-    from keras_autoshuffle import _deprecation
-
-    class Base:
-        def __getattr__(self, name):
-            return f"base:{name}"
-
-    class Child(Base):
-        __getattr__ = _deprecation.renamed_attributes(old="new")
-        new = 1
-
-    assert Child().other == "base:other"
-    with pytest.warns(DeprecationWarning, match="Child.old"):
-        assert Child().old == 1
+    _small_model().save(path)
+    edit_keras_file(path, "shuffle", lambda config: config.update(iterations=4))
+    # Keras wraps the layer's ValueError into a TypeError that quotes it.
+    with pytest.raises(TypeError, match=re.escape("RelaxedShuffle: {'iterations': 4}")):
+        keras.saving.load_model(path, safe_mode=True)
 
 
 def test_the_forward_mode_reads_as_forward_pass():
-    # `forward` (released with the hard forward pass) is torch.nn.Module's call on the
-    # torch backend: the mode lives in `forward_pass`; elsewhere `forward` still reads it.
+    # `forward` is torch.nn.Module's call on the torch backend: the mode lives in
+    # `forward_pass` on every backend; `forward` stays the keyword and config key.
     layer = RelaxedShuffle(forward="hard")
     assert layer.forward_pass == "hard" and layer.get_config()["forward"] == "hard"
-    if keras.backend.backend() == "torch":
-        assert callable(layer.forward)
-    else:
-        with pytest.warns(DeprecationWarning, match="RelaxedShuffle.forward.*forward_pass"):
-            assert layer.forward == "hard"
+    assert callable(layer.forward) if keras.backend.backend() == "torch" else True
+    for name in ("iterations", "initial_groups"):
+        assert not hasattr(layer, name)
 
 
 def test_numpy_numbers_are_accepted_where_numbers_are_asked_for():

@@ -256,3 +256,87 @@ def test_spatial_concatenation_maps_to_the_nchw_axis():
     x = np.random.default_rng(0).normal(size=(2, 4, 6, 3)).astype("float32")
     got = session.run(None, {"input": x})[0]  # NHWC out, as the Keras model's
     np.testing.assert_allclose(got, model(x), atol=1e-6)
+
+
+def _softmax_on_images():
+    inputs = keras.Input((4, 5, 3))
+    return keras.Model(inputs, layers.Activation("softmax")(layers.Conv2D(6, 1)(inputs)))
+
+
+def _batch_norm_not_on_channels():
+    inputs = keras.Input((4, 5, 3))
+    return keras.Model(inputs, layers.BatchNormalization(axis=1)(layers.Conv2D(6, 1)(inputs)))
+
+
+def _batch_norm_of_features():
+    inputs = keras.Input((4, 5, 3))
+    x = layers.GlobalAveragePooling2D()(layers.Conv2D(6, 1)(inputs))
+    return keras.Model(inputs, layers.BatchNormalization()(x))
+
+
+def _shuffle_of_unknown_sides():
+    from keras_autoshuffle import ChannelShuffle
+
+    inputs = keras.Input((None, None, 3))
+    return keras.Model(inputs, ChannelShuffle(2)(layers.Conv2D(6, 1)(inputs)))
+
+
+def _same_conv_of_unknown_sides():
+    inputs = keras.Input((None, None, 3))
+    return keras.Model(inputs, layers.Conv2D(4, 3, strides=2, padding="same")(inputs))
+
+
+@needs_onnx
+@pytest.mark.tensorflow_only(
+    reason="Keras's ONNX exporter is tf2onnx on TensorFlow; on JAX it needs jax2onnx"
+)
+@pytest.mark.parametrize(
+    ("build", "reason"),
+    [
+        (_softmax_on_images, "activation: Activation(activation=softmax) of rank 4"),
+        (_batch_norm_not_on_channels, "batch_normalization: BatchNormalization(axis=1) of rank 4"),
+        (_batch_norm_of_features, "BatchNormalization(axis=-1) of rank 2"),
+        (_shuffle_of_unknown_sides, "channel_shuffle: ChannelShuffle on unknown spatial sides"),
+        (_same_conv_of_unknown_sides, "Conv2D on unknown spatial sides (None, None)"),
+    ],
+)
+def test_what_the_nchw_writer_would_get_wrong_goes_through_keras_exporter(tmp_path, build, reason):
+    # The NCHW graph would put these on the wrong axis (or fail on a None side): the
+    # writer declines them, naming why, and Keras's exporter writes the file.
+    import onnx
+
+    model = _randomize_batch_norms(build())
+    assert any(reason in why for why in export.unsupported_layers(model)), (
+        export.unsupported_layers(model)
+    )
+    with pytest.raises(ValueError, match="onnx_graph cannot write"):
+        export.onnx_graph(model)
+    x = np.random.default_rng(0).normal(size=(2, 4, 5, 3)).astype("float32")
+    result = export.export_model(model, str(tmp_path), x, formats=("onnx",))
+    assert result["onnx"]["max_abs_diff"] <= 1e-4, result
+    assert onnx.load(str(tmp_path / "model.onnx")).producer_name != "keras_autoshuffle"
+    expected = export.keras_outputs(model, x)
+    assert np.max(np.abs(expected)) > 1e-2
+    np.testing.assert_allclose(
+        export.onnx_outputs(str(tmp_path / "model.onnx"), x), expected, atol=1e-4
+    )
+
+
+@needs_onnx
+def test_a_batch_norm_over_the_channels_after_another_layer_stays_nchw():
+    # Not folded into a conv (a ReLU is between): a scale and a shift over the channels.
+    import onnxruntime
+
+    inputs = keras.Input((4, 5, 3))
+    x = layers.BatchNormalization()(layers.ReLU()(layers.Conv2D(6, 1)(inputs)))
+    model = _randomize_batch_norms(keras.Model(inputs, x))
+    assert not export.unsupported_layers(model)
+    proto = export.onnx_graph(model)
+    assert {"Mul", "Add"} <= {node.op_type for node in proto.graph.node}
+    session = onnxruntime.InferenceSession(
+        proto.SerializeToString(), providers=["CPUExecutionProvider"]
+    )
+    x = np.random.default_rng(0).normal(size=(2, 4, 5, 3)).astype("float32")
+    np.testing.assert_allclose(
+        session.run(None, {"input": x})[0], export.keras_outputs(model, x), atol=1e-5
+    )

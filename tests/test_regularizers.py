@@ -216,31 +216,21 @@ def test_regularizer_penalty_is_capped(penalty):
     assert L12Penalty(1e30).penalty == 1e30
 
 
-# --- the deprecated name `strength` --------------------------------------------------
+# --- the name of an unreleased API (`strength`, now `penalty`): no alias -------------
 
 
-def test_old_keyword_strength_is_deprecated():
-    with pytest.warns(DeprecationWarning, match="penalty"):
-        old = L12Penalty(strength=2e-3)
-    assert old.get_config() == L12Penalty(penalty=2e-3).get_config() == {"penalty": 2e-3}
-    with pytest.warns(DeprecationWarning, match="penalty"):
-        assert old.strength == 2e-3
-    with pytest.raises(TypeError, match="penalty=0.01"):
-        L12Penalty(penalty=1e-2, strength=2e-3)
+def test_former_keyword_strength_is_an_unexpected_keyword():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'strength'"):
+        L12Penalty(strength=1)
     with pytest.raises(TypeError, match="unexpected keyword argument 'lam'"):
         L12Penalty(lam=1.0)
-
-
-def test_old_config_deserializes():
     config = saved_form(L12Penalty, {"strength": 2e-3})
-    with pytest.warns(DeprecationWarning, match="strength"):
-        restored = keras.saving.deserialize_keras_object(config, safe_mode=True)
-    assert isinstance(restored, L12Penalty) and restored.penalty == 2e-3
+    with pytest.raises(TypeError, match="unexpected keyword argument 'strength'"):
+        keras.saving.deserialize_keras_object(config, safe_mode=True)
 
 
-def test_keras_file_with_the_old_config_keys_loads_in_safe_mode(tmp_path):
-    # A Dense layer regularized and constrained by the package's objects, saved before
-    # the renames: {"strength": ...} and {"iterations": ...} in its config.
+def _dense_model():
+    """A Dense layer regularized and constrained by the package's objects."""
     inputs = keras.Input((4,))
     dense = keras.layers.Dense(
         4,
@@ -248,17 +238,14 @@ def test_keras_file_with_the_old_config_keys_loads_in_safe_mode(tmp_path):
         kernel_constraint=DoublyStochastic(3),
         name="dense",
     )
-    model = keras.Model(inputs, dense(inputs))
-    path = tmp_path / "old.keras"
+    return keras.Model(inputs, dense(inputs))
+
+
+def test_keras_file_with_the_package_regularizer_and_constraint_loads_in_safe_mode(tmp_path):
+    model = _dense_model()
+    path = tmp_path / "dense.keras"
     model.save(path)
-
-    def old_keys(config):
-        config["kernel_regularizer"]["config"] = {"strength": 0.5}
-        config["kernel_constraint"]["config"] = {"iterations": 3}
-
-    edit_keras_file(path, "dense", old_keys)
-    with pytest.warns(DeprecationWarning):
-        restored = keras.saving.load_model(path, safe_mode=True)
+    restored = keras.saving.load_model(path, safe_mode=True)
     layer = restored.get_layer("dense")
     assert layer.kernel_regularizer.penalty == 0.5
     assert layer.kernel_constraint.sinkhorn_iterations == 3
@@ -267,3 +254,13 @@ def test_keras_file_with_the_old_config_keys_loads_in_safe_mode(tmp_path):
     np.testing.assert_allclose(
         [float(loss) for loss in restored.losses], [float(loss) for loss in model.losses]
     )
+
+
+def test_keras_file_with_a_former_config_key_is_refused_naming_it(tmp_path):
+    path = tmp_path / "old.keras"
+    _dense_model().save(path)
+    edit_keras_file(
+        path, "dense", lambda config: config["kernel_regularizer"].update(config={"strength": 0.5})
+    )
+    with pytest.raises(TypeError, match="unexpected keyword argument 'strength'"):
+        keras.saving.load_model(path, safe_mode=True)

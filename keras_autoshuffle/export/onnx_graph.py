@@ -55,6 +55,7 @@ def _activation_name(layer):
 
 
 def _why_unsupported(layer):
+    """Why `onnx_graph` cannot write `layer` (its kind or settings), or None."""
     if not isinstance(layer, _LAYERS) or len(inbound_nodes(layer)) != 1:
         return type(layer).__name__
     if getattr(layer, "data_format", "channels_last") != "channels_last":
@@ -69,14 +70,34 @@ def _why_unsupported(layer):
         layer.max_value is not None or layer.negative_slope != 0 or layer.threshold != 0
     ):
         return "ReLU(max_value, negative_slope or threshold set)"
-    if isinstance(layer, keras.layers.Concatenate | ChannelSplit) and inbound_nodes(layer)[
-        0
-    ].input_tensors[0].ndim not in (2, 4):
-        return f"{type(layer).__name__} of rank other than 2 or 4"
-    if isinstance(layer, keras.layers.Dense) and inbound_nodes(layer)[0].input_tensors[0].ndim != 2:
-        return "Dense on a rank other than 2"
     if isinstance(layer, keras.layers.GlobalAveragePooling2D) and layer.keepdims:
         return "GlobalAveragePooling2D(keepdims=True)"
+    node = inbound_nodes(layer)[0]
+    return _why_unsupported_on(layer, node) if node.input_tensors else None  # InputLayer
+
+
+def _why_unsupported_on(layer, node):
+    """Why `onnx_graph` cannot write `layer` on the tensors of its call `node`, or None:
+    ranks and axes the NCHW graph would get wrong, sizes it needs and does not know."""
+    kind, rank = type(layer).__name__, node.input_tensors[0].ndim
+    if isinstance(layer, keras.layers.Concatenate | ChannelSplit) and rank not in (2, 4):
+        return f"{kind} of rank other than 2 or 4"
+    if isinstance(layer, keras.layers.Dense) and rank != 2:
+        return "Dense on a rank other than 2"
+    if _activation_name(layer) == "softmax" and node.output_tensors[0].ndim != 2:
+        # Keras's is over the NHWC channels; the NCHW graph's last axis is the width.
+        rank_out = node.output_tensors[0].ndim
+        return f"{kind}(activation=softmax) of rank {rank_out} (written: a 2-D one's last axis)"
+    if isinstance(layer, keras.layers.BatchNormalization) and (rank != 4 or layer.axis % 4 != 3):
+        # Written as a scale and a shift of shape (channels, 1, 1): the NCHW channels.
+        return f"BatchNormalization(axis={layer.axis}) of rank {rank} (written: 4-D channels)"
+    sides = node.input_tensors[0].shape[1:3]
+    needs_sides = isinstance(layer, ChannelShuffle) or (
+        isinstance(layer, _CONVS + _POOLS) and layer.padding == "same"
+    )
+    if needs_sides and None in sides:
+        # ChannelShuffle's last Reshape and TensorFlow's 'same' pads need them.
+        return f"{kind} on unknown spatial sides {tuple(sides)}"
     return None
 
 
@@ -99,13 +120,18 @@ def _same_pads(size, kernel, stride):
 
 
 class _Writer:
-    """Accumulates nodes and initializers; tensors are named by their Keras tensors."""
+    """Accumulates nodes and initializers, and what a written layer leaves to the next
+    ones (a folded or merged tensor, pads to merge); tensors are named by their Keras
+    tensors."""
 
     def __init__(self, model):
         from onnx import helper
 
         self.helper, self.nodes, self.weights, self.names = helper, [], [], {}
         self.consumers = {}
+        self.skip = {}  # id(Keras tensor) -> the tensor it stands for (folded BN, merged pad)
+        self.pending_pads = {}  # id(padded tensor) -> ((top, bottom), (left, right))
+        self.split_done = set()  # tensors whose ChannelSlices are written (one Split each)
         for layer in model.operations:
             for tensor in inbound_nodes(layer)[0].input_tensors:
                 self.consumers.setdefault(id(tensor), []).append(layer)
@@ -158,7 +184,7 @@ def _conv(w, layer, x, out, pads):
         layer.name,
         kernel_shape=list(kernel.shape[2:]),
         strides=list(layer.strides),
-        pads=[pads[0][0], pads[1][0], pads[0][1], pads[1][1]],
+        pads=_onnx_pads(pads),
         group=groups,
     )
     if _activation_name(layer) != "linear":
@@ -173,6 +199,11 @@ def _bn_affine(bn):
     scale = values.get("gamma", np.ones_like(variance)) / np.sqrt(variance + bn.epsilon)
     shift = values.get("beta", np.zeros_like(variance)) - values["moving_mean"] * scale
     return scale, shift
+
+
+def _onnx_pads(pads):
+    """ONNX's [top, left, bottom, right] of ((top, bottom), (left, right))."""
+    return [pads[0][0], pads[1][0], pads[0][1], pads[1][1]]
 
 
 def _spatial_pads(layer, shape):
@@ -201,144 +232,16 @@ def onnx_graph(model, opset=OPSET, align=None):
     if missing:
         raise ValueError(f"onnx_graph cannot write these layers: {missing}")
     w = _Writer(model)
-    skip = {}  # id(Keras tensor) -> the tensor it stands for (folded BN, merged padding)
-    pending_pads = {}  # id(padded tensor) -> ((top, bottom), (left, right))
-    split_done = set()  # tensors whose ChannelSlices are written (one Split each)
     source = model.inputs[0]
     graph_input = helper.make_tensor_value_info(
         "input", TensorProto.FLOAT, ["batch", *source.shape[1:]]
     )
     w.node("Transpose", ["input"], [w.name(source)], "to_nchw", perm=[0, 3, 1, 2])
     for layer in model.operations:
-        node = inbound_nodes(layer)[0]
-        if isinstance(layer, keras.layers.InputLayer):
-            continue
-        ins = [skip.get(id(t), t) for t in node.input_tensors]
-        if any(t is None for t in ins):  # folded into the previous op
-            continue
-        xs, outs = [w.name(t) for t in ins], [w.name(t) for t in node.output_tensors]
-        shape = ins[0].shape
-        name = layer.name
-        if isinstance(layer, keras.layers.ZeroPadding2D):
-            (top, bottom), (left, right) = layer.padding
-            consumer = w.only_consumer(node.output_tensors[0], (*_CONVS, *_POOLS))
-            relu_in = isinstance(producing_layer(ins[0]), keras.layers.ReLU)
-            if (
-                consumer is not None
-                and consumer.padding == "valid"
-                and (not isinstance(consumer, keras.layers.MaxPooling2D) or relu_in)
-            ):
-                # Into the op's own pads: an average pool counting them (zeros), a max pool
-                # of ReLU outputs (zeros change nothing there).
-                skip[id(node.output_tensors[0])] = ins[0]
-                pending_pads[id(node.output_tensors[0])] = ((top, bottom), (left, right))
-                continue
-            pads = [0, 0, top, left, 0, 0, bottom, right]
-            w.node("Pad", [xs[0], w.constant(f"{name}_pads", np.array(pads))], outs, name)
-        elif isinstance(layer, _CONVS):
-            pads = pending_pads.get(id(node.input_tensors[0])) or _spatial_pads(layer, shape)
-            fused_output = _conv(w, layer, xs[0], outs[0], pads)
-            if fused_output is not None:
-                skip[id(fused_output)] = node.output_tensors[0]
-                bn_layer = producing_layer(fused_output)
-                skip[id(inbound_nodes(bn_layer)[0].input_tensors[0])] = None
-        elif isinstance(layer, keras.layers.BatchNormalization):
-            scale, shift = _bn_affine(layer)
-            c = scale.shape[0]
-            s = w.constant(f"{name}_scale", scale.reshape(c, 1, 1).astype("float32"))
-            b = w.constant(f"{name}_shift", shift.reshape(c, 1, 1).astype("float32"))
-            w.node(
-                "Add", [w.node("Mul", [xs[0], s], [f"{outs[0]}_mul"], f"{name}_mul"), b], outs, name
-            )
-        elif isinstance(layer, keras.layers.ReLU):
-            w.node("Relu", xs, outs, name)
-        elif isinstance(layer, _POOLS):
-            explicit = pending_pads.get(id(node.input_tensors[0]))
-            pads = explicit or _spatial_pads(layer, shape)
-            extra = {}
-            if isinstance(layer, keras.layers.AveragePooling2D):
-                # Keras's 'same' averages over the pixels inside; ZeroPadding2D's are zeros.
-                extra["count_include_pad"] = int(explicit is not None)
-            w.node(
-                "MaxPool" if isinstance(layer, keras.layers.MaxPooling2D) else "AveragePool",
-                xs,
-                outs,
-                name,
-                kernel_shape=list(layer.pool_size),
-                strides=list(layer.strides),
-                pads=[pads[0][0], pads[1][0], pads[0][1], pads[1][1]],
-                **extra,
-            )
-        elif isinstance(layer, keras.layers.GlobalAveragePooling2D):
-            pooled = w.node("GlobalAveragePool", xs, [f"{outs[0]}_4d"], name)
-            w.node("Flatten", [pooled], outs, f"{name}_flatten")
-        elif isinstance(layer, keras.layers.Dense):
-            kernel = keras.ops.convert_to_numpy(layer.kernel)
-            bias = (
-                keras.ops.convert_to_numpy(layer.bias)
-                if layer.use_bias
-                else np.zeros(kernel.shape[1], "float32")
-            )
-            activation = _ACTIVATIONS[_activation_name(layer)]
-            y = w.node(
-                "Gemm",
-                [xs[0], w.constant(f"{name}_w", kernel), w.constant(f"{name}_b", bias)],
-                [f"{outs[0]}_pre" if activation else outs[0]],
-                name,
-            )
-            if activation:
-                w.node(activation, [y], outs, f"{name}_act", **_axis_of(activation))
-        elif isinstance(layer, keras.layers.Concatenate):
-            axis = layer.axis % ins[0].ndim
-            if ins[0].ndim == 4:  # NHWC axis -> NCHW axis
-                axis = (0, 2, 3, 1)[axis]
-            w.node("Concat", _flatten_concats(w, layer, xs, skip), outs, name, axis=axis)
-        elif isinstance(layer, keras.layers.Add):
-            y = xs[0]
-            for k, other in enumerate(xs[1:]):
-                y = w.node(
-                    "Add", [y, other], [outs[0] if k == len(xs) - 2 else f"{name}{k}"], f"{name}{k}"
-                )
-        elif isinstance(layer, keras.layers.Identity):
-            skip[id(node.output_tensors[0])] = ins[0]  # an alias, no node
-        elif isinstance(layer, keras.layers.Activation):
-            activation = _ACTIVATIONS[_activation_name(layer)]
-            w.node(activation or "Identity", xs, outs, name, **_axis_of(activation))
-        elif isinstance(layer, ChannelSplit):
-            half = shape[-1] // 2
-            w.node(
-                "Split",
-                [xs[0], w.constant(f"{name}_sizes", np.array([half, half]))],
-                outs,
-                name,
-                axis=1,
-            )
-        elif isinstance(layer, ChannelSlice):
-            if xs[0] not in split_done:  # all slices of a tensor: one Split
-                split_done.add(xs[0])
-                _split_slices(w, node.input_tensors[0], xs[0], shape[-1])
-        elif isinstance(layer, RelaxedShuffle):  # hardened: a GATHER of the channels
-            perm = w.constant(f"{name}_perm", shuffle_permutation(layer))
-            w.node("Gather", [xs[0], perm], outs, name, axis=1)
-        elif isinstance(layer, ChannelShuffle):
-            g, c = layer.groups, shape[-1]
-            grouped = w.node(
-                "Reshape",
-                [xs[0], w.constant(f"{name}_s1", np.array([0, g, c // g, -1]))],
-                [f"{outs[0]}_g"],
-                f"{name}_r1",
-            )
-            swapped = w.node(
-                "Transpose", [grouped], [f"{outs[0]}_t"], f"{name}_t", perm=[0, 2, 1, 3]
-            )
-            w.node(
-                "Reshape",
-                [swapped, w.constant(f"{name}_s2", np.array([0, c, shape[1], shape[2]]))],
-                outs,
-                f"{name}_r2",
-            )
+        if not isinstance(layer, keras.layers.InputLayer):
+            _write_layer(w, layer)
     result = model.outputs[0]
-    name = w.name(skip.get(id(result), result))
+    name = w.name(w.skip.get(id(result), result))
     if result.ndim == 4:  # an image-shaped output goes back to the model's NHWC
         name = w.node("Transpose", [name], ["output"], "to_nhwc", perm=[0, 2, 3, 1])
     shape = ["batch", *result.shape[1:]]
@@ -352,6 +255,193 @@ def onnx_graph(model, opset=OPSET, align=None):
         align_channels(proto, align)
     checker.check_model(proto)
     return proto
+
+
+class _Call:
+    """One layer call being written: its Keras node, its inputs (after `skip`) and the
+    ONNX names of its inputs and outputs."""
+
+    def __init__(self, w, layer, node, ins):
+        self.layer, self.node, self.ins, self.name = layer, node, ins, layer.name
+        self.xs = [w.name(t) for t in ins]
+        self.outs = [w.name(t) for t in node.output_tensors]
+        self.shape = ins[0].shape  # NHWC
+
+
+def _write_layer(w, layer):
+    """Appends the ONNX nodes of `layer`'s call (none where it is folded into another)."""
+    node = inbound_nodes(layer)[0]
+    ins = [w.skip.get(id(t), t) for t in node.input_tensors]
+    if any(t is None for t in ins):  # folded into the previous op
+        return
+    write = next(write for kinds, write in _WRITERS if isinstance(layer, kinds))
+    write(w, _Call(w, layer, node, ins))
+
+
+def _write_zero_padding(w, call):
+    """Into the consuming conv's or pool's own pads where that is exact, else a Pad."""
+    (top, bottom), (left, right) = call.layer.padding
+    output = call.node.output_tensors[0]
+    consumer = w.only_consumer(output, (*_CONVS, *_POOLS))
+    relu_in = isinstance(producing_layer(call.ins[0]), keras.layers.ReLU)
+    if (
+        consumer is not None
+        and consumer.padding == "valid"
+        and (not isinstance(consumer, keras.layers.MaxPooling2D) or relu_in)
+    ):
+        # Into the op's own pads: an average pool counting them (zeros), a max pool
+        # of ReLU outputs (zeros change nothing there).
+        w.skip[id(output)] = call.ins[0]
+        w.pending_pads[id(output)] = ((top, bottom), (left, right))
+        return
+    pads = w.constant(f"{call.name}_pads", np.array([0, 0, top, left, 0, 0, bottom, right]))
+    w.node("Pad", [call.xs[0], pads], call.outs, call.name)
+
+
+def _write_conv(w, call):
+    """A conv (its BatchNormalization folded in where it can be, `_conv`), padded by a
+    ZeroPadding2D merged into it or by its own 'same' padding."""
+    explicit = w.pending_pads.get(id(call.node.input_tensors[0]))
+    pads = explicit or _spatial_pads(call.layer, call.shape)
+    fused_output = _conv(w, call.layer, call.xs[0], call.outs[0], pads)
+    if fused_output is not None:
+        w.skip[id(fused_output)] = call.node.output_tensors[0]
+        bn_layer = producing_layer(fused_output)
+        w.skip[id(inbound_nodes(bn_layer)[0].input_tensors[0])] = None
+
+
+def _write_batch_norm(w, call):
+    """A BatchNormalization no conv took: x * scale + shift over the NCHW channels."""
+    scale, shift = _bn_affine(call.layer)
+    c, name = scale.shape[0], call.name
+    s = w.constant(f"{name}_scale", scale.reshape(c, 1, 1).astype("float32"))
+    b = w.constant(f"{name}_shift", shift.reshape(c, 1, 1).astype("float32"))
+    scaled = w.node("Mul", [call.xs[0], s], [f"{call.outs[0]}_mul"], f"{name}_mul")
+    w.node("Add", [scaled, b], call.outs, name)
+
+
+def _write_relu(w, call):
+    w.node("Relu", call.xs, call.outs, call.name)
+
+
+def _write_pool(w, call):
+    layer = call.layer
+    explicit = w.pending_pads.get(id(call.node.input_tensors[0]))
+    pads = explicit or _spatial_pads(layer, call.shape)
+    extra = {}
+    if isinstance(layer, keras.layers.AveragePooling2D):
+        # Keras's 'same' averages over the pixels inside; ZeroPadding2D's are zeros.
+        extra["count_include_pad"] = int(explicit is not None)
+    w.node(
+        "MaxPool" if isinstance(layer, keras.layers.MaxPooling2D) else "AveragePool",
+        call.xs,
+        call.outs,
+        call.name,
+        kernel_shape=list(layer.pool_size),
+        strides=list(layer.strides),
+        pads=_onnx_pads(pads),
+        **extra,
+    )
+
+
+def _write_global_pool(w, call):
+    pooled = w.node("GlobalAveragePool", call.xs, [f"{call.outs[0]}_4d"], call.name)
+    w.node("Flatten", [pooled], call.outs, f"{call.name}_flatten")
+
+
+def _write_dense(w, call):
+    layer, name = call.layer, call.name
+    kernel = keras.ops.convert_to_numpy(layer.kernel)
+    bias = (
+        keras.ops.convert_to_numpy(layer.bias)
+        if layer.use_bias
+        else np.zeros(kernel.shape[1], "float32")
+    )
+    activation = _ACTIVATIONS[_activation_name(layer)]
+    y = w.node(
+        "Gemm",
+        [call.xs[0], w.constant(f"{name}_w", kernel), w.constant(f"{name}_b", bias)],
+        [f"{call.outs[0]}_pre" if activation else call.outs[0]],
+        name,
+    )
+    if activation:
+        w.node(activation, [y], call.outs, f"{name}_act", **_axis_of(activation))
+
+
+def _write_concat(w, call):
+    axis = call.layer.axis % call.ins[0].ndim
+    if call.ins[0].ndim == 4:  # NHWC axis -> NCHW axis
+        axis = (0, 2, 3, 1)[axis]
+    inputs = _flatten_concats(w, call.layer, call.xs)
+    w.node("Concat", inputs, call.outs, call.name, axis=axis)
+
+
+def _write_add(w, call):
+    y, xs, name = call.xs[0], call.xs, call.name
+    for k, other in enumerate(xs[1:]):
+        last = k == len(xs) - 2
+        y = w.node("Add", [y, other], [call.outs[0] if last else f"{name}{k}"], f"{name}{k}")
+
+
+def _write_identity(w, call):
+    w.skip[id(call.node.output_tensors[0])] = call.ins[0]  # an alias, no node
+
+
+def _write_activation(w, call):
+    activation = _ACTIVATIONS[_activation_name(call.layer)]
+    w.node(activation or "Identity", call.xs, call.outs, call.name, **_axis_of(activation))
+
+
+def _write_channel_split(w, call):
+    half = call.shape[-1] // 2
+    sizes = w.constant(f"{call.name}_sizes", np.array([half, half]))
+    w.node("Split", [call.xs[0], sizes], call.outs, call.name, axis=1)
+
+
+def _write_channel_slice(w, call):
+    if call.xs[0] not in w.split_done:  # all slices of a tensor: one Split
+        w.split_done.add(call.xs[0])
+        _split_slices(w, call.node.input_tensors[0], call.xs[0], call.shape[-1])
+
+
+def _write_gather(w, call):
+    """A hardened RelaxedShuffle: a GATHER of the channels."""
+    perm = w.constant(f"{call.name}_perm", shuffle_permutation(call.layer))
+    w.node("Gather", [call.xs[0], perm], call.outs, call.name, axis=1)
+
+
+def _write_channel_shuffle(w, call):
+    """ShuffleNet's shuffle as torchvision writes it: Reshape, Transpose, Reshape."""
+    g, c, name, out = call.layer.groups, call.shape[-1], call.name, call.outs[0]
+    grouped = w.node(
+        "Reshape",
+        [call.xs[0], w.constant(f"{name}_s1", np.array([0, g, c // g, -1]))],
+        [f"{out}_g"],
+        f"{name}_r1",
+    )
+    swapped = w.node("Transpose", [grouped], [f"{out}_t"], f"{name}_t", perm=[0, 2, 1, 3])
+    sides = np.array([0, c, call.shape[1], call.shape[2]])
+    w.node("Reshape", [swapped, w.constant(f"{name}_s2", sides)], call.outs, f"{name}_r2")
+
+
+# (kinds, writer), tried in order: the first kind a layer is an instance of writes it.
+_WRITERS = (
+    (keras.layers.ZeroPadding2D, _write_zero_padding),
+    (_CONVS, _write_conv),
+    (keras.layers.BatchNormalization, _write_batch_norm),
+    (keras.layers.ReLU, _write_relu),
+    (_POOLS, _write_pool),
+    (keras.layers.GlobalAveragePooling2D, _write_global_pool),
+    (keras.layers.Dense, _write_dense),
+    (keras.layers.Concatenate, _write_concat),
+    (keras.layers.Add, _write_add),
+    (keras.layers.Identity, _write_identity),
+    (keras.layers.Activation, _write_activation),
+    (ChannelSplit, _write_channel_split),
+    (ChannelSlice, _write_channel_slice),
+    (RelaxedShuffle, _write_gather),
+    (ChannelShuffle, _write_channel_shuffle),
+)
 
 
 def _split_slices(w, tensor, name, channels):
@@ -380,7 +470,7 @@ def _axis_of(activation):
     return {"axis": -1} if activation == "Softmax" else {}
 
 
-def _flatten_concats(w, layer, xs, skip):
+def _flatten_concats(w, layer, xs):
     """The inputs of a Concatenate, with those of nested Concatenates feeding only it."""
     flat = []
     for tensor, name in zip(inbound_nodes(layer)[0].input_tensors, xs, strict=True):

@@ -97,6 +97,28 @@ def export_model(
         LiteRT bytes / int8 bytes)`, "path", "bytes", "float_bytes", "test_examples",
         "calibration_examples"}`.
     """
+    formats = _check_args(model, formats, allow_relaxed, quantize, representative_data, test_data)
+    inputs = checks._single_input(model, sample_inputs)
+    reference = model if reference is None else reference
+    int8_limits = (min_top1_agreement, max_accuracy_drop)
+    int8_data = _int8_data(model, formats, quantize, representative_data, test_data, int8_limits)
+    expected = files.keras_outputs(reference, inputs)
+    tolerance = _tolerance(model, expected, atol, rtol)
+    _prepare_folder(output_dir, quantize)
+    results = {
+        name: _write_and_compare(model, name, output_dir, inputs, expected, tolerance)
+        for name in formats
+    }
+    if quantize == "int8":
+        results["int8"] = _write_int8(
+            model, reference, output_dir, results["litert"]["path"], int8_data, int8_limits
+        )
+    return results
+
+
+def _check_args(model, formats, allow_relaxed, quantize, representative_data, test_data):
+    """`formats` checked (as a tuple), after the model's shuffles, what this backend and
+    these packages can write, and `quantize` with its data; ValueError otherwise."""
     checks.check_exportable(model, allow_relaxed)
     formats = checks.check_formats(formats)
     unsupported = checks.unsupported_formats(formats, checks.compute_dtypes(model))
@@ -115,40 +137,57 @@ def export_model(
             f"quantize=None with representative_data={type(representative_data).__name__}, "
             f"test_data={type(test_data).__name__}"
         )
-    inputs = checks._single_input(model, sample_inputs)
-    reference = model if reference is None else reference
-    if quantize == "int8":
-        int8_data = int8._check_int8_arguments(
-            model, formats, representative_data, test_data, min_top1_agreement, max_accuracy_drop
-        )
-    expected = files.keras_outputs(reference, inputs)
+    return formats
+
+
+def _int8_data(model, formats, quantize, representative_data, test_data, int8_limits):
+    """With "int8", the checked `(calibration, images, labels)`; None without."""
+    if quantize != "int8":
+        return None
+    return int8._check_int8_arguments(model, formats, representative_data, test_data, *int8_limits)
+
+
+def _prepare_folder(output_dir, quantize):
+    """Creates `output_dir`; without int8, removes the int8 file an earlier export left
+    there (it would not match the new files)."""
+    checks.make_folder(output_dir, "output_dir")
+    if quantize is None:
+        remove(os.path.join(output_dir, int8.INT8_FILENAME))
+
+
+def _tolerance(model, expected, atol, rtol):
+    """`atol + rtol * max|expected|`, `rtol` at least twice the epsilon of a 16-bit
+    compute dtype of `model` (mixed precision)."""
     for dtype in checks.compute_dtypes(model) & set(_EPSILON):
         rtol = max(rtol, 2 * _EPSILON[dtype])
-    tolerance = atol + rtol * float(np.max(np.abs(expected), initial=0.0))
-    checks.make_folder(output_dir, "output_dir")
-    if quantize is None:  # an earlier export's int8 file would not match the new files
-        remove(os.path.join(output_dir, int8.INT8_FILENAME))
-    results = {}
-    for name in formats:
-        path = _WRITERS[name](model, os.path.join(output_dir, files.FILENAMES[name]))
-        diff = _max_abs_diff(_READERS[name](path, inputs), expected)
-        if not diff <= tolerance:
-            raise ValueError(
-                f"The {name} export at {path} differs from the Keras model by {diff:.3e} "
-                f"(tolerance {tolerance:.3e})."
-            )
-        results[name] = {"path": path, "max_abs_diff": diff}
-    if quantize == "int8":
-        calibration, images, labels = int8_data
-        results["int8"] = int8._export_int8_checked(
-            model,
-            os.path.join(output_dir, int8.INT8_FILENAME),
-            results["litert"]["path"],
-            calibration,
-            images,
-            labels,
-            litert.keras_predict(reference, images),
-            min_top1_agreement,
-            max_accuracy_drop,
+    return atol + rtol * float(np.max(np.abs(expected), initial=0.0))
+
+
+def _write_int8(model, reference, output_dir, litert_path, int8_data, int8_limits):
+    """Writes and checks `model_int8.tflite` (calibrated and tested on `int8_data`) against
+    `reference` and the float LiteRT file at `litert_path`, within `int8_limits` (least
+    top-1 agreement, most accuracy drop): the int8 entry of the results."""
+    calibration, images, labels = int8_data
+    return int8._export_int8_checked(
+        model,
+        os.path.join(output_dir, int8.INT8_FILENAME),
+        litert_path,
+        calibration,
+        images,
+        labels,
+        litert.keras_predict(reference, images),
+        *int8_limits,
+    )
+
+
+def _write_and_compare(model, name, output_dir, inputs, expected, tolerance):
+    """Writes format `name` into `output_dir`, reads it back and runs it on `inputs`:
+    `{"path", "max_abs_diff"}`, or ValueError beyond `tolerance` of `expected`."""
+    path = _WRITERS[name](model, os.path.join(output_dir, files.FILENAMES[name]))
+    diff = _max_abs_diff(_READERS[name](path, inputs), expected)
+    if not diff <= tolerance:
+        raise ValueError(
+            f"The {name} export at {path} differs from the Keras model by {diff:.3e} "
+            f"(tolerance {tolerance:.3e})."
         )
-    return results
+    return {"path": path, "max_abs_diff": diff}
