@@ -11,7 +11,7 @@ import keras
 from keras import layers, ops
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle.applications import common
+from keras_autoshuffle.applications import common, weights_files
 from keras_autoshuffle.constraints import check_iterations
 from keras_autoshuffle.hard_forward import FORWARDS
 from keras_autoshuffle.layers import SHUFFLE_INITIALIZERS
@@ -127,7 +127,8 @@ def check_common_args(
             f"Received: weights={weights!r}"
         )
     _validation.choice(shuffle, SHUFFLES, "shuffle")
-    if weights is not None and common.learned_shuffles_in_file(weights) and shuffle == "manual":
+    learned = weights is not None and weights_files.learned_shuffles_in_file(weights)
+    if learned and shuffle == "manual":
         raise ValueError(
             f"The weights file {weights} was saved from a model with learned shuffles "
             "(RelaxedShuffle layers: an AutoShuffleNet), but this model's shuffles are manual; "
@@ -139,7 +140,7 @@ def check_common_args(
     _validation.choice(shuffle_initializer, SHUFFLE_INITIALIZERS, "shuffle_initializer")
     _validation.choice(padding, common.PADDINGS, "padding")
     sinkhorn_iterations = check_iterations(sinkhorn_iterations, "sinkhorn_iterations")
-    marked = None if weights is None else common.file_padding(weights)
+    marked = None if weights is None else weights_files.file_padding(weights)
     if marked is not None and marked != padding:
         raise ValueError(
             f"The weights file {weights} fits nets built with padding={marked!r} (e.g. "

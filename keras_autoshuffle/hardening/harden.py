@@ -30,7 +30,7 @@ def shuffle_groups(model):
     if architecture.family == "v1":
         return arch.v1_shuffle_groups(model, architecture)
     return {
-        arch.unit_layer(stage, unit, "shuffle"): None
+        arch.unit_layer(stage, unit, arch.SHUFFLE): None
         for stage, units in architecture.stages()
         for unit in range(1, units + 1)
     }
