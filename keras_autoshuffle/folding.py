@@ -172,8 +172,8 @@ def _fold_v1_unit(model, stage, unit, x, route_manual):
     names = {layer.name for layer in model.layers}
     channels = conv1.filters
     perm = (
-        shuffle_permutation(get("shuffle"))
-        if arch.unit_layer(stage, unit, "shuffle") in names
+        shuffle_permutation(get(arch.SHUFFLE))
+        if arch.unit_layer(stage, unit, arch.SHUFFLE) in names
         else np.arange(channels)
     )
     groups = conv2.groups
@@ -197,13 +197,13 @@ def _fold_v1_unit(model, stage, unit, x, route_manual):
     x = _copy(bn1, x, _take(bn1.get_weights(), sigma))
     x = _copy(relu1, x)
     if isinstance(route, str):
-        x = ChannelShuffle(groups, name=f"{prefix}_shuffle")(x)
+        x = ChannelShuffle(groups, name=arch.unit_layer(stage, unit, arch.SHUFFLE))(x)
     elif route is not None and not np.array_equal(_block_route(route), np.arange(channels)):
         x = _route_slices(x, route, prefix)
     # After the canonical shuffle, channel j feeds what tau^-1 sends it to.
     inverse = permutations.invert_permutation(tau)
     dw = dwconv.get_weights()
-    x = _copy_padding(model, stage, unit, "dwconv_pad", x)
+    x = _copy_padding(model, stage, unit, arch.pad_name("dwconv"), x)
     x = _copy(dwconv, x, [np.take(dw[0], inverse, axis=2), *_take(dw[1:], inverse)])
     x = _copy(dwbn, x, _take(dwbn.get_weights(), inverse))
     kernel = conv2.get_weights()[0]
@@ -254,7 +254,7 @@ def _fold_v1(model, architecture, inputs, route_manual=True):
             branch = _fold_v1_unit(model, stage, unit, x, route_manual)
             if unit == 1:
                 branch = _copy(get("relu2"), branch)
-                shortcut = _copy_padding(model, stage, unit, "pool_pad", shortcut)
+                shortcut = _copy_padding(model, stage, unit, arch.pad_name("pool"), shortcut)
                 x = _copy(get("concat"), [_copy(get("pool"), shortcut), branch])
                 last = get("concat").name
             else:
@@ -277,7 +277,7 @@ def _v2_plan(model, stage, repeats):
     half = arch.v2_half(model, stage)
     consumers = {}
     for unit, state in enumerate(arch.v2_stage_sources(model, stage, repeats), start=1):
-        perm = shuffle_permutation(_unit(model, stage, unit)("shuffle"))
+        perm = shuffle_permutation(_unit(model, stage, unit)(arch.SHUFFLE))
         output = [state[i] for i in perm]
         if unit < repeats:
             consumers[unit + 1] = output[half:]

@@ -27,6 +27,7 @@ from keras import layers
 
 from keras_autoshuffle import ChannelShuffle, RelaxedShuffle, harden_model
 from keras_autoshuffle.applications import (
+    V1_WIDTHS,
     Architecture,
     AutoShuffleNetV1,
     AutoShuffleNetV2,
@@ -34,15 +35,16 @@ from keras_autoshuffle.applications import (
     ShuffleNetV1,
     ShuffleNetV2,
     arguments,
-    common,
     count_macs,
     describe,
     preprocess_input,
     shuffle_layers,
+    torchvision_weights,
+    weights_files,
 )
+from keras_autoshuffle.applications import architecture as arch
 from keras_autoshuffle.applications.architecture import layer_names
 from keras_autoshuffle.applications.shufflenet_v1 import MEGVII_CONFIGS
-from keras_autoshuffle.applications.shufflenet_v1 import WIDTHS as V1_WIDTHS
 
 IMAGENET = (224, 224, 3)
 CIFAR = (32, 32, 3)
@@ -240,6 +242,39 @@ def test_builders_name_layers_by_the_architecture_description(build, repeats, fa
     built = [layer.name for layer in model.layers if not isinstance(layer, layers.InputLayer)]
     assert sorted(built) == sorted(expected)
     assert describe(keras.Sequential([keras.Input((4,)), layers.Dense(2)])) is None
+
+
+def test_every_name_in_the_naming_table_is_built_where_it_should_be():
+    # The names folding, conversion, balanced hardening and the weights checks find
+    # layers by are applications/architecture.py's; each must name a layer the builders
+    # make (a renamed layer fails here, not in a module that looks it up).
+    v2 = tiny_v2(input_shape=(32, 32, 3), stem="imagenet")
+    v2_max = tiny_v2(include_top=False, pooling="max")
+    v1 = tiny_v1(input_shape=(32, 32, 3), stem="imagenet", groups=3)
+    v1_1 = tiny_v1(groups=1)
+    names = {model.name: {layer.name for layer in model.layers} for model in (v2, v1)}
+    for model in (v2, v1):
+        assert set(arch.IMAGENET_STEM) <= names[model.name]
+        assert arch.PREDICTIONS in names[model.name] and arch.AVG_POOL in names[model.name]
+    assert set(arch.V2_HEAD) <= names[v2.name] and not set(arch.V2_HEAD) & names[v1.name]
+    assert arch.MAX_POOL in {layer.name for layer in v2_max.layers}
+    # Every unit part, in the family and unit kind that has it.
+    for model, family in ((v2, "v2"), (v1, "v1")):
+        for stage, units in describe(model).stages():
+            for unit in range(1, units + 1):
+                for part in arch.unit_parts(family, unit):
+                    assert arch.unit_layer(stage, unit, part) in names[model.name]
+    used = {p for family in arch.FAMILIES for unit in (1, 2) for p in arch.unit_parts(family, unit)}
+    assert used == arch.UNIT_PARTS
+    # A manual v1 with g = 1 has no shuffle: the one optional part.
+    missing = {arch.unit_layer(2, 2, p) for p in arch.V1_OPTIONAL}
+    assert not missing & {layer.name for layer in v1_1.layers}
+    # torchvision's map names Keras layers of the table only.
+    keras_names = {name for name, _ in torchvision_weights.torchvision_modules().values()}
+    real = layer_names(arch.Architecture("v2", arch.REPEATS), "imagenet")
+    assert keras_names <= set(real)
+    with pytest.raises(ValueError, match="Received: part='conv3'"):
+        arch.unit_layer(2, 1, "conv3")
 
 
 def test_batch_norm_matches_pytorch_defaults():
@@ -500,7 +535,7 @@ def test_learned_weights_are_refused_by_a_manual_model(tmp_path):
     # the learned matrices (the manual shuffles have no variables).
     relaxed = str(tmp_path / "auto_v2.weights.h5")
     tiny_v2(shuffle="auto", classes=10).save_weights(relaxed)
-    assert common.learned_shuffles_in_file(relaxed) == TINY_UNITS
+    assert weights_files.learned_shuffles_in_file(relaxed) == TINY_UNITS
     # Hardened (no variables left, the permutations are in the config) and .keras files.
     inputs = keras.Input((4, 4, 6))
     tiny = keras.Model(inputs, RelaxedShuffle(seed=0)(inputs))
@@ -514,7 +549,7 @@ def test_learned_weights_are_refused_by_a_manual_model(tmp_path):
             tiny_v2(weights=path, classes=10)
     manual = keras.Model(inputs, ChannelShuffle(2)(inputs))
     manual.save_weights(str(tmp_path / "manual.weights.h5"))
-    assert common.learned_shuffles_in_file(str(tmp_path / "manual.weights.h5")) == 0
+    assert weights_files.learned_shuffles_in_file(str(tmp_path / "manual.weights.h5")) == 0
 
 
 def test_weights_file_that_is_not_hdf5_is_named(tmp_path):

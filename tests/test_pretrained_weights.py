@@ -12,6 +12,7 @@ Every test has its own Keras cache (KERAS_HOME in a temporary folder): none writ
 """
 
 import contextlib
+import functools
 import http.server
 import importlib.util
 import os
@@ -33,6 +34,7 @@ from keras_autoshuffle.applications import (
     CheckpointError,
     ShuffleNetV1,
     ShuffleNetV2,
+    checkpoints,
     decode_predictions,
     pretrained,
 )
@@ -115,7 +117,7 @@ def parity():
 
 def register(monkeypatch, path=CHECKPOINT, sha256=None, name=None):
     """Registers `path` as the x0.5 checkpoint (a 10-class net), under `name`."""
-    entry = pretrained.Checkpoint(
+    entry = checkpoints.Checkpoint(
         file_name=name or os.path.basename(path),
         sha256=sha256 or sha256_of(path),
         num_params=PARAMS_10_CLASSES,
@@ -130,6 +132,12 @@ def register(monkeypatch, path=CHECKPOINT, sha256=None, name=None):
 def imagenet_v2(builder=ShuffleNetV2, **kwargs):
     options = dict(weights="imagenet", classes=10, classifier_activation=None)
     return builder(0.5, **{**options, **kwargs})
+
+
+def converted_weights():
+    """The converted file of the registered x0.5 checkpoint (a 10-class net)."""
+    build = functools.partial(ShuffleNetV2, 0.5, stem="imagenet", classes=10)
+    return pretrained.converted_weights(0.5, True, build)
 
 
 def logits(model, x):
@@ -224,9 +232,9 @@ def test_the_location_variable_takes_file_urls_and_folders(cache, monkeypatch):
     assert path == str(cache / NAME) and sha256_of(path) == sha256_of(CHECKPOINT)
     monkeypatch.setenv(pretrained.URL_VARIABLE, "mirror/models")
     with pytest.raises(ValueError, match="KERAS_AUTOSHUFFLE_WEIGHTS_URL='mirror/models'"):
-        pretrained.checkpoint_url(NAME)
+        checkpoints.checkpoint_url(NAME)
     monkeypatch.delenv(pretrained.URL_VARIABLE)
-    assert pretrained.checkpoint_url("a.pth") == "https://download.pytorch.org/models/a.pth"
+    assert checkpoints.checkpoint_url("a.pth") == "https://download.pytorch.org/models/a.pth"
 
 
 class _System:
@@ -430,13 +438,13 @@ def test_mirror_urls_keep_their_query_string(cache, server, monkeypatch):
     }
     for base, url in cases.items():
         monkeypatch.setenv(pretrained.URL_VARIABLE, base)
-        assert pretrained.checkpoint_url("a.pth") == url
+        assert checkpoints.checkpoint_url("a.pth") == url
     for bad in ("file:relative/dir", "https:///models", "ftp:models"):
         monkeypatch.setenv(pretrained.URL_VARIABLE, bad)
         with pytest.raises(
             ValueError, match=re.escape(f"Received: {pretrained.URL_VARIABLE}={bad!r}")
         ):
-            pretrained.checkpoint_url("a.pth")
+            checkpoints.checkpoint_url("a.pth")
     # For real: a mirror that wants its token gets it.
     register(monkeypatch)
     server.serve(CHECKPOINT)
@@ -469,7 +477,7 @@ def test_a_wrong_hash_file_in_the_cache_is_named_when_offline(cache, server, mon
 def test_a_damaged_converted_file_in_the_cache_is_named(cache, monkeypatch):
     register(monkeypatch)
     place_in_cache(cache)
-    good = pretrained.converted_weights(0.5)
+    good = converted_weights()
     content = open(good, "rb").read()
     damages = {
         "empty": b"",
@@ -487,9 +495,9 @@ def test_a_damaged_converted_file_in_the_cache_is_named(cache, monkeypatch):
     os.remove(good)
     os.mkdir(good)  # a folder where the file goes
     with pytest.raises(ValueError, match=f"file {re.escape(good)} cannot be read"):
-        pretrained.converted_weights(0.5)
+        converted_weights()
     os.rmdir(good)  # deleted as told: converted again
-    assert pretrained.converted_weights(0.5) == good and os.path.getsize(good) == len(content)
+    assert converted_weights() == good and os.path.getsize(good) == len(content)
 
 
 def test_imagenet_weights_need_three_input_channels(cache, monkeypatch):

@@ -1,13 +1,22 @@
 """ShuffleNet v1 / v2 and AutoShuffleNet v1 / v2 builders in the keras.applications style."""
 
-from keras_autoshuffle.applications.architecture import Architecture, describe
+from keras_autoshuffle.applications.architecture import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    V1_GROUPS,
+    V1_WIDTHS,
+    V2_WIDTHS,
+    Architecture,
+    describe,
+)
+from keras_autoshuffle.applications.checkpoints import CHECKPOINTS
 from keras_autoshuffle.applications.common import count_macs
 from keras_autoshuffle.applications.preprocessing import (
     ResizeCenterCrop,
     imagenet_preprocessing,
     preprocess_input,
 )
-from keras_autoshuffle.applications.pretrained import CHECKPOINTS, decode_predictions
+from keras_autoshuffle.applications.pretrained import decode_predictions
 from keras_autoshuffle.applications.shufflenet_v1 import AutoShuffleNetV1, ShuffleNetV1
 from keras_autoshuffle.applications.shufflenet_v2 import AutoShuffleNetV2, ShuffleNetV2
 from keras_autoshuffle.applications.torch_checkpoint import CheckpointError, read_torch_checkpoint
@@ -22,9 +31,14 @@ __all__ = [
     "CheckpointError",
     "ChannelSplit",
     "GroupedConv2D",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
     "ResizeCenterCrop",
     "ShuffleNetV1",
     "ShuffleNetV2",
+    "V1_GROUPS",
+    "V1_WIDTHS",
+    "V2_WIDTHS",
     "count_macs",
     "decode_predictions",
     "describe",

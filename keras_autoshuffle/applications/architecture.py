@@ -11,35 +11,78 @@ import dataclasses
 
 from keras_autoshuffle.layers import shuffle_permutation
 
+# The layer names other modules rely on (folding, torchvision conversion, balanced
+# hardening, the weights checks): written here once, read from here.
+STEM_CONV, STEM_BN, STEM_RELU, STEM_POOL = "stem_conv", "stem_bn", "stem_relu", "stem_pool"
+HEAD_CONV, HEAD_BN, HEAD_RELU = "head_conv", "head_bn", "head_relu"
+AVG_POOL, MAX_POOL, PREDICTIONS = "avg_pool", "max_pool", "predictions"
+# A unit's learned or manual shuffle: `unit_layer(stage, unit, SHUFFLE)`.
+SHUFFLE = "shuffle"
+
+
+def pad_name(name):
+    """The ZeroPadding2D before the stride-2 layer `name` (see `applications/common.py`)."""
+    return f"{name}_pad"
+
+
 # Stem (the paddings and the pool only with the ImageNet stem), v2 head and the
-# classifier or pooling. A `<layer>_pad` (ZeroPadding2D) precedes every stride-2 layer:
-# see `applications/common.py` on padding.
-STEM = ("stem_conv", "stem_bn", "stem_relu")
-IMAGENET_STEM = ("stem_conv_pad", "stem_conv", "stem_bn", "stem_relu", "stem_pool_pad", "stem_pool")
-V2_HEAD = ("head_conv", "head_bn", "head_relu")
-TOP = ("avg_pool", "predictions")
-POOLING = {"avg": "avg_pool", "max": "max_pool"}
+# classifier or pooling. A `<layer>_pad` (ZeroPadding2D) precedes every stride-2 layer.
+STEM = (STEM_CONV, STEM_BN, STEM_RELU)
+IMAGENET_STEM = (pad_name(STEM_CONV), *STEM, pad_name(STEM_POOL), STEM_POOL)
+V2_HEAD = (HEAD_CONV, HEAD_BN, HEAD_RELU)
+TOP = (AVG_POOL, PREDICTIONS)
+POOLING = {"avg": AVG_POOL, "max": MAX_POOL}
+# The first words of every layer name a builder gives (an `input_tensor` may bring other
+# layers along).
+OWN_PREFIXES = ("stem_", "stage", "head_", PREDICTIONS)
 
 # v2: the down-sampling unit's left branch, the branch of every unit, the basic unit's
 # channel split, and the join (concat, then the shuffle).
 V2_LEFT = ("left_dwconv_pad", "left_dwconv", "left_dwbn", "left_conv", "left_bn", "left_relu")
 V2_BRANCH = ("conv1", "bn1", "relu1", "dwconv_pad", "dwconv", "dwbn", "conv2", "bn2", "relu2")
 V2_SPLIT = "split"
-V2_JOIN = ("concat", "shuffle")
+V2_JOIN = ("concat", SHUFFLE)
 
 # v1: the bottleneck branch (the shuffle is absent from manual g=1 units); the
 # down-sampling unit joins an average-pooled shortcut by concat, the others add.
-V1_BRANCH = ("conv1", "bn1", "relu1", "shuffle", "dwconv_pad", "dwconv", "dwbn", "conv2", "bn2")
-V1_OPTIONAL = ("shuffle",)
+V1_BRANCH = ("conv1", "bn1", "relu1", SHUFFLE, "dwconv_pad", "dwconv", "dwbn", "conv2", "bn2")
+V1_OPTIONAL = (SHUFFLE,)
 V1_DOWN_JOIN = ("relu2", "pool_pad", "pool", "concat")
 # Parts that only a down-sampling unit (unit 1, stride 2) has.
 DOWN_ONLY = ("dwconv_pad",)
 # Paddings: models saved before they existed ('same' padding) lack them, and are still
 # described (and folded) as they were built.
-PADS = ("stem_conv_pad", "stem_pool_pad", "left_dwconv_pad", "dwconv_pad", "pool_pad")
+PADS = tuple(pad_name(name) for name in (STEM_CONV, STEM_POOL, "left_dwconv", "dwconv", "pool"))
 V1_JOIN = ("add", "relu2")
 
+# Every part name a unit can have.
+UNIT_PARTS = frozenset(
+    (*V2_LEFT, *V2_BRANCH, V2_SPLIT, *V2_JOIN, *V1_BRANCH, *V1_DOWN_JOIN, *V1_JOIN)
+)
 FAMILIES = ("v1", "v2")
+
+# Units per stage 2, 3, 4 (both families).
+REPEATS = (4, 8, 4)
+# v2 width: stem, stage2, stage3, stage4, head (torchvision `shufflenet_v2_x*`).
+V2_CONFIGS = {
+    0.5: (24, 48, 96, 192, 1024),
+    1.0: (24, 116, 232, 464, 1024),
+    1.5: (24, 176, 352, 704, 1024),
+    2.0: (24, 244, 488, 976, 2048),
+}
+V2_WIDTHS = tuple(V2_CONFIGS)
+# v1: stage-2 output width at 1.0x per groups (the paper's Table 1; stages 3, 4 double it).
+V1_STAGE2_WIDTHS = {1: 144, 2: 200, 3: 240, 4: 272, 8: 384}
+V1_GROUPS = tuple(V1_STAGE2_WIDTHS)
+V1_WIDTHS = (0.25, 0.5, 1.0, 1.5, 2.0)
+# torchvision's ImageNet statistics (inputs scaled to [0, 1] first).
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def width_name(width):
+    """`1.5` -> `"x1_5"`, torchvision's variant suffix."""
+    return "x" + f"{float(width):g}".replace(".", "_") + ("_0" if float(width).is_integer() else "")
 
 
 def unit_prefix(stage, unit):
@@ -47,9 +90,19 @@ def unit_prefix(stage, unit):
     return f"stage{stage}_unit{unit}"
 
 
+def part_layer(prefix, part):
+    """The name of `part` (e.g. "conv1") in the unit named `prefix` (`unit_prefix`);
+    ValueError for a part no unit has (a name written outside this table)."""
+    if part not in UNIT_PARTS:
+        raise ValueError(
+            f"`part` must be a unit part of applications/architecture.py. Received: part={part!r}"
+        )
+    return f"{prefix}_{part}"
+
+
 def unit_layer(stage, unit, part):
     """The name of `part` (e.g. "conv1") in unit `unit` of stage `stage`."""
-    return f"{unit_prefix(stage, unit)}_{part}"
+    return part_layer(unit_prefix(stage, unit), part)
 
 
 def branch_parts(family, unit):
@@ -83,7 +136,7 @@ class Architecture:
         """`(stage, unit)` of the shuffle layer called `name`; ValueError otherwise."""
         for stage, units in self.stages():
             for unit in range(1, units + 1):
-                if unit_layer(stage, unit, "shuffle") == name:
+                if unit_layer(stage, unit, SHUFFLE) == name:
                     return stage, unit
         raise ValueError(
             f"`shuffle_name` must name a shuffle layer of this ShuffleNet {self.family}. "
@@ -103,7 +156,7 @@ def layer_names(architecture, stem, include_top=True, pooling=None, shuffles=Tru
     for stage, units in architecture.stages():
         for unit in range(1, units + 1):
             for part in unit_parts(architecture.family, unit):
-                if part == "shuffle" and architecture.family == "v1" and not shuffles:
+                if part == SHUFFLE and architecture.family == "v1" and not shuffles:
                     continue
                 if pads or part not in PADS:
                     names.append(unit_layer(stage, unit, part))
@@ -160,7 +213,7 @@ def v1_shuffle_groups(model, architecture):
     groups = {}
     for stage, units in architecture.stages():
         for unit in range(1, units + 1):
-            name = unit_layer(stage, unit, "shuffle")
+            name = unit_layer(stage, unit, SHUFFLE)
             if name not in {layer.name for layer in model.layers}:
                 continue
             g1 = model.get_layer(unit_layer(stage, unit, "conv1")).groups
@@ -178,7 +231,7 @@ def v2_stage_sources(model, stage, last):
     half = model.get_layer(unit_layer(stage, 1, "conv2")).filters
     sources = [[("left", k) for k in range(half)] + [(1, k) for k in range(half)]]
     for unit in range(1, last):
-        perm = shuffle_permutation(model.get_layer(unit_layer(stage, unit, "shuffle")))
+        perm = shuffle_permutation(model.get_layer(unit_layer(stage, unit, SHUFFLE)))
         sources.append([sources[-1][i] for i in perm][:half] + [(unit + 1, k) for k in range(half)])
     return sources
 

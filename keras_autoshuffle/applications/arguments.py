@@ -11,7 +11,7 @@ import keras
 from keras import layers, ops
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle.applications import common
+from keras_autoshuffle.applications import common, weights_files
 from keras_autoshuffle.constraints import check_iterations
 from keras_autoshuffle.hard_forward import FORWARDS
 from keras_autoshuffle.layers import SHUFFLE_INITIALIZERS
@@ -101,6 +101,47 @@ def check_common_args(
     Returns:
         The `Options` the builder makes its units with.
     """
+    weights, shuffle_initializer = _check_weights(weights, padding, stem, shuffle_initializer)
+    _validation.choice(shuffle, SHUFFLES, "shuffle")
+    learned = weights is not None and weights_files.learned_shuffles_in_file(weights)
+    if learned and shuffle == "manual":
+        raise ValueError(
+            f"The weights file {weights} was saved from a model with learned shuffles "
+            "(RelaxedShuffle layers: an AutoShuffleNet), but this model's shuffles are manual; "
+            "loading would silently drop the learned matrices. Build the model with "
+            "shuffle='auto' (AutoShuffleNetV1/V2) to load them (a hardened net's file "
+            f"hardens the new net's shuffles at its permutations). Received: weights={weights!r}"
+        )
+    penalty = _validation.penalty(penalty)
+    _validation.choice(shuffle_initializer, SHUFFLE_INITIALIZERS, "shuffle_initializer")
+    _validation.choice(padding, common.PADDINGS, "padding")
+    sinkhorn_iterations = check_iterations(sinkhorn_iterations, "sinkhorn_iterations")
+    marked = None if weights is None else weights_files.file_padding(weights)
+    if marked is not None and marked != padding:
+        raise ValueError(
+            f"The weights file {weights} fits nets built with padding={marked!r} (e.g. "
+            "weights converted from torchvision); with another padding the net would compute "
+            f"another function. Build it with padding={marked!r}. Received: padding={padding!r}"
+        )
+    _validation.choice(stem, STEMS, "stem")
+    _check_top(include_top, pooling, classes, classifier_activation)
+    _validation.choice(shuffle_forward, FORWARDS, "shuffle_forward")
+    shuffle_permutations = _check_permutations(shuffle_permutations, shuffle)
+    check_image_data_format()
+    return common.Options(
+        shuffle,
+        penalty,
+        shuffle_initializer,
+        padding,
+        sinkhorn_iterations,
+        shuffle_forward,
+        shuffle_permutations,
+    )
+
+
+def _check_weights(weights, padding, stem, shuffle_initializer):
+    """`(weights file or None, shuffle_initializer)`: "imagenet" needs torchvision's
+    padding and stem and starts learned shuffles at the manual one; a path must exist."""
     if isinstance(weights, str) and weights == "imagenet":
         # torchvision's network: the width, stem and classes are checked by `finish`
         # (`pretrained.imagenet_weights_file`), once the model is built.
@@ -126,27 +167,11 @@ def check_common_args(
             "ImageNet weights, ShuffleNet v2 only) or the path to an existing weights file. "
             f"Received: weights={weights!r}"
         )
-    _validation.choice(shuffle, SHUFFLES, "shuffle")
-    if weights is not None and common.learned_shuffles_in_file(weights) and shuffle == "manual":
-        raise ValueError(
-            f"The weights file {weights} was saved from a model with learned shuffles "
-            "(RelaxedShuffle layers: an AutoShuffleNet), but this model's shuffles are manual; "
-            "loading would silently drop the learned matrices. Build the model with "
-            "shuffle='auto' (AutoShuffleNetV1/V2) to load them (a hardened net's file "
-            f"hardens the new net's shuffles at its permutations). Received: weights={weights!r}"
-        )
-    penalty = _validation.penalty(penalty)
-    _validation.choice(shuffle_initializer, SHUFFLE_INITIALIZERS, "shuffle_initializer")
-    _validation.choice(padding, common.PADDINGS, "padding")
-    sinkhorn_iterations = check_iterations(sinkhorn_iterations, "sinkhorn_iterations")
-    marked = None if weights is None else common.file_padding(weights)
-    if marked is not None and marked != padding:
-        raise ValueError(
-            f"The weights file {weights} fits nets built with padding={marked!r} (e.g. "
-            "weights converted from torchvision); with another padding the net would compute "
-            f"another function. Build it with padding={marked!r}. Received: padding={padding!r}"
-        )
-    _validation.choice(stem, STEMS, "stem")
+    return weights, shuffle_initializer
+
+
+def _check_top(include_top, pooling, classes, classifier_activation):
+    """Checks the classifier arguments (`classes`, the activation) with `include_top`."""
     if not isinstance(include_top, bool):
         raise ValueError(
             f"`include_top` must be True or False. Received: include_top={include_top!r}"
@@ -161,18 +186,6 @@ def check_common_args(
                 "`classifier_activation` must be None or a Keras activation. "
                 f"Received: classifier_activation={classifier_activation!r}"
             ) from error
-    _validation.choice(shuffle_forward, FORWARDS, "shuffle_forward")
-    shuffle_permutations = _check_permutations(shuffle_permutations, shuffle)
-    check_image_data_format()
-    return common.Options(
-        shuffle,
-        penalty,
-        shuffle_initializer,
-        padding,
-        sinkhorn_iterations,
-        shuffle_forward,
-        shuffle_permutations,
-    )
 
 
 def check_shared_arguments(shared):

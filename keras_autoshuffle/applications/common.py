@@ -6,18 +6,15 @@ custom layers in `keras_autoshuffle.layers`."""
 
 import dataclasses
 import functools
-import zipfile
 
 import keras
 import numpy as np
 from keras import layers
 
-from keras_autoshuffle import _keras_internals, _validation
+from keras_autoshuffle import _validation
+from keras_autoshuffle.applications import architecture as arch
+from keras_autoshuffle.applications import pretrained, weights_files
 from keras_autoshuffle.layers import ChannelShuffle, GroupedConv2D, RelaxedShuffle
-
-# torchvision's ImageNet statistics (inputs scaled to [0, 1] first).
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 def batch_norm(name, gamma_initializer="ones"):
@@ -50,7 +47,7 @@ def _pad(x, strides, name, padding):
     """
     if strides == 1 or padding == "same":
         return x, "same"
-    return layers.ZeroPadding2D(1, name=f"{name}_pad")(x), "valid"
+    return layers.ZeroPadding2D(1, name=arch.pad_name(name))(x), "valid"
 
 
 def conv(filters, kernel_size, name, strides=1, groups=1, padding="torch"):
@@ -106,10 +103,10 @@ def stem(filters, kind, options):
 
     def apply(x):
         imagenet = kind == "imagenet"
-        x = options.conv(filters, 3, "stem_conv", strides=2 if imagenet else 1)(x)
-        x = batch_norm("stem_bn")(x)
-        x = layers.ReLU(name="stem_relu")(x)
-        return options.pool("max", "stem_pool")(x) if imagenet else x
+        x = options.conv(filters, 3, arch.STEM_CONV, strides=2 if imagenet else 1)(x)
+        x = batch_norm(arch.STEM_BN)(x)
+        x = layers.ReLU(name=arch.STEM_RELU)(x)
+        return options.pool("max", arch.STEM_POOL)(x) if imagenet else x
 
     return apply
 
@@ -174,52 +171,10 @@ class Options:
         return pool(kind, name, self.padding)
 
 
-def learned_shuffles_in_file(path):
-    """How many RelaxedShuffle entries a Keras weights file holds (`.weights.h5`, `.keras`).
-
-    Keras names a layer's entry by its class (`layers/relaxed_shuffle_3`), with or
-    without variables (relaxed or hardened). A file that is neither HDF5 nor a `.keras`
-    archive raises ValueError naming it.
-    """
-    try:
-        return _keras_internals.count_layer_entries(path, "relaxed_shuffle")
-    except (OSError, KeyError, zipfile.BadZipFile) as error:
-        raise ValueError(
-            "`weights` must be a Keras weights file (HDF5 `.weights.h5`, or a `.keras` "
-            f"archive); {path} cannot be read as one ({type(error).__name__}: {error}). "
-            f"Received: weights={path!r}"
-        ) from None
-
-
-PADDING_ATTRIBUTE = "keras_autoshuffle_padding"
-
-
-def mark_padding(path, padding):
-    """Records in a `.weights.h5` file the padding of the net it fits (see `file_padding`)."""
-    import h5py
-
-    with h5py.File(path, "a") as handle:
-        handle.attrs[PADDING_ATTRIBUTE] = padding
-
-
-def file_padding(path):
-    """The padding a weights file was marked with (`mark_padding`), or None."""
-    import h5py
-
-    try:
-        with h5py.File(path, "r") as handle:
-            value = handle.attrs.get(PADDING_ATTRIBUTE)
-    except OSError:  # not HDF5 (e.g. a .keras archive): unmarked
-        return None
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def manual_twin(rebuild, shared, options, image_shape):
-    """For a learned-shuffle net, a function building the same net with manual shuffles on
-    `image_shape` (`rebuild` is the private builder with the family's arguments bound,
-    `shared` the other arguments); None otherwise."""
-    if options.shuffle != "auto":
-        return None
+def manual_twin(rebuild, shared, image_shape):
+    """A function building the same net with manual shuffles on `image_shape` (`rebuild`
+    is the private builder with the family's arguments bound, `shared` the other
+    arguments); its keyword arguments override those (e.g. `weights`)."""
     twin = {
         **shared,
         "input_tensor": None,
@@ -233,6 +188,26 @@ def manual_twin(rebuild, shared, options, image_shape):
     return functools.partial(rebuild, **twin)
 
 
+def _top(x, shared):
+    """The classifier (`include_top`), or the optional pooling."""
+    if shared["include_top"]:
+        x = layers.GlobalAveragePooling2D(name=arch.AVG_POOL)(x)
+        # N(0, 0.01) as megvii's ShuffleNet v1 / v2: the initial logits are near 0. With
+        # Keras's Glorot default the v1 loss started at 4.7 (not ln 10) and training at
+        # lr 0.1 diverged in the first epoch on the digits.
+        return layers.Dense(
+            int(shared["classes"]),  # checked: an integer, maybe NumPy's
+            activation=shared["classifier_activation"],
+            kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
+            name=arch.PREDICTIONS,
+        )(x)
+    if shared["pooling"] == "avg":
+        return layers.GlobalAveragePooling2D(name=arch.AVG_POOL)(x)
+    if shared["pooling"] == "max":
+        return layers.GlobalMaxPooling2D(name=arch.MAX_POOL)(x)
+    return x
+
+
 def finish(inputs, x, name, rebuild, shared, options, image_shape):
     """Adds the classifier (or the optional pooling), makes the Model, loads `weights`.
 
@@ -240,37 +215,24 @@ def finish(inputs, x, name, rebuild, shared, options, image_shape):
     `classifier_activation` and `weights` are read from it), `options` their checked form;
     `rebuild` and `image_shape` make the manual twin (`manual_twin`).
 
-    `weights="imagenet"` is torchvision's checkpoint for the model's width, converted and
-    cached once (`pretrained.imagenet_weights_file`), then loaded as a file. A weights
-    file without learned shuffles (a manual net's, e.g. converted from torchvision) given
-    to a learned-shuffle model is loaded into its manual twin (`manual_twin`) and copied
-    layer by layer by name; Keras's `load_weights` cannot take it, the file has no
-    matrices. Last, `shuffle_permutations` entries that name no shuffle are refused.
+    `weights="imagenet"` is torchvision's checkpoint for the model's width, converted
+    into the manual twin and cached once (`pretrained.imagenet_weights_file`), then
+    loaded as a file. A weights file without learned shuffles (a manual net's, e.g.
+    converted from torchvision) given to a learned-shuffle model is loaded into its
+    manual twin and copied layer by layer by name; Keras's `load_weights` cannot take
+    it, the file has no matrices. Last, `shuffle_permutations` entries that name no
+    shuffle are refused.
     """
-    include_top, pooling, weights = shared["include_top"], shared["pooling"], shared["weights"]
-    if include_top:
-        x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
-        # N(0, 0.01) as megvii's ShuffleNet v1 / v2: the initial logits are near 0. With
-        # Keras's Glorot default the v1 loss started at 4.7 (not ln 10) and training at
-        # lr 0.1 diverged in the first epoch on the digits.
-        x = layers.Dense(
-            int(shared["classes"]),  # checked: an integer, maybe NumPy's
-            activation=shared["classifier_activation"],
-            kernel_initializer=keras.initializers.RandomNormal(stddev=0.01),
-            name="predictions",
-        )(x)
-    elif pooling == "avg":
-        x = layers.GlobalAveragePooling2D(name="avg_pool")(x)
-    elif pooling == "max":
-        x = layers.GlobalMaxPooling2D(name="max_pool")(x)
-    model = keras.Model(inputs, x, name=name)
+    model = keras.Model(inputs, _top(x, shared), name=name)
+    weights = shared["weights"]
+    twin = manual_twin(rebuild, shared, image_shape)
     if isinstance(weights, str) and weights == "imagenet":
-        from keras_autoshuffle.applications import pretrained
-
-        weights = pretrained.imagenet_weights_file(model, include_top, shared["classes"])
-    twin = manual_twin(rebuild, shared, options, image_shape)
-    if weights is not None and twin is not None and not learned_shuffles_in_file(weights):
-        for layer in twin().layers:
+        weights = pretrained.imagenet_weights_file(
+            model, shared["include_top"], shared["classes"], functools.partial(twin, weights=None)
+        )
+    learned = options.shuffle == "auto"
+    if weights is not None and learned and not weights_files.learned_shuffles_in_file(weights):
+        for layer in twin(weights=weights).layers:
             if layer.weights:
                 model.get_layer(layer.name).set_weights(layer.get_weights())
     elif weights is not None:
@@ -282,11 +244,6 @@ def finish(inputs, x, name, rebuild, shared, options, image_shape):
 def model_prefix(version, shuffle):
     """`shufflenet_v1` for manual shuffles, `autoshufflenet_v1` for learned ones."""
     return f"{'auto' if shuffle == 'auto' else ''}shufflenet_{version}"
-
-
-def width_name(width):
-    """`1.5` -> `"x1_5"`, torchvision's variant suffix."""
-    return "x" + f"{float(width):g}".replace(".", "_") + ("_0" if float(width).is_integer() else "")
 
 
 def _layer_macs(layer):

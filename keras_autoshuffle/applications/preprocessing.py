@@ -13,7 +13,8 @@ from keras import ops
 from keras.applications import imagenet_utils
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle.applications import common
+from keras_autoshuffle.applications.architecture import width_name
+from keras_autoshuffle.applications.checkpoints import CHECKPOINTS
 
 
 def _resized_size(height, width, size):
@@ -149,8 +150,6 @@ def imagenet_preprocessing(width=1.0, data_format=None):
         >>> batch = keras.ops.expand_dims(keras.utils.img_to_array(image), 0)
         >>> applications.decode_predictions(model.predict(preprocess(batch)), top=3)
     """
-    from keras_autoshuffle.applications.pretrained import CHECKPOINTS
-
     entry = CHECKPOINTS[_validation.choice(width, tuple(CHECKPOINTS), "width")]
     data_format = _validation.data_format(data_format)
     return keras.Sequential(
@@ -164,7 +163,7 @@ def imagenet_preprocessing(width=1.0, data_format=None):
                 name="normalize",
             ),
         ],
-        name=f"shufflenet_v2_{common.width_name(width)}_preprocessing",
+        name=f"shufflenet_v2_{width_name(width)}_preprocessing",
     )
 
 

@@ -1,9 +1,9 @@
 """torchvision's ImageNet ShuffleNetV2 checkpoints behind `weights="imagenet"`.
 
-`CHECKPOINTS` (below) is the registry: for each width, torchvision's published file
-(`ShuffleNet_V2_X*_Weights.IMAGENET1K_V1`), its SHA-256, parameter count, the ImageNet-1K
-accuracy torchvision reports and its evaluation preprocessing. `ShuffleNetV2(width,
-weights="imagenet")` then:
+`CHECKPOINTS` (`applications.checkpoints`) is the registry: for each width, torchvision's
+published file (`ShuffleNet_V2_X*_Weights.IMAGENET1K_V1`), its SHA-256, parameter count,
+the ImageNet-1K accuracy torchvision reports and its evaluation preprocessing.
+`ShuffleNetV2(width, weights="imagenet")` then:
 
 1. uses `<cache>/models/<checkpoint>.weights.h5` (or `..._notop.weights.h5`) if it is
    there: no network, no torch;
@@ -18,17 +18,14 @@ weights="imagenet")` then:
 
 `<cache>` is Keras's cache folder, `$KERAS_HOME` (read at each call) or `~/.keras`.
 
-Test seam: `CHECKPOINTS` is a plain dict {width: Checkpoint}; a test may replace an entry
-(e.g. `monkeypatch.setitem(CHECKPOINTS, 0.5, Checkpoint(...))`) to serve a small
-checkpoint of its own through the same download, hash and conversion code.
+Test seam: `CHECKPOINTS` is a plain dict {width: Checkpoint}, the same object here and in
+`checkpoints` (see there).
 """
 
-import dataclasses
 import http.client
 import json
 import math
 import os
-import pathlib
 import tempfile
 import time
 import urllib.error
@@ -40,18 +37,12 @@ import numpy as np
 
 from keras_autoshuffle._files import sha256_of
 from keras_autoshuffle.applications import architecture as arch
-from keras_autoshuffle.applications.common import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    PADDING_ATTRIBUTE,
-    mark_padding,
-)
-from keras_autoshuffle.applications.shufflenet_v2 import REPEATS, V2_CONFIGS, ShuffleNetV2
+from keras_autoshuffle.applications.architecture import REPEATS, V2_CONFIGS
+from keras_autoshuffle.applications.checkpoints import CHECKPOINTS, URL_VARIABLE
 from keras_autoshuffle.applications.torch_checkpoint import read_torch_checkpoint
 from keras_autoshuffle.applications.torchvision_weights import load_torchvision_weights
+from keras_autoshuffle.applications.weights_files import PADDING_ATTRIBUTE, mark_padding
 
-BASE_URL = "https://download.pytorch.org/models/"
-URL_VARIABLE = "KERAS_AUTOSHUFFLE_WEIGHTS_URL"
 # Seconds a download waits for the server to connect or send its next bytes.
 TIMEOUT_VARIABLE = "KERAS_AUTOSHUFFLE_DOWNLOAD_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0
@@ -64,105 +55,6 @@ CACHE_SUBDIR = "models"
 CLASS_INDEX_FILE = "imagenet_class_index.json"
 CLASS_INDEX_URL = "https://storage.googleapis.com/download.tensorflow.org/data/" + CLASS_INDEX_FILE
 CLASS_INDEX_MD5 = "c2c37ea517e94d9795004a39431a14cb"
-
-
-@dataclasses.dataclass(frozen=True)
-class Checkpoint:
-    """One published ShuffleNetV2 ImageNet checkpoint and what torchvision says of it.
-
-    Attributes:
-        file_name: the file's name (the download URL's last part).
-        sha256: the file's SHA-256 in hex: all 64 digits where a full hash is published,
-            else the prefix torchvision puts in the file name, which is what
-            `torch.hub.load_state_dict_from_url(check_hash=True)` checks too. The
-            download must start with it.
-        num_params: trainable parameters with the 1000-class classifier.
-        acc1, acc5: ImageNet-1K validation accuracy (%) that torchvision reports.
-        resize_size, crop_size: torchvision's evaluation transform
-            (`ImageClassification`): resize the shorter side to `resize_size`
-            (bilinear), center-crop `crop_size`, then `preprocess_input` (scale to [0, 1],
-            normalise with `mean` / `std`); `imagenet_preprocessing(width)` is this
-            transform as Keras layers.
-        classes: the classifier's class count.
-        mean, std: the normalisation, per RGB channel.
-    """
-
-    file_name: str
-    sha256: str
-    num_params: int
-    acc1: float
-    acc5: float
-    resize_size: int = 256
-    crop_size: int = 224
-    classes: int = 1000
-    mean: tuple = IMAGENET_MEAN
-    std: tuple = IMAGENET_STD
-
-    @property
-    def url(self):
-        """Where the file is downloaded from (`KERAS_AUTOSHUFFLE_WEIGHTS_URL` applied)."""
-        return checkpoint_url(self.file_name)
-
-    @property
-    def stem(self):
-        """The file name without `.pth`: the converted files are named after it."""
-        return self.file_name.removesuffix(".pth")
-
-
-# torchvision 0.2x `ShuffleNet_V2_X*_Weights.IMAGENET1K_V1` (torchvision/models/
-# shufflenetv2.py): URL, num_params, acc@1 / acc@5, transforms. x0.5 and x1.0 were ported
-# from ericsun99/Shufflenet-v2-Pytorch (legacy torch format, resize 256); x1.5 and x2.0
-# were trained with torchvision's new recipe (resize 232). Only the x1.0 file's full
-# SHA-256 was found published (OpenVINO Open Model Zoo, models/public/
-# shufflenet-v2-x1.0/model.yml: 9,218,294 bytes; it starts with torchvision's prefix);
-# for the other three the prefix in torchvision's file name is all that is checked.
-CHECKPOINTS = {
-    0.5: Checkpoint("shufflenetv2_x0.5-f707e7126e.pth", "f707e7126e", 1_366_792, 60.552, 81.746),
-    1.0: Checkpoint(
-        "shufflenetv2_x1-5666bf0f80.pth",
-        "5666bf0f80d1e7f8fb61f6a65742b9c27c37f3208c1f087cdcd7c1ec1aa8b848",
-        2_278_604,
-        69.362,
-        88.316,
-    ),
-    1.5: Checkpoint(
-        "shufflenetv2_x1_5-3c479a10.pth", "3c479a10", 3_503_624, 72.996, 91.086, resize_size=232
-    ),
-    2.0: Checkpoint(
-        "shufflenetv2_x2_0-8be3c8ee.pth", "8be3c8ee", 7_393_996, 76.230, 93.006, resize_size=232
-    ),
-}
-
-
-def checkpoint_url(file_name):
-    """`<base>/<file_name>`: the base is `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` when set (an
-    http(s):// or file:// URL of a folder, its query string kept, or an absolute folder
-    path), else torchvision's."""
-    base = os.environ.get(URL_VARIABLE, "").strip() or BASE_URL
-    parts = urllib.parse.urlsplit(base)
-    if not parts.scheme and os.path.isabs(base):
-        parts = urllib.parse.urlsplit(pathlib.Path(base).as_uri())
-    elif not _is_folder_url(parts):
-        raise ValueError(
-            f"The environment variable {URL_VARIABLE} must be the URL of a folder holding "
-            "torchvision's checkpoint files (https://mirror/models/, file:///path/to/folder) "
-            f"or an absolute folder path. Received: {URL_VARIABLE}={base!r}"
-        )
-    path = parts.path.rstrip("/") + "/" + urllib.parse.quote(file_name)
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, parts.fragment))
-
-
-def _is_folder_url(parts):
-    """Whether split URL `parts` can be a base: http(s)/ftp with a host, or file: with an
-    absolute path (`file:relative/dir` has no meaning without a current folder)."""
-    absolute = parts.path.startswith("/")
-    if parts.scheme == "file":
-        return absolute and parts.netloc in ("", "localhost")
-    return (
-        parts.scheme in ("http", "https", "ftp")
-        and bool(parts.netloc)
-        and (absolute or not parts.path)
-    )
 
 
 def download_timeout():
@@ -352,13 +244,16 @@ def _check_cached(path):
         ) from None
 
 
-def converted_weights(width, include_top=True):
+def converted_weights(width, include_top, build):
     """The Keras weights file of torchvision's ImageNet ShuffleNetV2 at `width`, from the
     cache, or downloaded, read (no torch), converted and cached once.
 
     Args:
         width: a key of `CHECKPOINTS` (0.5, 1.0, 1.5, 2.0).
         include_top: with the classifier, or without it (`..._notop.weights.h5`).
+        build: a function of no arguments building the ShuffleNetV2 with manual shuffles
+            at `width` (ImageNet stem, PyTorch's padding, `include_top`, the checkpoint's
+            classes) the checkpoint is converted into; called only on a cache miss.
 
     Returns:
         The path of `<cache>/models/<checkpoint>[_notop].weights.h5`, marked as fitting
@@ -372,14 +267,7 @@ def converted_weights(width, include_top=True):
         return path
     checkpoint = download_checkpoint(width)
     state_dict = read_torch_checkpoint(checkpoint)
-    model = ShuffleNetV2(
-        width,
-        include_top=include_top,
-        stem="imagenet",
-        classes=entry.classes,
-        classifier_activation=None,
-        name=f"shufflenet_v2_x{width:g}_imagenet",
-    )
+    model = build()
     try:
         load_torchvision_weights(model, state_dict)
     except ValueError as error:
@@ -400,7 +288,7 @@ def converted_weights(width, include_top=True):
     return path
 
 
-def imagenet_weights_file(model, include_top, classes):
+def imagenet_weights_file(model, include_top, classes, build):
     """For a builder's `weights="imagenet"`: checks that `model` is the network the
     checkpoints fit and returns the converted weights file (`converted_weights`).
 
@@ -409,6 +297,7 @@ def imagenet_weights_file(model, include_top, classes):
             padding, torchvision's width and stage repeats).
         include_top: whether the model has the classifier.
         classes: its class count; with `include_top`, the checkpoint's (1000).
+        build: builds the same net with manual shuffles, for `converted_weights`.
 
     Returns:
         The path of the Keras weights file to load.
@@ -429,7 +318,7 @@ def imagenet_weights_file(model, include_top, classes):
             "Received: weights='imagenet'"
         )
     names = {layer.name for layer in model.layers}
-    head = model.get_layer("head_conv").weights[0].shape
+    head = model.get_layer(arch.HEAD_CONV).weights[0].shape
     width = {config[3:]: w for w, config in V2_CONFIGS.items()}.get((head[-2], head[-1]))
     if found.repeats != REPEATS or width not in CHECKPOINTS:
         raise ValueError(
@@ -437,7 +326,7 @@ def imagenet_weights_file(model, include_top, classes):
             f"{sorted(CHECKPOINTS)} with stage repeats {REPEATS} (no `channels` / `repeats` "
             f"overrides). Received: repeats={found.repeats}, head {head[-2]} -> {head[-1]}"
         )
-    if "stem_pool" not in names:
+    if arch.STEM_POOL not in names:
         raise ValueError(
             "weights='imagenet' are torchvision's network, which has the ImageNet stem; "
             "stem='auto' picks the CIFAR stem when both input sides are at most 64. Build "
@@ -452,7 +341,7 @@ def imagenet_weights_file(model, include_top, classes):
             "build with include_top=False (and pooling='avg') and add your own head. "
             f"Received: classes={classes}"
         )
-    return converted_weights(width, include_top)
+    return converted_weights(width, include_top, build)
 
 
 def decode_predictions(preds, top=5):

@@ -45,10 +45,8 @@ from keras import layers
 from keras_autoshuffle import _validation
 from keras_autoshuffle.applications import architecture, arguments, common, docstrings
 
-# Stage-2 output width at 1.0x per groups (the paper's Table 1; stages 3, 4 double it).
-STAGE2_WIDTHS = {1: 144, 2: 200, 3: 240, 4: 272, 8: 384}
+# The stage-2 widths per groups (`architecture.V1_STAGE2_WIDTHS`) are those at 1.0x.
 STEM_WIDTH = 24
-WIDTHS = (0.25, 0.5, 1.0, 1.5, 2.0)
 # (groups, width): stem, stage2, stage3, stage4, exactly as megvii's ShuffleNetV1 code.
 # Other pairs scale the 1.0x widths (stem included) and round them: see `v1_channels`.
 MEGVII_CONFIGS = {
@@ -61,8 +59,6 @@ MEGVII_CONFIGS = {
     (8, 1.5): (24, 576, 1152, 2304),
     (8, 2.0): (48, 768, 1536, 3072),
 }
-# Units per stage 2, 3, 4.
-REPEATS = (4, 8, 4)
 REFERENCE = "Zhang et al., ShuffleNet, https://arxiv.org/abs/1707.01083"
 
 DESCRIPTION = """Stage repeats 4, 8, 4. Stage-2 width at 1.0x by groups: g1 144, g2 200,
@@ -97,7 +93,7 @@ def v1_channels(groups, width):
     def nearest(value, divisor):
         return max(divisor, int(value / divisor + 0.5) * divisor)
 
-    base = STAGE2_WIDTHS[groups]
+    base = architecture.V1_STAGE2_WIDTHS[groups]
     stages = tuple(nearest(base * 2**i * width, 4 * groups) for i in range(3))
     return (nearest(STEM_WIDTH * width, groups), *stages)
 
@@ -107,28 +103,29 @@ def _unit(inputs, filters, groups, stride, first_group, options, prefix):
     bottleneck = filters // 4
     branch = filters - inputs if stride == 2 else filters
     bn = common.batch_norm
+    name = functools.partial(architecture.part_layer, prefix)
 
     def apply(x):
         shortcut = x
-        x = options.conv(bottleneck, 1, f"{prefix}_conv1", groups=1 if first_group else groups)(x)
-        x = bn(f"{prefix}_bn1")(x)
-        x = layers.ReLU(name=f"{prefix}_relu1")(x)
+        x = options.conv(bottleneck, 1, name("conv1"), groups=1 if first_group else groups)(x)
+        x = bn(name("bn1"))(x)
+        x = layers.ReLU(name=name("relu1"))(x)
         if options.shuffle == "auto" or groups > 1:
-            x = options.shuffle_layer(groups, f"{prefix}_shuffle")(x)
-        x = options.dwconv(stride, f"{prefix}_dwconv")(x)
-        x = bn(f"{prefix}_dwbn")(x)
-        x = options.conv(branch, 1, f"{prefix}_conv2", groups=groups)(x)
+            x = options.shuffle_layer(groups, name("shuffle"))(x)
+        x = options.dwconv(stride, name("dwconv"))(x)
+        x = bn(name("dwbn"))(x)
+        x = options.conv(branch, 1, name("conv2"), groups=groups)(x)
         # The residual branch starts at zero (Goyal et al., 2017): each unit starts as
         # the identity. With gamma 1 the sum grows unit by unit and training at lr 0.1
         # diverged in its first steps (digits: loss 2.3 -> 59 in 7 steps, 54% after 10
         # epochs). Only the initial value differs from megvii's ShuffleNet v1.
-        x = bn(f"{prefix}_bn2", "zeros" if stride == 1 else "ones")(x)
+        x = bn(name("bn2"), "zeros" if stride == 1 else "ones")(x)
         if stride == 1:
-            x = layers.Add(name=f"{prefix}_add")([shortcut, x])
-            return layers.ReLU(name=f"{prefix}_relu2")(x)
-        x = layers.ReLU(name=f"{prefix}_relu2")(x)
-        shortcut = options.pool("avg", f"{prefix}_pool")(shortcut)
-        return layers.Concatenate(axis=_validation.channel_axis(), name=f"{prefix}_concat")(
+            x = layers.Add(name=name("add"))([shortcut, x])
+            return layers.ReLU(name=name("relu2"))(x)
+        x = layers.ReLU(name=name("relu2"))(x)
+        shortcut = options.pool("avg", name("pool"))(shortcut)
+        return layers.Concatenate(axis=_validation.channel_axis(), name=name("concat"))(
             [shortcut, x]
         )
 
@@ -155,14 +152,15 @@ def _shufflenet_v1(*, width, groups, channels=None, repeats=None, prefix=None, *
         prefix=prefix,
     )
     options = arguments.check_shared_arguments(shared)
-    groups = _validation.choice(groups, tuple(STAGE2_WIDTHS), "groups")
+    groups = _validation.choice(groups, architecture.V1_GROUPS, "groups")
     if channels is None:
-        width = _validation.choice(width, WIDTHS, "width")
+        width = _validation.choice(width, architecture.V1_WIDTHS, "width")
         channels = v1_channels(groups, width)
     else:
         channels = arguments.check_config(channels, 4, "channels")
         arguments.check_config(channels[1:], 3, "channels[1:]", multiple=4 * groups)
-    repeats = arguments.check_config(REPEATS if repeats is None else repeats, 3, "repeats")
+    repeats = architecture.REPEATS if repeats is None else repeats
+    repeats = arguments.check_config(repeats, 3, "repeats")
     inputs, x, stem = arguments.resolve_input(
         shared["input_tensor"], shared["input_shape"], shared["include_top"], shared["stem"]
     )
@@ -179,7 +177,7 @@ def _shufflenet_v1(*, width, groups, channels=None, repeats=None, prefix=None, *
             in_channels = filters
 
     prefix = prefix or common.model_prefix("v1", shared["shuffle"])
-    name = shared["name"] or f"{prefix}_g{groups}_{common.width_name(width)}"
+    name = shared["name"] or f"{prefix}_g{groups}_{architecture.width_name(width)}"
     return common.finish(inputs, x, name, rebuild, shared, options, image_shape)
 
 

@@ -38,15 +38,7 @@ from keras_autoshuffle import _validation
 from keras_autoshuffle.applications import architecture, arguments, common, docstrings
 from keras_autoshuffle.layers import ChannelSplit
 
-# width: stem, stage2, stage3, stage4, head (torchvision `shufflenet_v2_x*`).
-V2_CONFIGS = {
-    0.5: (24, 48, 96, 192, 1024),
-    1.0: (24, 116, 232, 464, 1024),
-    1.5: (24, 176, 352, 704, 1024),
-    2.0: (24, 244, 488, 976, 2048),
-}
-# Units per stage 2, 3, 4.
-REPEATS = (4, 8, 4)
+# The channels per width are `architecture.V2_CONFIGS`, the units per stage `.REPEATS`.
 REFERENCE = "Ma et al., ShuffleNet V2, https://arxiv.org/abs/1807.11164"
 
 DESCRIPTION = """Stage repeats 4, 8, 4; channels per width (stem, stages 2-4, head):
@@ -79,16 +71,17 @@ def _down_unit(filters, options, prefix):
     half = filters // 2
     bn = common.batch_norm
     axis = _validation.channel_axis()
+    name = functools.partial(architecture.part_layer, prefix)
 
     def apply(x):
-        left = options.dwconv(2, f"{prefix}_left_dwconv")(x)
-        left = bn(f"{prefix}_left_dwbn")(left)
-        left = options.conv(half, 1, f"{prefix}_left_conv")(left)
-        left = bn(f"{prefix}_left_bn")(left)
-        left = layers.ReLU(name=f"{prefix}_left_relu")(left)
+        left = options.dwconv(2, name("left_dwconv"))(x)
+        left = bn(name("left_dwbn"))(left)
+        left = options.conv(half, 1, name("left_conv"))(left)
+        left = bn(name("left_bn"))(left)
+        left = layers.ReLU(name=name("left_relu"))(left)
         right = _branch(half, 2, options, prefix)(x)
-        x = layers.Concatenate(axis=axis, name=f"{prefix}_concat")([left, right])
-        return options.shuffle_layer(2, f"{prefix}_shuffle")(x)
+        x = layers.Concatenate(axis=axis, name=name("concat"))([left, right])
+        return options.shuffle_layer(2, name("shuffle"))(x)
 
     return apply
 
@@ -96,12 +89,13 @@ def _down_unit(filters, options, prefix):
 def _basic_unit(filters, options, prefix):
     """The stride-1 unit: half the channels pass, the other half go through the branch."""
     axis = _validation.channel_axis()
+    name = functools.partial(architecture.part_layer, prefix)
 
     def apply(x):
-        identity, x = ChannelSplit(name=f"{prefix}_split")(x)
+        identity, x = ChannelSplit(name=name("split"))(x)
         x = _branch(filters // 2, 1, options, prefix)(x)
-        x = layers.Concatenate(axis=axis, name=f"{prefix}_concat")([identity, x])
-        return options.shuffle_layer(2, f"{prefix}_shuffle")(x)
+        x = layers.Concatenate(axis=axis, name=name("concat"))([identity, x])
+        return options.shuffle_layer(2, name("shuffle"))(x)
 
     return apply
 
@@ -109,16 +103,17 @@ def _basic_unit(filters, options, prefix):
 def _branch(filters, strides, options, prefix):
     """pw conv-BN-ReLU, 3x3 dw conv-BN, pw conv-BN-ReLU."""
     bn = common.batch_norm
+    name = functools.partial(architecture.part_layer, prefix)
 
     def apply(x):
-        x = options.conv(filters, 1, f"{prefix}_conv1")(x)
-        x = bn(f"{prefix}_bn1")(x)
-        x = layers.ReLU(name=f"{prefix}_relu1")(x)
-        x = options.dwconv(strides, f"{prefix}_dwconv")(x)
-        x = bn(f"{prefix}_dwbn")(x)
-        x = options.conv(filters, 1, f"{prefix}_conv2")(x)
-        x = bn(f"{prefix}_bn2")(x)
-        return layers.ReLU(name=f"{prefix}_relu2")(x)
+        x = options.conv(filters, 1, name("conv1"))(x)
+        x = bn(name("bn1"))(x)
+        x = layers.ReLU(name=name("relu1"))(x)
+        x = options.dwconv(strides, name("dwconv"))(x)
+        x = bn(name("dwbn"))(x)
+        x = options.conv(filters, 1, name("conv2"))(x)
+        x = bn(name("bn2"))(x)
+        return layers.ReLU(name=name("relu2"))(x)
 
     return apply
 
@@ -139,10 +134,11 @@ def _shufflenet_v2(*, width, channels=None, repeats=None, prefix=None, **shared)
     )
     options = arguments.check_shared_arguments(shared)
     if channels is None:
-        width = _validation.choice(width, tuple(V2_CONFIGS), "width")
-        channels = V2_CONFIGS[width]
+        width = _validation.choice(width, architecture.V2_WIDTHS, "width")
+        channels = architecture.V2_CONFIGS[width]
     channels = arguments.check_config(channels, 5, "channels", multiple=2)
-    repeats = arguments.check_config(REPEATS if repeats is None else repeats, 3, "repeats")
+    repeats = architecture.REPEATS if repeats is None else repeats
+    repeats = arguments.check_config(repeats, 3, "repeats")
     inputs, x, stem = arguments.resolve_input(
         shared["input_tensor"], shared["input_shape"], shared["include_top"], shared["stem"]
     )
@@ -153,12 +149,12 @@ def _shufflenet_v2(*, width, channels=None, repeats=None, prefix=None, **shared)
         for unit in range(1, units + 1):
             block = _down_unit if unit == 1 else _basic_unit
             x = block(filters, options, architecture.unit_prefix(stage, unit))(x)
-    x = options.conv(channels[4], 1, "head_conv")(x)
-    x = common.batch_norm("head_bn")(x)
-    x = layers.ReLU(name="head_relu")(x)
+    x = options.conv(channels[4], 1, architecture.HEAD_CONV)(x)
+    x = common.batch_norm(architecture.HEAD_BN)(x)
+    x = layers.ReLU(name=architecture.HEAD_RELU)(x)
 
     prefix = prefix or common.model_prefix("v2", shared["shuffle"])
-    name = shared["name"] or f"{prefix}_{common.width_name(width)}"
+    name = shared["name"] or f"{prefix}_{architecture.width_name(width)}"
     return common.finish(inputs, x, name, rebuild, shared, options, image_shape)
 
 

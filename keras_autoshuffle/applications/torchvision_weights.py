@@ -11,7 +11,7 @@ into the wrong layer.
 import numpy as np
 
 from keras_autoshuffle.applications import architecture as arch
-from keras_autoshuffle.applications.shufflenet_v2 import REPEATS, V2_CONFIGS
+from keras_autoshuffle.applications.architecture import REPEATS, V2_CONFIGS
 from keras_autoshuffle.layers import RelaxedShuffle
 
 # torchvision module -> (layer name, kind). Kinds: a dense or 1x1 / 3x3 conv kernel,
@@ -43,7 +43,7 @@ _PARAMETERS = {
 
 def torchvision_modules(include_top=True):
     """{torchvision module name: (Keras layer name, kind)} for a ShuffleNetV2."""
-    modules = {"conv1.0": ("stem_conv", "conv"), "conv1.1": ("stem_bn", "bn")}
+    modules = {"conv1.0": (arch.STEM_CONV, "conv"), "conv1.1": (arch.STEM_BN, "bn")}
     for stage, units in enumerate(REPEATS, start=2):
         for unit in range(units):
             parts = {f"branch2.{k}": v for k, v in _BRANCH.items()}
@@ -52,10 +52,10 @@ def torchvision_modules(include_top=True):
             for module, (part, kind) in parts.items():
                 layer = arch.unit_layer(stage, unit + 1, part)
                 modules[f"stage{stage}.{unit}.{module}"] = (layer, kind)
-    modules["conv5.0"] = ("head_conv", "conv")
-    modules["conv5.1"] = ("head_bn", "bn")
+    modules["conv5.0"] = (arch.HEAD_CONV, "conv")
+    modules["conv5.1"] = (arch.HEAD_BN, "bn")
     if include_top:
-        modules["fc"] = ("predictions", "dense")
+        modules["fc"] = (arch.PREDICTIONS, "dense")
     return modules
 
 
@@ -112,13 +112,13 @@ def _check_model(model):
             f"{REPEATS}). Received: model={getattr(model, 'name', model)!r}"
         )
     names = {layer.name for layer in model.layers}
-    if "stem_pool" not in names:
+    if arch.STEM_POOL not in names:
         raise ValueError(
             "torchvision's ShuffleNetV2 has the ImageNet stem (a stride-2 conv and a max-pool); "
             "this model has the CIFAR stem, a different network. Build it with "
             f"stem='imagenet'. Received: model={model.name!r}"
         )
-    if "stem_conv_pad" not in names:
+    if arch.pad_name(arch.STEM_CONV) not in names:
         raise ValueError(
             "This model pads its stride-2 layers with Keras's 'same' (built with "
             "padding='same', or by an older version of keras_autoshuffle): torchvision's "
@@ -140,7 +140,7 @@ def _check_width(model, state_dict):
     if "conv5.0.weight" not in state_dict:
         return
     channels = np.shape(_as_array("conv5.0.weight", state_dict["conv5.0.weight"]))
-    ours = model.get_layer("head_conv").get_weights()[0].shape
+    ours = model.get_layer(arch.HEAD_CONV).get_weights()[0].shape
     if len(channels) == 4 and (channels[1], channels[0]) != (ours[2], ours[3]):
         theirs = torchvision_width(state_dict) or "unknown"
         mine = {c[3]: w for w, c in V2_CONFIGS.items()}.get(ours[2], "unknown")
@@ -182,8 +182,34 @@ def load_torchvision_weights(model, state_dict):
             f"Received: state_dict of type {type(state_dict).__name__}"
         )
     _check_model(model)
-    include_top = "predictions" in {layer.name for layer in model.layers}
+    include_top = arch.PREDICTIONS in {layer.name for layer in model.layers}
     modules = torchvision_modules(include_top)
+    _check_keys(state_dict, modules, include_top)
+    _check_width(model, state_dict)
+    assignments = [
+        (model.get_layer(name), _layer_values(model.get_layer(name), module, kind, state_dict))
+        for module, (name, kind) in modules.items()
+    ]
+    assigned = {id(layer) for layer, _ in assignments}
+    unassigned = [
+        layer.name
+        for layer in model.layers
+        if layer.weights
+        and layer.name.startswith(arch.OWN_PREFIXES)
+        and id(layer) not in assigned
+        and not isinstance(layer, RelaxedShuffle)
+    ]
+    if unassigned:
+        raise ValueError(
+            f"torchvision's ShuffleNetV2 has no weights for layers {unassigned[:5]} of this model."
+        )
+    for layer, values in assignments:
+        layer.set_weights(values)
+    return model
+
+
+def _check_keys(state_dict, modules, include_top):
+    """Names the keys missing from, and the keys foreign to, torchvision's state dict."""
     expected = [f"{m}.{p}" for m, (_, kind) in modules.items() for p in _PARAMETERS[kind]]
     given = [str(k) for k in state_dict.keys() if not str(k).endswith(".num_batches_tracked")]
     ignored = () if include_top else ("fc.weight", "fc.bias")
@@ -195,50 +221,32 @@ def load_torchvision_weights(model, state_dict):
             "The state dict does not match torchvision's ShuffleNetV2. Missing keys "
             f"({len(missing)}): {missing[:5]}; unexpected keys ({len(extra)}): {extra[:5]}."
         )
-    _check_width(model, state_dict)
-    assignments = []
-    for module, (layer_name, kind) in modules.items():
-        layer = model.get_layer(layer_name)
-        current = layer.get_weights()
-        if len(current) != len(_PARAMETERS[kind]):
-            raise ValueError(
-                f"Layer {layer_name!r} has {len(current)} weights where torchvision's "
-                f"{module} has {len(_PARAMETERS[kind])}."
-            )
-        values = []
-        for parameter, old in zip(_PARAMETERS[kind], current, strict=True):
-            key = f"{module}.{parameter}"
-            value = _to_keras(_as_array(key, state_dict[key]), kind, parameter)
-            if value.shape != old.shape:
-                hint = ""
-                if kind == "dense":
-                    hint = (
-                        f" (the state dict has {value.shape[-1]} classes, the model "
-                        f"{old.shape[-1]}: build it with classes={value.shape[-1]}, or with "
-                        "include_top=False to leave the classifier out)"
-                    )
-                raise ValueError(
-                    f"`state_dict[{key!r}]` does not fit layer {layer_name!r}{hint}: "
-                    f"it needs shape {old.shape} in Keras's layout. Received: shape "
-                    f"{value.shape} after conversion"
-                )
-            values.append(value)
-        assignments.append((layer, values))
-    assigned = {id(layer) for layer, _ in assignments}
-    # The ShuffleNet's own layers (an `input_tensor` may bring other layers along).
-    own = ("stem_", "stage", "head_", "predictions")
-    unassigned = [
-        layer.name
-        for layer in model.layers
-        if layer.weights
-        and layer.name.startswith(own)
-        and id(layer) not in assigned
-        and not isinstance(layer, RelaxedShuffle)
-    ]
-    if unassigned:
+
+
+def _layer_values(layer, module, kind, state_dict):
+    """torchvision module `module`'s arrays in Keras's layout, checked against `layer`."""
+    current = layer.get_weights()
+    if len(current) != len(_PARAMETERS[kind]):
         raise ValueError(
-            f"torchvision's ShuffleNetV2 has no weights for layers {unassigned[:5]} of this model."
+            f"Layer {layer.name!r} has {len(current)} weights where torchvision's "
+            f"{module} has {len(_PARAMETERS[kind])}."
         )
-    for layer, values in assignments:
-        layer.set_weights(values)
-    return model
+    values = []
+    for parameter, old in zip(_PARAMETERS[kind], current, strict=True):
+        key = f"{module}.{parameter}"
+        value = _to_keras(_as_array(key, state_dict[key]), kind, parameter)
+        if value.shape != old.shape:
+            hint = ""
+            if kind == "dense":
+                hint = (
+                    f" (the state dict has {value.shape[-1]} classes, the model "
+                    f"{old.shape[-1]}: build it with classes={value.shape[-1]}, or with "
+                    "include_top=False to leave the classifier out)"
+                )
+            raise ValueError(
+                f"`state_dict[{key!r}]` does not fit layer {layer.name!r}{hint}: "
+                f"it needs shape {old.shape} in Keras's layout. Received: shape "
+                f"{value.shape} after conversion"
+            )
+        values.append(value)
+    return values

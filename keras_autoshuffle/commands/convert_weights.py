@@ -26,8 +26,8 @@ from keras_autoshuffle.applications import (
     load_torchvision_weights,
     read_torch_checkpoint,
 )
-from keras_autoshuffle.applications.common import mark_padding
 from keras_autoshuffle.applications.torchvision_weights import torchvision_width
+from keras_autoshuffle.applications.weights_files import mark_padding
 
 
 def read_checkpoint(path):

@@ -12,7 +12,7 @@ import numpy as np
 import tensorflow as tf
 
 # One definition of ImageNet's statistics, shared with `applications.preprocess_input`.
-from keras_autoshuffle.applications.common import IMAGENET_MEAN, IMAGENET_STD
+from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD
 from keras_autoshuffle.data import transforms
 from keras_autoshuffle.data.pipeline import ArrayData, TFDSData
 

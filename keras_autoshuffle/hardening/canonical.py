@@ -78,7 +78,7 @@ def routing_counts(model):
     for stage, units in architecture.stages():
         half = arch.v2_half(model, stage)
         perms = [
-            shuffle_permutation(model.get_layer(arch.unit_layer(stage, unit, "shuffle")))
+            shuffle_permutation(model.get_layer(arch.unit_layer(stage, unit, arch.SHUFFLE)))
             for unit in range(1, units + 1)
         ]
         manual = [group_shuffle_permutation(2 * half, 2)] * units

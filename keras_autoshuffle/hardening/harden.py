@@ -30,7 +30,7 @@ def shuffle_groups(model):
     if architecture.family == "v1":
         return arch.v1_shuffle_groups(model, architecture)
     return {
-        arch.unit_layer(stage, unit, "shuffle"): None
+        arch.unit_layer(stage, unit, arch.SHUFFLE): None
         for stage, units in architecture.stages()
         for unit in range(1, units + 1)
     }
@@ -94,12 +94,25 @@ def harden_model(model, balanced=False, time_limit=None, permutations=None):
     if permutations is not None:
         permutations = check_permutations(model, permutations)
         balanced = False
-    matrices = [_finite_matrix(layer) for layer in layers]
-    penalties = [layer.l12_penalty() for layer in layers]
     architecture = arch.describe(model)
     v2 = balanced is True and architecture is not None and architecture.family == "v2"
     if balanced is True and not v2:
         balanced = shuffle_groups(model)
+    chosen, report = _choose(model, layers, balanced, v2, permutations, time_limit)
+    for layer, perm in zip(layers, chosen, strict=True):
+        layer.harden(perm)
+    drop_removed_variables(model)
+    model.test_function = model.predict_function = None
+    if getattr(model, "train_function", None) is not None:
+        # Rebuild rather than clear: a running fit() keeps calling model.train_function.
+        model.make_train_function(force=True)
+    return report
+
+
+def _choose(model, layers, balanced, v2, permutations, time_limit):
+    """`(permutations, report)` for `layers`, in order; no layer is changed."""
+    matrices = [_finite_matrix(layer) for layer in layers]
+    penalties = [layer.l12_penalty() for layer in layers]
     chosen, report = [], []
     try:
         for layer, matrix, penalty in zip(layers, matrices, penalties, strict=True):
@@ -129,14 +142,7 @@ def harden_model(model, balanced=False, time_limit=None, permutations=None):
     finally:
         for layer in layers:
             layer._permutation = None
-    for layer, perm in zip(layers, chosen, strict=True):
-        layer.harden(perm)
-    drop_removed_variables(model)
-    model.test_function = model.predict_function = None
-    if getattr(model, "train_function", None) is not None:
-        # Rebuild rather than clear: a running fit() keeps calling model.train_function.
-        model.make_train_function(force=True)
-    return report
+    return chosen, report
 
 
 def _finite_matrix(layer):

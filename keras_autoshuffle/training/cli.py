@@ -261,21 +261,21 @@ def make_model_fn(
 
 def _argument_errors(args, recipe):
     """What the options contradict (argparse checks each alone): messages, first first."""
-    from keras_autoshuffle.applications import shufflenet_v1, shufflenet_v2
+    from keras_autoshuffle.applications import V1_GROUPS, V1_WIDTHS, V2_WIDTHS
 
     errors = []
     if not args.output.strip():  # "" would write the run into the working directory
         errors.append(f"argument --output: must name a folder, got {args.output!r}")
-    widths = shufflenet_v2.V2_CONFIGS if args.model == "v2" else shufflenet_v1.WIDTHS
+    widths = V2_WIDTHS if args.model == "v2" else V1_WIDTHS
     if args.width not in widths:
         errors.append(
             f"argument --width: must be one of {', '.join(map(str, widths))} with --model "
             f"{args.model}, got {args.width!r}"
         )
-    if args.model == "v1" and args.groups not in shufflenet_v1.STAGE2_WIDTHS:
+    if args.model == "v1" and args.groups not in V1_GROUPS:
         errors.append(
             "argument --groups: must be one of "
-            f"{', '.join(map(str, shufflenet_v1.STAGE2_WIDTHS))} with --model v1, "
+            f"{', '.join(map(str, V1_GROUPS))} with --model v1, "
             f"got {args.groups}"
         )
     for flag, value in (
