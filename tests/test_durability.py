@@ -329,6 +329,44 @@ def test_a_diverged_run_stops_naming_the_epoch_and_resumes_with_a_lower_rate(tmp
     ]
 
 
+class StepsBegun(keras.callbacks.Callback):
+    """The (epoch, step) of every training step begun."""
+
+    def __init__(self):
+        super().__init__()
+        self.epoch, self.steps = 0, []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.steps.append((self.epoch, batch))
+
+
+@pytest.mark.parametrize("loop", ["fit", "multi_worker"])
+def test_a_loss_turning_nan_stops_the_run_in_that_step(tmp_path, monkeypatch, loop):
+    # lr 1e30: step 1 (the first) is finite, its update makes step 2's loss NaN; 4 steps
+    # an epoch, so an end-of-epoch check would have run steps 3 and 4 first.
+    if loop == "multi_worker":  # the hand-written loop, on this process's one device
+        monkeypatch.setattr(training.distribution, "is_multi_worker", lambda strategy: True)
+    out = tmp_path / "run"
+    absurd = training.Recipe(1e-2, (1e30,), (2,), 0.9, 1e-4, 8)
+    begun = StepsBegun()
+    with pytest.raises(
+        TrainingDivergedError, match=r"in epoch 1: non-finite loss at step 2\. .*start over"
+    ):
+        _train(out, recipe=absurd, callbacks=[begun], strategy="one-device")
+    assert begun.steps == [(0, 0), (0, 1)]
+    record = json.loads((out / ft.BACKUP / DIVERGENCE_FILE).read_text())
+    assert (record["epoch"], record["step"], record["non_finite"]) == (1, 2, ["loss"])
+    assert not (out / "history.csv").exists() and not (out / "report.json").exists()
+    # The rerun with a lower learning rate is accepted (nothing was backed up: it starts
+    # over) and finishes.
+    report = _train(out, recipe=training.Recipe(1e-2, (0.05,), (2,), 0.9, 1e-4, 8))
+    assert tuple(report["settings"]["learning_rates"]) == (0.05,)
+    assert np.isfinite(report["relaxed_loss"])
+
+
 # 4. A resume trusts nothing in the backup folder.
 
 
@@ -411,6 +449,11 @@ DAMAGED = {
         "before the last epoch",
     ),
     "divergence_a_string": (_write(DIVERGENCE_FILE, '"nan"'), "divergence record", "object"),
+    "divergence_step_zero": (
+        _write(DIVERGENCE_FILE, {"epoch": 1, "step": 0, "learning_rates": [0.1]}),
+        "divergence record",
+        "'step' must be an integer >= 1",
+    ),
 }
 
 

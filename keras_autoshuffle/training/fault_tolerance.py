@@ -56,6 +56,7 @@ from keras_autoshuffle.training.run_files import (
     check_epoch,
     damaged,
     epochs_of,
+    is_int,
     is_number,
     read_json,
     read_record,
@@ -133,6 +134,9 @@ def _check_divergence(backup_dir, epochs):
         rates = record["learning_rates"]
         if not isinstance(rates, list) or not all(is_number(r) for r in rates):
             raise damaged(path, "divergence record", "'learning_rates' must be numbers", rates)
+        step = record.get("step")
+        if step is not None and not (is_int(step) and step >= 1):
+            raise damaged(path, "divergence record", "'step' must be an integer >= 1", step)
 
 
 def check_backup(backup_dir, settings):
