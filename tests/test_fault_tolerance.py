@@ -1,5 +1,6 @@
 """Run-directory safety: finished runs, killed runs with other settings, damaged backups."""
 
+import dataclasses
 import json
 import os
 import re
@@ -251,13 +252,32 @@ def test_a_broken_hardening_record_is_named_on_resume(tmp_path):
         record.on_train_begin()
 
 
-def test_a_backup_from_before_sinkhorn_iterations_were_recorded(tmp_path):
-    # Those runs had one pass per step: they resume with 1 and are refused otherwise.
-    _killed_run(tmp_path / "run")
-    assert prepare_run_directory(str(tmp_path / "run"), {**SETTINGS, "sinkhorn_iterations": 1})
-    _killed_run(tmp_path / "other")
-    with pytest.raises(RunDirectoryError, match=r"sinkhorn_iterations=10 \(backup: 1\)"):
-        prepare_run_directory(str(tmp_path / "other"), {**SETTINGS, "sinkhorn_iterations": 10})
+def test_a_new_setting_with_its_default_resumes_a_backup_written_without_it(tmp_path, monkeypatch):
+    # A setting added to RunIdentity after the backup was written: the stored record
+    # lacks it and takes its default, so the run resumes; another value is refused.
+    from keras_autoshuffle.training import identity
+
+    @dataclasses.dataclass(frozen=True)
+    class Added(identity.RunIdentity):
+        label_smoothing: float = 0.0
+
+    monkeypatch.setattr(identity, "RunIdentity", Added)
+    run = identity.RunIdentity.make(SETTINGS).record()
+    _killed_run(tmp_path / "run", settings=SETTINGS)  # written before the setting existed
+    assert prepare_run_directory(str(tmp_path / "run"), run) is True
+    stored = json.loads((tmp_path / "run" / ft.BACKUP / ft.SETTINGS_FILE).read_text())
+    assert stored["label_smoothing"] == 0.0  # the resumed run's record holds it
+    _killed_run(tmp_path / "other", settings=SETTINGS)
+    changed = identity.RunIdentity.make(SETTINGS, label_smoothing=0.1).record()
+    with pytest.raises(RunDirectoryError, match=r"label_smoothing=0.1 \(backup: 0.0\)"):
+        prepare_run_directory(str(tmp_path / "other"), changed)
+
+
+def test_run_identity_refuses_a_setting_it_does_not_define():
+    from keras_autoshuffle.training.identity import RunIdentity
+
+    with pytest.raises(ValueError, match=r"fields of RunIdentity .*Received: colour='red'"):
+        RunIdentity.make({"colour": "red", "seed": 1})
 
 
 def test_a_backup_without_recorded_settings_is_refused(tmp_path):

@@ -35,6 +35,7 @@ from keras_autoshuffle.training.backup import (
     trained,
 )
 from keras_autoshuffle.training.divergence import DIVERGENCE_FILE
+from keras_autoshuffle.training.identity import differences
 from keras_autoshuffle.training.records import (
     ElapsedTime,
     HardeningRecord,
@@ -91,16 +92,11 @@ __all__ = [
     "write_json",
 ]
 
-# Settings added after runs were already backed up, with the value those runs had:
-# their backups lack the key and resume when the run asks for that value.
-_SETTINGS_BEFORE_RECORDED = {"sinkhorn_iterations": 1}
-# Settings a resume may change after a divergence (the advice of TrainingDivergedError).
-CHANGEABLE_AFTER_DIVERGENCE = ("learning_rates", "learning_rate")
-
 
 def _check_settings(backup_dir, settings):
-    """RunDirectoryError unless `backup_dir` records `settings` (after a divergence, the
-    learning rate may differ)."""
+    """RunDirectoryError unless `backup_dir` records `settings` (a `RunIdentity` record;
+    a field either lacks takes its default; after a divergence the learning rate may
+    differ)."""
     path = os.path.join(backup_dir, SETTINGS_FILE)
     if not os.path.exists(path):
         raise RunDirectoryError(
@@ -111,18 +107,13 @@ def _check_settings(backup_dir, settings):
     saved = read_json(path, "run settings")
     if not isinstance(saved, dict):
         raise damaged(path, "run settings", "not an object of settings", saved)
-    for key, value in _SETTINGS_BEFORE_RECORDED.items():
-        if key in settings:
-            saved.setdefault(key, value)
-    differ = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
-    if differ and os.path.exists(os.path.join(backup_dir, DIVERGENCE_FILE)):
-        differ = [k for k in differ if k not in CHANGEABLE_AFTER_DIVERGENCE]
+    diverged = os.path.exists(os.path.join(backup_dir, DIVERGENCE_FILE))
+    differ = differences(saved, settings, diverged)
     if differ:
         raise RunDirectoryError(
             f"{os.path.dirname(backup_dir)} holds the backup of a killed run with other "
             "settings; resuming it would mix two runs. Rerun with the same settings, or use "
-            f"another output directory, or delete {backup_dir}. Received: "
-            + ", ".join(f"{k}={settings.get(k)!r} (backup: {saved.get(k)!r})" for k in differ)
+            f"another output directory, or delete {backup_dir}. Received: {differ}"
         )
 
 
@@ -184,7 +175,8 @@ def prepare_run_directory(output_dir, settings, overwrite=False):
 
     Args:
         output_dir: the run's directory.
-        settings: a JSON-serialisable dict of everything that defines the run.
+        settings: the run's identity, `RunIdentity.record()` (or a dict of some of its
+            fields: the others take their defaults).
         overwrite: replace a finished run.
     """
     output_dir = os.fspath(output_dir)
