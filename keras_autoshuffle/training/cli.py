@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 import functools
 import sys
+import warnings
 
 from keras_autoshuffle._validation import positive_int_argument as _positive_int
 from keras_autoshuffle.training.distribution import STRATEGIES, make_strategy
@@ -409,26 +410,27 @@ def run_from_args(args, recipe_name, stem, manual_dir=None, parser=None):
 
 def _refuse_unexportable(args):
     """Ends the program where the asked export formats (or --int8's LiteRT) cannot be
-    written by this backend, install or precision."""
+    written by this backend, install or precision (`exports.plan_export`, as `train()`
+    plans with the built model's dtypes)."""
     if not (args.export_formats or args.int8):
         return
     import keras
 
-    from keras_autoshuffle.export import unsupported_formats
     from keras_autoshuffle.training.distribution import mixed_precision_policy
+    from keras_autoshuffle.training.exports import plan_export
 
     policy = mixed_precision_policy() if args.mixed_precision else "float32"
-    dtype = keras.DTypePolicy(policy).compute_dtype
-    unsupported = unsupported_formats(args.export_formats or ("litert",), (dtype,))
-    if unsupported:
-        received = "--int8" if args.int8 and "litert" in unsupported else ""
-        if args.export_formats:
-            received = f"--export-formats {','.join(args.export_formats)} {received}"
-        sys.exit(
-            "error: these export formats cannot be written by this run: "
-            + "; ".join(f"{name}: {why}" for name, why in unsupported.items())
-            + f". Received: {received.strip()}"
-        )
+    received = " ".join(
+        ([f"--export-formats {','.join(args.export_formats)}"] if args.export_formats else [])
+        + (["--int8"] if args.int8 else [])
+    )
+    try:
+        with warnings.catch_warnings():  # train() warns of what it leaves out
+            warnings.simplefilter("ignore")
+            dtypes = (keras.DTypePolicy(policy).compute_dtype,)
+            plan_export(args.export_formats, dtypes, args.int8, received)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
 
 
 def _load_data(args, recipe, manual_dir, parser):

@@ -20,7 +20,6 @@ from keras_autoshuffle.data import EpochCounter
 from keras_autoshuffle.training import distribution
 from keras_autoshuffle.training.divergence import DIVERGENCE_FILE
 from keras_autoshuffle.training.exports import (
-    check_int8,
     check_savable,
     export_formats,
     export_run,
@@ -100,14 +99,14 @@ def train(
     harden_at_epoch = _check_harden_at_epoch(harden_at_epoch, recipe, strategy)
     _validation.choice(balanced, (False, True), "balanced")
     seed, formats = _check_seed(seed), export_formats(export)
+    _validation.choice(int8, (False, True), "int8")
     _check_data(test_data, recipe, strategy)
     chief = distribution.is_chief(strategy)
     policy = distribution.mixed_precision_policy() if mixed_precision else False
     with _dtype_policy(policy):
         keras.utils.set_random_seed(seed)
         model, optimizer = _build(model_fn, strategy, train_data, recipe)
-        formats, skipped = plan_export(model, formats if chief else ())
-        check_int8(int8, formats, skipped, chief)
+        formats, skipped = _plan(model, formats if chief else (), int8 and chief)
         sample = check_savable(model, test_data, formats)
         hardening = dict(balanced=balanced, harden_at_epoch=harden_at_epoch)
         fields = dict(seed=seed, mixed_precision=policy, **hardening)
@@ -154,6 +153,16 @@ def _start_job(parts, output_dir, identity, start, overwrite, verbose, **options
     prepare_run_directory(own_dir, identity, overwrite=overwrite)
     elapsed = ElapsedTime(os.path.join(own_dir, BACKUP), start, elapsed_before(own_dir))
     return TrainingJob(*parts, own_dir, elapsed, verbose=verbose if chief else 0, **options)
+
+
+def _plan(model, formats, int8):
+    """`plan_export` for `model` (single-input models only, where anything is exported)."""
+    if formats != () and len(model.inputs) != 1:
+        raise ValueError(
+            "The export checks support single-input models: pass export=False. Received: "
+            f"a model with {len(model.inputs)} inputs"
+        )
+    return plan_export(formats, export_lib.compute_dtypes(model), int8)
 
 
 def _build(model_fn, strategy, train_data, recipe):
