@@ -27,7 +27,6 @@ from keras_autoshuffle._atomic import OLD, as_json, partial_path, remove, siblin
 from keras_autoshuffle.training.backup import (
     RunBackup,
     backed_up_epochs,
-    check_weights_file,
     recover,
     restored_epoch,
     save_backup,
@@ -80,7 +79,6 @@ __all__ = [
     "backed_up_epochs",
     "check_backup",
     "check_hardening_record",
-    "check_weights_file",
     "clear_finished_run",
     "elapsed_before",
     "finish_run",
