@@ -16,7 +16,7 @@ resumed run ends with the weights of an uninterrupted one. What a run keeps in i
 `prepare_run_directory` (here) trusts none of it: before a resume every file is checked
 (types, ranges, consistency with the settings and with each other) and a damaged one is
 named; `RunBackup` then checks the weights file against the model. Every file is written
-atomically (`_atomic`). The names above stay importable from here.
+atomically (`_atomic`).
 """
 
 import os
@@ -24,29 +24,13 @@ import os
 import h5py
 
 from keras_autoshuffle._atomic import OLD, as_json, partial_path, remove, sibling_path, write_json
-from keras_autoshuffle.training.backup import (
-    RunBackup,
-    backed_up_epochs,
-    recover,
-    restored_epoch,
-    save_backup,
-    sha256,
-    trained,
-)
+from keras_autoshuffle.training.backup import backed_up_epochs, recover, trained
 from keras_autoshuffle.training.divergence import DIVERGENCE_FILE
 from keras_autoshuffle.training.identity import differences
-from keras_autoshuffle.training.records import (
-    ElapsedTime,
-    HardeningRecord,
-    HistoryLog,
-    check_hardening_record,
-    elapsed_before,
-)
+from keras_autoshuffle.training.records import check_hardening_record, elapsed_before
 from keras_autoshuffle.training.run_files import (
     BACKUP,
-    ELAPSED_FILE,
     HARDENING_FILE,
-    METADATA_FILE,
     PRODUCTS,
     RUN_FILES,
     SEARCH_DIR,
@@ -62,33 +46,6 @@ from keras_autoshuffle.training.run_files import (
     read_record,
     start_over,
 )
-
-__all__ = [
-    "BACKUP",
-    "ELAPSED_FILE",
-    "HARDENING_FILE",
-    "METADATA_FILE",
-    "RUN_FILES",
-    "SETTINGS_FILE",
-    "WEIGHTS_FILE",
-    "ElapsedTime",
-    "HardeningRecord",
-    "HistoryLog",
-    "RunBackup",
-    "RunDirectoryError",
-    "backed_up_epochs",
-    "check_backup",
-    "check_hardening_record",
-    "clear_finished_run",
-    "elapsed_before",
-    "finish_run",
-    "prepare_run_directory",
-    "read_json",
-    "restored_epoch",
-    "save_backup",
-    "sha256",
-    "write_json",
-]
 
 
 def _check_settings(backup_dir, settings):
