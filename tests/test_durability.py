@@ -25,7 +25,8 @@ from keras import layers
 import keras_autoshuffle as ka
 from keras_autoshuffle import _atomic, data, export, training
 from keras_autoshuffle.optimizers import LinearCycles
-from keras_autoshuffle.training import cli
+from keras_autoshuffle.training import backup as bk
+from keras_autoshuffle.training import cli, run_files
 from keras_autoshuffle.training import fault_tolerance as ft
 from keras_autoshuffle.training.divergence import DIVERGENCE_FILE, TrainingDivergedError
 
@@ -122,8 +123,8 @@ def _backup_of(tmp_path, epochs):
     model = _tiny()
     model.compile(optimizer="sgd", loss="mse")
     model.optimizer.build(model.trainable_variables)
-    ft.save_backup(model, str(backup), epochs)
-    ft.write_json(str(backup / ft.SETTINGS_FILE), {"epochs": 2})
+    bk.save_backup(model, str(backup), epochs)
+    _atomic.write_json(str(backup / ft.SETTINGS_FILE), {"epochs": 2})
     return backup
 
 
@@ -132,7 +133,7 @@ def test_a_backup_write_cut_before_its_weights_moved_resumes_the_epoch_before(tm
     (backup / "latest.partial.weights.h5").write_bytes(b"\x89HDF\r\n half a file")
     (backup / "training_metadata.partial.json").write_text('{"epoch": 2, "batch": 0, "wei')
     assert ft.prepare_run_directory(str(tmp_path / "run"), {"epochs": 2}) is True
-    assert json.loads((backup / ft.METADATA_FILE).read_text())["epoch"] == 1
+    assert json.loads((backup / run_files.METADATA_FILE).read_text())["epoch"] == 1
     assert not [p.name for p in backup.iterdir() if ".partial" in p.name]
 
 
@@ -175,13 +176,13 @@ def test_a_backup_that_runs_out_of_space_is_removed_and_named(tmp_path, full):
         model.compile(optimizer="sgd", loss="mse")
         model.optimizer.build(model.trainable_variables)
         with limit, pytest.raises(ft.RunDirectoryError) as error:
-            ft.save_backup(model, str(backup), 2)
+            bk.save_backup(model, str(backup), 2)
         reason = "No space left on device" if full == "tmpfs" else "File too large"
         assert f"backup of epoch 2 could not be written in {backup} ({reason})" in str(error.value)
         # The partial files are gone; the epoch before stays whole, for the rerun.
         names = sorted(p.name for p in backup.iterdir())
-        assert names == sorted([ft.SETTINGS_FILE, ft.METADATA_FILE, ft.WEIGHTS_FILE])
-        assert ft.backed_up_epochs(str(backup), 2) == 1
+        assert names == sorted([ft.SETTINGS_FILE, run_files.METADATA_FILE, ft.WEIGHTS_FILE])
+        assert bk.backed_up_epochs(str(backup), 2) == 1
 
 
 def test_a_first_backup_write_cut_before_its_weights_moved_starts_over(tmp_path):
@@ -196,7 +197,7 @@ def test_a_first_backup_write_cut_before_its_weights_moved_starts_over(tmp_path)
 
 def test_a_backup_metadata_that_does_not_describe_its_weights_is_refused(tmp_path):
     backup = _backup_of(tmp_path, 1)
-    metadata = json.loads((backup / ft.METADATA_FILE).read_text())
+    metadata = json.loads((backup / run_files.METADATA_FILE).read_text())
     metadata.update(epoch=2, weights_sha256="0" * 64)
     (backup / "training_metadata.partial.json").write_text(json.dumps(metadata))
     path = re.escape(str(backup / "training_metadata.partial.json"))
@@ -311,7 +312,7 @@ def test_a_diverged_run_stops_naming_the_epoch_and_resumes_with_a_lower_rate(tmp
     with pytest.raises(TrainingDivergedError, match=r"in epoch 2: non-finite .*lower learning"):
         _train(out, recipe=absurd)
     # The epoch that diverged was not backed up, logged or reported.
-    assert json.loads((out / ft.BACKUP / ft.METADATA_FILE).read_text())["epoch"] == 1
+    assert json.loads((out / ft.BACKUP / run_files.METADATA_FILE).read_text())["epoch"] == 1
     assert (out / "history.csv").read_text().count("\n") == 2
     assert not (out / "report.json").exists()
     # Another change than the learning rate would mix two runs.
@@ -329,6 +330,44 @@ def test_a_diverged_run_stops_naming_the_epoch_and_resumes_with_a_lower_rate(tmp
     ]
 
 
+class StepsBegun(keras.callbacks.Callback):
+    """The (epoch, step) of every training step begun."""
+
+    def __init__(self):
+        super().__init__()
+        self.epoch, self.steps = 0, []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self.steps.append((self.epoch, batch))
+
+
+@pytest.mark.parametrize("loop", ["fit", "multi_worker"])
+def test_a_loss_turning_nan_stops_the_run_in_that_step(tmp_path, monkeypatch, loop):
+    # lr 1e30: step 1 (the first) is finite, its update makes step 2's loss NaN; 4 steps
+    # an epoch, so an end-of-epoch check would have run steps 3 and 4 first.
+    if loop == "multi_worker":  # the hand-written loop, on this process's one device
+        monkeypatch.setattr(training.distribution, "is_multi_worker", lambda strategy: True)
+    out = tmp_path / "run"
+    absurd = training.Recipe(1e-2, (1e30,), (2,), 0.9, 1e-4, 8)
+    begun = StepsBegun()
+    with pytest.raises(
+        TrainingDivergedError, match=r"in epoch 1: non-finite loss at step 2\. .*start over"
+    ):
+        _train(out, recipe=absurd, callbacks=[begun], strategy="one-device")
+    assert begun.steps == [(0, 0), (0, 1)]
+    record = json.loads((out / ft.BACKUP / DIVERGENCE_FILE).read_text())
+    assert (record["epoch"], record["step"], record["non_finite"]) == (1, 2, ["loss"])
+    assert not (out / "history.csv").exists() and not (out / "report.json").exists()
+    # The rerun with a lower learning rate is accepted (nothing was backed up: it starts
+    # over) and finishes.
+    report = _train(out, recipe=training.Recipe(1e-2, (0.05,), (2,), 0.9, 1e-4, 8))
+    assert tuple(report["settings"]["learning_rates"]) == (0.05,)
+    assert np.isfinite(report["relaxed_loss"])
+
+
 # 4. A resume trusts nothing in the backup folder.
 
 
@@ -342,9 +381,9 @@ def interrupted(tmp_path_factory):
 
 
 def _set_hash(backup):
-    metadata = json.loads((backup / ft.METADATA_FILE).read_text())
-    metadata["weights_sha256"] = ft.sha256(backup / ft.WEIGHTS_FILE)
-    (backup / ft.METADATA_FILE).write_text(json.dumps(metadata))
+    metadata = json.loads((backup / run_files.METADATA_FILE).read_text())
+    metadata["weights_sha256"] = bk.sha256(backup / ft.WEIGHTS_FILE)
+    (backup / run_files.METADATA_FILE).write_text(json.dumps(metadata))
 
 
 def _empty_weights(backup):
@@ -370,8 +409,8 @@ def _write(name, value):
 
 def _metadata(**changes):
     def damage(backup):
-        metadata = json.loads((backup / ft.METADATA_FILE).read_text())
-        (backup / ft.METADATA_FILE).write_text(json.dumps({**metadata, **changes}))
+        metadata = json.loads((backup / run_files.METADATA_FILE).read_text())
+        (backup / run_files.METADATA_FILE).write_text(json.dumps({**metadata, **changes}))
 
     return damage
 
@@ -411,6 +450,11 @@ DAMAGED = {
         "before the last epoch",
     ),
     "divergence_a_string": (_write(DIVERGENCE_FILE, '"nan"'), "divergence record", "object"),
+    "divergence_step_zero": (
+        _write(DIVERGENCE_FILE, {"epoch": 1, "step": 0, "learning_rates": [0.1]}),
+        "divergence record",
+        "'step' must be an integer >= 1",
+    ),
 }
 
 

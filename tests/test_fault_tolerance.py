@@ -1,5 +1,6 @@
 """Run-directory safety: finished runs, killed runs with other settings, damaged backups."""
 
+import dataclasses
 import json
 import os
 import re
@@ -8,8 +9,10 @@ import keras
 import numpy as np
 import pytest
 
-from keras_autoshuffle import HardenShuffles, RelaxedShuffle
+from keras_autoshuffle import HardenShuffles, RelaxedShuffle, _atomic
+from keras_autoshuffle.training import backup as bk
 from keras_autoshuffle.training import fault_tolerance as ft
+from keras_autoshuffle.training import records, run_files
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, prepare_run_directory
 
 SETTINGS = {"dataset": "digits", "shuffle": "auto", "epochs": 2, "penalty": 0.05}
@@ -20,7 +23,7 @@ def _killed_run(output_dir, settings=SETTINGS, epoch=1):
     backup = output_dir / ft.BACKUP
     backup.mkdir(parents=True)
     (backup / ft.SETTINGS_FILE).write_text(json.dumps(settings))
-    (backup / ft.METADATA_FILE).write_text(json.dumps({"epoch": epoch, "batch": -1}))
+    (backup / run_files.METADATA_FILE).write_text(json.dumps({"epoch": epoch, "batch": -1}))
     inputs = keras.Input((4,))
     keras.Model(inputs, inputs).save_weights(backup / ft.WEIGHTS_FILE)
     return backup
@@ -119,15 +122,15 @@ def test_a_truncated_weights_backup_is_named(tmp_path):
 @pytest.mark.parametrize(
     ("name", "content", "message"),
     [
-        (ft.METADATA_FILE, '{"epoch": 1, "bat', "backup metadata file"),
-        (ft.METADATA_FILE, '{"batch": 3}', "backup metadata file"),
-        (ft.METADATA_FILE, '{"epoch": -2}', "backup metadata file"),
+        (run_files.METADATA_FILE, '{"epoch": 1, "bat', "backup metadata file"),
+        (run_files.METADATA_FILE, '{"batch": 3}', "backup metadata file"),
+        (run_files.METADATA_FILE, '{"epoch": -2}', "backup metadata file"),
         (ft.SETTINGS_FILE, "[1, 2", "run settings file"),
         (ft.HARDENING_FILE, "{", "hardening record file"),
-        (ft.ELAPSED_FILE, '{"seconds": 1', "elapsed time file"),
-        (ft.ELAPSED_FILE, '{"seconds": NaN}', "elapsed time file"),
-        (ft.ELAPSED_FILE, '{"seconds": -5}', "elapsed time file"),
-        (ft.ELAPSED_FILE, "[3]", "elapsed time file"),
+        (run_files.ELAPSED_FILE, '{"seconds": 1', "elapsed time file"),
+        (run_files.ELAPSED_FILE, '{"seconds": NaN}', "elapsed time file"),
+        (run_files.ELAPSED_FILE, '{"seconds": -5}', "elapsed time file"),
+        (run_files.ELAPSED_FILE, "[3]", "elapsed time file"),
     ],
     ids=[
         "truncated_metadata",
@@ -186,7 +189,7 @@ def _hardened_fit(backup, kill_after=None):
         metrics=["accuracy"],
     )
     hardening = HardenShuffles(validation_data=(X, Y), at_epoch=1, verbose=0)
-    callbacks = [hardening, ft.HardeningRecord(backup, hardening), ft.RunBackup(backup)]
+    callbacks = [hardening, records.HardeningRecord(backup, hardening), bk.RunBackup(backup)]
     callbacks += [_Kill(kill_after)] if kill_after else []
     model.fit(X, Y, batch_size=8, epochs=3, shuffle=False, callbacks=callbacks, verbose=0)
     return model, hardening.report
@@ -200,7 +203,7 @@ def test_a_run_killed_after_its_hardening_resumes_as_an_uninterrupted_one(tmp_pa
     backup = tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):
         _hardened_fit(str(backup), kill_after=2)
-    assert ft.backed_up_epochs(str(backup)) == 2 and (backup / ft.HARDENING_FILE).exists()
+    assert bk.backed_up_epochs(str(backup)) == 2 and (backup / ft.HARDENING_FILE).exists()
     resumed, report = _hardened_fit(str(backup))
     assert report == whole_report and report["epoch"] == 1
     shuffle = resumed.get_layer("shuffle")
@@ -229,9 +232,9 @@ def test_hardening_record_ahead_of_the_backup_is_ignored(tmp_path):
     # time limit), not keep the stale record that a later resume would check.
     backup = _killed_run(tmp_path / "run", epoch=1)
     report = {"epoch": 2, "layers": [{"name": "shuffle", "permutation": [2, 0, 3, 1]}]}
-    ft.write_json(str(backup / ft.HARDENING_FILE), report)
+    _atomic.write_json(str(backup / ft.HARDENING_FILE), report)
     model, hardening = _shuffle_model(), HardenShuffles(verbose=0)
-    record = ft.HardeningRecord(str(backup), hardening)
+    record = records.HardeningRecord(str(backup), hardening)
     record.set_model(model)
     record.on_train_begin()
     assert not model.get_layer("shuffle").is_hardened and hardening.report is None
@@ -244,20 +247,39 @@ def test_hardening_record_ahead_of_the_backup_is_ignored(tmp_path):
 def test_a_broken_hardening_record_is_named_on_resume(tmp_path):
     backup = _killed_run(tmp_path / "run")
     (backup / ft.HARDENING_FILE).write_text('{"epoch": 1, "lay')
-    record = ft.HardeningRecord(str(backup), HardenShuffles(verbose=0))
+    record = records.HardeningRecord(str(backup), HardenShuffles(verbose=0))
     record.set_model(_shuffle_model())
     path = re.escape(str(backup / ft.HARDENING_FILE))
     with pytest.raises(RunDirectoryError, match=f"hardening record file {path} is damaged"):
         record.on_train_begin()
 
 
-def test_a_backup_from_before_sinkhorn_iterations_were_recorded(tmp_path):
-    # Those runs had one pass per step: they resume with 1 and are refused otherwise.
-    _killed_run(tmp_path / "run")
-    assert prepare_run_directory(str(tmp_path / "run"), {**SETTINGS, "sinkhorn_iterations": 1})
-    _killed_run(tmp_path / "other")
-    with pytest.raises(RunDirectoryError, match=r"sinkhorn_iterations=10 \(backup: 1\)"):
-        prepare_run_directory(str(tmp_path / "other"), {**SETTINGS, "sinkhorn_iterations": 10})
+def test_a_new_setting_with_its_default_resumes_a_backup_written_without_it(tmp_path, monkeypatch):
+    # A setting added to RunIdentity after the backup was written: the stored record
+    # lacks it and takes its default, so the run resumes; another value is refused.
+    from keras_autoshuffle.training import identity
+
+    @dataclasses.dataclass(frozen=True)
+    class Added(identity.RunIdentity):
+        label_smoothing: float = 0.0
+
+    monkeypatch.setattr(identity, "RunIdentity", Added)
+    run = identity.RunIdentity.make(SETTINGS).record()
+    _killed_run(tmp_path / "run", settings=SETTINGS)  # written before the setting existed
+    assert prepare_run_directory(str(tmp_path / "run"), run) is True
+    stored = json.loads((tmp_path / "run" / ft.BACKUP / ft.SETTINGS_FILE).read_text())
+    assert stored["label_smoothing"] == 0.0  # the resumed run's record holds it
+    _killed_run(tmp_path / "other", settings=SETTINGS)
+    changed = identity.RunIdentity.make(SETTINGS, label_smoothing=0.1).record()
+    with pytest.raises(RunDirectoryError, match=r"label_smoothing=0.1 \(backup: 0.0\)"):
+        prepare_run_directory(str(tmp_path / "other"), changed)
+
+
+def test_run_identity_refuses_a_setting_it_does_not_define():
+    from keras_autoshuffle.training.identity import RunIdentity
+
+    with pytest.raises(ValueError, match=r"fields of RunIdentity .*Received: colour='red'"):
+        RunIdentity.make({"colour": "red", "seed": 1})
 
 
 def test_a_backup_without_recorded_settings_is_refused(tmp_path):
@@ -271,8 +293,6 @@ def test_a_backup_without_recorded_settings_is_refused(tmp_path):
 def test_read_json_refuses_what_is_not_a_small_regular_json_file(tmp_path, monkeypatch):
     # A FIFO would block the reader, a deeply nested file raised a raw RecursionError, and
     # a huge file would be read whole: each is named as damaged.
-    from keras_autoshuffle.training import run_files
-
     fifo = tmp_path / "result.json"
     os.mkfifo(fifo)
     with pytest.raises(RunDirectoryError, match="not a regular file"):

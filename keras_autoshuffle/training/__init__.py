@@ -5,6 +5,7 @@
 - `loops.py`: `train()` (fit on one host), hardening; `multi_worker.py`: the custom step
   across hosts; `job.py`: `TrainingJob`, what both loops are given, and the callbacks'
   order; `exports.py`: the exports, checked before training and written after it;
+- `identity.py`: `RunIdentity`, the one record of the settings that define a run;
 - `fault_tolerance.py`: resuming killed runs, the run-directory checks; `backup.py`: the
   weights backup; `records.py`: the time, history and hardening records beside it;
   `run_files.py`: the run's file names, a damaged file named;
@@ -31,6 +32,7 @@ from keras_autoshuffle.training.distribution import (
 )
 from keras_autoshuffle.training.divergence import TrainingDivergedError
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
+from keras_autoshuffle.training.identity import RunIdentity
 from keras_autoshuffle.training.loops import BALANCED_TIME_LIMIT, train
 from keras_autoshuffle.training.recipes import RECIPES, Recipe, get_recipe, make_optimizer
 from keras_autoshuffle.training.search import search_then_retrain

@@ -2,13 +2,16 @@
 `run_from_args`, the summary."""
 
 import argparse
+import dataclasses
 import functools
 import sys
+import warnings
 
 from keras_autoshuffle._validation import positive_int_argument as _positive_int
 from keras_autoshuffle.training.distribution import STRATEGIES, make_strategy
 from keras_autoshuffle.training.divergence import TrainingDivergedError
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
+from keras_autoshuffle.training.identity import RunIdentity, recipe_fields
 from keras_autoshuffle.training.loops import train
 from keras_autoshuffle.training.recipes import get_recipe
 from keras_autoshuffle.training.search import search_then_retrain
@@ -122,6 +125,14 @@ def _positive_float(text):
 
 def add_arguments(parser, datasets, default_dataset):
     """The command-line options shared by the training commands."""
+    _add_network_arguments(parser, datasets, default_dataset)
+    _add_training_arguments(parser)
+    _add_run_arguments(parser)
+    return parser
+
+
+def _add_network_arguments(parser, datasets, default_dataset):
+    """The data, the network and its shuffles."""
     parser.add_argument("--dataset", choices=datasets, default=default_dataset)
     parser.add_argument("--model", choices=("v1", "v2"), default="v2", help="ShuffleNet version")
     parser.add_argument("--width", type=float, default=None, help="width multiplier")
@@ -154,6 +165,10 @@ def add_arguments(parser, datasets, default_dataset):
         help="learned shuffles compute M x (relaxed) or the nearest permutation of M, with a "
         "straight-through gradient (hard)",
     )
+
+
+def _add_training_arguments(parser):
+    """The search, the recipe's overrides, how the steps run, the data's origin."""
     parser.add_argument(
         "--search-epochs",
         type=_non_negative_int,
@@ -184,6 +199,10 @@ def add_arguments(parser, datasets, default_dataset):
         action="store_true",
         help="download and prepare CIFAR-10 into --data-dir when it is missing there",
     )
+
+
+def _add_run_arguments(parser):
+    """The output, the seed, the exports, the hardening, what is shown."""
     parser.add_argument("--output", required=True, help="output directory")
     parser.add_argument("--seed", type=_seed, default=0)
     parser.add_argument(
@@ -226,7 +245,6 @@ def add_arguments(parser, datasets, default_dataset):
         help="harden after this many epochs and fine-tune the rest (default: at the end)",
     )
     parser.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2))
-    return parser
 
 
 def make_model_fn(
@@ -336,8 +354,6 @@ def run_from_args(args, recipe_name, stem, manual_dir=None, parser=None):
     Options that contradict each other or the recipe end the program before anything
     runs, as argparse's own errors do (`parser.error`: usage, `error: ...`, status 2).
     """
-    from keras_autoshuffle import data
-
     recipe = get_recipe(
         recipe_name,
         epochs=args.epochs,
@@ -350,26 +366,77 @@ def run_from_args(args, recipe_name, stem, manual_dir=None, parser=None):
         _error(parser, errors[0])
     # MultiWorkerMirroredStrategy must exist before TensorFlow runs any op.
     strategy = make_strategy(args.strategy)
-    if args.export_formats or args.int8:
-        # Before the data is read: what this backend or precision cannot export.
-        import keras
+    _refuse_unexportable(args)  # before the data is read
+    train_data, test_data = _load_data(args, recipe, manual_dir, parser)
+    model_fn = make_model_fn(
+        args.model,
+        args.width,
+        args.shuffle,
+        recipe.penalty,
+        train_data,
+        stem,
+        args.groups,
+        args.padding,
+        args.sinkhorn_iterations,
+        args.shuffle_initializer,
+        args.shuffle_forward,
+    )
+    # The run's identity: the options that are its fields (the recipe's come from it).
+    names = {f.name for f in dataclasses.fields(RunIdentity)} - set(recipe_fields(recipe))
+    settings = {name: value for name, value in vars(args).items() if name in names}
+    run = train
+    if args.search_epochs is not None:
+        run = functools.partial(search_then_retrain, search_epochs=args.search_epochs)
+    # train()'s options that are command-line options of the same name.
+    passed = ("mixed_precision", "jit_compile", "seed", "harden_at_epoch", "balanced")
+    passed += ("overwrite", "verbose", "int8")
+    try:
+        report = run(
+            model_fn,
+            train_data,
+            test_data,
+            recipe,
+            args.output,
+            strategy=strategy,
+            export=args.export_formats or not args.no_export,
+            settings=settings,
+            **{name: getattr(args, name) for name in passed},
+        )
+    except (RunDirectoryError, TrainingDivergedError) as error:
+        sys.exit(f"error: {error}")
+    print(format_run_summary(report))
+    return report
 
-        from keras_autoshuffle.export import unsupported_formats
-        from keras_autoshuffle.training.distribution import mixed_precision_policy
 
-        policy = mixed_precision_policy() if args.mixed_precision else "float32"
-        dtype = keras.DTypePolicy(policy).compute_dtype
-        asked = args.export_formats or ("litert",)
-        unsupported = unsupported_formats(asked, (dtype,))
-        if unsupported:
-            received = "--int8" if args.int8 and "litert" in unsupported else ""
-            if args.export_formats:
-                received = f"--export-formats {','.join(args.export_formats)} {received}"
-            sys.exit(
-                "error: these export formats cannot be written by this run: "
-                + "; ".join(f"{name}: {why}" for name, why in unsupported.items())
-                + f". Received: {received.strip()}"
-            )
+def _refuse_unexportable(args):
+    """Ends the program where the asked export formats (or --int8's LiteRT) cannot be
+    written by this backend, install or precision (`exports.plan_export`, as `train()`
+    plans with the built model's dtypes)."""
+    if not (args.export_formats or args.int8):
+        return
+    import keras
+
+    from keras_autoshuffle.training.distribution import mixed_precision_policy
+    from keras_autoshuffle.training.exports import plan_export
+
+    policy = mixed_precision_policy() if args.mixed_precision else "float32"
+    received = " ".join(
+        ([f"--export-formats {','.join(args.export_formats)}"] if args.export_formats else [])
+        + (["--int8"] if args.int8 else [])
+    )
+    try:
+        with warnings.catch_warnings():  # train() warns of what it leaves out
+            warnings.simplefilter("ignore")
+            dtypes = (keras.DTypePolicy(policy).compute_dtype,)
+            plan_export(args.export_formats, dtypes, args.int8, received)
+    except ValueError as error:
+        sys.exit(f"error: {error}")
+
+
+def _load_data(args, recipe, manual_dir, parser):
+    """(train, test) splits of --dataset (the first --max-train-examples training ones)."""
+    from keras_autoshuffle import data
+
     try:
         train_data, test_data = data.load(
             args.dataset,
@@ -388,52 +455,4 @@ def run_from_args(args, recipe_name, stem, manual_dir=None, parser=None):
             f"argument --batch-size: must be at most the {train_data.num_examples} training "
             f"examples, got {recipe.batch_size}",
         )
-
-    model_fn = make_model_fn(
-        args.model,
-        args.width,
-        args.shuffle,
-        recipe.penalty,
-        train_data,
-        stem,
-        args.groups,
-        args.padding,
-        args.sinkhorn_iterations,
-        args.shuffle_initializer,
-        args.shuffle_forward,
-    )
-    # What defines the run (and must match to resume it); not where or how it is shown.
-    skip = (
-        "output",
-        "download",
-        "verbose",
-        "no_export",
-        "export_formats",
-        "int8",
-        "overwrite",
-        "strategy",
-        "jit_compile",
-    )
-    export = args.export_formats or not args.no_export
-    run = train
-    if args.search_epochs is not None:
-        run = functools.partial(search_then_retrain, search_epochs=args.search_epochs)
-    # train()'s options that are command-line options of the same name.
-    passed = ("mixed_precision", "jit_compile", "seed", "harden_at_epoch", "balanced")
-    passed += ("overwrite", "verbose", "int8")
-    try:
-        report = run(
-            model_fn,
-            train_data,
-            test_data,
-            recipe,
-            args.output,
-            strategy=strategy,
-            export=export,
-            settings={k: v for k, v in vars(args).items() if k not in skip},
-            **{name: getattr(args, name) for name in passed},
-        )
-    except (RunDirectoryError, TrainingDivergedError) as error:
-        sys.exit(f"error: {error}")
-    print(format_run_summary(report))
-    return report
+    return train_data, test_data

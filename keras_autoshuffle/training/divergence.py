@@ -1,10 +1,13 @@
 """Divergence: a run whose loss or weights stop being finite is stopped before its backup.
 
-As `keras.callbacks.TerminateOnNaN`, but the run raises instead of ending normally (which
-would harden, export and report a broken network, and replace the last good backup):
-`StopOnDivergence` runs first at the end of each epoch, so the epoch that diverged is never
-backed up, and the run resumes from the last good one, e.g. with a lower learning rate
-(`fault_tolerance.prepare_run_directory` accepts that one change after a divergence).
+`StopOnDivergence` is Keras's `TerminateOnNaN(raise_error=True)`: it checks the loss after
+every step, so a loss that turns NaN at step 2 stops the run in step 2, not at the end of
+the epoch. It raises `TrainingDivergedError` naming the epoch and the step (ending
+normally would harden, export and report a broken network, and replace the last good
+backup). At the end of an epoch it also checks the validation loss and the weights, first
+of the run's callbacks, so an epoch that diverged is never backed up. The divergence is
+recorded beside the backup, which lets the rerun change its learning rate and resume from
+the last good epoch (`fault_tolerance.prepare_run_directory`).
 """
 
 import math
@@ -38,12 +41,15 @@ def non_finite(model, logs):
     return bad
 
 
-class StopOnDivergence(keras.callbacks.Callback):
-    """Raises TrainingDivergedError at the end of an epoch whose loss or weights are not
-    finite, before any later callback (logs, checkpoints, hardening, backup) sees it.
+class StopOnDivergence(keras.callbacks.TerminateOnNaN):
+    """`TerminateOnNaN(raise_error=True)` raising TrainingDivergedError, which names the
+    epoch and the step (both counted from 1); at the end of an epoch, the validation loss
+    and the weights are checked too. Place it first among the run's callbacks (`fit` and
+    the multi-worker loop both call it after every step).
 
-    The divergence is recorded in `backup_dir` (`DIVERGENCE_FILE`: the epoch, what went
-    non-finite, the learning rates), which lets the resumed run change its learning rate.
+    The divergence is recorded in `backup_dir` (`DIVERGENCE_FILE`: the epoch, the step,
+    what went non-finite, the learning rates), which lets the resumed run change its
+    learning rate.
 
     Args:
         backup_dir: the run's backup folder.
@@ -51,17 +57,35 @@ class StopOnDivergence(keras.callbacks.Callback):
     """
 
     def __init__(self, backup_dir, learning_rates):
-        super().__init__()
+        super().__init__(raise_error=True)
         self.backup_dir = backup_dir
         self.learning_rates = [float(lr) for lr in learning_rates]
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_batch_end(self, batch, logs=None):
+        try:
+            super().on_batch_end(batch, logs)
+        except RuntimeError:  # Keras's message names the batch only
+            self._stop(self.epoch, ["loss"], step=batch + 1)
 
     def on_epoch_end(self, epoch, logs=None):
         bad = non_finite(self.model, logs)
-        if not bad:
-            return
+        if bad:
+            self._stop(epoch, bad)
+
+    def _stop(self, epoch, bad, step=None):
+        """Records the divergence of (0-based) `epoch` and raises TrainingDivergedError."""
         write_json(
             os.path.join(self.backup_dir, DIVERGENCE_FILE),
-            {"epoch": epoch + 1, "non_finite": bad[:10], "learning_rates": self.learning_rates},
+            {
+                "epoch": epoch + 1,
+                "step": step,
+                "non_finite": bad[:10],
+                "learning_rates": self.learning_rates,
+            },
         )
         last = (
             f"the backup of epoch {epoch} in {self.backup_dir} is kept: rerun into the same "
@@ -72,7 +96,8 @@ class StopOnDivergence(keras.callbacks.Callback):
             "get_recipe(..., learning_rate=...)) to start over"
         )
         shown = ", ".join(bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+        where = f" at step {step}" if step else " at its end"
         raise TrainingDivergedError(
-            f"Training diverged in epoch {epoch + 1}: non-finite {shown}. The run is stopped "
-            f"and {last}. Received: learning_rates={self.learning_rates}"
+            f"Training diverged in epoch {epoch + 1}: non-finite {shown}{where}. The run is "
+            f"stopped and {last}. Received: learning_rates={self.learning_rates}"
         )

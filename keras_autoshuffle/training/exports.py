@@ -33,22 +33,36 @@ def export_formats(export):
         ) from None
 
 
-def plan_export(model, formats):
-    """(formats to export besides .keras, {format: why not} for those left out)."""
+def plan_export(formats, dtypes, int8=False, received=None):
+    """The run's export plan, made before training (and before the data is read, by the
+    command line): (formats to write besides `.keras`, {format: why it is left out}).
+
+    Args:
+        formats: None for SavedModel and LiteRT where possible (one that is not is left
+            out with a warning); else exactly these (one that cannot be written raises
+            ValueError).
+        dtypes: the model's compute dtypes (`export.compute_dtypes`), or the policy's.
+        int8: the int8 LiteRT file too: ValueError where LiteRT cannot be written.
+        received: what the error quotes (default: `export=...`).
+    """
     auto = formats is None
     formats = ("saved_model", "litert") if auto else tuple(f for f in formats if f != "keras")
-    if formats and len(model.inputs) != 1:
-        raise ValueError(
-            "The export checks support single-input models: pass export=False. Received: "
-            f"a model with {len(model.inputs)} inputs"
-        )
-    unsupported = export_lib.unsupported_formats(formats, export_lib.compute_dtypes(model))
+    received = received or f"export={formats}"
+    unsupported = export_lib.unsupported_formats(formats, dtypes)
     if unsupported and not auto:
         raise ValueError(
-            "These export formats cannot be written for this run: "
+            "These export formats cannot be written by this run: "
             + "; ".join(f"{name}: {why}" for name, why in unsupported.items())
             + ". Leave them out (or pass export=True to drop what cannot be exported). "
-            f"Received: export={formats}"
+            f"Received: {received}"
+        )
+    _validation.choice(int8, (False, True), "int8")
+    formats = tuple(f for f in formats if f not in unsupported)
+    if int8 and "litert" not in formats:
+        why = unsupported.get("litert", "the run does not export LiteRT (`export`)")
+        raise ValueError(
+            f"`int8=True` needs the LiteRT export, which this run cannot write: {why}. "
+            f"Received: int8=True with {received}"
         )
     for name, why in unsupported.items():
         warnings.warn(
@@ -56,18 +70,7 @@ def plan_export(model, formats):
             "be written stops the run before training instead.)",
             stacklevel=3,
         )
-    return tuple(f for f in formats if f not in unsupported), unsupported
-
-
-def check_int8(int8, formats, skipped, chief):
-    """Refuses `int8=True` before training where the LiteRT export cannot be written."""
-    _validation.choice(int8, (False, True), "int8")
-    if int8 and chief and "litert" not in formats:
-        why = skipped.get("litert", "the run does not export LiteRT (`export`)")
-        raise ValueError(
-            f"`int8=True` needs the LiteRT export, which this run cannot write: {why}. "
-            f"Received: int8=True with export formats {formats}"
-        )
+    return formats, unsupported
 
 
 def int8_data(train_data, test_data):

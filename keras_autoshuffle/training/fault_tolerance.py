@@ -16,7 +16,7 @@ resumed run ends with the weights of an uninterrupted one. What a run keeps in i
 `prepare_run_directory` (here) trusts none of it: before a resume every file is checked
 (types, ranges, consistency with the settings and with each other) and a damaged one is
 named; `RunBackup` then checks the weights file against the model. Every file is written
-atomically (`_atomic`). The names above stay importable from here.
+atomically (`_atomic`).
 """
 
 import os
@@ -24,29 +24,13 @@ import os
 import h5py
 
 from keras_autoshuffle._atomic import OLD, as_json, partial_path, remove, sibling_path, write_json
-from keras_autoshuffle.training.backup import (
-    RunBackup,
-    backed_up_epochs,
-    check_weights_file,
-    recover,
-    restored_epoch,
-    save_backup,
-    sha256,
-    trained,
-)
+from keras_autoshuffle.training.backup import backed_up_epochs, recover, trained
 from keras_autoshuffle.training.divergence import DIVERGENCE_FILE
-from keras_autoshuffle.training.records import (
-    ElapsedTime,
-    HardeningRecord,
-    HistoryLog,
-    check_hardening_record,
-    elapsed_before,
-)
+from keras_autoshuffle.training.identity import differences
+from keras_autoshuffle.training.records import check_hardening_record, elapsed_before
 from keras_autoshuffle.training.run_files import (
     BACKUP,
-    ELAPSED_FILE,
     HARDENING_FILE,
-    METADATA_FILE,
     PRODUCTS,
     RUN_FILES,
     SEARCH_DIR,
@@ -56,50 +40,18 @@ from keras_autoshuffle.training.run_files import (
     check_epoch,
     damaged,
     epochs_of,
+    is_int,
     is_number,
     read_json,
     read_record,
     start_over,
 )
 
-__all__ = [
-    "BACKUP",
-    "ELAPSED_FILE",
-    "HARDENING_FILE",
-    "METADATA_FILE",
-    "RUN_FILES",
-    "SETTINGS_FILE",
-    "WEIGHTS_FILE",
-    "ElapsedTime",
-    "HardeningRecord",
-    "HistoryLog",
-    "RunBackup",
-    "RunDirectoryError",
-    "backed_up_epochs",
-    "check_backup",
-    "check_hardening_record",
-    "check_weights_file",
-    "clear_finished_run",
-    "elapsed_before",
-    "finish_run",
-    "prepare_run_directory",
-    "read_json",
-    "restored_epoch",
-    "save_backup",
-    "sha256",
-    "write_json",
-]
-
-# Settings added after runs were already backed up, with the value those runs had:
-# their backups lack the key and resume when the run asks for that value.
-_SETTINGS_BEFORE_RECORDED = {"sinkhorn_iterations": 1}
-# Settings a resume may change after a divergence (the advice of TrainingDivergedError).
-CHANGEABLE_AFTER_DIVERGENCE = ("learning_rates", "learning_rate")
-
 
 def _check_settings(backup_dir, settings):
-    """RunDirectoryError unless `backup_dir` records `settings` (after a divergence, the
-    learning rate may differ)."""
+    """RunDirectoryError unless `backup_dir` records `settings` (a `RunIdentity` record;
+    a field either lacks takes its default; after a divergence the learning rate may
+    differ)."""
     path = os.path.join(backup_dir, SETTINGS_FILE)
     if not os.path.exists(path):
         raise RunDirectoryError(
@@ -110,18 +62,13 @@ def _check_settings(backup_dir, settings):
     saved = read_json(path, "run settings")
     if not isinstance(saved, dict):
         raise damaged(path, "run settings", "not an object of settings", saved)
-    for key, value in _SETTINGS_BEFORE_RECORDED.items():
-        if key in settings:
-            saved.setdefault(key, value)
-    differ = sorted(k for k in set(saved) | set(settings) if saved.get(k) != settings.get(k))
-    if differ and os.path.exists(os.path.join(backup_dir, DIVERGENCE_FILE)):
-        differ = [k for k in differ if k not in CHANGEABLE_AFTER_DIVERGENCE]
+    diverged = os.path.exists(os.path.join(backup_dir, DIVERGENCE_FILE))
+    differ = differences(saved, settings, diverged)
     if differ:
         raise RunDirectoryError(
             f"{os.path.dirname(backup_dir)} holds the backup of a killed run with other "
             "settings; resuming it would mix two runs. Rerun with the same settings, or use "
-            f"another output directory, or delete {backup_dir}. Received: "
-            + ", ".join(f"{k}={settings.get(k)!r} (backup: {saved.get(k)!r})" for k in differ)
+            f"another output directory, or delete {backup_dir}. Received: {differ}"
         )
 
 
@@ -133,6 +80,9 @@ def _check_divergence(backup_dir, epochs):
         rates = record["learning_rates"]
         if not isinstance(rates, list) or not all(is_number(r) for r in rates):
             raise damaged(path, "divergence record", "'learning_rates' must be numbers", rates)
+        step = record.get("step")
+        if step is not None and not (is_int(step) and step >= 1):
+            raise damaged(path, "divergence record", "'step' must be an integer >= 1", step)
 
 
 def check_backup(backup_dir, settings):
@@ -180,7 +130,8 @@ def prepare_run_directory(output_dir, settings, overwrite=False):
 
     Args:
         output_dir: the run's directory.
-        settings: a JSON-serialisable dict of everything that defines the run.
+        settings: the run's identity, `RunIdentity.record()` (or a dict of some of its
+            fields: the others take their defaults).
         overwrite: replace a finished run.
     """
     output_dir = os.fspath(output_dir)

@@ -79,3 +79,13 @@ class TrainingJob:
             *self.extra_callbacks,
         ]
         return [c for c in callbacks if c is not None]
+
+
+def loop_report(hardening_report, evaluate):
+    """What both loops report: the hardening's report and `final_accuracy`, the rounded
+    net's, or for a net hardened before the end (trained on since), measured anew with
+    `evaluate()` ((loss, accuracy) on the test split)."""
+    report = dict(hardening_report)
+    hardened_early = report.get("epoch") is not None
+    report["final_accuracy"] = evaluate()[1] if hardened_early else report.get("rounded_accuracy")
+    return report

@@ -6,7 +6,7 @@ MultiWorkerMirroredStrategy (`multi_worker.py`). Both harden through
 """
 
 import collections
-import dataclasses
+import contextlib
 import os
 import time
 
@@ -20,7 +20,6 @@ from keras_autoshuffle.data import EpochCounter
 from keras_autoshuffle.training import distribution
 from keras_autoshuffle.training.divergence import DIVERGENCE_FILE
 from keras_autoshuffle.training.exports import (
-    check_int8,
     check_savable,
     export_formats,
     export_run,
@@ -28,7 +27,8 @@ from keras_autoshuffle.training.exports import (
     plan_export,
 )
 from keras_autoshuffle.training.fault_tolerance import finish_run, prepare_run_directory
-from keras_autoshuffle.training.job import BALANCED_TIME_LIMIT, TrainingJob
+from keras_autoshuffle.training.identity import RunIdentity, recipe_fields
+from keras_autoshuffle.training.job import BALANCED_TIME_LIMIT, TrainingJob, loop_report
 from keras_autoshuffle.training.multi_worker import custom_loop
 from keras_autoshuffle.training.recipes import make_optimizer
 from keras_autoshuffle.training.records import ElapsedTime, elapsed_before
@@ -58,69 +58,68 @@ def train(
     report_entries=None,
     int8=False,
 ):
-    """Trains, hardens and exports a model; writes everything into `output_dir`.
+    """Trains, hardens and exports a model into `output_dir`; returns the report (also
+    written to `report.json`).
 
-    Everything that can be checked before the first epoch is (the arguments, the data,
-    the output folder, the export formats, that the model can be saved and loaded), so
-    a run does not fail after its training. A run killed at any instant and rerun with
-    the same arguments resumes from its last completed epoch, or, when training was
-    complete, redoes only the hardening, export and report; a run whose loss or weights
-    become non-finite stops with TrainingDivergedError and resumes from its last good
-    epoch (`fault_tolerance`, `divergence`).
+    What can be checked before the first epoch is. A run killed at any instant and rerun
+    with the same `RunIdentity` resumes from its last completed epoch (or redoes only what
+    came after training); a non-finite loss stops it with TrainingDivergedError, and a
+    rerun with a lower learning rate resumes from its last good epoch.
 
     Args:
-        model_fn: builds the (uncompiled) Keras model; called under the strategy's
-            scope and the dtype policy. Its outputs are class probabilities (softmax).
+        model_fn: builds the uncompiled model (class probabilities out), called under
+            the strategy's scope and the dtype policy.
         train_data, test_data: `keras_autoshuffle.data.EpochData` splits.
         recipe: a `Recipe` (see `get_recipe`).
-        output_dir: where `model.keras`, `saved_model/`, `model.tflite`, `report.json`,
-            `history.csv`, `logs/` and the `backup/` of a running job go (removed after
-            `report.json`, the last file). Every file is written atomically. A killed
-            run resumes from its backup when rerun with the same settings. No model is
-            chosen on the test split: `model.keras` is the last epoch's, hardened.
-        strategy: a `tf.distribute.Strategy` or a name in STRATEGIES. Create a
-            MultiWorkerMirroredStrategy (`make_strategy("multi-worker")`) at program
-            start, before TensorFlow runs any op, and pass it here.
+        output_dir: the run's folder: `model.keras` (the last epoch's, hardened), the
+            exports, `report.json` (last), `history.csv`, `logs/`, and `backup/` until
+            the report; every file is written atomically.
+        strategy: a `tf.distribute.Strategy` or a name in STRATEGIES (a multi-worker one
+            made with `make_strategy` at program start, before any TF op).
         mixed_precision: float16 on GPU, bfloat16 on CPU (shuffle matrices stay float32).
         jit_compile: XLA (off by default: measured 4x slower on CPU).
-        seed: seeds the initial weights, the data order and the augmentation (an
-            integer in [0, 2**32 - 1]).
-        export: the files besides `model.keras`, each checked against Keras: True for
-            SavedModel and LiteRT where this backend, these packages and the dtype
-            policy allow them (one they do not is left out with a warning, and named
-            in the report's `export_skipped`); a list of formats of `export.FORMATS`
-            to write exactly those (one that cannot be written is refused before
-            training); False for none.
-        settings: extra entries for the report's `settings` (and the resume check).
-        callbacks: extra Keras callbacks, run after the built-in ones: after each epoch's
-            backup, and after the hardening at the end of training.
-        harden_at_epoch: harden after this many epochs and fine-tune the rest of the
-            network with the permutations fixed (`HardenShuffles(at_epoch=...)`); default:
-            harden at the end (the paper). Not with the multi-worker strategy.
-        balanced: balanced hardening (`harden_model(balanced=True)`): permutations that
-            fold into a network as cheap as the manual one (the manual routing counts).
+        seed: of the initial weights, data order and augmentation, in [0, 2**32 - 1].
+        export: True: SavedModel and LiteRT where possible (others skipped with a warning,
+            in the report's `export_skipped`); a list of `export.FORMATS`: exactly those,
+            refused before training where one cannot be written; False: none.
+        settings: `RunIdentity` fields beyond those `train()` fills (the identity a
+            resume must match, and the report's `settings`).
+        callbacks: extra Keras callbacks, run after the built-in ones (after each backup).
+        harden_at_epoch: harden after this many epochs, then fine-tune with the
+            permutations fixed (default: at the end); not multi-worker.
+        balanced: balanced hardening (`harden_model(balanced=True)`).
         overwrite: replace a finished run in `output_dir` (default: refuse).
-        verbose: 0 silent, 1 Keras's progress bar, 2 one line per epoch.
-        report_entries: a dict of entries added to the report before it is written.
-        int8: also write `model_int8.tflite`, full-integer LiteRT of the folded network
-            (float32 inputs and outputs) calibrated on the first
-            `exports.INT8_CALIBRATION_EXAMPLES` training images (unaugmented), checked on the test
-            set (its first `exports.INT8_TEST_EXAMPLES`) with `export_model`'s default
-            thresholds: the report's `int8` entry holds its accuracy, the float model's,
-            their top-1 agreement and the size ratio to `model.tflite`. Needs the LiteRT
-            export (Keras's TensorFlow backend, ai_edge_litert, float32): refused before
-            training where it cannot be written.
-
-    Returns:
-        The report dict (also written to `report.json`).
+        verbose: 0 silent, 1 progress bar, 2 one line per epoch.
+        report_entries: entries added to the report before it is written.
+        int8: also `model_int8.tflite`, the folded net's full-integer LiteRT, calibrated
+            and checked (`exports.int8_data`, `export_model`); needs the LiteRT export.
     """
     start = time.time()
     strategy = distribution.make_strategy(strategy) if isinstance(strategy, str) else strategy
-    multi_worker = distribution.is_multi_worker(strategy)
-    harden_at_epoch = _check_harden_at_epoch(harden_at_epoch, recipe, multi_worker)
+    harden_at_epoch = _check_harden_at_epoch(harden_at_epoch, recipe, strategy)
     _validation.choice(balanced, (False, True), "balanced")
-    seed = _check_seed(seed)
-    formats = export_formats(export)
+    seed, formats = _check_seed(seed), export_formats(export)
+    _validation.choice(int8, (False, True), "int8")
+    _check_data(test_data, recipe, strategy)
+    chief = distribution.is_chief(strategy)
+    policy = distribution.mixed_precision_policy() if mixed_precision else False
+    with _dtype_policy(policy):
+        keras.utils.set_random_seed(seed)
+        model, optimizer = _build(model_fn, strategy, train_data, recipe)
+        formats, skipped = _plan(model, formats if chief else (), int8 and chief)
+        sample = check_savable(model, test_data, formats)
+        hardening = dict(balanced=balanced, harden_at_epoch=harden_at_epoch)
+        fields = dict(seed=seed, mixed_precision=policy, **hardening)
+        identity = _identity(settings, recipe, model, train_data, test_data, **fields)
+        parts = (model, optimizer, strategy, train_data, test_data, recipe)
+        job = _start_job(parts, output_dir, identity, start, overwrite, verbose, **hardening)
+        job.extra_callbacks, job.jit_compile = list(callbacks or []), jit_compile
+        report = custom_loop(job) if distribution.is_multi_worker(strategy) else _fit(job)
+    files = _export(job, sample, (formats, skipped), int8 and chief, report)
+    return _write_report(job, report, files, identity, start, report_entries)
+
+
+def _check_data(test_data, recipe, strategy):
     if test_data.num_examples < 1:
         raise ValueError(
             "`test_data` holds no examples: nothing to evaluate the hardening on or to check "
@@ -131,67 +130,98 @@ def train(
             f"The global batch size must divide by the {strategy.num_replicas_in_sync} "
             f"replicas. Received: batch_size={recipe.batch_size}"
         )
-    chief = distribution.is_chief(strategy)
-    own_dir = (
-        output_dir
-        if chief
-        else os.path.join(output_dir, f"worker-{distribution.task_id(strategy)}")
-    )
-    previous_policy = keras.config.dtype_policy()
-    if mixed_precision:
-        keras.config.set_dtype_policy(distribution.mixed_precision_policy())
-    try:
-        keras.utils.set_random_seed(seed)
-        with strategy.scope():
-            model = model_fn()
-            steps = train_data.steps(recipe.batch_size)
-            if steps < 1:
-                raise ValueError(
-                    f"The batch size is larger than the {train_data.num_examples} training "
-                    f"examples (no full batch per epoch). Received: batch_size={recipe.batch_size}"
-                )
-            optimizer = make_optimizer(recipe, steps, model)
-        formats, skipped = plan_export(model, formats if chief else ())
-        check_int8(int8, formats, skipped, chief)
-        sample = check_savable(model, test_data, formats)
-        run_settings = {
-            **(settings or {}),
-            **dataclasses.asdict(recipe),
-            "epochs": recipe.epochs,
-            "model_name": model.name,
-            "parameters": int(model.count_params()),
-            # The graph, coarsely: a builder change (e.g. its padding) is not resumed into.
-            "layer_types": dict(
-                sorted(collections.Counter(type(x).__name__ for x in model.layers).items())
-            ),
-            "mixed_precision": distribution.mixed_precision_policy() if mixed_precision else False,
-            "seed": seed,
-            "harden_at_epoch": harden_at_epoch,
-            "balanced": balanced,
-            "train_examples": train_data.num_examples,
-            "test_examples": test_data.num_examples,
-        }
-        prepare_run_directory(own_dir, run_settings, overwrite=overwrite)
-        elapsed = ElapsedTime(os.path.join(own_dir, BACKUP), start, elapsed_before(own_dir))
-        job = TrainingJob(
-            model,
-            optimizer,
-            strategy,
-            train_data,
-            test_data,
-            recipe,
-            own_dir,
-            elapsed,
-            extra_callbacks=list(callbacks or []),
-            jit_compile=jit_compile,
-            verbose=verbose if chief else 0,
-            balanced=balanced,
-            harden_at_epoch=harden_at_epoch,
-        )
-        report = custom_loop(job) if multi_worker else _fit(job)
-    finally:
-        keras.config.set_dtype_policy(previous_policy)
 
+
+@contextlib.contextmanager
+def _dtype_policy(policy):
+    """Keras's global dtype policy set to `policy` (False: left as it is) meanwhile."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy or previous)
+    try:
+        yield
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+def _start_job(parts, output_dir, identity, start, overwrite, verbose, **options):
+    """Prepares this process's run folder for `identity` (`prepare_run_directory`: a
+    worker's own under multi-worker); the `TrainingJob` of `parts` (its first fields)."""
+    strategy = parts[2]
+    chief = distribution.is_chief(strategy)
+    own_dir = os.path.join(output_dir, f"worker-{distribution.task_id(strategy)}")
+    own_dir = output_dir if chief else own_dir
+    prepare_run_directory(own_dir, identity, overwrite=overwrite)
+    elapsed = ElapsedTime(os.path.join(own_dir, BACKUP), start, elapsed_before(own_dir))
+    return TrainingJob(*parts, own_dir, elapsed, verbose=verbose if chief else 0, **options)
+
+
+def _plan(model, formats, int8):
+    """`plan_export` for `model` (single-input models only, where anything is exported)."""
+    if formats != () and len(model.inputs) != 1:
+        raise ValueError(
+            "The export checks support single-input models: pass export=False. Received: "
+            f"a model with {len(model.inputs)} inputs"
+        )
+    return plan_export(formats, export_lib.compute_dtypes(model), int8)
+
+
+def _build(model_fn, strategy, train_data, recipe):
+    """(model, optimizer), built under the strategy's scope."""
+    with strategy.scope():
+        model = model_fn()
+        steps = train_data.steps(recipe.batch_size)
+        if steps < 1:
+            raise ValueError(
+                f"The batch size is larger than the {train_data.num_examples} training "
+                f"examples (no full batch per epoch). Received: batch_size={recipe.batch_size}"
+            )
+        return model, make_optimizer(recipe, steps, model)
+
+
+def _identity(settings, recipe, model, train_data, test_data, **fields):
+    """The run's `RunIdentity` record: `settings` and `fields`, the recipe's, and the
+    network as built (its name, parameter count and layers counted by type: a builder
+    change, e.g. its padding, is not resumed into) and the data's sizes."""
+    counts = collections.Counter(type(x).__name__ for x in model.layers)
+    return RunIdentity.make(
+        settings,
+        **recipe_fields(recipe),
+        **fields,
+        model_name=model.name,
+        parameters=int(model.count_params()),
+        layer_types=dict(sorted(counts.items())),
+        train_examples=train_data.num_examples,
+        test_examples=test_data.num_examples,
+    ).record()
+
+
+def _export(job, sample, plan, int8, report):
+    """Writes `model.keras` and the exports of `plan` ((formats, {format: why skipped}));
+    their entries go into `report`; returns the files."""
+    (model, own_dir), (formats, skipped) = (job.model, job.output_dir), plan
+    files = {"keras": os.path.join(own_dir, "model.keras")}
+    if skipped:
+        report["export_skipped"] = skipped
+    if not formats:
+        export_lib.save_keras(model, files["keras"])
+        return files
+    int8_arrays = int8_data(job.train_data, job.test_data) if int8 else None
+    report["export"] = export_run(model, own_dir, sample, formats, int8_arrays)
+    if int8_arrays is not None:
+        report["int8"] = report["export"].pop("int8")
+    files.update({name: entry["path"] for name, entry in report["export"].items()})
+    if int8_arrays is not None and report["int8"]["path"]:
+        files["int8"] = report["int8"]["path"]
+    return files
+
+
+def _write_report(job, report, files, identity, start, report_entries):
+    """Completes the report (its `settings`: the run's identity, the strategy, replicas
+    and jit_compile), writes `report.json` (the run's last file) and removes the backup;
+    returns the report."""
+    strategy = job.strategy
+    settings = {**identity, "strategy": distribution.strategy_name(strategy)}
+    settings.update(replicas=strategy.num_replicas_in_sync, jit_compile=job.jit_compile)
     report["layers"] = [
         {k: v for k, v in layer.items() if k != "permutation"} for layer in report["layers"]
     ]
@@ -199,46 +229,28 @@ def train(
     report["l12_penalty_at_hardening"] = float(
         sum(layer["l12_penalty"] for layer in report["layers"])
     )
-    files = {"keras": os.path.join(own_dir, "model.keras")}
-    if formats:
-        int8_arrays = int8_data(train_data, test_data) if int8 and chief else None
-        report["export"] = export_run(model, own_dir, sample, formats, int8_arrays)
-        if int8_arrays is not None:
-            report["int8"] = report["export"].pop("int8")
-        files.update({name: entry["path"] for name, entry in report["export"].items()})
-        if int8_arrays is not None and report["int8"]["path"]:
-            files["int8"] = report["int8"]["path"]
-    else:
-        export_lib.save_keras(model, files["keras"])
-    if skipped:
-        report["export_skipped"] = skipped
     files.update(
         history=job.history_path,
-        logs=os.path.join(own_dir, "logs"),
-        report=os.path.join(own_dir, "report.json"),
+        logs=os.path.join(job.output_dir, "logs"),
+        report=os.path.join(job.output_dir, "report.json"),
     )
     report["files"] = {k: v for k, v in files.items() if os.path.exists(v) or k == "report"}
-    report["settings"] = {
-        **run_settings,
-        "strategy": distribution.strategy_name(strategy),
-        "replicas": strategy.num_replicas_in_sync,
-        "jit_compile": jit_compile,
-    }
+    report["settings"] = settings
     # Every invocation's training time: a resumed run's backup kept the earlier ones'.
     report["time_this_invocation"] = time.time() - start
-    report["time"] = elapsed.before + report["time_this_invocation"]
+    report["time"] = job.elapsed.before + report["time_this_invocation"]
     divergence = os.path.join(job.backup_dir, DIVERGENCE_FILE)
     if os.path.exists(divergence):
         report["resumed_after_divergence"] = read_json(divergence, "divergence record")
     report.update(report_entries or {})
     write_json(report["files"]["report"], report)
-    finish_run(own_dir)
+    finish_run(job.output_dir)
     return report
 
 
-def _check_harden_at_epoch(harden_at_epoch, recipe, multi_worker):
+def _check_harden_at_epoch(harden_at_epoch, recipe, strategy):
     harden_at_epoch = _validation.optional_positive_int(harden_at_epoch, "harden_at_epoch")
-    if harden_at_epoch is not None and multi_worker:
+    if harden_at_epoch is not None and distribution.is_multi_worker(strategy):
         raise ValueError(
             "`harden_at_epoch` works with fit (one host), not the multi-worker loop. "
             f"Received: harden_at_epoch={harden_at_epoch}"
@@ -286,11 +298,4 @@ def _fit(job):
         shuffle=False,  # the order is the dataset's, a function of (seed, epoch)
         verbose=job.verbose,
     )
-    report = dict(hardening.report)
-    # Hardened before the end: the net trained on, so its final accuracy is measured anew.
-    report["final_accuracy"] = (
-        report.get("rounded_accuracy")
-        if report["epoch"] is None
-        else evaluate_accuracy(model, test)[1]
-    )
-    return report
+    return loop_report(hardening.report, lambda: evaluate_accuracy(model, test))

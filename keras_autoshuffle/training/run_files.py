@@ -16,24 +16,9 @@ SETTINGS_FILE = "settings.json"
 # Keras's BackupAndRestore files (the names its loader reads).
 METADATA_FILE = "training_metadata.json"
 WEIGHTS_FILE = "latest.weights.h5"
-# The files of a run, report.json (written last: the run is finished) first. `best.keras`
-# is no longer written (it was chosen on the test split); an older run's is still removed.
 SEARCH_DIR = "search"
-RUN_FILES = (
-    "report.json",
-    "model.keras",
-    "best.keras",
-    "history.csv",
-    "model.tflite",
-    "model_int8.tflite",
-    "saved_model",
-    "model.onnx",
-    "openvino",
-    "logs",
-    SEARCH_DIR,
-)
 # What the end of a run makes (after its last epoch), remade by a resumed run; and the
-# `best.keras` an older version's killed run left.
+# `best.keras` an older version wrote (chosen on the test split), still removed.
 PRODUCTS = (
     "model.keras",
     "model.tflite",
@@ -43,6 +28,8 @@ PRODUCTS = (
     "openvino",
     "best.keras",
 )
+# The files of a run, report.json (written last: the run is finished) first.
+RUN_FILES = ("report.json", *PRODUCTS, "history.csv", "logs", SEARCH_DIR)
 
 
 class RunDirectoryError(ValueError):

@@ -22,12 +22,8 @@ from keras_autoshuffle._atomic import as_json
 from keras_autoshuffle.hardening import harden_model
 from keras_autoshuffle.layers import RelaxedShuffle, checked_permutation, shuffle_layers
 from keras_autoshuffle.training.divergence import DIVERGENCE_FILE
-from keras_autoshuffle.training.fault_tolerance import (
-    CHANGEABLE_AFTER_DIVERGENCE,
-    clear_finished_run,
-    read_json,
-    write_json,
-)
+from keras_autoshuffle.training.fault_tolerance import clear_finished_run, read_json, write_json
+from keras_autoshuffle.training.identity import differences, recipe_fields
 from keras_autoshuffle.training.loops import BALANCED_TIME_LIMIT, _check_seed, train
 from keras_autoshuffle.training.run_files import (
     BACKUP,
@@ -88,19 +84,9 @@ def search_then_retrain(
         "search_balanced": balanced,
     }
     search_dir = os.path.join(output_dir, SEARCH_DIR)
-    # Before any training: a finished run (refused, or removed with `overwrite`), a killed
-    # retraining of other settings, and a search made by other settings are refused.
-    clear_finished_run(output_dir, train_kwargs.get("overwrite", False))
-    # What train() records itself (the recipe's values, `balanced=False`) is its to check.
-    recorded_by_train = {"epochs", "mixed_precision", "balanced", *dataclasses.asdict(recipe)}
-    _check_killed_retraining(
-        output_dir,
-        {k: v for k, v in retrain_settings.items() if k not in recorded_by_train} | {"seed": seed},
+    definition = _check_before_search(
+        output_dir, recipe, settings, retrain_settings, seed, train_kwargs.get("overwrite", False)
     )
-    definition = as_json(
-        {**(settings or {}), **dataclasses.asdict(recipe), "seed": seed, **retrain_settings}
-    )
-    _start_search(search_dir, definition)
     search = {"epochs": search_epochs, "balanced": balanced}
     permutations, search["l12_penalty_at_hardening"] = _search(
         model_fn,
@@ -133,6 +119,24 @@ def search_then_retrain(
     )
 
 
+def _check_before_search(output_dir, recipe, settings, retrain_settings, seed, overwrite):
+    """Refuses before any training a finished run (or removes it with `overwrite`), a
+    killed retraining of other settings, and a search made by other settings; returns
+    what defines the search, written into `search/` before its first file."""
+    clear_finished_run(output_dir, overwrite)
+    # What train() records itself (the recipe's values, `balanced=False`) is its to check.
+    recorded_by_train = {"mixed_precision", "balanced", *recipe_fields(recipe)}
+    _check_killed_retraining(
+        output_dir,
+        {k: v for k, v in retrain_settings.items() if k not in recorded_by_train} | {"seed": seed},
+    )
+    definition = as_json(
+        {**(settings or {}), **recipe_fields(recipe), "seed": seed, **retrain_settings}
+    )
+    _start_search(os.path.join(output_dir, SEARCH_DIR), definition)
+    return definition
+
+
 def _diverged(output_dir):
     """Whether the run or its search diverged (then its learning rate may change)."""
     search_dir = os.path.join(output_dir, SEARCH_DIR)
@@ -147,12 +151,9 @@ def _diverged(output_dir):
     )
 
 
-def _differences(saved, expected, output_dir, keys):
-    """The keys of `keys` whose values differ, as 'key=value (recorded: value)'."""
-    differ = [k for k in keys if saved.get(k) != expected.get(k)]
-    if differ and _diverged(output_dir):
-        differ = [k for k in differ if k not in CHANGEABLE_AFTER_DIVERGENCE]
-    return ", ".join(f"{k}={expected.get(k)!r} (recorded: {saved.get(k)!r})" for k in differ)
+def _differences(saved, expected, output_dir, keys=None):
+    """The settings (of `keys`) whose values differ, as 'key=value (recorded: value)'."""
+    return differences(saved, expected, _diverged(output_dir), keys, label="recorded")
 
 
 def _check_killed_retraining(output_dir, expected):
@@ -176,7 +177,7 @@ def _check_killed_retraining(output_dir, expected):
 def _check_definition(path, saved, definition, output_dir):
     if not isinstance(saved, dict):
         raise damaged(path, "search definition", "not an object of settings", saved, _REDO)
-    differ = _differences(saved, definition, output_dir, sorted(set(saved) | set(definition)))
+    differ = _differences(saved, definition, output_dir)
     if differ:
         raise RunDirectoryError(
             f"{path} records a search made with other settings; retraining its permutations "

@@ -1,0 +1,113 @@
+"""A run's identity: the one record of the settings that define a training.
+
+A killed run resumes only into the same identity (`fault_tolerance.prepare_run_directory`
+compares the record stored in its backup with the rerun's). What is not in it does not
+change what is trained: where the files go, what is shown (`verbose`), what is exported
+(`export`, `int8`), `overwrite`, how the steps run (`strategy`, `jit_compile`: the report
+adds these), and where the data is read from (`data_dir`, `manual_dir`).
+"""
+
+import dataclasses
+
+from keras_autoshuffle._atomic import as_json
+
+# Settings a resume may change after a divergence (the advice of TrainingDivergedError).
+CHANGEABLE_AFTER_DIVERGENCE = ("learning_rates",)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunIdentity:
+    """The settings that define a training, each with its default.
+
+    A record stored before a setting existed takes its default on resume: a new setting
+    comes with the default that trains as the runs before it did, so adding one never
+    makes an interrupted run unresumable. `train()` fills the recipe's, the data's and
+    the built network's fields; the command line (`run_from_args`), `search_then_retrain`
+    and a caller's `settings` give the others.
+
+    Attributes:
+        learning_rates, cycle_epochs, penalty, momentum, weight_decay, batch_size: the
+            `Recipe`'s; `epochs`: their total.
+        seed: the initial weights', the data order's and the augmentation's.
+        train_examples, test_examples: the data's sizes.
+        model_name, parameters, layer_types: the network as built (its name, its
+            parameter count, its layers counted by type: a builder change is not resumed into).
+        mixed_precision: the dtype policy's name, or False.
+        harden_at_epoch, balanced: the hardening (`train()`'s).
+        search_epochs, search_balanced: `search_then_retrain`'s search (None: no search).
+        dataset, model, width, groups, shuffle, padding, sinkhorn_iterations,
+            shuffle_initializer, shuffle_forward, max_train_examples: the command line's
+            network and data (`add_arguments`).
+    """
+
+    learning_rates: tuple = ()
+    cycle_epochs: tuple = ()
+    epochs: int = 0
+    penalty: float = 0.0
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    batch_size: int = 0
+    seed: int = 0
+    train_examples: int = 0
+    test_examples: int = 0
+    model_name: str = ""
+    parameters: int = 0
+    layer_types: dict = dataclasses.field(default_factory=dict)
+    mixed_precision: str | bool = False
+    harden_at_epoch: int | None = None
+    balanced: bool = False
+    search_epochs: int | None = None
+    search_balanced: bool = False
+    dataset: str | None = None
+    model: str | None = None
+    width: float | None = None
+    groups: int | None = None
+    shuffle: str | None = None
+    padding: str = "torch"
+    sinkhorn_iterations: int = 10
+    shuffle_initializer: str = "random"
+    shuffle_forward: str = "relaxed"
+    max_train_examples: int | None = None
+
+    @classmethod
+    def make(cls, settings, **fields):
+        """The identity of `settings` (a dict of field values) and `fields` (which win);
+        a key that is no field raises ValueError naming it."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(settings or {}) - names)
+        if unknown:
+            raise ValueError(
+                f"`settings` takes the fields of RunIdentity ({', '.join(sorted(names))}). "
+                f"Received: {', '.join(f'{k}={settings[k]!r}' for k in unknown)}"
+            )
+        return cls(**{**(settings or {}), **fields})
+
+    def record(self):
+        """The record as stored (JSON's types: tuples as lists)."""
+        return as_json(dataclasses.asdict(self))
+
+
+def recipe_fields(recipe):
+    """The identity's fields a `Recipe` gives."""
+    return {
+        "learning_rates": tuple(recipe.learning_rates),
+        "cycle_epochs": tuple(recipe.cycle_epochs),
+        "epochs": recipe.epochs,
+        "penalty": recipe.penalty,
+        "momentum": recipe.momentum,
+        "weight_decay": recipe.weight_decay,
+        "batch_size": recipe.batch_size,
+    }
+
+
+def differences(saved, expected, diverged=False, keys=None, label="backup"):
+    """'name=value (backup: value)' for each setting of `keys` (default: all) whose
+    values differ between two stored records; a field missing from either takes its
+    default. After a divergence the learning rates may differ."""
+    defaults = RunIdentity().record()
+    saved, expected = {**defaults, **saved}, {**defaults, **as_json(expected)}
+    keys = sorted(saved.keys() | expected.keys()) if keys is None else keys
+    differ = [k for k in keys if saved.get(k) != expected.get(k)]
+    if diverged:
+        differ = [k for k in differ if k not in CHANGEABLE_AFTER_DIVERGENCE]
+    return ", ".join(f"{k}={expected.get(k)!r} ({label}: {saved.get(k)!r})" for k in differ)
