@@ -106,9 +106,14 @@ def main(argv=None):
         "--jobs",
         type=positive,
         default=1,
-        help="trainings at once, one process each (default 1)",
+        help="trainings at once, one process each, at most the number of CPUs (default 1)",
     )
     args = parser.parse_args(argv)
+    cpus = os.cpu_count() or 1
+    if args.jobs > cpus:  # each job is a process with its TensorFlow threads
+        parser.error(
+            f"--jobs must be at most the number of CPUs ({cpus}). Received: --jobs {args.jobs}"
+        )
     if args.study:
         # The study has its own data set and seeds: a flag it would ignore is refused.
         for flag, value in (("--seed", args.seed), ("--dataset", args.dataset)):

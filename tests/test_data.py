@@ -11,6 +11,7 @@ import tensorflow_datasets as tfds
 from helpers import _write_fashion, _write_idx
 
 from keras_autoshuffle import data
+from keras_autoshuffle.applications import ResizeCenterCrop
 from keras_autoshuffle.data import sources
 
 
@@ -177,6 +178,26 @@ def test_resize_center_crop_takes_the_center():
     out = data.resize_center_crop(image, resize=300, size=200)
     # resize is the identity (shorter side already 300): the crop starts at (50, 100)
     np.testing.assert_array_equal(out.numpy(), image.numpy()[50:250, 100:300])
+
+
+# (height, width): landscape and portrait, odd and even sides, smaller and larger than 256.
+# 300 x 398 -> 256 x 339 (torchvision's int; rounding gives 340), crop offset 57.5 -> 58.
+EVAL_SIZES = [(375, 500), (500, 375), (300, 398), (257, 341), (100, 151), (151, 99), (256, 256)]
+
+
+def test_eval_crop_is_the_applications_resize_center_crop():
+    # The ImageNet evaluation transform (in a tf.data map, sides unknown when traced) gives
+    # the pixels of ResizeCenterCrop, the one checked against torchvision's transform.
+    images = [
+        np.random.default_rng(h).uniform(0, 255, (h, w, 3)).astype("float32") for h, w in EVAL_SIZES
+    ]
+    dataset = tf.data.Dataset.from_generator(
+        lambda: iter(images), output_signature=tf.TensorSpec((None, None, 3), tf.float32)
+    ).map(lambda image: data.resize_center_crop(image, resize=256, size=224))
+    assert tuple(dataset.element_spec.shape) == (224, 224, 3)
+    for image, out in zip(images, dataset, strict=True):
+        expected = ResizeCenterCrop(256, 224)(image[None])[0].numpy()
+        np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=1e-5, err_msg=image.shape)
 
 
 def test_missing_tfds_data_raises_with_instructions(tmp_path):

@@ -110,6 +110,15 @@ def test_invalid_values_end_as_argparse_errors(tmp_path, capsys, argv, message):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("mode", [["--quick"], ["--study", "fashion_mnist", "--report-only"]])
+def test_jobs_beyond_the_cpus_end_as_argparse_errors(tmp_path, capsys, mode):
+    jobs = (os.cpu_count() or 1) + 1
+    code, output = _main_exit(capsys, *mode, "--jobs", str(jobs), "--output", str(tmp_path / "o"))
+    assert code == 2 and "Traceback" not in output and "usage: " in output, output
+    assert f"Received: --jobs {jobs}" in output, output
+    assert not (tmp_path / "o").exists()
+
+
 def test_flags_against_a_recorded_study_name_the_difference(tmp_path, capsys):
     from experiments import study
 

@@ -13,32 +13,9 @@ from keras import ops
 from keras.applications import imagenet_utils
 
 from keras_autoshuffle import _validation
+from keras_autoshuffle._resize_crop import crop_start, resized_size, tf_resize_center_crop
 from keras_autoshuffle.applications.architecture import width_name
 from keras_autoshuffle.applications.checkpoints import CHECKPOINTS
-
-
-def _resized_size(height, width, size):
-    """torchvision's `Resize(size)` output (height, width): the shorter side `size`, the
-    longer one `int(size * long / short)`. Python ints, or TensorFlow tensors."""
-    if isinstance(height, int) and isinstance(width, int):
-        if width <= height:
-            return int(size * height / width), size
-        return size, int(size * width / height)
-    import tensorflow as tf
-
-    short, long = tf.minimum(height, width), tf.maximum(height, width)
-    new_long = (size * long) // short  # = int(size * long / short) for positive ints
-    tall = width <= height
-    return tf.where(tall, new_long, size), tf.where(tall, size, new_long)
-
-
-def _crop_start(side, crop):
-    """torchvision's `CenterCrop` offset: `int(round((side - crop) / 2))`, Python's round
-    (halves to even), for ints or TensorFlow tensors."""
-    if isinstance(side, int):
-        return int(round((side - crop) / 2.0))
-    half = (side - crop) // 2
-    return half + ((side - crop) % 2) * (half % 2)
 
 
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")
@@ -84,30 +61,23 @@ class ResizeCenterCrop(keras.layers.Layer):
             )
         shape = ops.shape(images)
         height, width = shape[2:4] if first else shape[1:3]
-        new_height, new_width = _resized_size(height, width, self.resize_size)
-        static = isinstance(new_height, int)
-        if static:
-            resized = ops.image.resize(
-                images,
-                (new_height, new_width),
-                interpolation="bilinear",
-                antialias=True,
-                data_format=self.data_format,
-            )
-        else:  # TensorFlow with sides unknown when traced: its resize takes tensor sizes
+        new_height, new_width = resized_size(height, width, self.resize_size)
+        if not isinstance(new_height, int):  # TensorFlow, sides unknown when traced
             import tensorflow as tf
 
             channels_last = tf.transpose(images, (0, 2, 3, 1)) if first else images
-            resized = tf.image.resize(
-                channels_last, tf.stack([new_height, new_width]), "bilinear", antialias=True
-            )
-            resized = tf.transpose(resized, (0, 3, 1, 2)) if first else resized
-        top, left = _crop_start(new_height, self.crop_size), _crop_start(new_width, self.crop_size)
+            cropped = tf_resize_center_crop(channels_last, self.resize_size, self.crop_size)
+            return tf.transpose(cropped, (0, 3, 1, 2)) if first else cropped
+        resized = ops.image.resize(
+            images,
+            (new_height, new_width),
+            interpolation="bilinear",
+            antialias=True,
+            data_format=self.data_format,
+        )
+        top, left = crop_start(new_height, self.crop_size), crop_start(new_width, self.crop_size)
         rows, columns = slice(top, top + self.crop_size), slice(left, left + self.crop_size)
-        cropped = resized[:, :, rows, columns] if first else resized[:, rows, columns, :]
-        if not static:
-            cropped = tf.ensure_shape(cropped, self.compute_output_shape(images.shape))
-        return cropped
+        return resized[:, :, rows, columns] if first else resized[:, rows, columns, :]
 
     def compute_output_shape(self, input_shape):
         side = self.crop_size

@@ -284,8 +284,9 @@ def cifar10(seed=0, data_dir=None, download=False):
 def imagenet(seed=0, data_dir=None, manual_dir=None, size=224, shuffle_buffer=10_000):
     """ImageNet (ILSVRC 2012) from TFDS as `(train, validation)` `TFDSData`, streamed.
 
-    Training: random-resized crop to `size` and horizontal flip; evaluation: resize 256,
-    center crop `size`; both per-channel normalised.
+    Training: random-resized crop to `size` and horizontal flip; evaluation: torchvision's
+    `Resize(size * 256 // 224)` and `CenterCrop(size)` (`transforms.resize_center_crop`);
+    both per-channel normalised.
     """
     builder = prepared_builder("imagenet2012", data_dir=data_dir, manual_dir=manual_dir)
 

@@ -6,6 +6,8 @@ example's augmentation depends only on `(seed, epoch, example index)`.
 
 import tensorflow as tf
 
+from keras_autoshuffle._resize_crop import tf_resize_center_crop
+
 
 def normalize(image, mean, std):
     """Scales uint8 (or [0, 255]) images to [0, 1] and standardises each channel."""
@@ -43,10 +45,8 @@ def random_resized_crop(image, seed, size=224, area=(0.08, 1.0), ratio=(3 / 4, 4
 
 
 def resize_center_crop(image, resize=256, size=224):
-    """ImageNet evaluation: shorter side to `resize`, then the central `size` x `size` crop."""
-    shape = tf.cast(tf.shape(image)[:2], tf.float32)
-    scale = resize / tf.reduce_min(shape)
-    new = tf.cast(tf.round(shape * scale), tf.int32)
-    image = tf.image.resize(image, new, method="bilinear")
-    top, left = (new[0] - size) // 2, (new[1] - size) // 2
-    return tf.image.crop_to_bounding_box(image, top, left, size, size)
+    """ImageNet evaluation, torchvision's `Resize(resize)` then `CenterCrop(size)`: the
+    shorter side to `resize` (the longer to `int(resize * long / short)`, bilinear,
+    antialiased), then the central `size` x `size` crop, its offset rounded as
+    torchvision's. The same pixels as `applications.ResizeCenterCrop(resize, size)`."""
+    return tf_resize_center_crop(tf.cast(image, tf.float32), resize, size)
