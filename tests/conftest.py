@@ -30,6 +30,15 @@ if BACKEND == "tensorflow":
         pass
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject.toml): a worker per CPU this process may use, at most 4, each
+    with its own TensorFlow (some 2 GB at its peak)."""
+    cpus = (
+        os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    )
+    return max(1, min(4, len(cpus)))
+
+
 def pytest_collection_finish(session):
     """Moves every object alive after collection (TensorFlow's, Keras's, the modules':
     some 400,000) out of the garbage collector's sight. `clear_session`, called before
