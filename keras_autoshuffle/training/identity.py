@@ -35,9 +35,10 @@ class RunIdentity:
         mixed_precision: the dtype policy's name, or False.
         harden_at_epoch, balanced: the hardening (`train()`'s).
         search_epochs, search_balanced: `search_then_retrain`'s search (None: no search).
-        dataset, model, width, groups, shuffle, padding, sinkhorn_iterations,
-            shuffle_initializer, shuffle_forward, max_train_examples: the command line's
-            network and data (`add_arguments`).
+        dataset, model, width, groups, shuffle, padding: the command line's network and
+            data (`add_arguments`).
+        sinkhorn_iterations, shuffle_initializer, shuffle_forward, max_train_examples: the
+            command line's too.
     """
 
     learning_rates: tuple = ()
