@@ -23,6 +23,11 @@ then `ShuffleNetV2(1.0, stem="imagenet", classifier_activation=None)` with those
 logits, and the table below the rows gives each runtime's medians over torchvision's in
 ONNX Runtime.
 
+Each row keeps its rounds (`rounds_ms`). Variants timed in the same rounds are compared
+round by round: the tables' ratios are the median of the per-round ratios with a 95%
+bootstrap interval (`paired_ratio`), which a load that comes and goes during the run
+disturbs far less than a ratio of two medians.
+
 Variants: manual (ChannelShuffle), manual_folded (the manual net through `fold_model`:
 v1 keeps the reshape-transpose, v2 routes by slices and concats, as a hardened net),
 manual_same_padding (the manual net built with `padding="same"`: Keras's 'same' on the
@@ -176,8 +181,8 @@ def build_variants(name, spec, side, classes, variants, time_limit, torchvision=
 
 
 def measure(functions, repeats, min_seconds, clock=time.perf_counter):
-    """Median milliseconds per call of each function, interleaved and repeated (`clock`:
-    wall time, or `time.process_time` for the process's CPU time)."""
+    """Milliseconds per call of each function in each of `repeats` interleaved rounds (`clock`:
+    wall time, or `time.process_time` for the process's CPU time): {name: [ms, ...]}."""
     numbers = {}
     for name, fn in functions.items():
         fn()  # warm-up (tracing, allocation)
@@ -194,8 +199,20 @@ def measure(functions, repeats, min_seconds, clock=time.perf_counter):
             start = clock()
             for _ in range(number):
                 fn()
-            samples[name].append((clock() - start) / number)
-    return {name: 1000 * statistics.median(values) for name, values in samples.items()}
+            samples[name].append(1000 * (clock() - start) / number)
+    return samples
+
+
+def paired_ratio(samples, reference, seed=0):
+    """(median, low, high) of the per-round ratios `samples[i] / reference[i]`: the rounds
+    pair the two (timed minutes apart at most, under the same load), and low-high is a 95%
+    bootstrap interval of the median. None when the rounds do not pair."""
+    if samples is None or len(samples) == 0 or len(samples) != len(reference):
+        return None
+    ratios = np.asarray(samples) / np.asarray(reference)
+    draws = np.random.default_rng(seed).choice(ratios, (2000, ratios.size))
+    low, high = np.percentile(np.median(draws, axis=1), [2.5, 97.5])
+    return float(np.median(ratios)), float(low), float(high)
 
 
 def train_functions(models, side, batch, classes):
@@ -280,13 +297,23 @@ def runtime_functions(tasks, models, side, threads, directory, torchvision=None)
     return functions, sizes
 
 
+def _ratio_text(row, base):
+    """`row`'s time over `base`'s: the median of the per-round ratios with its 95% interval
+    where both carry their rounds (timed together), else the ratio of the medians."""
+    paired = paired_ratio(row.get("rounds_ms"), base.get("rounds_ms", ()))
+    if paired is None:
+        return f"{row['median_ms'] / base['median_ms']:.2f}"
+    return "{:.2f}, {:.2f}-{:.2f}".format(*paired)
+
+
 def runtime_table(rows):
-    """A markdown table per model: runtimes by variants, medians and ratios to torchvision's
-    graph in ONNX Runtime (to manual's there without --torchvision)."""
+    """A markdown table per model: runtimes by variants, median ms and the ratio to
+    torchvision's graph in ONNX Runtime (to manual's there without --torchvision); below
+    it, folded over manual in each runtime."""
     lines = []
     for model in dict.fromkeys(r["model"] for r in rows if r["task"] in RUNTIME_TASKS):
         cells = {
-            (r["task"], r["variant"]): r["median_ms"]
+            (r["task"], r["variant"]): r
             for r in rows
             if r["model"] == model and r["task"] in RUNTIME_TASKS
         }
@@ -295,20 +322,26 @@ def runtime_table(rows):
         reference = "torchvision" if ("ort_infer", "torchvision") in cells else "manual"
         base = cells.get(("ort_infer", reference))
         lines += [
-            f"\n{model}: median ms (ratio to {reference} in ONNX Runtime)",
+            f"\n{model}: median ms (ratio to {reference} in ONNX Runtime; with the rounds, "
+            "the median of the per-round ratios and its 95% bootstrap interval)",
             "| runtime | " + " | ".join(variants) + " |",
             "|---" * (len(variants) + 1) + "|",
         ]
+        folded = []
         for task in RUNTIME_TASKS:
             if not any(t == task for t, _ in cells):
                 continue
             row = []
             for v in variants:
-                ms = cells.get((task, v))
-                row.append(
-                    "-" if ms is None else f"{ms:.2f}" + (f" ({ms / base:.2f})" if base else "")
-                )
+                cell = cells.get((task, v))
+                ratio = f" ({_ratio_text(cell, base)})" if cell and base else ""
+                row.append("-" if cell is None else f"{cell['median_ms']:.2f}{ratio}")
             lines.append(f"| {task} | " + " | ".join(row) + " |")
+            manual, fold = cells.get((task, "manual")), cells.get((task, "manual_folded"))
+            if manual and fold:
+                folded.append(f"{task} {_ratio_text(fold, manual)}")
+        if folded:
+            lines.append("\nmanual_folded / manual: " + "; ".join(folded))
     return "\n".join(lines)
 
 
@@ -341,15 +374,16 @@ def run(args):
     big = 32 if quick else 224
     rows = []
 
-    def record(task, model_name, side, batch, medians):
-        for variant, ms in medians.items():
+    def record(task, model_name, side, batch, samples):
+        for variant, ms in samples.items():
             row = {
                 "task": task,
                 "model": model_name,
                 "variant": variant,
                 "input": side,
                 "batch": batch,
-                "median_ms": float(ms),
+                "median_ms": float(statistics.median(ms)),
+                "rounds_ms": [float(m) for m in ms],
             }
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -362,10 +396,10 @@ def run(args):
             for side, batch in settings:
                 classes = 10 if side == 32 else 1000
                 models = build_variants(model_name, spec, side, classes, TRAIN_VARIANTS, None)
-                medians = measure(
+                samples = measure(
                     train_functions(models, side, batch, classes), repeats, min_seconds
                 )
-                record("train_step", model_name, side, batch, medians)
+                record("train_step", model_name, side, batch, samples)
         infer_tasks = [t for t in ("keras_infer", *RUNTIME_TASKS) if t in args.tasks]
         if not infer_tasks:
             continue
@@ -396,12 +430,12 @@ def run(args):
                     runtimes, models, big, args.threads, directory, torchvision
                 )
                 clock = time.process_time if args.cpu_time else time.perf_counter
-                medians = measure(functions, repeats * (1 if quick else 3), min_seconds, clock)
+                samples = measure(functions, repeats * (1 if quick else 3), min_seconds, clock)
             named = {f"{task}/{variant}": size for (task, variant), size in sizes.items()}
             print(f"# {model_name}: file bytes {json.dumps(named)}", flush=True)
             for task in runtimes:
                 record(
-                    task, model_name, big, 1, {v: ms for (t, v), ms in medians.items() if t == task}
+                    task, model_name, big, 1, {v: ms for (t, v), ms in samples.items() if t == task}
                 )
         keras.backend.clear_session()
     return rows

@@ -25,9 +25,12 @@ def test_quick_benchmark_writes_rows(tmp_path, capsys, monkeypatch):
     argv = ["--quick", "--models", "v1", "--variants", *variants, "--json", str(path)]
     assert benchmark.main(argv) == 0
     rows = json.loads(path.read_text())
-    keys = {"task", "model", "variant", "input", "batch", "median_ms"}
+    keys = {"task", "model", "variant", "input", "batch", "median_ms", "rounds_ms"}
     assert rows and all(set(row) == keys for row in rows)
     assert all(row["median_ms"] > 0 for row in rows)
+    # The median is the rounds' (2 with --quick), and the rounds are kept for paired ratios.
+    assert all(row["median_ms"] == pytest.approx(np.median(row["rounds_ms"])) for row in rows)
+    assert {len(row["rounds_ms"]) for row in rows} == {2}
     tasks = {(row["task"], row["batch"]): set() for row in rows}
     for row in rows:
         tasks[row["task"], row["batch"]].add(row["variant"])
@@ -107,3 +110,35 @@ def test_runtime_table_gives_ratios_to_torchvision_in_onnx_runtime():
     assert "| ort_infer | 4.00 (1.00) | 3.00 (0.75) |" in table
     assert "| openvino_infer | 2.00 (0.50) | - |" in table
     assert "| litert_infer | - | 1.00 (0.25) |" in table
+
+
+def test_runtime_ratios_pair_the_rounds_timed_together():
+    # Round 3 ran under load for torchvision's graph only: per round the folded net takes
+    # 1.1x torchvision's time (its median, 5.0 ms, over torchvision's would say 0.5x).
+    rounds = {"torchvision": [1.0, 10.0, 10.0], "manual": [1.0, 10.0, 10.0]}
+    rounds["manual_folded"] = [1.1, 11.0, 5.0]
+    rows = [
+        {
+            "task": "ort_infer",
+            "model": "v2_1.0",
+            "variant": v,
+            "input": 224,
+            "batch": 1,
+            "median_ms": float(np.median(ms)),
+            "rounds_ms": ms,
+        }
+        for v, ms in rounds.items()
+    ]
+    table = benchmark.runtime_table(rows)
+    assert "| ort_infer | 10.00 (1.00, 1.00-1.00) | 10.00 (1.00, 1.00-1.00) | 5.00 (1.10, " in table
+    assert "manual_folded / manual: ort_infer 1.10, 0.50-1.10" in table
+
+
+def test_paired_ratio_interval_brackets_the_median_of_the_round_ratios():
+    rng = np.random.default_rng(3)
+    reference = rng.uniform(4, 8, 40)
+    samples = reference * rng.normal(0.9, 0.05, 40)
+    median, low, high = benchmark.paired_ratio(samples, reference)
+    assert median == pytest.approx(np.median(samples / reference))
+    assert 0.8 < low < median < high < 1.0
+    assert benchmark.paired_ratio(samples[:-1], reference) is None
