@@ -12,7 +12,7 @@ import pytest
 from keras_autoshuffle import HardenShuffles, RelaxedShuffle, _atomic
 from keras_autoshuffle.training import backup as bk
 from keras_autoshuffle.training import fault_tolerance as ft
-from keras_autoshuffle.training import records, run_files
+from keras_autoshuffle.training import run_files
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, prepare_run_directory
 
 SETTINGS = {"dataset": "digits", "shuffle": "auto", "epochs": 2, "penalty": 0.05}
@@ -189,7 +189,7 @@ def _hardened_fit(backup, kill_after=None):
         metrics=["accuracy"],
     )
     hardening = HardenShuffles(validation_data=(X, Y), at_epoch=1, verbose=0)
-    callbacks = [hardening, records.HardeningRecord(backup, hardening), bk.RunBackup(backup)]
+    callbacks = [hardening, ft.HardeningRecord(backup, hardening), bk.RunBackup(backup)]
     callbacks += [_Kill(kill_after)] if kill_after else []
     model.fit(X, Y, batch_size=8, epochs=3, shuffle=False, callbacks=callbacks, verbose=0)
     return model, hardening.report
@@ -234,7 +234,7 @@ def test_hardening_record_ahead_of_the_backup_is_ignored(tmp_path):
     report = {"epoch": 2, "layers": [{"name": "shuffle", "permutation": [2, 0, 3, 1]}]}
     _atomic.write_json(str(backup / ft.HARDENING_FILE), report)
     model, hardening = _shuffle_model(), HardenShuffles(verbose=0)
-    record = records.HardeningRecord(str(backup), hardening)
+    record = ft.HardeningRecord(str(backup), hardening)
     record.set_model(model)
     record.on_train_begin()
     assert not model.get_layer("shuffle").is_hardened and hardening.report is None
@@ -247,7 +247,7 @@ def test_hardening_record_ahead_of_the_backup_is_ignored(tmp_path):
 def test_a_broken_hardening_record_is_named_on_resume(tmp_path):
     backup = _killed_run(tmp_path / "run")
     (backup / ft.HARDENING_FILE).write_text('{"epoch": 1, "lay')
-    record = records.HardeningRecord(str(backup), HardenShuffles(verbose=0))
+    record = ft.HardeningRecord(str(backup), HardenShuffles(verbose=0))
     record.set_model(_shuffle_model())
     path = re.escape(str(backup / ft.HARDENING_FILE))
     with pytest.raises(RunDirectoryError, match=f"hardening record file {path} is damaged"):
