@@ -20,37 +20,27 @@ import json
 import os
 import shutil
 
-import h5py
 import keras
 import numpy as np
 
-from keras_autoshuffle._atomic import move_into_place, partial_path, remove, sync
+from keras_autoshuffle._atomic import move_into_place, remove, sync
 from keras_autoshuffle._files import sha256_of as sha256
 from keras_autoshuffle._keras_internals import initial_epoch
-from keras_autoshuffle._validation import is_integer
 from keras_autoshuffle.hardening.harden import drop_removed_variables
 from keras_autoshuffle.layers import relaxed_shuffles
 from keras_autoshuffle.training.divergence import non_finite
-from keras_autoshuffle.training.run_files import (
-    METADATA_FILE,
+from keras_autoshuffle.training.fault_tolerance import (
     WEIGHTS_FILE,
     RunDirectoryError,
+    backup_files,
     damaged,
-    epoch_field,
-    read_json,
 )
-
-
-def _paths(backup_dir):
-    """(weights, metadata, their temporaries) of `backup_dir`."""
-    weights, metadata = (os.path.join(backup_dir, f) for f in (WEIGHTS_FILE, METADATA_FILE))
-    return weights, metadata, partial_path(weights), partial_path(metadata)
 
 
 def save_backup(model, backup_dir, epochs):
     """Writes the backup of `epochs` completed epochs atomically."""
     os.makedirs(backup_dir, exist_ok=True)
-    weights, metadata, weights_partial, metadata_partial = _paths(backup_dir)
+    weights, metadata, weights_partial, metadata_partial = backup_files(backup_dir)
     try:
         remove(weights_partial)
         _check_space(model, backup_dir, weights)
@@ -87,61 +77,6 @@ def _check_space(model, backup_dir, weights):
         raise OSError(
             errno.ENOSPC, f"{free} bytes free in {backup_dir}, about {needed} needed", weights
         )
-
-
-def recover(backup_dir):
-    """Completes or discards a backup write that a kill interrupted; returns whether
-    `backup_dir` then holds a completed epoch."""
-    weights, metadata, weights_partial, metadata_partial = _paths(backup_dir)
-    if os.path.exists(metadata_partial) and not os.path.exists(weights_partial):
-        # Killed between the two moves: the new weights are in place, the metadata waits.
-        if not os.path.exists(weights):
-            raise damaged(metadata_partial, "backup metadata", "no weights file", weights)
-        record = read_json(metadata_partial, "backup metadata", {"weights_sha256": None})
-        if record["weights_sha256"] != sha256(weights):
-            problem = f"not the metadata of {weights}"
-            raise damaged(metadata_partial, "backup metadata", problem, record)
-        move_into_place(metadata_partial, metadata)
-    remove(weights_partial)
-    remove(metadata_partial)
-    return os.path.exists(metadata) or os.path.exists(weights)
-
-
-def backed_up_epochs(backup_dir, epochs=None):
-    """Epochs completed in `backup_dir`'s backup (0 when there is none), its metadata and
-    weights checked: the epoch count within [1, epochs], the weights file present and the
-    one the metadata names (its SHA-256; backups of Keras's own writer carry none)."""
-    weights, path, _, _ = _paths(backup_dir)
-    if not os.path.exists(path):
-        if os.path.exists(weights):
-            raise damaged(path, "backup metadata", "missing beside the weights file", weights)
-        return 0
-    fields = {"epoch": epoch_field(epochs), "batch?": (is_integer, "an integer")}
-    record = read_json(path, "backup metadata", fields)
-    if not os.path.exists(weights):
-        raise damaged(path, "backup metadata", f"its weights file {weights} is missing", record)
-    digest = record.get("weights_sha256")
-    if digest is not None and digest != sha256(weights):
-        raise damaged(
-            weights, "backup weights", f"not the file its metadata {path} describes", digest
-        )
-    return record["epoch"]
-
-
-def saved_permutations(path):
-    """The permutations of the hardened shuffles a weights file holds (sorted lists)."""
-    found = []
-
-    def visit(name, item):  # a hardened RelaxedShuffle's entry in place of its matrix
-        if isinstance(item, h5py.Dataset) and name.endswith("/vars/permutation"):
-            found.append(item[()].tolist())
-
-    try:
-        with h5py.File(path, "r") as f:
-            f.visititems(visit)
-    except OSError as error:
-        raise damaged(path, "backup weights", "not an HDF5 file", error) from None
-    return sorted(found)
 
 
 class RunBackup(keras.callbacks.BackupAndRestore):

@@ -19,7 +19,7 @@ import numpy as np
 
 from keras_autoshuffle._atomic import write_json
 from keras_autoshuffle.layers import attach_state
-from keras_autoshuffle.training.run_files import DIVERGENCE_FILE
+from keras_autoshuffle.training.fault_tolerance import DIVERGENCE_FILE
 
 
 class TrainingDivergedError(RuntimeError):

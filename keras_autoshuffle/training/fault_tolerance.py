@@ -1,69 +1,196 @@
 """Fault tolerance: a run killed at any instant resumes where it stopped, and never mixes two.
 
-Data order and augmentation are functions of (seed, epoch, example) (`data`), so a
-resumed run ends with the weights of an uninterrupted one. What a run keeps in its
-`backup/` folder until `report.json`, its last file, is written (each file atomically,
-`_atomic`, and rewritten after every epoch):
-
-- `RunBackup` (`backup.py`, Keras's `BackupAndRestore`): the weights and optimizer state;
-  a hardened net's weights carry its permutations;
-- `HardeningRecord`: a hardening's report. The backup of a hardened net carries its
-  permutations, but the report is measured on the relaxed net before rounding (its
-  accuracy and loss, each matrix's P(M) and distance to its permutation), and
-  `HardenShuffles` needs it to know the hardening is done. A hardening at the end of
-  training comes after the last epoch's backup (relaxed weights): there the recorded
-  permutations are applied (`HardenShuffles.recorded`) instead of rounding again, which
-  balanced hardening under a time limit could do differently. It is written before the
-  backup of the hardened weights; one written ahead of its backup (killed between the
-  two) is removed on resume, and the hardening happens again on time;
-- `ElapsedTime`, `HistoryLog`: the training time of all invocations, one `history.csv`
-  row per epoch (each epoch once however often the run was killed);
-- the run's settings (`RunIdentity.record()`), and `divergence.py`'s record of a
-  divergence.
+Data order and augmentation are functions of (seed, epoch, example), so a resumed run
+ends with the weights of an uninterrupted one. Until `report.json`, its last file, a run
+keeps in `backup/`, each file rewritten atomically after every epoch: the weights and
+optimizer state (`backup.RunBackup`; a hardened net's carry its permutations), the
+settings, a divergence (`divergence.py`), the training time (`ElapsedTime`), and a
+hardening's report (`HardeningRecord`). That report is measured on the relaxed net before
+rounding, and tells `HardenShuffles` the hardening is done; it is written before the
+backup of the hardened weights (one written ahead of its backup is removed on resume: the
+hardening happens again on time). A hardening at the end of training comes after the last
+backup: its recorded permutations are applied (`HardenShuffles.recorded`), not rounded
+again (balanced hardening under a time limit could round differently). `history.csv`
+(`HistoryLog`) keeps one row per epoch however often the run was killed.
 
 `prepare_run_directory` trusts none of it: before a resume every file is checked (types,
-ranges, consistency with the settings and with each other) and a damaged one is named;
-`RunBackup` then checks the weights file against the model.
+ranges, consistency with the settings and with each other) and a damaged one is named.
 """
 
 import csv
+import json
 import math
 import os
+import stat
 import time
 
+import h5py
 import keras
 
 from keras_autoshuffle._atomic import (
     OLD,
     as_json,
+    move_into_place,
     partial_path,
     remove,
     sibling_path,
     write_atomically,
     write_json,
 )
+from keras_autoshuffle._files import sha256_of as sha256
 from keras_autoshuffle._validation import is_integer, is_number
 from keras_autoshuffle.hardening.harden import check_permutations
 from keras_autoshuffle.layers import checked_permutation
-from keras_autoshuffle.training.backup import backed_up_epochs, recover, saved_permutations
 from keras_autoshuffle.training.identity import differences
-from keras_autoshuffle.training.run_files import (
-    BACKUP,
-    DIVERGENCE_FILE,
-    ELAPSED_FILE,
-    HARDENING_FILE,
-    PRODUCTS,
-    RUN_FILES,
-    SEARCH_DIR,
-    SETTINGS_FILE,
-    WEIGHTS_FILE,
-    RunDirectoryError,
-    damaged,
-    epoch_field,
-    epochs_of,
-    read_json,
-    start_over,
+
+BACKUP = "backup"
+ELAPSED_FILE = "elapsed.json"
+HARDENING_FILE = "hardening.json"
+SETTINGS_FILE = "settings.json"
+DIVERGENCE_FILE = "divergence.json"
+# Keras's BackupAndRestore files (the names its loader reads).
+METADATA_FILE = "training_metadata.json"
+WEIGHTS_FILE = "latest.weights.h5"
+SEARCH_DIR = "search"
+# What the end of a run makes (after its last epoch), remade by a resumed run; and the
+# `best.keras` an older version wrote (chosen on the test split), still removed.
+PRODUCTS = (
+    "model.keras",
+    "model.tflite",
+    "model_int8.tflite",
+    "saved_model",
+    "model.onnx",
+    "openvino",
+    "best.keras",
 )
+# The files of a run, report.json (written last: the run is finished) first.
+RUN_FILES = ("report.json", *PRODUCTS, "history.csv", "logs", SEARCH_DIR)
+# A run's JSON records are a few kB; a larger file is not one of them (bounds the memory).
+MAX_JSON_BYTES = 64 * 2**20
+
+
+class RunDirectoryError(ValueError):
+    """An output directory that cannot be used as asked (finished, other settings, damaged)."""
+
+
+def start_over(backup_dir):
+    return (
+        f"Delete the backup folder {backup_dir} to restart the run from scratch (its trained "
+        "epochs are lost), or use another output folder."
+    )
+
+
+def damaged(path, what, problem, received, remedy=None):
+    """The RunDirectoryError naming a damaged file of a run and what to do about it."""
+    folder = os.path.dirname(path)
+    if remedy is None:
+        remedy = start_over(folder) if os.path.basename(folder) == BACKUP else "Delete it."
+    return RunDirectoryError(
+        f"The {what} file {path} is damaged: {problem}. {remedy} Received: {str(received)[:300]}"
+    )
+
+
+def read_json(path, what, fields=None, remedy=None):
+    """The JSON file `path` (a regular file of at most MAX_JSON_BYTES, nested as deep as
+    Python's parser takes); with `fields`, an object holding each key (one ending in "?"
+    may be absent) whose value passes its test. Else RunDirectoryError naming it."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block
+            raise OSError(f"not a regular file: {path}")
+        with open(path, "rb") as f:
+            content = f.read(MAX_JSON_BYTES + 1)
+        if len(content) > MAX_JSON_BYTES:
+            raise ValueError(f"larger than {MAX_JSON_BYTES} bytes")
+        record = json.loads(content)
+    except (OSError, ValueError, RecursionError) as error:
+        received = f"{type(error).__name__}: {error}"
+        raise damaged(path, what, "not readable JSON", received, remedy) from None
+    required = [key for key in fields or () if not key.endswith("?")]
+    if fields is not None and (not isinstance(record, dict) or not set(required) <= set(record)):
+        raise damaged(path, what, f"not an object with {', '.join(required)}", record, remedy)
+    for key, check in (fields or {}).items():
+        key = key.rstrip("?")
+        if check and key in record and not check[0](record[key]):
+            raise damaged(path, what, f"'{key}' must be {check[1]}", record, remedy)
+    return record
+
+
+def epoch_field(epochs, allow_none=False):
+    """The (test, wording) of a `read_json` field holding an epoch count in [1, epochs]
+    (`epochs` None: >= 1), or None with `allow_none`."""
+    high = epochs if epochs is not None else math.inf
+    limit = f"[1, {epochs}] (the run's epochs)" if epochs is not None else ">= 1"
+    return (
+        lambda v: (allow_none and v is None) or (is_integer(v) and 1 <= v <= high),
+        f"an integer in {limit}",
+    )
+
+
+def epochs_of(settings):
+    """The run's epochs from its settings, or None where they do not say."""
+    epochs = (settings or {}).get("epochs")
+    return epochs if is_integer(epochs) and epochs > 0 else None
+
+
+def backup_files(backup_dir):
+    """(weights, metadata, their temporaries) of `backup_dir`."""
+    weights, metadata = (os.path.join(backup_dir, f) for f in (WEIGHTS_FILE, METADATA_FILE))
+    return weights, metadata, partial_path(weights), partial_path(metadata)
+
+
+def recover(backup_dir):
+    """Completes or discards a backup write that a kill interrupted; returns whether
+    `backup_dir` then holds a completed epoch."""
+    weights, metadata, weights_partial, metadata_partial = backup_files(backup_dir)
+    if os.path.exists(metadata_partial) and not os.path.exists(weights_partial):
+        # Killed between the two moves: the new weights are in place, the metadata waits.
+        if not os.path.exists(weights):
+            raise damaged(metadata_partial, "backup metadata", "no weights file", weights)
+        record = read_json(metadata_partial, "backup metadata", {"weights_sha256": None})
+        if record["weights_sha256"] != sha256(weights):
+            problem = f"not the metadata of {weights}"
+            raise damaged(metadata_partial, "backup metadata", problem, record)
+        move_into_place(metadata_partial, metadata)
+    remove(weights_partial)
+    remove(metadata_partial)
+    return os.path.exists(metadata) or os.path.exists(weights)
+
+
+def backed_up_epochs(backup_dir, epochs=None):
+    """Epochs completed in `backup_dir`'s backup (0 when there is none), its metadata and
+    weights checked: the epoch count within [1, epochs], the weights file present and the
+    one the metadata names (its SHA-256; backups of Keras's own writer carry none)."""
+    weights, path, _, _ = backup_files(backup_dir)
+    if not os.path.exists(path):
+        if os.path.exists(weights):
+            raise damaged(path, "backup metadata", "missing beside the weights file", weights)
+        return 0
+    fields = {"epoch": epoch_field(epochs), "batch?": (is_integer, "an integer")}
+    record = read_json(path, "backup metadata", fields)
+    if not os.path.exists(weights):
+        raise damaged(path, "backup metadata", f"its weights file {weights} is missing", record)
+    digest = record.get("weights_sha256")
+    if digest is not None and digest != sha256(weights):
+        raise damaged(
+            weights, "backup weights", f"not the file its metadata {path} describes", digest
+        )
+    return record["epoch"]
+
+
+def saved_permutations(path):
+    """The permutations of the hardened shuffles a weights file holds (sorted lists)."""
+    found = []
+
+    def visit(name, item):  # a hardened RelaxedShuffle's entry in place of its matrix
+        if isinstance(item, h5py.Dataset) and name.endswith("/vars/permutation"):
+            found.append(item[()].tolist())
+
+    try:
+        with h5py.File(path, "r") as f:
+            f.visititems(visit)
+    except OSError as error:
+        raise damaged(path, "backup weights", "not an HDF5 file", error) from None
+    return sorted(found)
 
 
 def elapsed_before(output_dir):
@@ -135,10 +262,9 @@ def _epoch_of(row):
 
 
 def read_hardening_record(path, settings=None, backed_up=None):
-    """The hardening report of this run at `path`: an `epoch` (None: at the end of
-    training, then only after the last epoch's backup) equal to the run's
-    `harden_at_epoch`, and `layers` naming each shuffle with a permutation; with
-    `backed_up` epochs past its `epoch`, the permutations the backup's weights hold."""
+    """The hardening report at `path` if it is this run's: its `epoch` (None: the end of
+    training, then after the last backup) the run's `harden_at_epoch`, its `layers` each a
+    shuffle's permutation, held by the backup's weights where it was backed up after."""
     what, epochs = "hardening record", epochs_of(settings)
     number = (is_number, "a number")
     fields = {
@@ -271,15 +397,11 @@ def check_backup(backup_dir, settings):
 def prepare_run_directory(output_dir, settings, overwrite=False):
     """Checks `output_dir` before a run; returns True when the run resumes a backup.
 
-    - A backup (a killed run) resumes only with the same settings (after a divergence,
-      another learning rate too); otherwise RunDirectoryError says which settings differ.
-      One holding trained epochs but no settings record is refused. Every file of it is
-      checked first (`check_backup`); a damaged one raises RunDirectoryError naming it.
-    - A finished run (`report.json`) is never overwritten unless `overwrite=True`; then
-      its files are removed first (`clear_finished_run`).
-    - Otherwise the files of a run that died before its first backup are removed, but
-      for a search's `search/`, which `search.py` checks before reusing it.
-    - A path that is a file, or a folder that cannot be written, raises RunDirectoryError.
+    A backup resumes only with the same settings (after a divergence, another learning
+    rate too) and every file of it checked (`check_backup`); a finished run is replaced
+    only with `overwrite` (`clear_finished_run`); otherwise the files of a run that died
+    before its first backup are removed, but for `search/` (`search.py` checks it).
+    RunDirectoryError names the settings that differ, the damaged file, or the folder.
 
     Args:
         output_dir: the run's directory.

@@ -9,9 +9,13 @@ import keras
 from keras_autoshuffle.callbacks import ShufflePenaltyLogger
 from keras_autoshuffle.training.backup import RunBackup
 from keras_autoshuffle.training.divergence import StopOnDivergence
-from keras_autoshuffle.training.fault_tolerance import ElapsedTime, HardeningRecord, HistoryLog
+from keras_autoshuffle.training.fault_tolerance import (
+    BACKUP,
+    ElapsedTime,
+    HardeningRecord,
+    HistoryLog,
+)
 from keras_autoshuffle.training.recipes import Recipe
-from keras_autoshuffle.training.run_files import BACKUP
 
 # Seconds per layer for balanced hardening (then the best balanced permutation so far).
 BALANCED_TIME_LIMIT = 60

@@ -26,16 +26,18 @@ from keras_autoshuffle.training.exports import (
     plan_export,
 )
 from keras_autoshuffle.training.fault_tolerance import (
+    BACKUP,
+    DIVERGENCE_FILE,
     ElapsedTime,
     elapsed_before,
     finish_run,
     prepare_run_directory,
+    read_json,
 )
 from keras_autoshuffle.training.identity import RunIdentity, recipe_fields
 from keras_autoshuffle.training.job import BALANCED_TIME_LIMIT, TrainingJob, loop_report
 from keras_autoshuffle.training.multi_worker import custom_loop
 from keras_autoshuffle.training.recipes import make_optimizer
-from keras_autoshuffle.training.run_files import BACKUP, DIVERGENCE_FILE, read_json
 
 __all__ = ["BALANCED_TIME_LIMIT", "train"]
 
