@@ -39,6 +39,7 @@ from keras_autoshuffle._atomic import (
 )
 from keras_autoshuffle._files import sha256_of as sha256
 from keras_autoshuffle._validation import is_integer, is_number
+from keras_autoshuffle.export import FILENAMES, INT8_FILENAME
 from keras_autoshuffle.hardening.harden import check_permutations
 from keras_autoshuffle.layers import checked_permutation
 from keras_autoshuffle.training.identity import differences
@@ -54,15 +55,7 @@ WEIGHTS_FILE = "latest.weights.h5"
 SEARCH_DIR = "search"
 # What the end of a run makes (after its last epoch), remade by a resumed run; and the
 # `best.keras` an older version wrote (chosen on the test split), still removed.
-PRODUCTS = (
-    "model.keras",
-    "model.tflite",
-    "model_int8.tflite",
-    "saved_model",
-    "model.onnx",
-    "openvino",
-    "best.keras",
-)
+PRODUCTS = (*FILENAMES.values(), INT8_FILENAME, "best.keras")
 # The files of a run, report.json (written last: the run is finished) first.
 RUN_FILES = ("report.json", *PRODUCTS, "history.csv", "logs", SEARCH_DIR)
 # A run's JSON records are a few kB; a larger file is not one of them (bounds the memory).
@@ -193,9 +186,9 @@ def saved_permutations(path):
     return sorted(found)
 
 
-def elapsed_before(output_dir):
+def elapsed_before(backup_dir):
     """Seconds a killed run trained before this invocation (0 without a backup of it)."""
-    path = os.path.join(output_dir, BACKUP, ELAPSED_FILE)
+    path = os.path.join(backup_dir, ELAPSED_FILE)
     if not os.path.exists(path):
         return 0.0
     remedy = "Delete it (the run's reported time then starts from this invocation) and run again."
@@ -204,18 +197,18 @@ def elapsed_before(output_dir):
 
 
 class ElapsedTime(keras.callbacks.Callback):
-    """Keeps the run's training time so far in the backup after every epoch.
+    """Keeps the run's training time in the backup after every epoch: `before`, the
+    earlier invocations' seconds (`elapsed_before`), plus this one's.
 
     Args:
         backup_dir: the BackupAndRestore directory.
         start: `time.time()` when this invocation began.
-        before: seconds of the invocations before it (`elapsed_before`).
     """
 
-    def __init__(self, backup_dir, start, before):
+    def __init__(self, backup_dir, start):
         super().__init__()
         self.path = os.path.join(backup_dir, ELAPSED_FILE)
-        self.start, self.before = start, before
+        self.start, self.before = start, elapsed_before(backup_dir)
 
     def on_epoch_end(self, epoch, logs=None):
         write_json(self.path, {"seconds": self.before + time.time() - self.start})
@@ -276,8 +269,7 @@ def read_hardening_record(path, settings=None, backed_up=None):
             ),
             "a list of {name, permutation}",
         ),
-        **{f"{key}?": number for key in ("relaxed_accuracy", "rounded_accuracy")},
-        **{f"{key}?": number for key in ("relaxed_loss", "rounded_loss")},
+        **{f"{key}_{m}?": number for key in ("relaxed", "rounded") for m in ("accuracy", "loss")},
     }
     record = read_json(path, what, fields)
     layers, epoch = record["layers"], record["epoch"]
@@ -380,7 +372,7 @@ def check_backup(backup_dir, settings):
     saved_permutations(os.path.join(backup_dir, WEIGHTS_FILE))  # an HDF5 file
     if os.path.exists(os.path.join(backup_dir, HARDENING_FILE)):
         read_hardening_record(os.path.join(backup_dir, HARDENING_FILE), settings, backed_up)
-    elapsed_before(os.path.dirname(backup_dir))
+    elapsed_before(backup_dir)
     if os.path.exists(os.path.join(backup_dir, DIVERGENCE_FILE)):
         fields = {
             "epoch": epoch_field(epochs),

@@ -29,7 +29,6 @@ from keras_autoshuffle.training.fault_tolerance import (
     BACKUP,
     DIVERGENCE_FILE,
     ElapsedTime,
-    elapsed_before,
     finish_run,
     prepare_run_directory,
     read_json,
@@ -156,7 +155,7 @@ def _start_job(parts, output_dir, identity, start, overwrite, verbose, **options
     own_dir = os.path.join(output_dir, f"worker-{distribution.task_id(strategy)}")
     own_dir = output_dir if chief else own_dir
     prepare_run_directory(own_dir, identity, overwrite=overwrite)
-    elapsed = ElapsedTime(os.path.join(own_dir, BACKUP), start, elapsed_before(own_dir))
+    elapsed = ElapsedTime(os.path.join(own_dir, BACKUP), start)
     return TrainingJob(*parts, own_dir, elapsed, verbose=verbose if chief else 0, **options)
 
 
