@@ -67,6 +67,7 @@ class RunDirectoryError(ValueError):
 
 
 def start_over(backup_dir):
+    """What to do with a backup that cannot be resumed."""
     return (
         f"Delete the backup folder {backup_dir} to restart the run from scratch (its trained "
         "epochs are lost), or use another output folder."
@@ -100,7 +101,8 @@ def read_json(path, what, fields=None, remedy=None):
         raise damaged(path, what, "not readable JSON", received, remedy) from None
     required = [key for key in fields or () if not key.endswith("?")]
     if fields is not None and (not isinstance(record, dict) or not set(required) <= set(record)):
-        raise damaged(path, what, f"not an object with {', '.join(required)}", record, remedy)
+        keys = f" with {', '.join(required)}" if required else ""
+        raise damaged(path, what, f"not an object{keys}", record, remedy)
     for key, check in (fields or {}).items():
         key = key.rstrip("?")
         if check and key in record and not check[0](record[key]):
@@ -322,10 +324,9 @@ class HardeningRecord(keras.callbacks.Callback):
             return
         epochs = (self.params or {}).get("epochs")
         if epochs is not None and backed_up >= epochs:
+            permutations = {e["name"]: e["permutation"] for e in report["layers"]}
             try:
-                check_permutations(
-                    self.model, {e["name"]: e["permutation"] for e in report["layers"]}
-                )
+                check_permutations(self.model, permutations)
             except ValueError as error:
                 problem = "not this model's shuffles"
                 raise damaged(self.path, "hardening record", problem, error) from None
@@ -350,11 +351,8 @@ def _check_settings(backup_dir, settings):
             f"({SETTINGS_FILE}): resuming could mix two configurations, so it is refused. "
             f"{start_over(backup_dir)} Received: {sorted(os.listdir(backup_dir))}"
         )
-    saved = read_json(path, "run settings")
-    if not isinstance(saved, dict):
-        raise damaged(path, "run settings", "not an object of settings", saved)
-    diverged = os.path.exists(os.path.join(backup_dir, DIVERGENCE_FILE))
-    differ = differences(saved, settings, diverged)
+    saved = read_json(path, "run settings", fields={})
+    differ = differences(saved, settings, os.path.exists(os.path.join(backup_dir, DIVERGENCE_FILE)))
     if differ:
         raise RunDirectoryError(
             f"{os.path.dirname(backup_dir)} holds the backup of a killed run with other "
