@@ -36,6 +36,12 @@ def remove(path):
         os.remove(path)
 
 
+def remove_written(path):
+    """Removes `path` and what a killed writer left of it (its temporaries)."""
+    for version in (path, partial_path(path), sibling_path(path, OLD)):
+        remove(version)
+
+
 def sync(path):
     """Flushes a file, or every file of a folder tree and the folder entries, to disk."""
     if not os.path.isdir(path):

@@ -27,16 +27,7 @@ import time
 import h5py
 import keras
 
-from keras_autoshuffle._atomic import (
-    OLD,
-    as_json,
-    move_into_place,
-    partial_path,
-    remove,
-    sibling_path,
-    write_atomically,
-    write_json,
-)
+from keras_autoshuffle import _atomic
 from keras_autoshuffle._files import sha256_of as sha256
 from keras_autoshuffle._validation import is_integer, is_number
 from keras_autoshuffle.export import FILENAMES, INT8_FILENAME
@@ -130,7 +121,7 @@ def epochs_of(settings):
 def backup_files(backup_dir):
     """(weights, metadata, their temporaries) of `backup_dir`."""
     weights, metadata = (os.path.join(backup_dir, f) for f in (WEIGHTS_FILE, METADATA_FILE))
-    return weights, metadata, partial_path(weights), partial_path(metadata)
+    return weights, metadata, _atomic.partial_path(weights), _atomic.partial_path(metadata)
 
 
 def recover(backup_dir):
@@ -145,9 +136,9 @@ def recover(backup_dir):
         if record["weights_sha256"] != sha256(weights):
             problem = f"not the metadata of {weights}"
             raise damaged(metadata_partial, "backup metadata", problem, record)
-        move_into_place(metadata_partial, metadata)
-    remove(weights_partial)
-    remove(metadata_partial)
+        _atomic.move_into_place(metadata_partial, metadata)
+    _atomic.remove(weights_partial)
+    _atomic.remove(metadata_partial)
     return os.path.exists(metadata) or os.path.exists(weights)
 
 
@@ -213,7 +204,7 @@ class ElapsedTime(keras.callbacks.Callback):
         self.start, self.before = start, elapsed_before(backup_dir)
 
     def on_epoch_end(self, epoch, logs=None):
-        write_json(self.path, {"seconds": self.before + time.time() - self.start})
+        _atomic.write_json(self.path, {"seconds": self.before + time.time() - self.start})
 
 
 class HistoryLog(keras.callbacks.Callback):
@@ -246,7 +237,7 @@ class HistoryLog(keras.callbacks.Callback):
                 writer.writeheader()
                 writer.writerows(self.rows)
 
-        write_atomically(self.path, write)
+        _atomic.write_atomically(self.path, write)
 
 
 def _epoch_of(row):
@@ -320,7 +311,7 @@ class HardeningRecord(keras.callbacks.Callback):
             if report["epoch"] <= backed_up:  # the backup's weights harden the model
                 self.hardening.report = report
             else:  # written ahead of its backup: the hardening runs again on time
-                remove(self.path)
+                _atomic.remove(self.path)
             return
         epochs = (self.params or {}).get("epochs")
         if epochs is not None and backed_up >= epochs:
@@ -338,7 +329,7 @@ class HardeningRecord(keras.callbacks.Callback):
     def on_train_end(self, logs=None):
         report = self.hardening.report
         if report is not None and not os.path.exists(self.path):
-            write_json(self.path, report)
+            _atomic.write_json(self.path, report)
 
 
 def _check_settings(backup_dir, settings):
@@ -403,20 +394,20 @@ def prepare_run_directory(output_dir, settings, overwrite=False):
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise RunDirectoryError(f"The output folder is a file. Received: output_dir={output_dir!r}")
     backup_dir = os.path.join(output_dir, BACKUP)
-    settings = as_json(settings)
+    settings = _atomic.as_json(settings)
     try:
         if not clear_finished_run(output_dir, overwrite) and os.path.isdir(backup_dir):
             if recover(backup_dir):
                 check_backup(backup_dir, settings)
                 _remove_run_files(output_dir, PRODUCTS)
-                write_json(os.path.join(backup_dir, SETTINGS_FILE), settings)
+                _atomic.write_json(os.path.join(backup_dir, SETTINGS_FILE), settings)
                 return True
             if os.path.exists(os.path.join(backup_dir, SETTINGS_FILE)):
                 _check_settings(backup_dir, settings)  # killed in its first epoch
         # A search's result stays for its retraining (`search.py` checks it is this run's).
         _remove_run_files(output_dir, [name for name in RUN_FILES if name != SEARCH_DIR])
-        remove(backup_dir)
-        write_json(os.path.join(backup_dir, SETTINGS_FILE), settings)
+        _atomic.remove(backup_dir)
+        _atomic.write_json(os.path.join(backup_dir, SETTINGS_FILE), settings)
         return False
     except OSError as error:
         raise _unusable(output_dir, error) from None
@@ -438,7 +429,7 @@ def clear_finished_run(output_dir, overwrite):
         return False
     try:
         # Finished; a backup left means the kill came just before it was removed.
-        remove(os.path.join(output_dir, BACKUP))
+        _atomic.remove(os.path.join(output_dir, BACKUP))
         if not overwrite:
             raise RunDirectoryError(
                 f"{output_dir} holds a finished run (report.json); it is not overwritten. "
@@ -453,12 +444,9 @@ def clear_finished_run(output_dir, overwrite):
 
 def finish_run(output_dir):
     """Removes the run's backup: call after `report.json`, its last file, is written."""
-    remove(os.path.join(output_dir, BACKUP))
+    _atomic.remove(os.path.join(output_dir, BACKUP))
 
 
 def _remove_run_files(output_dir, names):
-    """Removes run files and what a killed writer left of them (`_atomic`'s temporaries)."""
     for name in names:
-        path = os.path.join(output_dir, name)
-        for version in (path, partial_path(path), sibling_path(path, OLD)):
-            remove(version)
+        _atomic.remove_written(os.path.join(output_dir, name))

@@ -18,7 +18,7 @@ import keras
 import numpy as np
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle._atomic import as_json
+from keras_autoshuffle._atomic import as_json, write_json
 from keras_autoshuffle.hardening import harden_model
 from keras_autoshuffle.layers import RelaxedShuffle, checked_permutation, shuffle_layers
 from keras_autoshuffle.training.divergence import DIVERGENCE_FILE
@@ -30,7 +30,6 @@ from keras_autoshuffle.training.fault_tolerance import (
     clear_finished_run,
     damaged,
     read_json,
-    write_json,
 )
 from keras_autoshuffle.training.identity import differences, recipe_fields
 from keras_autoshuffle.training.loops import BALANCED_TIME_LIMIT, _check_seed, train
