@@ -29,12 +29,7 @@ from keras_autoshuffle._keras_internals import initial_epoch
 from keras_autoshuffle.hardening.harden import drop_removed_variables
 from keras_autoshuffle.layers import relaxed_shuffles
 from keras_autoshuffle.training.divergence import non_finite
-from keras_autoshuffle.training.fault_tolerance import (
-    WEIGHTS_FILE,
-    RunDirectoryError,
-    backup_files,
-    damaged,
-)
+from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, backup_files, damaged
 
 
 def save_backup(model, backup_dir, epochs):
@@ -92,7 +87,7 @@ class RunBackup(keras.callbacks.BackupAndRestore):
         super().__init__(backup_dir, save_freq="epoch", delete_checkpoint=False)
 
     def on_train_begin(self, logs=None):
-        path = os.path.join(self.backup_dir, WEIGHTS_FILE)
+        path = backup_files(self.backup_dir)[0]
         relaxed = len(relaxed_shuffles(self.model))
         optimizer = self.model.optimizer
         if optimizer is not None and not optimizer.built:  # under the strategy, not as Keras

@@ -208,17 +208,13 @@ class ElapsedTime(keras.callbacks.Callback):
 
 
 class HistoryLog(keras.callbacks.Callback):
-    """`history.csv` as `keras.callbacks.CSVLogger` writes it (`epoch`, then the logs'
-    keys sorted), keeping on resume the rows of the epochs before the one it starts with.
-
-    Args:
-        path: the CSV file.
-    """
+    """The CSV file `path` as `keras.callbacks.CSVLogger` writes it (`epoch`, then the
+    logs' keys sorted), keeping on resume the rows of the epochs before the one it starts
+    with."""
 
     def __init__(self, path):
         super().__init__()
         self.path = path
-        self.rows = []
 
     def on_train_begin(self, logs=None):
         self.rows = []
