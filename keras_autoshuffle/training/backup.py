@@ -1,17 +1,14 @@
 """The weights backup: Keras's `BackupAndRestore`, written atomically and checked on resume.
 
-The backup of an epoch: weights and optimizer state, then its metadata naming the weights
-file's SHA-256, both written under temporary names first (`_atomic`); the weights move
-into place, then the metadata. Killed between the two moves, the complete metadata still
-waits under its temporary name: `recover` finishes the move. A write that fails (a full
-disk) removes what it left and raises RunDirectoryError; the previous backup stays.
-
-On resume (`RunBackup.on_train_begin`) the weights must load into the model (Keras's
-`load_weights` refuses missing arrays and other shapes), all finite, and the optimizer's
-step count must be the restored epochs' steps. A hardened shuffle writes its permutation
-where a relaxed one writes its matrix (`RelaxedShuffle.save_own_variables`), so the backup
-of a hardened net hardens the fresh (relaxed) model's shuffles as it loads; the optimizer
-was built before, on the relaxed variables, as in the run that saved it, so its state fits.
+After each epoch the weights and optimizer state, then metadata naming the weights file's
+SHA-256, are written under temporary names (`_atomic`) and moved into place, the weights
+first: killed between the two moves, `fault_tolerance.recover` finishes the move. A failed
+write (a full disk) removes what it left and raises RunDirectoryError; the previous backup
+stays. On resume the weights must load (Keras's `load_weights` refuses a missing array or
+another shape), be finite, and fit the optimizer's step count. A hardened shuffle saves its
+permutation in place of its matrix, so the backup of a hardened net hardens the fresh
+model's shuffles as it loads; the optimizer, built before on the relaxed variables as in
+the run that saved it, fits its saved state.
 """
 
 import contextlib

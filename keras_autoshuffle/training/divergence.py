@@ -1,14 +1,12 @@
 """Divergence: a run whose loss or weights stop being finite is stopped before its backup.
 
 `StopOnDivergence` is Keras's `TerminateOnNaN(raise_error=True)`, which checks the loss
-after every step (a NaN at step 2 stops the run in step 2), raising
-`TrainingDivergedError` naming the epoch and the step: ending normally would harden,
-export and report a broken network, and replace the last good backup. At the end of an
-epoch it also checks the validation loss and the weights, first of the run's callbacks,
-so an epoch that diverged is never backed up. The divergence is recorded beside the
-backup (`DIVERGENCE_FILE`: the epoch, the step, what went non-finite, the learning rates),
-which lets the rerun change its learning rate and resume from the last good epoch
-(`fault_tolerance.prepare_run_directory`).
+after every step, raising `TrainingDivergedError` naming the epoch and the step (ending
+normally would harden, export and report a broken network, and replace the last good
+backup). At the end of an epoch it also checks the validation loss and the weights, first
+of the run's callbacks, so a diverged epoch is never backed up. The divergence is recorded
+beside the backup (`DIVERGENCE_FILE`), which lets the rerun change its learning rate and
+resume from the last good epoch (`fault_tolerance.prepare_run_directory`).
 """
 
 import math
