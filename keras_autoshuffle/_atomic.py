@@ -1,7 +1,7 @@
 """Atomic writes: a killed process leaves the old version of a file or the new one, never a mix.
 
 Each file (or folder, e.g. a SavedModel) is written under a temporary name in the same
-folder (`partial_path`: `model.keras` -> `model.partial.keras`, a name the writers that
+folder (`sibling_path`: `model.keras` -> `model.partial.keras`, a name the writers that
 check a suffix accept), flushed to disk, then moved into place with `os.replace`, atomic
 within a file system. A folder cannot replace a non-empty folder in one rename: the old
 one is renamed aside first (`.old`), so for an instant the path is missing, never a mix.
@@ -12,20 +12,13 @@ import json
 import os
 import shutil
 
-PARTIAL = "partial"
-OLD = "old"
 
-
-def sibling_path(path, tag):
-    """`path` with `.tag` before its suffixes, in the same folder."""
+def sibling_path(path, tag="partial"):
+    """`path` with `.tag` before its suffixes, in the same folder (by default the temporary
+    name it is written under)."""
     folder, name = os.path.split(os.fspath(path))
     stem, dot, suffixes = name.partition(".")
     return os.path.join(folder, f"{stem}.{tag}{dot}{suffixes}")
-
-
-def partial_path(path):
-    """The temporary name `path` is written under."""
-    return sibling_path(path, PARTIAL)
 
 
 def remove(path):
@@ -38,7 +31,7 @@ def remove(path):
 
 def remove_written(path):
     """Removes `path` and what a killed writer left of it (its temporaries)."""
-    for version in (path, partial_path(path), sibling_path(path, OLD)):
+    for version in (path, sibling_path(path), sibling_path(path, "old")):
         remove(version)
 
 
@@ -64,7 +57,7 @@ def move_into_place(temporary, path):
     """Moves a written file or folder `temporary` to `path`, replacing what is there."""
     sync(temporary)
     if os.path.isdir(temporary) and os.path.lexists(path):
-        old = sibling_path(path, OLD)
+        old = sibling_path(path, "old")
         remove(old)
         os.replace(path, old)
         os.replace(temporary, path)
@@ -78,7 +71,7 @@ def write_atomically(path, write):
     """Calls `write(temporary)` (writing a file or folder there), then moves what it wrote
     into place; returns `path`."""
     path = os.fspath(path)
-    temporary = partial_path(path)
+    temporary = sibling_path(path)
     remove(temporary)
     try:
         write(temporary)

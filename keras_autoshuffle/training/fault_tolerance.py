@@ -121,7 +121,7 @@ def epochs_of(settings):
 def backup_files(backup_dir):
     """(weights, metadata, their temporaries) of `backup_dir`."""
     weights, metadata = (os.path.join(backup_dir, f) for f in (WEIGHTS_FILE, METADATA_FILE))
-    return weights, metadata, _atomic.partial_path(weights), _atomic.partial_path(metadata)
+    return weights, metadata, _atomic.sibling_path(weights), _atomic.sibling_path(metadata)
 
 
 def recover(backup_dir):
