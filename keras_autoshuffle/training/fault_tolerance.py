@@ -75,7 +75,7 @@ def damaged(path, what, problem, received, remedy=None):
     )
 
 
-def read_json(path, what, fields=None, remedy=None):
+def read_json(path, what, remedy=None, fields=None):
     """The JSON file `path` (a regular file of at most MAX_JSON_BYTES, nested as deep as
     Python's parser takes); with `fields`, an object holding each key (one ending in "?"
     may be absent) whose value passes its test. Else RunDirectoryError naming it."""
@@ -132,7 +132,7 @@ def recover(backup_dir):
         # Killed between the two moves: the new weights are in place, the metadata waits.
         if not os.path.exists(weights):
             raise damaged(metadata_partial, "backup metadata", "no weights file", weights)
-        record = read_json(metadata_partial, "backup metadata", {"weights_sha256": None})
+        record = read_json(metadata_partial, "backup metadata", fields={"weights_sha256": None})
         if record["weights_sha256"] != sha256(weights):
             problem = f"not the metadata of {weights}"
             raise damaged(metadata_partial, "backup metadata", problem, record)
@@ -152,7 +152,7 @@ def backed_up_epochs(backup_dir, epochs=None):
             raise damaged(path, "backup metadata", "missing beside the weights file", weights)
         return 0
     fields = {"epoch": epoch_field(epochs), "batch?": (is_integer, "an integer")}
-    record = read_json(path, "backup metadata", fields)
+    record = read_json(path, "backup metadata", fields=fields)
     if not os.path.exists(weights):
         raise damaged(path, "backup metadata", f"its weights file {weights} is missing", record)
     digest = record.get("weights_sha256")
@@ -186,7 +186,7 @@ def elapsed_before(backup_dir):
         return 0.0
     remedy = "Delete it (the run's reported time then starts from this invocation) and run again."
     fields = {"seconds": (lambda s: is_number(s) and 0 <= s < math.inf, "a finite number >= 0")}
-    return float(read_json(path, "elapsed time", fields, remedy)["seconds"])
+    return float(read_json(path, "elapsed time", remedy, fields)["seconds"])
 
 
 class ElapsedTime(keras.callbacks.Callback):
@@ -260,7 +260,7 @@ def read_hardening_record(path, settings=None, backed_up=None):
         ),
         **{f"{key}_{m}?": number for key in ("relaxed", "rounded") for m in ("accuracy", "loss")},
     }
-    record = read_json(path, what, fields)
+    record = read_json(path, what, fields=fields)
     layers, epoch = record["layers"], record["epoch"]
     for entry in layers:
         try:
@@ -367,7 +367,7 @@ def check_backup(backup_dir, settings):
             ),
             "step?": (lambda v: v is None or (is_integer(v) and v >= 1), "an integer >= 1"),
         }
-        read_json(os.path.join(backup_dir, DIVERGENCE_FILE), "divergence record", fields)
+        read_json(os.path.join(backup_dir, DIVERGENCE_FILE), "divergence record", fields=fields)
     return backed_up
 
 
