@@ -16,9 +16,10 @@ import keras
 import numpy as np
 
 from keras_autoshuffle import _validation, data, hardening, training
+from keras_autoshuffle._atomic import write_json
 from keras_autoshuffle.callbacks import RoundingMonitor
 from keras_autoshuffle.layers import relaxed_shuffles, shuffle_layers
-from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, read_json, write_json
+from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, read_json
 
 
 def check_settings(settings):

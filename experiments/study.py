@@ -18,9 +18,9 @@ import numpy as np
 from experiments import plots
 from experiments.runs import RunSpec, check_settings, run_all
 from keras_autoshuffle import data
-from keras_autoshuffle._atomic import as_json
+from keras_autoshuffle._atomic import as_json, write_json
 from keras_autoshuffle.constraints import check_iterations
-from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, read_json, write_json
+from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, read_json
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,30 +1,24 @@
 """Atomic writes: a killed process leaves the old version of a file or the new one, never a mix.
 
 Each file (or folder, e.g. a SavedModel) is written under a temporary name in the same
-folder, flushed to disk, then moved into place with `os.replace`, which is atomic within
-a file system. A leftover temporary of a killed writer is removed by the next write.
+folder (`sibling_path`: `model.keras` -> `model.partial.keras`, a name the writers that
+check a suffix accept), flushed to disk, then moved into place with `os.replace`, atomic
+within a file system. A folder cannot replace a non-empty folder in one rename: the old
+one is renamed aside first (`.old`), so for an instant the path is missing, never a mix.
+A leftover temporary of a killed writer is removed by the next write.
 """
 
 import json
 import os
 import shutil
 
-PARTIAL = "partial"
-OLD = "old"
 
-
-def sibling_path(path, tag):
-    """`path` with `.tag` before its suffixes (`model.keras` -> `model.partial.keras`), in
-    the same folder; writers that check a suffix (`.keras`, `.weights.h5`, `.tflite`)
-    accept it."""
+def sibling_path(path, tag="partial"):
+    """`path` with `.tag` before its suffixes, in the same folder (by default the temporary
+    name it is written under)."""
     folder, name = os.path.split(os.fspath(path))
     stem, dot, suffixes = name.partition(".")
     return os.path.join(folder, f"{stem}.{tag}{dot}{suffixes}")
-
-
-def partial_path(path):
-    """The temporary name `path` is written under (see `sibling_path`)."""
-    return sibling_path(path, PARTIAL)
 
 
 def remove(path):
@@ -35,15 +29,20 @@ def remove(path):
         os.remove(path)
 
 
+def remove_written(path):
+    """Removes `path` and what a killed writer left of it (its temporaries)."""
+    for version in (path, sibling_path(path), sibling_path(path, "old")):
+        remove(version)
+
+
 def sync(path):
-    """Flushes a file, or every file of a folder tree, and the folder entries, to disk."""
-    if os.path.isdir(path):
-        for folder, _, names in os.walk(path):
-            for name in names:
-                _fsync(os.path.join(folder, name), os.O_RDONLY)
-            _fsync(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    else:
-        _fsync(path, os.O_RDONLY)
+    """Flushes a file, or every file of a folder tree and the folder entries, to disk."""
+    if not os.path.isdir(path):
+        return _fsync(path, os.O_RDONLY)
+    for folder, _, names in os.walk(path):
+        for name in names:
+            _fsync(os.path.join(folder, name), os.O_RDONLY)
+        _fsync(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
 
 
 def _fsync(path, flags):
@@ -55,15 +54,10 @@ def _fsync(path, flags):
 
 
 def move_into_place(temporary, path):
-    """Moves a written file or folder `temporary` to `path`, replacing what is there.
-
-    A file replaces atomically. A folder cannot replace a non-empty folder in one
-    rename: the old one is first renamed aside (`sibling_path(path, "old")`), so for an
-    instant `path` is missing, but it never holds a mix of the two.
-    """
+    """Moves a written file or folder `temporary` to `path`, replacing what is there."""
     sync(temporary)
     if os.path.isdir(temporary) and os.path.lexists(path):
-        old = sibling_path(path, OLD)
+        old = sibling_path(path, "old")
         remove(old)
         os.replace(path, old)
         os.replace(temporary, path)
@@ -74,15 +68,10 @@ def move_into_place(temporary, path):
 
 
 def write_atomically(path, write):
-    """Calls `write(temporary)`, then moves what it wrote into place; returns `path`.
-
-    Args:
-        path: the file or folder to write.
-        write: a function writing a file or a folder at the path it is given (in the
-            same folder as `path`, see `partial_path`).
-    """
+    """Calls `write(temporary)` (writing a file or folder there), then moves what it wrote
+    into place; returns `path`."""
     path = os.fspath(path)
-    temporary = partial_path(path)
+    temporary = sibling_path(path)
     remove(temporary)
     try:
         write(temporary)
@@ -94,9 +83,7 @@ def write_atomically(path, write):
 
 
 def _json_default(value):
-    if hasattr(value, "item"):
-        return value.item()
-    return str(value)
+    return value.item() if hasattr(value, "item") else str(value)
 
 
 def write_json(path, value):

@@ -144,7 +144,7 @@ class HardenShuffles(keras.callbacks.Callback):
         self.balanced = balanced
         self.report = None
         # A resumed run's end-of-training hardening, applied instead of rounding anew (set
-        # by `training.records.HardeningRecord`; its backup holds the last epoch's relaxed
+        # by `training.fault_tolerance.HardeningRecord`; its backup holds the last epoch's relaxed
         # weights): the same permutations and report. A hardening before the end needs no
         # such thing: the resumed weights carry the permutations, the record sets `report`.
         self.recorded = None

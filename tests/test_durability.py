@@ -26,7 +26,7 @@ import keras_autoshuffle as ka
 from keras_autoshuffle import _atomic, data, export, training
 from keras_autoshuffle.optimizers import LinearCycles
 from keras_autoshuffle.training import backup as bk
-from keras_autoshuffle.training import cli, run_files
+from keras_autoshuffle.training import cli
 from keras_autoshuffle.training import fault_tolerance as ft
 from keras_autoshuffle.training.divergence import DIVERGENCE_FILE, TrainingDivergedError
 
@@ -133,7 +133,7 @@ def test_a_backup_write_cut_before_its_weights_moved_resumes_the_epoch_before(tm
     (backup / "latest.partial.weights.h5").write_bytes(b"\x89HDF\r\n half a file")
     (backup / "training_metadata.partial.json").write_text('{"epoch": 2, "batch": 0, "wei')
     assert ft.prepare_run_directory(str(tmp_path / "run"), {"epochs": 2}) is True
-    assert json.loads((backup / run_files.METADATA_FILE).read_text())["epoch"] == 1
+    assert json.loads((backup / ft.METADATA_FILE).read_text())["epoch"] == 1
     assert not [p.name for p in backup.iterdir() if ".partial" in p.name]
 
 
@@ -181,8 +181,8 @@ def test_a_backup_that_runs_out_of_space_is_removed_and_named(tmp_path, full):
         assert f"backup of epoch 2 could not be written in {backup} ({reason})" in str(error.value)
         # The partial files are gone; the epoch before stays whole, for the rerun.
         names = sorted(p.name for p in backup.iterdir())
-        assert names == sorted([ft.SETTINGS_FILE, run_files.METADATA_FILE, ft.WEIGHTS_FILE])
-        assert bk.backed_up_epochs(str(backup), 2) == 1
+        assert names == sorted([ft.SETTINGS_FILE, ft.METADATA_FILE, ft.WEIGHTS_FILE])
+        assert ft.backed_up_epochs(str(backup), 2) == 1
 
 
 def test_a_first_backup_write_cut_before_its_weights_moved_starts_over(tmp_path):
@@ -197,7 +197,7 @@ def test_a_first_backup_write_cut_before_its_weights_moved_starts_over(tmp_path)
 
 def test_a_backup_metadata_that_does_not_describe_its_weights_is_refused(tmp_path):
     backup = _backup_of(tmp_path, 1)
-    metadata = json.loads((backup / run_files.METADATA_FILE).read_text())
+    metadata = json.loads((backup / ft.METADATA_FILE).read_text())
     metadata.update(epoch=2, weights_sha256="0" * 64)
     (backup / "training_metadata.partial.json").write_text(json.dumps(metadata))
     path = re.escape(str(backup / "training_metadata.partial.json"))
@@ -312,7 +312,7 @@ def test_a_diverged_run_stops_naming_the_epoch_and_resumes_with_a_lower_rate(tmp
     with pytest.raises(TrainingDivergedError, match=r"in epoch 2: non-finite .*lower learning"):
         _train(out, recipe=absurd)
     # The epoch that diverged was not backed up, logged or reported.
-    assert json.loads((out / ft.BACKUP / run_files.METADATA_FILE).read_text())["epoch"] == 1
+    assert json.loads((out / ft.BACKUP / ft.METADATA_FILE).read_text())["epoch"] == 1
     assert (out / "history.csv").read_text().count("\n") == 2
     assert not (out / "report.json").exists()
     # Another change than the learning rate would mix two runs.
@@ -381,9 +381,9 @@ def interrupted(tmp_path_factory):
 
 
 def _set_hash(backup):
-    metadata = json.loads((backup / run_files.METADATA_FILE).read_text())
+    metadata = json.loads((backup / ft.METADATA_FILE).read_text())
     metadata["weights_sha256"] = bk.sha256(backup / ft.WEIGHTS_FILE)
-    (backup / run_files.METADATA_FILE).write_text(json.dumps(metadata))
+    (backup / ft.METADATA_FILE).write_text(json.dumps(metadata))
 
 
 def _empty_weights(backup):
@@ -409,8 +409,8 @@ def _write(name, value):
 
 def _metadata(**changes):
     def damage(backup):
-        metadata = json.loads((backup / run_files.METADATA_FILE).read_text())
-        (backup / run_files.METADATA_FILE).write_text(json.dumps({**metadata, **changes}))
+        metadata = json.loads((backup / ft.METADATA_FILE).read_text())
+        (backup / ft.METADATA_FILE).write_text(json.dumps({**metadata, **changes}))
 
     return damage
 

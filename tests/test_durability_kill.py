@@ -30,7 +30,6 @@ import pytest
 from keras_autoshuffle import RelaxedShuffle, data, training
 from keras_autoshuffle.applications import ShuffleNetV2, shufflenet_v2
 from keras_autoshuffle.training import fault_tolerance as ft
-from keras_autoshuffle.training import run_files
 
 EPOCHS = 2
 
@@ -105,7 +104,7 @@ if kind == "backup":  # the new weights in place, their metadata not yet
     move = backup.move_into_place
 
     def move_or_die(temporary, path):
-        if path.endswith(backup.METADATA_FILE):
+        if path.endswith(fault_tolerance.METADATA_FILE):
             with open(temporary) as f:
                 if json.load(f)["epoch"] == int(detail):
                     die()
@@ -219,7 +218,7 @@ def test_killed_in_an_epoch_resumes_from_the_last_completed_one(tmp_path, refere
     out = tmp_path / "run"
     _kill_at(tmp_path, out, "epoch:1")  # from scratch, in the second epoch
     assert [epoch for _, epoch in _epochs_trained(tmp_path)] == [0, 1]
-    assert json.loads((out / ft.BACKUP / run_files.METADATA_FILE).read_text())["epoch"] == 1
+    assert json.loads((out / ft.BACKUP / ft.METADATA_FILE).read_text())["epoch"] == 1
     _finish_and_compare(tmp_path, out, reference, resumes_at=1)
 
 
@@ -229,7 +228,7 @@ def test_killed_between_the_moves_of_a_backup_resumes_after_that_epoch(tmp_path,
     out = _from_snapshot(tmp_path, reference, 1)
     _kill_at(tmp_path, out, f"backup:{EPOCHS}")
     assert [epoch for _, epoch in _epochs_trained(tmp_path)] == [1]
-    assert json.loads((out / ft.BACKUP / run_files.METADATA_FILE).read_text())["epoch"] == 1
+    assert json.loads((out / ft.BACKUP / ft.METADATA_FILE).read_text())["epoch"] == 1
     _finish_and_compare(tmp_path, out, reference, resumes_at=EPOCHS)
 
 

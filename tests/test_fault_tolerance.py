@@ -12,7 +12,6 @@ import pytest
 from keras_autoshuffle import HardenShuffles, RelaxedShuffle, _atomic
 from keras_autoshuffle.training import backup as bk
 from keras_autoshuffle.training import fault_tolerance as ft
-from keras_autoshuffle.training import records, run_files
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, prepare_run_directory
 
 SETTINGS = {"dataset": "digits", "shuffle": "auto", "epochs": 2, "penalty": 0.05}
@@ -23,7 +22,7 @@ def _killed_run(output_dir, settings=SETTINGS, epoch=1):
     backup = output_dir / ft.BACKUP
     backup.mkdir(parents=True)
     (backup / ft.SETTINGS_FILE).write_text(json.dumps(settings))
-    (backup / run_files.METADATA_FILE).write_text(json.dumps({"epoch": epoch, "batch": -1}))
+    (backup / ft.METADATA_FILE).write_text(json.dumps({"epoch": epoch, "batch": -1}))
     inputs = keras.Input((4,))
     keras.Model(inputs, inputs).save_weights(backup / ft.WEIGHTS_FILE)
     return backup
@@ -122,15 +121,15 @@ def test_a_truncated_weights_backup_is_named(tmp_path):
 @pytest.mark.parametrize(
     ("name", "content", "message"),
     [
-        (run_files.METADATA_FILE, '{"epoch": 1, "bat', "backup metadata file"),
-        (run_files.METADATA_FILE, '{"batch": 3}', "backup metadata file"),
-        (run_files.METADATA_FILE, '{"epoch": -2}', "backup metadata file"),
+        (ft.METADATA_FILE, '{"epoch": 1, "bat', "backup metadata file"),
+        (ft.METADATA_FILE, '{"batch": 3}', "backup metadata file"),
+        (ft.METADATA_FILE, '{"epoch": -2}', "backup metadata file"),
         (ft.SETTINGS_FILE, "[1, 2", "run settings file"),
         (ft.HARDENING_FILE, "{", "hardening record file"),
-        (run_files.ELAPSED_FILE, '{"seconds": 1', "elapsed time file"),
-        (run_files.ELAPSED_FILE, '{"seconds": NaN}', "elapsed time file"),
-        (run_files.ELAPSED_FILE, '{"seconds": -5}', "elapsed time file"),
-        (run_files.ELAPSED_FILE, "[3]", "elapsed time file"),
+        (ft.ELAPSED_FILE, '{"seconds": 1', "elapsed time file"),
+        (ft.ELAPSED_FILE, '{"seconds": NaN}', "elapsed time file"),
+        (ft.ELAPSED_FILE, '{"seconds": -5}', "elapsed time file"),
+        (ft.ELAPSED_FILE, "[3]", "elapsed time file"),
     ],
     ids=[
         "truncated_metadata",
@@ -189,7 +188,7 @@ def _hardened_fit(backup, kill_after=None):
         metrics=["accuracy"],
     )
     hardening = HardenShuffles(validation_data=(X, Y), at_epoch=1, verbose=0)
-    callbacks = [hardening, records.HardeningRecord(backup, hardening), bk.RunBackup(backup)]
+    callbacks = [hardening, ft.HardeningRecord(backup, hardening), bk.RunBackup(backup)]
     callbacks += [_Kill(kill_after)] if kill_after else []
     model.fit(X, Y, batch_size=8, epochs=3, shuffle=False, callbacks=callbacks, verbose=0)
     return model, hardening.report
@@ -203,7 +202,7 @@ def test_a_run_killed_after_its_hardening_resumes_as_an_uninterrupted_one(tmp_pa
     backup = tmp_path / "killed"
     with pytest.raises(KeyboardInterrupt):
         _hardened_fit(str(backup), kill_after=2)
-    assert bk.backed_up_epochs(str(backup)) == 2 and (backup / ft.HARDENING_FILE).exists()
+    assert ft.backed_up_epochs(str(backup)) == 2 and (backup / ft.HARDENING_FILE).exists()
     resumed, report = _hardened_fit(str(backup))
     assert report == whole_report and report["epoch"] == 1
     shuffle = resumed.get_layer("shuffle")
@@ -234,7 +233,7 @@ def test_hardening_record_ahead_of_the_backup_is_ignored(tmp_path):
     report = {"epoch": 2, "layers": [{"name": "shuffle", "permutation": [2, 0, 3, 1]}]}
     _atomic.write_json(str(backup / ft.HARDENING_FILE), report)
     model, hardening = _shuffle_model(), HardenShuffles(verbose=0)
-    record = records.HardeningRecord(str(backup), hardening)
+    record = ft.HardeningRecord(str(backup), hardening)
     record.set_model(model)
     record.on_train_begin()
     assert not model.get_layer("shuffle").is_hardened and hardening.report is None
@@ -247,7 +246,7 @@ def test_hardening_record_ahead_of_the_backup_is_ignored(tmp_path):
 def test_a_broken_hardening_record_is_named_on_resume(tmp_path):
     backup = _killed_run(tmp_path / "run")
     (backup / ft.HARDENING_FILE).write_text('{"epoch": 1, "lay')
-    record = records.HardeningRecord(str(backup), HardenShuffles(verbose=0))
+    record = ft.HardeningRecord(str(backup), HardenShuffles(verbose=0))
     record.set_model(_shuffle_model())
     path = re.escape(str(backup / ft.HARDENING_FILE))
     with pytest.raises(RunDirectoryError, match=f"hardening record file {path} is damaged"):
@@ -296,13 +295,13 @@ def test_read_json_refuses_what_is_not_a_small_regular_json_file(tmp_path, monke
     fifo = tmp_path / "result.json"
     os.mkfifo(fifo)
     with pytest.raises(RunDirectoryError, match="not a regular file"):
-        run_files.read_json(str(fifo), "result")
+        ft.read_json(str(fifo), "result")
     nested = tmp_path / "nested.json"
     nested.write_text("[" * 200_000 + "]" * 200_000)
     with pytest.raises(RunDirectoryError, match="nested.json is damaged"):
-        run_files.read_json(str(nested), "result")
-    monkeypatch.setattr(run_files, "MAX_JSON_BYTES", 10)
+        ft.read_json(str(nested), "result")
+    monkeypatch.setattr(ft, "MAX_JSON_BYTES", 10)
     big = tmp_path / "big.json"
     big.write_text(json.dumps({"accuracy": 0.5}))
     with pytest.raises(RunDirectoryError, match="larger than 10 bytes"):
-        run_files.read_json(str(big), "result")
+        ft.read_json(str(big), "result")

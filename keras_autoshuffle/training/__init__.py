@@ -6,9 +6,9 @@
   across hosts; `job.py`: `TrainingJob`, what both loops are given, and the callbacks'
   order; `exports.py`: the exports, checked before training and written after it;
 - `identity.py`: `RunIdentity`, the one record of the settings that define a run;
-- `fault_tolerance.py`: resuming killed runs, the run-directory checks; `backup.py`: the
-  weights backup; `records.py`: the time, history and hardening records beside it;
-  `run_files.py`: the run's file names, a damaged file named;
+- `fault_tolerance.py`: a run's files, each checked before a resume (a damaged one
+  named), the time, history and hardening records; `backup.py`: the weights backup;
+  `divergence.py`: a diverged run stopped at the step;
 - `search.py`: `search_then_retrain`, learned shuffles searched, hardened, then fixed
   in a net trained from fresh weights;
 - `cli.py`: the training commands' options, `run_from_args`, `format_run_summary`.

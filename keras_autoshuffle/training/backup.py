@@ -1,14 +1,14 @@
 """The weights backup: Keras's `BackupAndRestore`, written atomically and checked on resume.
 
-The backup of an epoch: weights (and optimizer state), then its metadata naming the
-weights file's SHA-256. Both are written under temporary names first; the weights move
-into place, then the metadata. Killed between the two moves, the complete metadata still
-waits under its temporary name: `recover` finishes the move.
-
-A hardened shuffle writes its permutation where a relaxed one writes its matrix
-(`RelaxedShuffle.save_own_variables`), so the backup of a hardened net carries its
-permutations: loaded into the freshly built (relaxed) model of a resumed run, it hardens
-its shuffles (`RunBackup`).
+After each epoch the weights and optimizer state, then metadata naming the weights file's
+SHA-256, are written under temporary names (`_atomic`) and moved into place, the weights
+first: killed between the two moves, `fault_tolerance.recover` finishes the move. A failed
+write (a full disk) removes what it left and raises RunDirectoryError; the previous backup
+stays. On resume the weights must load (Keras's `load_weights` refuses a missing array or
+another shape), be finite, and fit the optimizer's step count. A hardened shuffle saves its
+permutation in place of its matrix, so the backup of a hardened net hardens the fresh
+model's shuffles as it loads; the optimizer, built before on the relaxed variables as in
+the run that saved it, fits its saved state.
 """
 
 import contextlib
@@ -17,50 +17,22 @@ import json
 import os
 import shutil
 
-import h5py
 import keras
 import numpy as np
 
-from keras_autoshuffle import _keras_internals
-from keras_autoshuffle._atomic import move_into_place, partial_path, remove, sync
+from keras_autoshuffle._atomic import move_into_place, remove, sync
 from keras_autoshuffle._files import sha256_of as sha256
+from keras_autoshuffle._keras_internals import initial_epoch
 from keras_autoshuffle.hardening.harden import drop_removed_variables
 from keras_autoshuffle.layers import relaxed_shuffles
 from keras_autoshuffle.training.divergence import non_finite
-from keras_autoshuffle.training.run_files import (
-    METADATA_FILE,
-    WEIGHTS_FILE,
-    RunDirectoryError,
-    check_epoch,
-    damaged,
-    is_int,
-    read_record,
-)
-
-# The entry a hardened RelaxedShuffle writes in place of its matrix (`vars/0`).
-_PERMUTATION = "permutation"
-
-
-def restored_epoch(model):
-    """The epochs a resumed fit skips, as `BackupAndRestore` restored them (read from
-    Keras's private state in `_keras_internals.initial_epoch`)."""
-    return _keras_internals.initial_epoch(model)
-
-
-def _paths(backup_dir):
-    """(weights, metadata, their temporaries) of `backup_dir`."""
-    weights, metadata = (os.path.join(backup_dir, f) for f in (WEIGHTS_FILE, METADATA_FILE))
-    return weights, metadata, partial_path(weights), partial_path(metadata)
+from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, backup_files, damaged
 
 
 def save_backup(model, backup_dir, epochs):
-    """Writes the backup of `epochs` completed epochs atomically (see above).
-
-    A write that fails (a full disk) removes what it left and raises RunDirectoryError
-    saying what failed; the previous epoch's backup stays, and a rerun resumes from it.
-    """
+    """Writes the backup of `epochs` completed epochs atomically."""
     os.makedirs(backup_dir, exist_ok=True)
-    weights, metadata, weights_partial, metadata_partial = _paths(backup_dir)
+    weights, metadata, weights_partial, metadata_partial = backup_files(backup_dir)
     try:
         remove(weights_partial)
         _check_space(model, backup_dir, weights)
@@ -99,91 +71,10 @@ def _check_space(model, backup_dir, weights):
         )
 
 
-def recover(backup_dir):
-    """Completes or discards a backup write that a kill interrupted."""
-    weights, metadata, weights_partial, metadata_partial = _paths(backup_dir)
-    if os.path.exists(metadata_partial) and not os.path.exists(weights_partial):
-        # Killed between the two moves: the new weights are in place, the metadata waits.
-        if not os.path.exists(weights):
-            raise damaged(metadata_partial, "backup metadata", "no weights file", weights)
-        record = read_record(metadata_partial, "backup metadata", ("weights_sha256",))
-        if record["weights_sha256"] != sha256(weights):
-            raise damaged(
-                metadata_partial, "backup metadata", f"not the metadata of {weights}", record
-            )
-        move_into_place(metadata_partial, metadata)
-    remove(weights_partial)
-    remove(metadata_partial)
-
-
-def trained(backup_dir):
-    """Whether `backup_dir` holds a completed epoch (after `recover`)."""
-    names = (METADATA_FILE, WEIGHTS_FILE)
-    return any(os.path.exists(os.path.join(backup_dir, name)) for name in names)
-
-
-def backed_up_epochs(backup_dir, epochs=None):
-    """Epochs completed in `backup_dir`'s backup (0 when there is none), its metadata and
-    weights checked: the epoch count within [1, epochs], the weights file present and the
-    one the metadata names (its SHA-256; backups of Keras's own writer carry none)."""
-    path = os.path.join(backup_dir, METADATA_FILE)
-    weights = os.path.join(backup_dir, WEIGHTS_FILE)
-    if not os.path.exists(path):
-        if os.path.exists(weights):
-            raise damaged(path, "backup metadata", "missing beside the weights file", weights)
-        return 0
-    record = read_record(path, "backup metadata", ("epoch",))
-    epoch = check_epoch(path, "backup metadata", record, "epoch", epochs)
-    if "batch" in record and not is_int(record["batch"]):
-        raise damaged(path, "backup metadata", "'batch' must be an integer", record)
-    if not os.path.exists(weights):
-        raise damaged(path, "backup metadata", f"its weights file {weights} is missing", record)
-    digest = record.get("weights_sha256")
-    if digest is not None and digest != sha256(weights):
-        raise damaged(
-            weights, "backup weights", f"not the file its metadata {path} describes", digest
-        )
-    return epoch
-
-
-def saved_permutations(path):
-    """The permutations of the hardened shuffles a weights file holds (sorted lists)."""
-    found = []
-
-    def visit(name, item):
-        if isinstance(item, h5py.Dataset) and name.endswith(f"/vars/{_PERMUTATION}"):
-            found.append(item[()].tolist())
-
-    try:
-        with h5py.File(path, "r") as f:
-            f.visititems(visit)
-    except OSError as error:
-        raise damaged(path, "backup weights", "not an HDF5 file", error) from None
-    return sorted(found)
-
-
-def _after_hardening_load(model):
-    """What `harden_model` does after rounding, for shuffles a loaded backup hardened:
-    the optimizer forgets their matrices (whose slots stay, as in the run that saved the
-    backup) and the compiled functions are rebuilt for the hardened graph."""
-    drop_removed_variables(model)
-    model.test_function = model.predict_function = None
-    if getattr(model, "train_function", None) is not None:
-        model.make_train_function(force=True)
-
-
 class RunBackup(keras.callbacks.BackupAndRestore):
-    """Keras's `BackupAndRestore` whose backups are written atomically and checked.
-
-    After each epoch the weights and optimizer state are written under temporary names
-    and moved into place (`save_backup`): a kill during the write leaves the previous
-    epoch's backup. The backup is kept at the end of training (`finish_run` removes it
-    after the report). On resume the weights file must load into the model (Keras's
-    `load_weights` refuses missing arrays and other shapes), all finite, and the
-    optimizer's step count must be the restored epochs' steps. A
-    backup of a hardened net hardens the fresh model's shuffles as it loads; the
-    optimizer was built before, on the relaxed variables, as in the run that saved it, so
-    its saved state fits.
+    """Keras's `BackupAndRestore` whose backups are written atomically and checked (see
+    the module). The backup is kept at the end of training (`finish_run` removes it after
+    the report).
 
     Args:
         backup_dir: the run's backup folder.
@@ -193,7 +84,7 @@ class RunBackup(keras.callbacks.BackupAndRestore):
         super().__init__(backup_dir, save_freq="epoch", delete_checkpoint=False)
 
     def on_train_begin(self, logs=None):
-        path = os.path.join(self.backup_dir, WEIGHTS_FILE)
+        path = backup_files(self.backup_dir)[0]
         relaxed = len(relaxed_shuffles(self.model))
         optimizer = self.model.optimizer
         if optimizer is not None and not optimizer.built:  # under the strategy, not as Keras
@@ -213,17 +104,25 @@ class RunBackup(keras.callbacks.BackupAndRestore):
         steps = (self.params or {}).get("steps")
         if steps and optimizer is not None and optimizer.built:
             iterations = int(keras.ops.convert_to_numpy(optimizer.iterations))
-            epoch = restored_epoch(self.model)
+            epoch = initial_epoch(self.model)
             # A loss-scaling optimizer skips the steps whose gradients overflowed.
             skips = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
             if iterations > epoch * steps or (iterations < epoch * steps and not skips):
-                raise damaged(
-                    path,
-                    "backup weights",
+                problem = (
                     f"its optimizer made {iterations} steps, not the {epoch} x {steps} of "
-                    f"the {epoch} epochs its metadata counts",
-                    iterations,
+                    f"the {epoch} epochs its metadata counts"
                 )
+                raise damaged(path, "backup weights", problem, iterations)
 
     def on_epoch_end(self, epoch, logs=None):
         save_backup(self.model, self.backup_dir, epoch + 1)
+
+
+def _after_hardening_load(model):
+    """What `harden_model` does after rounding, for shuffles a loaded backup hardened:
+    the optimizer forgets their matrices (whose slots stay, as in the run that saved the
+    backup) and the compiled functions are rebuilt for the hardened graph."""
+    drop_removed_variables(model)
+    model.test_function = model.predict_function = None
+    if getattr(model, "train_function", None) is not None:
+        model.make_train_function(force=True)

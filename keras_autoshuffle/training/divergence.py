@@ -1,13 +1,12 @@
 """Divergence: a run whose loss or weights stop being finite is stopped before its backup.
 
-`StopOnDivergence` is Keras's `TerminateOnNaN(raise_error=True)`: it checks the loss after
-every step, so a loss that turns NaN at step 2 stops the run in step 2, not at the end of
-the epoch. It raises `TrainingDivergedError` naming the epoch and the step (ending
+`StopOnDivergence` is Keras's `TerminateOnNaN(raise_error=True)`, which checks the loss
+after every step, raising `TrainingDivergedError` naming the epoch and the step (ending
 normally would harden, export and report a broken network, and replace the last good
 backup). At the end of an epoch it also checks the validation loss and the weights, first
-of the run's callbacks, so an epoch that diverged is never backed up. The divergence is
-recorded beside the backup, which lets the rerun change its learning rate and resume from
-the last good epoch (`fault_tolerance.prepare_run_directory`).
+of the run's callbacks, so a diverged epoch is never backed up. The divergence is recorded
+beside the backup (`DIVERGENCE_FILE`), which lets the rerun change its learning rate and
+resume from the last good epoch (`fault_tolerance.prepare_run_directory`).
 """
 
 import math
@@ -18,8 +17,7 @@ import numpy as np
 
 from keras_autoshuffle._atomic import write_json
 from keras_autoshuffle.layers import attach_state
-
-DIVERGENCE_FILE = "divergence.json"
+from keras_autoshuffle.training.fault_tolerance import DIVERGENCE_FILE
 
 
 class TrainingDivergedError(RuntimeError):
@@ -28,11 +26,7 @@ class TrainingDivergedError(RuntimeError):
 
 def non_finite(model, logs):
     """What is no longer finite: the logged losses' names and the weights' paths."""
-    bad = [
-        name
-        for name in ("loss", "val_loss")
-        if name in (logs or {}) and not math.isfinite(float(logs[name]))
-    ]
+    bad = [n for n in ("loss", "val_loss") if not math.isfinite(float((logs or {}).get(n, 0)))]
     attach_state(model)  # JAX's fit holds the values outside the variables
     for weight in model.weights:
         if keras.backend.is_float_dtype(weight.dtype):
@@ -42,14 +36,8 @@ def non_finite(model, logs):
 
 
 class StopOnDivergence(keras.callbacks.TerminateOnNaN):
-    """`TerminateOnNaN(raise_error=True)` raising TrainingDivergedError, which names the
-    epoch and the step (both counted from 1); at the end of an epoch, the validation loss
-    and the weights are checked too. Place it first among the run's callbacks (`fit` and
-    the multi-worker loop both call it after every step).
-
-    The divergence is recorded in `backup_dir` (`DIVERGENCE_FILE`: the epoch, the step,
-    what went non-finite, the learning rates), which lets the resumed run change its
-    learning rate.
+    """`TerminateOnNaN(raise_error=True)` raising TrainingDivergedError (see the module);
+    place it first among the run's callbacks.
 
     Args:
         backup_dir: the run's backup folder.
@@ -78,15 +66,9 @@ class StopOnDivergence(keras.callbacks.TerminateOnNaN):
 
     def _stop(self, epoch, bad, step=None):
         """Records the divergence of (0-based) `epoch` and raises TrainingDivergedError."""
-        write_json(
-            os.path.join(self.backup_dir, DIVERGENCE_FILE),
-            {
-                "epoch": epoch + 1,
-                "step": step,
-                "non_finite": bad[:10],
-                "learning_rates": self.learning_rates,
-            },
-        )
+        rates = self.learning_rates
+        record = {"epoch": epoch + 1, "step": step, "non_finite": bad[:10], "learning_rates": rates}
+        write_json(os.path.join(self.backup_dir, DIVERGENCE_FILE), record)
         last = (
             f"the backup of epoch {epoch} in {self.backup_dir} is kept: rerun into the same "
             "output folder with a lower learning rate (--learning-rate, or get_recipe(..., "
@@ -99,5 +81,5 @@ class StopOnDivergence(keras.callbacks.TerminateOnNaN):
         where = f" at step {step}" if step else " at its end"
         raise TrainingDivergedError(
             f"Training diverged in epoch {epoch + 1}: non-finite {shown}{where}. The run is "
-            f"stopped and {last}. Received: learning_rates={self.learning_rates}"
+            f"stopped and {last}. Received: learning_rates={rates}"
         )

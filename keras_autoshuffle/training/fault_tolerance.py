@@ -1,57 +1,336 @@
 """Fault tolerance: a run killed at any instant resumes where it stopped, and never mixes two.
 
-Data order and augmentation are functions of (seed, epoch, example) (`data`), so a
-resumed run ends with the weights of an uninterrupted one. What a run keeps in its
-`backup/` folder until `report.json`, its last file, is written:
+Data order and augmentation are functions of (seed, epoch, example), so a resumed run
+ends with the weights of an uninterrupted one. Until `report.json`, its last file, a run
+keeps in `backup/`, each file rewritten atomically after every epoch: the weights and
+optimizer state (`backup.RunBackup`; a hardened net's carry its permutations), the
+settings, a divergence (`divergence.py`), the training time (`ElapsedTime`), and a
+hardening's report (`HardeningRecord`). That report is measured on the relaxed net before
+rounding, and tells `HardenShuffles` the hardening is done; it is written before the
+backup of the hardened weights (one written ahead of its backup is removed on resume: the
+hardening happens again on time). A hardening at the end of training comes after the last
+backup: its recorded permutations are applied (`HardenShuffles.recorded`), not rounded
+again (balanced hardening under a time limit could round differently). `history.csv`
+(`HistoryLog`) keeps one row per epoch however often the run was killed.
 
-- `RunBackup` (`backup.py`, Keras's `BackupAndRestore`): the weights and optimizer state
-  after each epoch, written atomically (the previous backup stays until the new one is
-  complete); a hardened net's weights carry its permutations;
-- `HardeningRecord` (`records.py`): a hardening's report, measured on the relaxed net
-  before rounding (and an end-of-training hardening's permutations, which come after the
-  last backup), so a run killed after its hardening does not redo it;
-- `ElapsedTime`, `HistoryLog` (`records.py`): the training time, one row per epoch;
-- the run's settings, and `divergence.py`'s record of a divergence.
-
-`prepare_run_directory` (here) trusts none of it: before a resume every file is checked
-(types, ranges, consistency with the settings and with each other) and a damaged one is
-named; `RunBackup` then checks the weights file against the model. Every file is written
-atomically (`_atomic`).
+`prepare_run_directory` trusts none of it: before a resume every file is checked (types,
+ranges, consistency with the settings and with each other) and a damaged one is named.
 """
 
+import csv
+import json
+import math
 import os
+import stat
+import time
 
 import h5py
+import keras
 
-from keras_autoshuffle._atomic import OLD, as_json, partial_path, remove, sibling_path, write_json
-from keras_autoshuffle.training.backup import backed_up_epochs, recover, trained
-from keras_autoshuffle.training.divergence import DIVERGENCE_FILE
+from keras_autoshuffle import _atomic
+from keras_autoshuffle._files import sha256_of as sha256
+from keras_autoshuffle._validation import is_integer, is_number
+from keras_autoshuffle.export import FILENAMES, INT8_FILENAME
+from keras_autoshuffle.hardening.harden import check_permutations
+from keras_autoshuffle.layers import checked_permutation
 from keras_autoshuffle.training.identity import differences
-from keras_autoshuffle.training.records import check_hardening_record, elapsed_before
-from keras_autoshuffle.training.run_files import (
-    BACKUP,
-    HARDENING_FILE,
-    PRODUCTS,
-    RUN_FILES,
-    SEARCH_DIR,
-    SETTINGS_FILE,
-    WEIGHTS_FILE,
-    RunDirectoryError,
-    check_epoch,
-    damaged,
-    epochs_of,
-    is_int,
-    is_number,
-    read_json,
-    read_record,
-    start_over,
-)
+
+BACKUP = "backup"
+ELAPSED_FILE = "elapsed.json"
+HARDENING_FILE = "hardening.json"
+SETTINGS_FILE = "settings.json"
+DIVERGENCE_FILE = "divergence.json"
+# Keras's BackupAndRestore files (the names its loader reads).
+METADATA_FILE = "training_metadata.json"
+WEIGHTS_FILE = "latest.weights.h5"
+SEARCH_DIR = "search"
+# What the end of a run makes (after its last epoch), remade by a resumed run; and the
+# `best.keras` an older version wrote (chosen on the test split), still removed.
+PRODUCTS = (*FILENAMES.values(), INT8_FILENAME, "best.keras")
+# The files of a run, report.json (written last: the run is finished) first.
+RUN_FILES = ("report.json", *PRODUCTS, "history.csv", "logs", SEARCH_DIR)
+# A run's JSON records are a few kB; a larger file is not one of them (bounds the memory).
+MAX_JSON_BYTES = 64 * 2**20
+
+
+class RunDirectoryError(ValueError):
+    """An output directory that cannot be used as asked (finished, other settings, damaged)."""
+
+
+def start_over(backup_dir):
+    """What to do with a backup that cannot be resumed."""
+    return (
+        f"Delete the backup folder {backup_dir} to restart the run from scratch (its trained "
+        "epochs are lost), or use another output folder."
+    )
+
+
+def damaged(path, what, problem, received, remedy=None):
+    """The RunDirectoryError naming a damaged file of a run and what to do about it."""
+    folder = os.path.dirname(path)
+    if remedy is None:
+        remedy = start_over(folder) if os.path.basename(folder) == BACKUP else "Delete it."
+    return RunDirectoryError(
+        f"The {what} file {path} is damaged: {problem}. {remedy} Received: {str(received)[:300]}"
+    )
+
+
+def read_json(path, what, remedy=None, fields=None):
+    """The JSON file `path` (a regular file of at most MAX_JSON_BYTES, nested as deep as
+    Python's parser takes); with `fields`, an object holding each key (one ending in "?"
+    may be absent) whose value passes its test. Else RunDirectoryError naming it."""
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block
+            raise OSError(f"not a regular file: {path}")
+        with open(path, "rb") as f:
+            content = f.read(MAX_JSON_BYTES + 1)
+        if len(content) > MAX_JSON_BYTES:
+            raise ValueError(f"larger than {MAX_JSON_BYTES} bytes")
+        record = json.loads(content)
+    except (OSError, ValueError, RecursionError) as error:
+        received = f"{type(error).__name__}: {error}"
+        raise damaged(path, what, "not readable JSON", received, remedy) from None
+    required = [key for key in fields or () if not key.endswith("?")]
+    if fields is not None and (not isinstance(record, dict) or not set(required) <= set(record)):
+        keys = f" with {', '.join(required)}" if required else ""
+        raise damaged(path, what, f"not an object{keys}", record, remedy)
+    for key, check in (fields or {}).items():
+        key = key.rstrip("?")
+        if check and key in record and not check[0](record[key]):
+            raise damaged(path, what, f"'{key}' must be {check[1]}", record, remedy)
+    return record
+
+
+def epoch_field(epochs, allow_none=False):
+    """The (test, wording) of a `read_json` field holding an epoch count in [1, epochs]
+    (`epochs` None: >= 1), or None with `allow_none`."""
+    high = epochs if epochs is not None else math.inf
+    limit = f"[1, {epochs}] (the run's epochs)" if epochs is not None else ">= 1"
+    return (
+        lambda v: (allow_none and v is None) or (is_integer(v) and 1 <= v <= high),
+        f"an integer in {limit}",
+    )
+
+
+def epochs_of(settings):
+    """The run's epochs from its settings, or None where they do not say."""
+    epochs = (settings or {}).get("epochs")
+    return epochs if is_integer(epochs) and epochs > 0 else None
+
+
+def backup_files(backup_dir):
+    """(weights, metadata, their temporaries) of `backup_dir`."""
+    weights, metadata = (os.path.join(backup_dir, f) for f in (WEIGHTS_FILE, METADATA_FILE))
+    return weights, metadata, _atomic.sibling_path(weights), _atomic.sibling_path(metadata)
+
+
+def recover(backup_dir):
+    """Completes or discards a backup write that a kill interrupted; returns whether
+    `backup_dir` then holds a completed epoch."""
+    weights, metadata, weights_partial, metadata_partial = backup_files(backup_dir)
+    if os.path.exists(metadata_partial) and not os.path.exists(weights_partial):
+        # Killed between the two moves: the new weights are in place, the metadata waits.
+        if not os.path.exists(weights):
+            raise damaged(metadata_partial, "backup metadata", "no weights file", weights)
+        record = read_json(metadata_partial, "backup metadata", fields={"weights_sha256": None})
+        if record["weights_sha256"] != sha256(weights):
+            problem = f"not the metadata of {weights}"
+            raise damaged(metadata_partial, "backup metadata", problem, record)
+        _atomic.move_into_place(metadata_partial, metadata)
+    _atomic.remove(weights_partial)
+    _atomic.remove(metadata_partial)
+    return os.path.exists(metadata) or os.path.exists(weights)
+
+
+def backed_up_epochs(backup_dir, epochs=None):
+    """Epochs completed in `backup_dir`'s backup (0 when there is none), its metadata and
+    weights checked: the epoch count within [1, epochs], the weights file present and the
+    one the metadata names (its SHA-256; backups of Keras's own writer carry none)."""
+    weights, path, _, _ = backup_files(backup_dir)
+    if not os.path.exists(path):
+        if os.path.exists(weights):
+            raise damaged(path, "backup metadata", "missing beside the weights file", weights)
+        return 0
+    fields = {"epoch": epoch_field(epochs), "batch?": (is_integer, "an integer")}
+    record = read_json(path, "backup metadata", fields=fields)
+    if not os.path.exists(weights):
+        raise damaged(path, "backup metadata", f"its weights file {weights} is missing", record)
+    digest = record.get("weights_sha256")
+    if digest is not None and digest != sha256(weights):
+        raise damaged(
+            weights, "backup weights", f"not the file its metadata {path} describes", digest
+        )
+    return record["epoch"]
+
+
+def saved_permutations(path):
+    """The permutations of the hardened shuffles a weights file holds (sorted lists)."""
+    found = []
+
+    def visit(name, item):  # a hardened RelaxedShuffle's entry in place of its matrix
+        if isinstance(item, h5py.Dataset) and name.endswith("/vars/permutation"):
+            found.append(item[()].tolist())
+
+    try:
+        with h5py.File(path, "r") as f:
+            f.visititems(visit)
+    except OSError as error:
+        raise damaged(path, "backup weights", "not an HDF5 file", error) from None
+    return sorted(found)
+
+
+def elapsed_before(backup_dir):
+    """Seconds a killed run trained before this invocation (0 without a backup of it)."""
+    path = os.path.join(backup_dir, ELAPSED_FILE)
+    if not os.path.exists(path):
+        return 0.0
+    remedy = "Delete it (the run's reported time then starts from this invocation) and run again."
+    fields = {"seconds": (lambda s: is_number(s) and 0 <= s < math.inf, "a finite number >= 0")}
+    return float(read_json(path, "elapsed time", remedy, fields)["seconds"])
+
+
+class ElapsedTime(keras.callbacks.Callback):
+    """Keeps the run's training time in the backup after every epoch: `before`, the
+    earlier invocations' seconds (`elapsed_before`), plus this one's.
+
+    Args:
+        backup_dir: the BackupAndRestore directory.
+        start: `time.time()` when this invocation began.
+    """
+
+    def __init__(self, backup_dir, start):
+        super().__init__()
+        self.path = os.path.join(backup_dir, ELAPSED_FILE)
+        self.start, self.before = start, elapsed_before(backup_dir)
+
+    def on_epoch_end(self, epoch, logs=None):
+        _atomic.write_json(self.path, {"seconds": self.before + time.time() - self.start})
+
+
+class HistoryLog(keras.callbacks.Callback):
+    """The CSV file `path` as `keras.callbacks.CSVLogger` writes it (`epoch`, then the
+    logs' keys sorted), keeping on resume the rows of the epochs before the one it starts
+    with."""
+
+    def __init__(self, path):
+        super().__init__()
+        self.path = path
+
+    def on_train_begin(self, logs=None):
+        self.rows = []
+        if os.path.exists(self.path):
+            with open(self.path, newline="") as f:
+                self.rows = [row for row in csv.DictReader(f) if _epoch_of(row) is not None]
+
+    def on_epoch_end(self, epoch, logs=None):
+        row = {"epoch": epoch, **{k: logs[k] for k in sorted(logs or {})}}
+        self.rows = [r for r in self.rows if _epoch_of(r) < epoch] + [row]
+        keys = sorted({k for r in self.rows for k in r if k != "epoch"})
+
+        def write(partial):
+            with open(partial, "w", newline="") as f:
+                writer = csv.DictWriter(f, ["epoch", *keys], restval="NA")
+                writer.writeheader()
+                writer.writerows(self.rows)
+
+        _atomic.write_atomically(self.path, write)
+
+
+def _epoch_of(row):
+    try:
+        return int(row.get("epoch"))
+    except (TypeError, ValueError):
+        return None
+
+
+def read_hardening_record(path, settings=None, backed_up=None):
+    """The hardening report at `path` if it is this run's: its `epoch` (None: the end of
+    training, then after the last backup) the run's `harden_at_epoch`, its `layers` each a
+    shuffle's permutation, held by the backup's weights where it was backed up after."""
+    what, epochs = "hardening record", epochs_of(settings)
+    number = (is_number, "a number")
+    fields = {
+        "epoch": epoch_field(epochs, allow_none=True),
+        "layers": (
+            lambda v: (
+                isinstance(v, list)
+                and all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in v)
+            ),
+            "a list of {name, permutation}",
+        ),
+        **{f"{key}_{m}?": number for key in ("relaxed", "rounded") for m in ("accuracy", "loss")},
+    }
+    record = read_json(path, what, fields=fields)
+    layers, epoch = record["layers"], record["epoch"]
+    for entry in layers:
+        try:
+            checked_permutation(entry.get("permutation"), f"permutation of {entry['name']}")
+        except ValueError as error:
+            raise damaged(path, what, str(error).split(" Received")[0], entry) from None
+    if settings is not None and "harden_at_epoch" in settings:
+        if epoch != settings["harden_at_epoch"]:
+            raise damaged(path, what, f"made for harden_at_epoch={epoch}, not this run's", record)
+    if epoch is None and backed_up is not None and epochs is not None and backed_up < epochs:
+        raise damaged(path, what, "an end-of-training hardening before the last epoch", record)
+    if epoch is not None and backed_up is not None and epoch <= backed_up:
+        # The backup was saved after the hardening: its weights hold these permutations
+        # (besides those of shuffles fixed from the start). Saved by position, not name.
+        saved = saved_permutations(os.path.join(os.path.dirname(path), WEIGHTS_FILE))
+        for entry in layers:
+            if list(entry["permutation"]) not in saved:
+                raise damaged(path, what, "not the hardening of the backup's weights", entry)
+            saved.remove(list(entry["permutation"]))
+    return record
+
+
+class HardeningRecord(keras.callbacks.Callback):
+    """Keeps a hardening's report in the backup (see the module). Place it after the
+    run's `HardenShuffles` and before its backup callback.
+
+    Args:
+        backup_dir: the BackupAndRestore directory.
+        hardening: the run's `HardenShuffles` callback.
+    """
+
+    def __init__(self, backup_dir, hardening):
+        super().__init__()
+        self.backup_dir = backup_dir
+        self.hardening = hardening
+        self.path = os.path.join(backup_dir, HARDENING_FILE)
+
+    def on_train_begin(self, logs=None):
+        if not os.path.exists(self.path):
+            return
+        backed_up = backed_up_epochs(self.backup_dir)
+        report = read_hardening_record(self.path, backed_up=backed_up)
+        if report["epoch"] is not None:
+            if report["epoch"] <= backed_up:  # the backup's weights harden the model
+                self.hardening.report = report
+            else:  # written ahead of its backup: the hardening runs again on time
+                _atomic.remove(self.path)
+            return
+        epochs = (self.params or {}).get("epochs")
+        if epochs is not None and backed_up >= epochs:
+            permutations = {e["name"]: e["permutation"] for e in report["layers"]}
+            try:
+                check_permutations(self.model, permutations)
+            except ValueError as error:
+                problem = "not this model's shuffles"
+                raise damaged(self.path, "hardening record", problem, error) from None
+            self.hardening.recorded = report  # applied after the weights are loaded
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.on_train_end()
+
+    def on_train_end(self, logs=None):
+        report = self.hardening.report
+        if report is not None and not os.path.exists(self.path):
+            _atomic.write_json(self.path, report)
 
 
 def _check_settings(backup_dir, settings):
-    """RunDirectoryError unless `backup_dir` records `settings` (a `RunIdentity` record;
-    a field either lacks takes its default; after a divergence the learning rate may
-    differ)."""
+    """RunDirectoryError unless `backup_dir` records `settings` (a field either lacks
+    takes its default; after a divergence the learning rate may differ)."""
     path = os.path.join(backup_dir, SETTINGS_FILE)
     if not os.path.exists(path):
         raise RunDirectoryError(
@@ -59,11 +338,8 @@ def _check_settings(backup_dir, settings):
             f"({SETTINGS_FILE}): resuming could mix two configurations, so it is refused. "
             f"{start_over(backup_dir)} Received: {sorted(os.listdir(backup_dir))}"
         )
-    saved = read_json(path, "run settings")
-    if not isinstance(saved, dict):
-        raise damaged(path, "run settings", "not an object of settings", saved)
-    diverged = os.path.exists(os.path.join(backup_dir, DIVERGENCE_FILE))
-    differ = differences(saved, settings, diverged)
+    saved = read_json(path, "run settings", fields={})
+    differ = differences(saved, settings, os.path.exists(os.path.join(backup_dir, DIVERGENCE_FILE)))
     if differ:
         raise RunDirectoryError(
             f"{os.path.dirname(backup_dir)} holds the backup of a killed run with other "
@@ -72,61 +348,37 @@ def _check_settings(backup_dir, settings):
         )
 
 
-def _check_divergence(backup_dir, epochs):
-    path = os.path.join(backup_dir, DIVERGENCE_FILE)
-    if os.path.exists(path):
-        record = read_record(path, "divergence record", ("epoch", "learning_rates"))
-        check_epoch(path, "divergence record", record, "epoch", epochs)
-        rates = record["learning_rates"]
-        if not isinstance(rates, list) or not all(is_number(r) for r in rates):
-            raise damaged(path, "divergence record", "'learning_rates' must be numbers", rates)
-        step = record.get("step")
-        if step is not None and not (is_int(step) and step >= 1):
-            raise damaged(path, "divergence record", "'step' must be an integer >= 1", step)
-
-
 def check_backup(backup_dir, settings):
-    """Checks every file of a killed run's backup before it is resumed with `settings`;
-    returns the epochs it holds. A write a kill interrupted is completed or discarded
-    first (`recover`). The weights file is checked against the model by `RunBackup`
-    when training starts."""
+    """Checks every file of a killed run's backup (after `recover`) before it is resumed
+    with `settings`; returns the epochs it holds."""
     _check_settings(backup_dir, settings)
     epochs = epochs_of(settings)
     backed_up = backed_up_epochs(backup_dir, epochs)
-    weights = os.path.join(backup_dir, WEIGHTS_FILE)
-    try:
-        with h5py.File(weights, "r"):
-            pass
-    except OSError as error:
-        raise damaged(weights, "backup weights", "not an HDF5 file", error) from None
-    hardening = os.path.join(backup_dir, HARDENING_FILE)
-    if os.path.exists(hardening):
-        check_hardening_record(
-            hardening, read_json(hardening, "hardening record"), settings, backed_up
-        )
-    elapsed_before(os.path.dirname(backup_dir))
-    _check_divergence(backup_dir, epochs)
+    saved_permutations(os.path.join(backup_dir, WEIGHTS_FILE))  # an HDF5 file
+    if os.path.exists(os.path.join(backup_dir, HARDENING_FILE)):
+        read_hardening_record(os.path.join(backup_dir, HARDENING_FILE), settings, backed_up)
+    elapsed_before(backup_dir)
+    if os.path.exists(os.path.join(backup_dir, DIVERGENCE_FILE)):
+        fields = {
+            "epoch": epoch_field(epochs),
+            "learning_rates": (
+                lambda v: isinstance(v, list) and all(is_number(r) for r in v),
+                "numbers",
+            ),
+            "step?": (lambda v: v is None or (is_integer(v) and v >= 1), "an integer >= 1"),
+        }
+        read_json(os.path.join(backup_dir, DIVERGENCE_FILE), "divergence record", fields=fields)
     return backed_up
-
-
-def _check_output_dir(output_dir):
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise RunDirectoryError(f"The output folder is a file. Received: output_dir={output_dir!r}")
 
 
 def prepare_run_directory(output_dir, settings, overwrite=False):
     """Checks `output_dir` before a run; returns True when the run resumes a backup.
 
-    - A backup (a killed run) resumes only with the same settings (after a divergence,
-      another learning rate too); otherwise RunDirectoryError says which settings differ.
-      One holding trained epochs but no settings record is refused. Every file of it is
-      checked first (`check_backup`); a damaged one raises RunDirectoryError naming it.
-    - A finished run (`report.json`) is never overwritten unless `overwrite=True`; then
-      its files are removed first, so no stale file (an old SavedModel or LiteRT model,
-      its int8 file, its search) stays beside the new ones (`clear_finished_run`).
-    - Otherwise the files of a run that died before its first backup are removed, but
-      for a search's `search/`, which `search.py` checks before reusing it.
-    - A path that is a file, or a folder that cannot be written, raises RunDirectoryError.
+    A backup resumes only with the same settings (after a divergence, another learning
+    rate too) and every file of it checked (`check_backup`); a finished run is replaced
+    only with `overwrite` (`clear_finished_run`); otherwise the files of a run that died
+    before its first backup are removed, but for `search/` (`search.py` checks it).
+    RunDirectoryError names the settings that differ, the damaged file, or the folder.
 
     Args:
         output_dir: the run's directory.
@@ -135,24 +387,23 @@ def prepare_run_directory(output_dir, settings, overwrite=False):
         overwrite: replace a finished run.
     """
     output_dir = os.fspath(output_dir)
-    _check_output_dir(output_dir)
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise RunDirectoryError(f"The output folder is a file. Received: output_dir={output_dir!r}")
     backup_dir = os.path.join(output_dir, BACKUP)
-    settings = as_json(settings)
+    settings = _atomic.as_json(settings)
     try:
         if not clear_finished_run(output_dir, overwrite) and os.path.isdir(backup_dir):
-            recover(backup_dir)
-            if not trained(backup_dir):
-                if os.path.exists(os.path.join(backup_dir, SETTINGS_FILE)):
-                    _check_settings(backup_dir, settings)  # killed in its first epoch
-            else:
+            if recover(backup_dir):
                 check_backup(backup_dir, settings)
                 _remove_run_files(output_dir, PRODUCTS)
-                write_json(os.path.join(backup_dir, SETTINGS_FILE), settings)
+                _atomic.write_json(os.path.join(backup_dir, SETTINGS_FILE), settings)
                 return True
+            if os.path.exists(os.path.join(backup_dir, SETTINGS_FILE)):
+                _check_settings(backup_dir, settings)  # killed in its first epoch
         # A search's result stays for its retraining (`search.py` checks it is this run's).
         _remove_run_files(output_dir, [name for name in RUN_FILES if name != SEARCH_DIR])
-        remove(backup_dir)
-        write_json(os.path.join(backup_dir, SETTINGS_FILE), settings)
+        _atomic.remove(backup_dir)
+        _atomic.write_json(os.path.join(backup_dir, SETTINGS_FILE), settings)
         return False
     except OSError as error:
         raise _unusable(output_dir, error) from None
@@ -167,14 +418,14 @@ def _unusable(output_dir, error):
 
 def clear_finished_run(output_dir, overwrite):
     """False where `output_dir` holds no finished run (`report.json`); else, with
-    `overwrite`, removes every file of it (its `search/` too) and returns True, and
-    without it raises RunDirectoryError."""
+    `overwrite`, removes every file of it (its `search/` too, so no stale file stays
+    beside the new ones) and returns True, and without it raises RunDirectoryError."""
     output_dir = os.fspath(output_dir)
     if not os.path.exists(os.path.join(output_dir, "report.json")):
         return False
     try:
         # Finished; a backup left means the kill came just before it was removed.
-        remove(os.path.join(output_dir, BACKUP))
+        _atomic.remove(os.path.join(output_dir, BACKUP))
         if not overwrite:
             raise RunDirectoryError(
                 f"{output_dir} holds a finished run (report.json); it is not overwritten. "
@@ -189,12 +440,9 @@ def clear_finished_run(output_dir, overwrite):
 
 def finish_run(output_dir):
     """Removes the run's backup: call after `report.json`, its last file, is written."""
-    remove(os.path.join(output_dir, BACKUP))
+    _atomic.remove(os.path.join(output_dir, BACKUP))
 
 
 def _remove_run_files(output_dir, names):
-    """Removes run files and what a killed writer left of them (`_atomic`'s temporaries)."""
     for name in names:
-        path = os.path.join(output_dir, name)
-        for version in (path, partial_path(path), sibling_path(path, OLD)):
-            remove(version)
+        _atomic.remove_written(os.path.join(output_dir, name))

@@ -18,7 +18,6 @@ from keras_autoshuffle._atomic import write_json
 from keras_autoshuffle.callbacks import HardenShuffles, evaluate_accuracy
 from keras_autoshuffle.data import EpochCounter
 from keras_autoshuffle.training import distribution
-from keras_autoshuffle.training.divergence import DIVERGENCE_FILE
 from keras_autoshuffle.training.exports import (
     check_savable,
     export_formats,
@@ -26,13 +25,18 @@ from keras_autoshuffle.training.exports import (
     int8_data,
     plan_export,
 )
-from keras_autoshuffle.training.fault_tolerance import finish_run, prepare_run_directory
+from keras_autoshuffle.training.fault_tolerance import (
+    BACKUP,
+    DIVERGENCE_FILE,
+    ElapsedTime,
+    finish_run,
+    prepare_run_directory,
+    read_json,
+)
 from keras_autoshuffle.training.identity import RunIdentity, recipe_fields
 from keras_autoshuffle.training.job import BALANCED_TIME_LIMIT, TrainingJob, loop_report
 from keras_autoshuffle.training.multi_worker import custom_loop
 from keras_autoshuffle.training.recipes import make_optimizer
-from keras_autoshuffle.training.records import ElapsedTime, elapsed_before
-from keras_autoshuffle.training.run_files import BACKUP, read_json
 
 __all__ = ["BALANCED_TIME_LIMIT", "train"]
 
@@ -151,7 +155,7 @@ def _start_job(parts, output_dir, identity, start, overwrite, verbose, **options
     own_dir = os.path.join(output_dir, f"worker-{distribution.task_id(strategy)}")
     own_dir = output_dir if chief else own_dir
     prepare_run_directory(own_dir, identity, overwrite=overwrite)
-    elapsed = ElapsedTime(os.path.join(own_dir, BACKUP), start, elapsed_before(own_dir))
+    elapsed = ElapsedTime(os.path.join(own_dir, BACKUP), start)
     return TrainingJob(*parts, own_dir, elapsed, verbose=verbose if chief else 0, **options)
 
 
@@ -230,7 +234,7 @@ def _write_report(job, report, files, identity, start, report_entries):
         sum(layer["l12_penalty"] for layer in report["layers"])
     )
     files.update(
-        history=job.history_path,
+        history=os.path.join(job.output_dir, "history.csv"),
         logs=os.path.join(job.output_dir, "logs"),
         report=os.path.join(job.output_dir, "report.json"),
     )
@@ -239,7 +243,7 @@ def _write_report(job, report, files, identity, start, report_entries):
     # Every invocation's training time: a resumed run's backup kept the earlier ones'.
     report["time_this_invocation"] = time.time() - start
     report["time"] = job.elapsed.before + report["time_this_invocation"]
-    divergence = os.path.join(job.backup_dir, DIVERGENCE_FILE)
+    divergence = os.path.join(job.output_dir, BACKUP, DIVERGENCE_FILE)
     if os.path.exists(divergence):
         report["resumed_after_divergence"] = read_json(divergence, "divergence record")
     report.update(report_entries or {})

@@ -12,8 +12,8 @@ import numpy as np
 import tensorflow as tf
 from keras import ops
 
+from keras_autoshuffle._keras_internals import initial_epoch
 from keras_autoshuffle.hardening import harden_and_evaluate
-from keras_autoshuffle.training.backup import restored_epoch
 from keras_autoshuffle.training.job import loop_report
 
 
@@ -51,7 +51,7 @@ def custom_loop(job):
     )
     callbacks.on_train_begin()
     logs = {}
-    for epoch in range(restored_epoch(model), recipe.epochs):
+    for epoch in range(initial_epoch(model), recipe.epochs):
         callbacks.on_epoch_begin(epoch)
         iterator = iter(_epoch_data(job, epoch))
         totals = np.zeros(3)

@@ -18,20 +18,21 @@ import keras
 import numpy as np
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle._atomic import as_json
+from keras_autoshuffle._atomic import as_json, write_json
 from keras_autoshuffle.hardening import harden_model
 from keras_autoshuffle.layers import RelaxedShuffle, checked_permutation, shuffle_layers
 from keras_autoshuffle.training.divergence import DIVERGENCE_FILE
-from keras_autoshuffle.training.fault_tolerance import clear_finished_run, read_json, write_json
-from keras_autoshuffle.training.identity import differences, recipe_fields
-from keras_autoshuffle.training.loops import BALANCED_TIME_LIMIT, _check_seed, train
-from keras_autoshuffle.training.run_files import (
+from keras_autoshuffle.training.fault_tolerance import (
     BACKUP,
     SEARCH_DIR,
     SETTINGS_FILE,
     RunDirectoryError,
+    clear_finished_run,
     damaged,
+    read_json,
 )
+from keras_autoshuffle.training.identity import differences, recipe_fields
+from keras_autoshuffle.training.loops import BALANCED_TIME_LIMIT, _check_seed, train
 
 PERMUTATIONS_FILE = "permutations.json"
 # What defines the search (its settings, recipe, seed, epochs, balanced), written first.
