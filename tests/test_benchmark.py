@@ -142,3 +142,16 @@ def test_paired_ratio_interval_brackets_the_median_of_the_round_ratios():
     assert median == pytest.approx(np.median(samples / reference))
     assert 0.8 < low < median < high < 1.0
     assert benchmark.paired_ratio(samples[:-1], reference) is None
+
+
+def test_measure_times_each_function_every_round_in_a_new_order():
+    calls = []
+    functions = {name: (lambda n=name: calls.append(n)) for name in "abcd"}
+    samples = benchmark.measure(functions, repeats=12, min_seconds=0)
+    assert {name: len(ms) for name, ms in samples.items()} == dict.fromkeys("abcd", 12)
+    timed = calls[2 * len(functions) :]  # after the warm-up and the one-call timing
+    rounds = [tuple(timed[i : i + 4]) for i in range(0, len(timed), 4)]
+    assert all(sorted(r) == list("abcd") for r in rounds)
+    # No function always follows the same one (rotating a fixed order would keep that).
+    before = {r[r.index("b") - 1] for r in rounds if r.index("b")}
+    assert len(before) > 1
