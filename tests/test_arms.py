@@ -202,6 +202,20 @@ def test_search_then_retrain_fixes_the_searched_permutations(tmp_path):
         )
 
 
+@pytest.mark.parametrize("inside", [False, True], ids=["a_file", "under_a_file"])
+def test_a_search_into_a_file_is_refused_naming_the_output_folder(tmp_path, inside):
+    train_data, test_data = _splits(32)
+    recipe = training.get_recipe("digits", epochs=2, batch_size=16)
+    (tmp_path / "runfile").write_text("not a folder")
+    output = tmp_path / "runfile" / "run" if inside else tmp_path / "runfile"
+    match = f"cannot be used \\(Not a directory: .*Received: output_dir='{output}'"
+    with pytest.raises(training.RunDirectoryError, match=match):
+        training.search_then_retrain(
+            _model_fn, train_data, test_data, recipe, str(output), search_epochs=1, verbose=0
+        )
+    assert (tmp_path / "runfile").read_text() == "not a folder"
+
+
 @pytest.mark.tensorflow_only(reason="train() runs on the TensorFlow backend")
 def test_search_of_zero_epochs_fixes_the_balanced_routing_of_the_fresh_net(tmp_path):
     train_data, test_data = _splits(32)

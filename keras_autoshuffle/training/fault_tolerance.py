@@ -406,10 +406,12 @@ def prepare_run_directory(output_dir, settings, overwrite=False):
         _atomic.write_json(os.path.join(backup_dir, SETTINGS_FILE), settings)
         return False
     except OSError as error:
-        raise _unusable(output_dir, error) from None
+        raise unusable_folder(output_dir, error) from None
 
 
-def _unusable(output_dir, error):
+def unusable_folder(output_dir, error):
+    """The RunDirectoryError for an output folder the system refuses (`error`: an OSError,
+    e.g. a file where the folder or one above it should be)."""
     return RunDirectoryError(
         f"The output folder cannot be used ({error.strerror or error}: "
         f"{error.filename or output_dir}). Received: output_dir={output_dir!r}"
@@ -434,7 +436,7 @@ def clear_finished_run(output_dir, overwrite):
             )
         _remove_run_files(output_dir, RUN_FILES)
     except OSError as error:
-        raise _unusable(output_dir, error) from None
+        raise unusable_folder(output_dir, error) from None
     return True
 
 

@@ -30,6 +30,7 @@ from keras_autoshuffle.training.fault_tolerance import (
     clear_finished_run,
     damaged,
     read_json,
+    unusable_folder,
 )
 from keras_autoshuffle.training.identity import differences, recipe_fields
 from keras_autoshuffle.training.loops import BALANCED_TIME_LIMIT, _check_seed, train
@@ -124,18 +125,22 @@ def _check_before_search(output_dir, recipe, settings, retrain_settings, seed, o
     """Refuses before any training a finished run (or removes it with `overwrite`), a
     killed retraining of other settings, and a search made by other settings; returns
     what defines the search, written into `search/` before its first file."""
-    clear_finished_run(output_dir, overwrite)
-    # What train() records itself (the recipe's values, `balanced=False`) is its to check.
-    recorded_by_train = {"mixed_precision", "balanced", *recipe_fields(recipe)}
-    _check_killed_retraining(
-        output_dir,
-        {k: v for k, v in retrain_settings.items() if k not in recorded_by_train} | {"seed": seed},
-    )
-    definition = as_json(
-        {**(settings or {}), **recipe_fields(recipe), "seed": seed, **retrain_settings}
-    )
-    _start_search(os.path.join(output_dir, SEARCH_DIR), definition)
-    return definition
+    try:  # a file where the folder (or one above it) should be: OSError
+        clear_finished_run(output_dir, overwrite)
+        # What train() records itself (the recipe's values, `balanced=False`) is its to check.
+        recorded_by_train = {"mixed_precision", "balanced", *recipe_fields(recipe)}
+        _check_killed_retraining(
+            output_dir,
+            {k: v for k, v in retrain_settings.items() if k not in recorded_by_train}
+            | {"seed": seed},
+        )
+        definition = as_json(
+            {**(settings or {}), **recipe_fields(recipe), "seed": seed, **retrain_settings}
+        )
+        _start_search(os.path.join(output_dir, SEARCH_DIR), definition)
+        return definition
+    except OSError as error:
+        raise unusable_folder(output_dir, error) from None
 
 
 def _diverged(output_dir):
