@@ -302,7 +302,7 @@ def runtime_functions(tasks, models, side, threads, directory, torchvision=None)
 def _ratio_text(row, base):
     """`row`'s time over `base`'s: the median of the per-round ratios with its 95% interval
     where both carry their rounds (timed together), else the ratio of the medians."""
-    paired = paired_ratio(row.get("rounds_ms"), base.get("rounds_ms", ()))
+    paired = paired_ratio(row.get("rounds_ms"), base.get("rounds_ms") or ())
     if paired is None:
         return f"{row['median_ms'] / base['median_ms']:.2f}"
     return "{:.2f}, {:.2f}-{:.2f}".format(*paired)

@@ -29,6 +29,7 @@ import datetime
 import json
 import os
 import platform
+import statistics
 import sys
 import tempfile
 
@@ -62,7 +63,7 @@ def measure(widths, threads, repeats, note):
     import numpy as np
     import tensorflow as tf
 
-    from experiments.benchmark import measure as interleaved_medians
+    from experiments.benchmark import measure as interleaved_rounds
     from experiments.benchmark import runtime_functions
     from keras_autoshuffle import applications, export, folding
 
@@ -80,7 +81,8 @@ def measure(widths, threads, repeats, note):
     with tempfile.TemporaryDirectory() as directory:
         named = {f"x{width}": model for width, model in models.items()}
         functions, sizes = runtime_functions(tasks, named, SIDE, threads, directory)
-        medians = interleaved_medians(functions, repeats, 0.3)
+        rounds = interleaved_rounds(functions, repeats, 0.3)
+    medians = {key: statistics.median(ms) for key, ms in rounds.items()}
     machine = f"{_cpu_name()}, {os.cpu_count()} cores"
     # The 1-minute load average at the start and the end: how busy the machine was.
     load = [round(load_start, 2), round(os.getloadavg()[0], 2)]

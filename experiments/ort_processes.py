@@ -2,13 +2,14 @@
 (manual and folded) against torchvision's graph, at 2 threads.
 
 Why: in `experiments.benchmark` the ratios between ONNX Runtime sessions moved with what else
-the process ran and in which order: folded / manual was 1.28x and 1.34x when LiteRT and OpenVINO
-were timed in the same rounds (a fixed order, rotated), 0.93x in a random order, and 0.86x,
-0.91x and 1.15x with ONNX Runtime alone; each of those runs had a tight interval of its own.
-The spread between processes is larger than within one, so here a sample is a process: each
-child imports only onnxruntime and numpy (no TensorFlow, no other runtime), times the files in
-rounds of a new random order, and gives the median of its per-round ratios. The table is the
-mean of those over `--processes` children with a 95% t interval.
+the process ran and in which order. Folded / manual read 1.28x and 1.34x with LiteRT and
+OpenVINO timed in the same rounds in a fixed order, rotated; 0.93x and 0.98x in a random
+order; with ONNX Runtime alone 0.86x and 0.91x (rotated), 1.15x and 1.03x (random). Several
+of those runs' intervals exclude the others' values, so the spread is between processes
+more than within one: here a sample is a process. Each child imports only onnxruntime and
+numpy (no TensorFlow, no other runtime), times the files in rounds of a new random order,
+and gives the median of its per-round ratios. The summary is the mean of those over
+`--processes` children with a 95% t interval.
 
 The files are `export.export_onnx`'s (the padded NCHW graph), written from
 `ShuffleNetV2(1.0, stem="imagenet", classifier_activation=None)` with torchvision's seeded
@@ -21,6 +22,7 @@ Usage:
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -114,7 +116,11 @@ def child(argv):
         f"{a}/{b}": float(np.median(np.array(samples[a]) / np.array(samples[b]))) for a, b in RATIOS
     }
     medians = {name: float(np.median(ms)) for name, ms in samples.items()}
-    print(json.dumps({"median_ms": medians, "ratios": ratios}))
+    import onnxruntime
+
+    print(
+        json.dumps({"median_ms": medians, "ratios": ratios, "onnxruntime": onnxruntime.__version__})
+    )
 
 
 def main(argv=None):
@@ -132,13 +138,17 @@ def main(argv=None):
     for name in ("processes", "threads", "rounds", "calls"):
         if getattr(args, name) < (2 if name == "processes" else 1):
             parser.error(f"--{name} is too small. Received: {name}={getattr(args, name)}")
+    if not os.path.isdir(args.torchvision):
+        parser.error(f"--torchvision is not a folder. Received: torchvision={args.torchvision!r}")
     processes = []
     with tempfile.TemporaryDirectory() as directory:
         files = write_files(directory, args.torchvision)
         for seed in range(args.processes):
             command = [sys.executable, "-m", "experiments.ort_processes", CHILD, json.dumps(files)]
             command += [str(v) for v in (args.threads, args.rounds, args.calls, seed)]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=True)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+            if done.returncode:
+                raise SystemExit(f"error: timing process {seed} failed:\n{done.stderr[-2000:]}")
             processes.append(json.loads(done.stdout.strip().splitlines()[-1]))
             print(json.dumps(processes[-1]), flush=True)
     table = summary(processes)

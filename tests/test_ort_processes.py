@@ -39,3 +39,9 @@ def test_too_small_settings_are_argparse_errors_naming_them(flag, capsys):
     with pytest.raises(SystemExit):
         ort_processes.main(["--torchvision", "unused", flag])
     assert f"Received: {flag[2:]}" in capsys.readouterr().err
+
+
+def test_a_missing_torchvision_folder_is_refused_before_anything_is_built(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        ort_processes.main(["--torchvision", str(tmp_path / "absent")])
+    assert f"Received: torchvision='{tmp_path / 'absent'}'" in capsys.readouterr().err
