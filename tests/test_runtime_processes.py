@@ -1,23 +1,27 @@
-"""experiments.ort_processes: the timing of ONNX files in a process and the summary over
-processes (the full run needs torchvision's graph, written outside CI)."""
+"""experiments.runtime_processes: the timing of ONNX and OpenVINO files in a process and the
+summary over processes (the full run needs torchvision's graph, written outside CI)."""
 
 import pytest
 from helpers import tiny_v2
 
-from experiments import ort_processes
+from experiments import runtime_processes
 from keras_autoshuffle import export, folding
 
-pytest.importorskip("onnxruntime")
 
-
-def test_each_file_is_timed_every_round(tmp_path):
+@pytest.mark.parametrize("runtime", runtime_processes.RUNTIMES)
+def test_each_file_is_timed_every_round(tmp_path, runtime):
+    pytest.importorskip(runtime)
     model = tiny_v2()
+    write = export.export_onnx if runtime == "onnxruntime" else runtime_processes.openvino_xml
+    suffix = ".onnx" if runtime == "onnxruntime" else ""
     files = {
-        "manual": export.export_onnx(model, str(tmp_path / "manual.onnx")),
-        "manual_folded": export.export_onnx(folding.fold_model(model), str(tmp_path / "f.onnx")),
+        "manual": write(model, str(tmp_path / f"manual{suffix}")),
+        "manual_folded": write(folding.fold_model(model), str(tmp_path / f"f{suffix}")),
     }
     side = model.input_shape[1]
-    samples = ort_processes.time_sessions(files, threads=1, rounds=4, calls=2, seed=0, side=side)
+    samples = runtime_processes.time_sessions(
+        files, threads=1, rounds=4, calls=2, seed=0, side=side, runtime=runtime
+    )
     assert {name: len(ms) for name, ms in samples.items()} == {"manual": 4, "manual_folded": 4}
     assert all(ms > 0 for values in samples.values() for ms in values)
 
@@ -25,10 +29,10 @@ def test_each_file_is_timed_every_round(tmp_path):
 def test_summary_is_the_mean_over_processes_with_a_t_interval():
     # Three processes: mean 1.0, standard deviation 0.1; t(0.975, 2 degrees) = 4.303.
     processes = [
-        {"ratios": {f"{a}/{b}": value for a, b in ort_processes.RATIOS}}
+        {"ratios": {f"{a}/{b}": value for a, b in runtime_processes.RATIOS}}
         for value in (0.9, 1.0, 1.1)
     ]
-    mean, low, high, n = ort_processes.summary(processes)["manual_folded/manual"]
+    mean, low, high, n = runtime_processes.summary(processes)["manual_folded/manual"]
     half = 4.303 * 0.1 / 3**0.5
     assert (mean, n) == (pytest.approx(1.0), 3)
     assert (low, high) == (pytest.approx(1.0 - half, abs=1e-3), pytest.approx(1.0 + half, abs=1e-3))
@@ -37,11 +41,11 @@ def test_summary_is_the_mean_over_processes_with_a_t_interval():
 @pytest.mark.parametrize("flag", ["--processes=1", "--threads=0", "--rounds=0", "--calls=0"])
 def test_too_small_settings_are_argparse_errors_naming_them(flag, capsys):
     with pytest.raises(SystemExit):
-        ort_processes.main(["--torchvision", "unused", flag])
+        runtime_processes.main(["--torchvision", "unused", flag])
     assert f"Received: {flag[2:]}" in capsys.readouterr().err
 
 
 def test_a_missing_torchvision_folder_is_refused_before_anything_is_built(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        ort_processes.main(["--torchvision", str(tmp_path / "absent")])
+        runtime_processes.main(["--torchvision", str(tmp_path / "absent")])
     assert f"Received: torchvision='{tmp_path / 'absent'}'" in capsys.readouterr().err

@@ -1,23 +1,27 @@
-"""ONNX Runtime alone, a fresh process per sample: the package's ShuffleNet v2 1.0x ONNX files
-(manual and folded) against torchvision's graph, at 2 threads.
+"""ONNX Runtime or OpenVINO alone, a fresh process per sample: the package's ShuffleNet v2
+1.0x files (manual and folded) against torchvision's graph in the same runtime, at 2 threads.
 
 Why: in `experiments.benchmark` the ratios between ONNX Runtime sessions moved with what else
 the process ran and in which order. Folded / manual read 1.28x and 1.34x with LiteRT and
 OpenVINO timed in the same rounds in a fixed order, rotated; 0.93x and 0.98x in a random
 order; with ONNX Runtime alone 0.86x and 0.91x (rotated), 1.15x and 1.03x (random). Several
 of those runs' intervals exclude the others' values, so the spread is between processes
-more than within one: here a sample is a process. Each child imports only onnxruntime and
-numpy (no TensorFlow, no other runtime), times the files in rounds of a new random order,
-and gives the median of its per-round ratios. The summary is the mean of those over
-`--processes` children with a 95% t interval.
+more than within one: here a sample is a process. Each child imports only the runtime
+(onnxruntime or openvino) and numpy (no TensorFlow, no other runtime), times the files in
+rounds of a new random order, and gives the median of its per-round ratios. The summary is
+the mean of those over `--processes` children with a 95% t interval.
 
-The files are `export.export_onnx`'s (the padded NCHW graph), written from
+The files are `export.export_onnx`'s (the padded NCHW graph) or `export.export_openvino`'s
+(an IR folder, not padded), written from
 `ShuffleNetV2(1.0, stem="imagenet", classifier_activation=None)` with torchvision's seeded
-weights (`experiments/torchvision_onnx.py`'s folder); every file's outputs are checked first
-(Keras against torch's logits, each file against Keras, torchvision's file against torch).
+weights (`experiments/torchvision_onnx.py`'s folder); torchvision's graph is its ONNX file
+in either runtime (OpenVINO reads ONNX). Every file's outputs are checked first (Keras
+against torch's logits, each file against torch's logits). OpenVINO compiles as
+`export.openvino_model` does (latency hint, `--threads` inference threads).
 
 Usage:
-    python -m experiments.ort_processes --torchvision DIR [--processes 8] [--json rows.json]
+    python -m experiments.runtime_processes --torchvision DIR [--runtime openvino]
+        [--processes 8] [--json rows.json]
 """
 
 import argparse
@@ -33,21 +37,41 @@ import numpy as np
 CHILD = "--child"
 
 
-def time_sessions(files, threads, rounds, calls, seed, side=224):
-    """Per-round milliseconds per call of each ONNX file {name: path} (a `side` x `side` NHWC
-    input, or NCHW for the name "torchvision"), each round in a new random order."""
-    import onnxruntime
+RUNTIMES = ("onnxruntime", "openvino")
 
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    x = np.random.default_rng(0).normal(size=(1, side, side, 3)).astype("float32")
-    calls_of = {}
+
+def _calls(runtime, files, threads, x):
+    """{name: a call running that file once} in `runtime` (NCHW input for "torchvision")."""
+    calls = {}
     for name, path in files.items():
-        session = onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        feed = {session.get_inputs()[0].name: x.transpose(0, 3, 1, 2).copy()}
-        if name != "torchvision":
-            feed = {session.get_inputs()[0].name: x}
-        calls_of[name] = lambda s=session, f=feed: s.run(None, f)
+        inputs = x.transpose(0, 3, 1, 2).copy() if name == "torchvision" else x
+        if runtime == "onnxruntime":
+            import onnxruntime
+
+            options = onnxruntime.SessionOptions()
+            options.intra_op_num_threads = threads
+            session = onnxruntime.InferenceSession(
+                path, options, providers=["CPUExecutionProvider"]
+            )
+            feed = {session.get_inputs()[0].name: inputs}
+            calls[name] = lambda s=session, f=feed: s.run(None, f)
+        else:
+            import openvino
+
+            core = openvino.Core()
+            model = core.read_model(path)
+            model.reshape({model.inputs[0]: list(inputs.shape)})
+            config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}
+            compiled = core.compile_model(model, "CPU", config)
+            calls[name] = lambda c=compiled, a=inputs: c(a)
+    return calls
+
+
+def time_sessions(files, threads, rounds, calls, seed, side=224, runtime="onnxruntime"):
+    """Per-round milliseconds per call of each file {name: path} in `runtime` (a `side` x
+    `side` NHWC input, or NCHW for the name "torchvision"), each round in a new random order."""
+    x = np.random.default_rng(0).normal(size=(1, side, side, 3)).astype("float32")
+    calls_of = _calls(runtime, files, threads, x)
     samples = {name: [] for name in files}
     names, order = list(files), np.random.default_rng(seed)
     for name in names:  # warm-up
@@ -62,9 +86,9 @@ def time_sessions(files, threads, rounds, calls, seed, side=224):
     return samples
 
 
-def write_files(directory, torchvision_dir):
-    """{name: ONNX path}: the package's manual and folded v2 1.0x with torchvision's weights,
-    and torchvision's own file; every output checked (see the module)."""
+def write_files(directory, torchvision_dir, runtime="onnxruntime"):
+    """{name: path}: the package's manual and folded v2 1.0x with torchvision's weights, as
+    `runtime` reads them, and torchvision's ONNX file; every output checked (see the module)."""
     from experiments import benchmark
     from keras_autoshuffle import export
     from keras_autoshuffle.applications import ShuffleNetV2
@@ -74,19 +98,32 @@ def write_files(directory, torchvision_dir):
     variants = ("manual", "manual_folded")
     models = benchmark.build_variants("v2_1.0", spec, 224, 1000, variants, None, torchvision)
     nhwc = torchvision[2].transpose(0, 2, 3, 1).copy()
+    if runtime == "onnxruntime":
+        write, outputs = export.export_onnx, export.onnx_outputs
+    else:
+        write, outputs = openvino_xml, export.openvino_outputs
     files = {}
     for name, model in models.items():
-        files[name] = export.export_onnx(model, f"{directory}/{name}.onnx")
-        diff = benchmark._max_diff(export.onnx_outputs(files[name], nhwc), torchvision[3])
+        files[name] = write(
+            model, f"{directory}/{name}{'.onnx' if runtime == 'onnxruntime' else ''}"
+        )
+        diff = benchmark._max_diff(outputs(files[name], nhwc), torchvision[3])
         if not diff <= benchmark.OUTPUT_TOLERANCE:
-            raise SystemExit(f"error: {name}'s ONNX file differs from torch by {diff:.3e}")
+            raise SystemExit(f"error: {name}'s {runtime} file differs from torch by {diff:.3e}")
     files["torchvision"] = torchvision[0]
-    diff = benchmark._max_diff(
-        export.onnx_outputs(files["torchvision"], torchvision[2]), torchvision[3]
-    )
+    diff = benchmark._max_diff(outputs(files["torchvision"], torchvision[2]), torchvision[3])
     if not diff <= benchmark.OUTPUT_TOLERANCE:
-        raise SystemExit(f"error: torchvision's ONNX file differs from torch by {diff:.3e}")
+        raise SystemExit(f"error: torchvision's file in {runtime} differs from torch by {diff:.3e}")
     return files
+
+
+def openvino_xml(model, folder):
+    """`export.export_openvino` into `folder`; returns the path of its `.xml` file (what a
+    child reads without importing the package)."""
+    from keras_autoshuffle.export import export_openvino
+    from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML
+
+    return os.path.join(export_openvino(model, folder), OPENVINO_XML)
 
 
 RATIOS = (
@@ -109,18 +146,15 @@ def summary(processes):
 
 
 def child(argv):
-    files = json.loads(argv[0])
-    threads, rounds, calls, seed = (int(v) for v in argv[1:5])
-    samples = time_sessions(files, threads, rounds, calls, seed)
+    runtime, files = argv[0], json.loads(argv[1])
+    threads, rounds, calls, seed = (int(v) for v in argv[2:6])
+    samples = time_sessions(files, threads, rounds, calls, seed, runtime=runtime)
     ratios = {
         f"{a}/{b}": float(np.median(np.array(samples[a]) / np.array(samples[b]))) for a, b in RATIOS
     }
     medians = {name: float(np.median(ms)) for name, ms in samples.items()}
-    import onnxruntime
-
-    print(
-        json.dumps({"median_ms": medians, "ratios": ratios, "onnxruntime": onnxruntime.__version__})
-    )
+    version = __import__(runtime).__version__
+    print(json.dumps({"median_ms": medians, "ratios": ratios, runtime: version}))
 
 
 def main(argv=None):
@@ -129,6 +163,7 @@ def main(argv=None):
         return child(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--torchvision", metavar="DIR", required=True)
+    parser.add_argument("--runtime", choices=RUNTIMES, default="onnxruntime")
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=30)
@@ -142,9 +177,10 @@ def main(argv=None):
         parser.error(f"--torchvision is not a folder. Received: torchvision={args.torchvision!r}")
     processes = []
     with tempfile.TemporaryDirectory() as directory:
-        files = write_files(directory, args.torchvision)
+        files = write_files(directory, args.torchvision, args.runtime)
         for seed in range(args.processes):
-            command = [sys.executable, "-m", "experiments.ort_processes", CHILD, json.dumps(files)]
+            command = [sys.executable, "-m", "experiments.runtime_processes", CHILD, args.runtime]
+            command.append(json.dumps(files))
             command += [str(v) for v in (args.threads, args.rounds, args.calls, seed)]
             done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
             if done.returncode:
