@@ -48,7 +48,6 @@ Usage:
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -61,6 +60,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from experiments.timing import measure, paired_ratio  # noqa: E402
 from keras_autoshuffle import ChannelShuffle, export, folding, harden_model  # noqa: E402
 from keras_autoshuffle.applications import (  # noqa: E402
     ShuffleNetV1,
@@ -178,43 +178,6 @@ def build_variants(name, spec, side, classes, variants, time_limit, torchvision=
             models[variant].set_weights(manual.get_weights())
     models.pop("hardened", None)
     return models
-
-
-def measure(functions, repeats, min_seconds, clock=time.perf_counter):
-    """Milliseconds per call of each function in each of `repeats` interleaved rounds (`clock`:
-    wall time, or `time.process_time` for the process's CPU time): {name: [ms, ...]}."""
-    numbers = {}
-    for name, fn in functions.items():
-        fn()  # warm-up (tracing, allocation)
-        start = clock()
-        fn()
-        once = max(clock() - start, 1e-6)
-        numbers[name] = max(1, math.ceil(min_seconds / once))
-    samples = {name: [] for name in functions}
-    # A new random order each round, so that no variant always follows the same one: with a
-    # fixed order, rotated, ONNX Runtime's folded / manual read 1.28-1.34x beside the other
-    # runtimes, 0.93-0.98x in random orders (docs/inference.md).
-    names, order = list(functions), np.random.default_rng(0)
-    for _ in range(repeats):
-        for name in (names[i] for i in order.permutation(len(names))):
-            fn, number = functions[name], numbers[name]
-            start = clock()
-            for _ in range(number):
-                fn()
-            samples[name].append(1000 * (clock() - start) / number)
-    return samples
-
-
-def paired_ratio(samples, reference, seed=0):
-    """(median, low, high) of the per-round ratios `samples[i] / reference[i]`: the rounds
-    pair the two (timed minutes apart at most, under the same load), and low-high is a 95%
-    bootstrap interval of the median. None when the rounds do not pair."""
-    if samples is None or len(samples) == 0 or len(samples) != len(reference):
-        return None
-    ratios = np.asarray(samples) / np.asarray(reference)
-    draws = np.random.default_rng(seed).choice(ratios, (2000, ratios.size))
-    low, high = np.percentile(np.median(draws, axis=1), [2.5, 97.5])
-    return float(np.median(ratios)), float(low), float(high)
 
 
 def train_functions(models, side, batch, classes):

@@ -30,9 +30,10 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 import numpy as np
+
+from experiments.timing import measure
 
 CHILD = "--child"
 
@@ -71,19 +72,7 @@ def time_sessions(files, threads, rounds, calls, seed, side=224, runtime="onnxru
     """Per-round milliseconds per call of each file {name: path} in `runtime` (a `side` x
     `side` NHWC input, or NCHW for the name "torchvision"), each round in a new random order."""
     x = np.random.default_rng(0).normal(size=(1, side, side, 3)).astype("float32")
-    calls_of = _calls(runtime, files, threads, x)
-    samples = {name: [] for name in files}
-    names, order = list(files), np.random.default_rng(seed)
-    for name in names:  # warm-up
-        for _ in range(3):
-            calls_of[name]()
-    for _ in range(rounds):
-        for name in (names[i] for i in order.permutation(len(names))):
-            start = time.perf_counter()
-            for _ in range(calls):
-                calls_of[name]()
-            samples[name].append(1000 * (time.perf_counter() - start) / calls)
-    return samples
+    return measure(_calls(runtime, files, threads, x), rounds, number=calls, seed=seed)
 
 
 def write_files(directory, torchvision_dir, runtime="onnxruntime"):
