@@ -1,5 +1,5 @@
-"""ONNX Runtime or OpenVINO alone, a fresh process per sample: the package's ShuffleNet v2
-1.0x files (manual and folded) against torchvision's graph in the same runtime, at 2 threads.
+"""ONNX Runtime, OpenVINO or LiteRT, a fresh process per sample: the package's ShuffleNet v2
+1.0x files (manual and folded) against torchvision's graph, at 2 threads.
 
 Why: in `experiments.benchmark` the ratios between ONNX Runtime sessions moved with what else
 the process ran and in which order. Folded / manual read 1.28x and 1.34x with LiteRT and
@@ -12,16 +12,24 @@ rounds of a new random order, and gives the median of its per-round ratios. The 
 the mean of those over `--processes` children with a 95% t interval.
 
 The files are `export.export_onnx`'s (the padded NCHW graph) or `export.export_openvino`'s
-(an IR folder, not padded), written from
+(an IR folder, not padded) or `export.export_litert`'s (`.tflite`), written from
 `ShuffleNetV2(1.0, stem="imagenet", classifier_activation=None)` with torchvision's seeded
 weights (`experiments/torchvision_onnx.py`'s folder); torchvision's graph is its ONNX file
-in either runtime (OpenVINO reads ONNX). Every file's outputs are checked first (Keras
-against torch's logits, each file against torch's logits). OpenVINO compiles as
+in ONNX Runtime or OpenVINO (OpenVINO reads ONNX). Every file's outputs are checked first
+(Keras against torch's logits, each file against torch's logits). OpenVINO compiles as
 `export.openvino_model` does (latency hint, `--threads` inference threads).
+
+LiteRT has no reader of torchvision's graph, so `--runtime litert` times the `.tflite` files
+(the LiteRT interpreter, XNNPACK, `--threads`) against torchvision's graph in ONNX Runtime,
+two runtimes in one process. Each block of calls then follows a pause (`--pause`, 0.1 s),
+so that one runtime's spinning thread pool has stopped before the other's block starts. The
+control: the folded ONNX file in ONNX Runtime is timed in the same rounds, and its ratio to
+torchvision's graph must match what ONNX Runtime alone gives.
 
 Usage:
     python -m experiments.runtime_processes --torchvision DIR [--runtime openvino]
         [--processes 8] [--json rows.json]
+    python -m experiments.runtime_processes --torchvision DIR --runtime litert
 """
 
 import argparse
@@ -38,7 +46,15 @@ from experiments.timing import measure
 CHILD = "--child"
 
 
-RUNTIMES = ("onnxruntime", "openvino")
+RUNTIMES = ("onnxruntime", "openvino", "litert")
+
+
+def _engine(runtime, path):
+    """What runs `path` when timing `runtime`: LiteRT's files in LiteRT, ONNX files beside
+    them in ONNX Runtime."""
+    if path.endswith(".tflite"):
+        return "litert"
+    return "onnxruntime" if runtime == "litert" else runtime
 
 
 def _calls(runtime, files, threads, x):
@@ -46,7 +62,22 @@ def _calls(runtime, files, threads, x):
     calls = {}
     for name, path in files.items():
         inputs = x.transpose(0, 3, 1, 2).copy() if name == "torchvision" else x
-        if runtime == "onnxruntime":
+        engine = _engine(runtime, path)
+        if engine == "litert":
+            from ai_edge_litert.interpreter import Interpreter
+
+            interpreter = Interpreter(model_path=path, num_threads=threads)
+            interpreter.allocate_tensors()
+            into = interpreter.get_input_details()[0]["index"]
+            out = interpreter.get_output_details()[0]["index"]
+
+            def call(i=interpreter, a=inputs, into=into, out=out):
+                i.set_tensor(into, a)
+                i.invoke()
+                return i.get_tensor(out)
+
+            calls[name] = call
+        elif engine == "onnxruntime":
             import onnxruntime
 
             options = onnxruntime.SessionOptions()
@@ -68,11 +99,15 @@ def _calls(runtime, files, threads, x):
     return calls
 
 
-def time_sessions(files, threads, rounds, calls, seed, side=224, runtime="onnxruntime"):
+def time_sessions(
+    files, threads, rounds, calls, seed, side=224, runtime="onnxruntime", pause=0.0
+):
     """Per-round milliseconds per call of each file {name: path} in `runtime` (a `side` x
-    `side` NHWC input, or NCHW for the name "torchvision"), each round in a new random order."""
+    `side` NHWC input, or NCHW for the name "torchvision"), each round in a new random order,
+    `pause` seconds before each block of calls."""
     x = np.random.default_rng(0).normal(size=(1, side, side, 3)).astype("float32")
-    return measure(_calls(runtime, files, threads, x), rounds, number=calls, seed=seed)
+    functions = _calls(runtime, files, threads, x)
+    return measure(functions, rounds, number=calls, seed=seed, pause=pause)
 
 
 def write_files(directory, torchvision_dir, runtime="onnxruntime"):
@@ -87,22 +122,27 @@ def write_files(directory, torchvision_dir, runtime="onnxruntime"):
     variants = ("manual", "manual_folded")
     models = benchmark.build_variants("v2_1.0", spec, 224, 1000, variants, None, torchvision)
     nhwc = torchvision[2].transpose(0, 2, 3, 1).copy()
-    if runtime == "onnxruntime":
-        write, outputs = export.export_onnx, export.onnx_outputs
-    else:
-        write, outputs = openvino_xml, export.openvino_outputs
+    writers = {
+        "onnxruntime": (export.export_onnx, export.onnx_outputs, ".onnx"),
+        "openvino": (openvino_xml, export.openvino_outputs, ""),
+        "litert": (export.export_litert, export.litert_outputs, ".tflite"),
+    }
+    jobs = [(name, model, runtime) for name, model in models.items()]
+    if runtime == "litert":  # the control, in ONNX Runtime beside LiteRT
+        jobs.append((CONTROL, models["manual_folded"], "onnxruntime"))
     files = {}
-    for name, model in models.items():
-        files[name] = write(
-            model, f"{directory}/{name}{'.onnx' if runtime == 'onnxruntime' else ''}"
-        )
+    for name, model, engine in jobs:
+        write, outputs, suffix = writers[engine]
+        files[name] = write(model, f"{directory}/{name}{suffix}")
         diff = benchmark._max_diff(outputs(files[name], nhwc), torchvision[3])
         if not diff <= benchmark.OUTPUT_TOLERANCE:
-            raise SystemExit(f"error: {name}'s {runtime} file differs from torch by {diff:.3e}")
+            raise SystemExit(f"error: {name}'s {engine} file differs from torch by {diff:.3e}")
     files["torchvision"] = torchvision[0]
+    engine = _engine(runtime, files["torchvision"])
+    outputs = writers[engine][1]
     diff = benchmark._max_diff(outputs(files["torchvision"], torchvision[2]), torchvision[3])
     if not diff <= benchmark.OUTPUT_TOLERANCE:
-        raise SystemExit(f"error: torchvision's file in {runtime} differs from torch by {diff:.3e}")
+        raise SystemExit(f"error: torchvision's file in {engine} differs from torch by {diff:.3e}")
     return files
 
 
@@ -120,6 +160,13 @@ RATIOS = (
     ("manual_folded", "torchvision"),
     ("manual", "torchvision"),
 )
+# The folded ONNX file in ONNX Runtime, timed beside LiteRT (--runtime litert).
+CONTROL = "manual_folded_onnx"
+
+
+def ratios_of(files):
+    """The ratios a child reports for its files (the control's with --runtime litert)."""
+    return RATIOS + (((CONTROL, "torchvision"),) if CONTROL in files else ())
 
 
 def summary(processes):
@@ -127,23 +174,26 @@ def summary(processes):
     from scipy import stats
 
     table = {}
-    for a, b in RATIOS:
-        values = np.array([p["ratios"][f"{a}/{b}"] for p in processes])
+    for name in processes[0]["ratios"]:
+        values = np.array([p["ratios"][name] for p in processes])
         low, high = stats.t.interval(0.95, len(values) - 1, values.mean(), stats.sem(values))
-        table[f"{a}/{b}"] = (float(values.mean()), float(low), float(high), len(values))
+        table[name] = (float(values.mean()), float(low), float(high), len(values))
     return table
 
 
 def child(argv):
     runtime, files = argv[0], json.loads(argv[1])
     threads, rounds, calls, seed = (int(v) for v in argv[2:6])
-    samples = time_sessions(files, threads, rounds, calls, seed, runtime=runtime)
+    pause = float(argv[6])
+    samples = time_sessions(files, threads, rounds, calls, seed, runtime=runtime, pause=pause)
     ratios = {
-        f"{a}/{b}": float(np.median(np.array(samples[a]) / np.array(samples[b]))) for a, b in RATIOS
+        f"{a}/{b}": float(np.median(np.array(samples[a]) / np.array(samples[b])))
+        for a, b in ratios_of(files)
     }
     medians = {name: float(np.median(ms)) for name, ms in samples.items()}
-    version = __import__(runtime).__version__
-    print(json.dumps({"median_ms": medians, "ratios": ratios, runtime: version}))
+    engines = {_engine(runtime, path) for path in files.values()}
+    versions = {e: __import__("ai_edge_litert" if e == "litert" else e).__version__ for e in engines}
+    print(json.dumps({"median_ms": medians, "ratios": ratios, **versions}))
 
 
 def main(argv=None):
@@ -157,11 +207,18 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=30)
     parser.add_argument("--calls", type=int, default=20, help="calls timed together")
+    parser.add_argument(
+        "--pause", type=float, default=None, help="seconds before each block (litert: 0.1, else 0)"
+    )
     parser.add_argument("--json", help="write the processes' rows and the summary here")
     args = parser.parse_args(argv)
     for name in ("processes", "threads", "rounds", "calls"):
         if getattr(args, name) < (2 if name == "processes" else 1):
             parser.error(f"--{name} is too small. Received: {name}={getattr(args, name)}")
+    if args.pause is None:
+        args.pause = 0.1 if args.runtime == "litert" else 0.0
+    if not 0 <= args.pause <= 10:
+        parser.error(f"--pause must be in [0, 10] seconds. Received: pause={args.pause}")
     if not os.path.isdir(args.torchvision):
         parser.error(f"--torchvision is not a folder. Received: torchvision={args.torchvision!r}")
     processes = []
@@ -170,7 +227,7 @@ def main(argv=None):
         for seed in range(args.processes):
             command = [sys.executable, "-m", "experiments.runtime_processes", CHILD, args.runtime]
             command.append(json.dumps(files))
-            command += [str(v) for v in (args.threads, args.rounds, args.calls, seed)]
+            command += [str(v) for v in (args.threads, args.rounds, args.calls, seed, args.pause)]
             done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
             if done.returncode:
                 raise SystemExit(f"error: timing process {seed} failed:\n{done.stderr[-2000:]}")

@@ -7,11 +7,14 @@ import time
 import numpy as np
 
 
-def measure(functions, repeats, min_seconds=0.0, clock=time.perf_counter, number=None, seed=0):
+def measure(
+    functions, repeats, min_seconds=0.0, clock=time.perf_counter, number=None, seed=0, pause=0.0
+):
     """Milliseconds per call of each function in each of `repeats` interleaved rounds (`clock`:
     wall time, or `time.process_time` for the process's CPU time): {name: [ms, ...]}. Each
     round calls a function `number` times in a row (by default as often as `min_seconds`
-    takes, from one timed call after a warm-up)."""
+    takes, from one timed call after a warm-up), after `pause` idle seconds (untimed: the
+    thread pools of the call before stop spinning)."""
     numbers = {}
     for name, fn in functions.items():
         fn()  # warm-up (tracing, allocation)
@@ -27,6 +30,7 @@ def measure(functions, repeats, min_seconds=0.0, clock=time.perf_counter, number
     for _ in range(repeats):
         for name in (names[i] for i in order.permutation(len(names))):
             fn, count = functions[name], numbers[name]
+            time.sleep(pause)
             start = clock()
             for _ in range(count):
                 fn()

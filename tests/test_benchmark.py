@@ -2,13 +2,14 @@
 
 import importlib.util
 import json
+import time
 
 import keras
 import numpy as np
 import pytest
 from helpers import tiny_v1
 
-from experiments import benchmark
+from experiments import benchmark, timing
 from keras_autoshuffle import folding
 
 
@@ -155,3 +156,11 @@ def test_measure_times_each_function_every_round_in_a_new_order():
     # No function always follows the same one (rotating a fixed order would keep that).
     before = {r[r.index("b") - 1] for r in rounds if r.index("b")}
     assert len(before) > 1
+
+
+def test_the_pause_before_each_block_is_idle_time_not_timed():
+    # 20 ms idle before each block of one instant call: timed, it would read >= 20 ms.
+    start = time.perf_counter()
+    samples = timing.measure({"a": lambda: None, "b": lambda: None}, 3, number=1, pause=0.02)
+    assert time.perf_counter() - start >= 6 * 0.02
+    assert max(max(ms) for ms in samples.values()) < 10

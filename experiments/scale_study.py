@@ -1,0 +1,256 @@
+"""Manual vs learned shuffles at scale: full Fashion-MNIST, any Keras backend (a GPU with JAX).
+
+    KERAS_BACKEND=jax python -m experiments.scale_study --epochs 100 --rows rows.jsonl
+
+The study (`experiments/study.py`) needs TensorFlow and trains one run at a time on the
+CPU; this one trains ShuffleNet v2 on all 60,000 training images with `model.fit` on
+NumPy arrays, so it runs where only Keras and JAX are installed. The arms, each by seed:
+
+- `manual`: the hand-made shuffle.
+- `paper`: Algorithm 1 (random start, one constraint pass per step, the l1-2 penalty),
+  rounded to the nearest permutations at the end (`harden_model`).
+- `search_retrain`: the paper's start searched for `--search-epochs`, hardened, then the
+  net of the manual run's initial weights trained with those permutations fixed.
+
+Every run (arm x seed) is its own process, all at once: a net this small leaves a large
+GPU idle between kernels. Each appends its row to `--rows` (JSON lines) when it ends, so
+a stopped study keeps its finished runs; `--summary` prints the paired comparison of the
+rows (each arm minus manual, by seed, with a 95% t interval).
+Recipe: SGD with momentum 0.9, the learning rate decaying linearly to 0 over the run
+(`LinearCycles`), weight decay 1e-4 coupled as in PyTorch (shuffle matrices excluded), zero
+padding by 2 then a random 28x28 crop and a random horizontal flip, as the study's data.
+"""
+
+import argparse
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+ARMS = ("manual", "paper", "search_retrain")
+MEAN, STD = 0.2860, 0.3530  # keras_autoshuffle.data.FASHION_MNIST_MEAN/STD (no TensorFlow here)
+
+
+def load_arrays(max_train_examples=None):
+    """Fashion-MNIST through Keras's loader (its cache, ~/.keras/datasets/fashion-mnist),
+    normalised like the study's, as float32 (n, 28, 28, 1) and int32 labels."""
+    import keras
+
+    (x_train, y_train), (x_test, y_test) = keras.datasets.fashion_mnist.load_data()
+
+    def scale(images):
+        return ((images[..., None].astype(np.float32) / 255.0 - MEAN) / STD).astype(np.float32)
+
+    n = max_train_examples or len(x_train)
+    return scale(x_train[:n]), y_train[:n].astype(np.int32), scale(x_test), y_test.astype(np.int32)
+
+
+def pad_crop_flip(padded, rng, size=28):
+    """A random `size` x `size` crop of each zero-padded image, mirrored with probability 1/2."""
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (size, size), axis=(1, 2))
+    n, room = len(padded), padded.shape[1] - size + 1
+    dy, dx = rng.integers(0, room, n), rng.integers(0, room, n)
+    crops = np.moveaxis(windows[np.arange(n), dy, dx], 1, -1)  # (n, size, size, channels)
+    flip = rng.random(n) < 0.5
+    crops[flip] = crops[flip, :, ::-1]
+    return crops
+
+
+def epochs_data(x, y, batch_size, seed):
+    """A PyDataset of augmented, shuffled full batches, drawn anew each epoch from (seed, epoch)."""
+    import keras
+
+    class Epochs(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__()
+            self.padded = np.pad(x, ((0, 0), (2, 2), (2, 2), (0, 0)))
+            self.epoch = 0
+            self.on_epoch_end()
+
+        def __len__(self):  # full batches only: one shape, one compiled step
+            return len(x) // batch_size
+
+        def __getitem__(self, i):
+            rows = self.order[i * batch_size : (i + 1) * batch_size]
+            return self.images[rows], y[rows]
+
+        def on_epoch_end(self):
+            rng = np.random.default_rng([seed, self.epoch])
+            self.images, self.order = pad_crop_flip(self.padded, rng), rng.permutation(len(x))
+            self.epoch += 1
+
+    return Epochs()
+
+
+def build(seed, args, shuffle, **options):
+    """ShuffleNet v2 for 28x28 grey images; the seed fixes the initial weights."""
+    import keras
+
+    from keras_autoshuffle import applications
+
+    keras.utils.set_random_seed(seed)
+    return applications.ShuffleNetV2(
+        width=args.width,
+        input_shape=(28, 28, 1),
+        classes=10,
+        stem="cifar",
+        shuffle=shuffle,
+        penalty=args.penalty,
+        sinkhorn_iterations=1,
+        **options,
+    )
+
+
+def fit(model, data, epochs, args):
+    """Trains `model` for `epochs` with the recipe; returns seconds per epoch and history."""
+    import keras
+
+    from keras_autoshuffle import relaxed_shuffles
+    from keras_autoshuffle.optimizers import CoupledSGD, LinearCycles
+
+    schedule = LinearCycles((args.learning_rate,), (epochs * len(data),))
+    optimizer = CoupledSGD(schedule, momentum=0.9, l2=1e-4)
+    optimizer.exclude_from_weight_decay(var_list=[s.matrix for s in relaxed_shuffles(model)])
+    model.compile(optimizer, "sparse_categorical_crossentropy", metrics=["accuracy"])
+    ends = [time.perf_counter()]
+    timer = keras.callbacks.LambdaCallback(on_epoch_end=lambda *_: ends.append(time.perf_counter()))
+    history = model.fit(data, epochs=epochs, verbose=0, callbacks=[timer]).history
+    return np.diff(ends).tolist(), {k: [float(v) for v in vs] for k, vs in history.items()}
+
+
+def accuracy(model, x, y):
+    return float(model.evaluate(x, y, batch_size=500, verbose=0, return_dict=True)["accuracy"])
+
+
+def run(arm, seed, args):
+    """One run's row: final test accuracy (rounded nets for the learned arms) and its story."""
+    import keras
+
+    from keras_autoshuffle import RelaxedShuffle, harden_model, shuffle_layers, total_l12_penalty
+    from keras_autoshuffle.hardening import routing_difference
+
+    start = time.perf_counter()
+    x, y, x_test, y_test = load_arrays(args.max_train_examples)
+    data = epochs_data(x, y, args.batch_size, seed)
+    row = {"arm": arm, "seed": seed, "epochs": args.epochs, "backend": keras.backend.backend()}
+    row.update({k: getattr(args, k) for k in ("width", "batch_size", "learning_rate", "penalty")})
+    if arm == "search_retrain":
+        search = build(seed, args, "auto")
+        row["search_epoch_seconds"], _ = fit(search, data, args.search_epochs, args)
+        row["search_epochs"] = args.search_epochs
+        row["search_penalty"] = float(total_l12_penalty(search))
+        harden_model(search)
+        permutations = {
+            layer.name: np.asarray(layer.permutation).tolist()
+            for layer in shuffle_layers(search)
+            if isinstance(layer, RelaxedShuffle)
+        }
+        model = build(seed, args, "auto", shuffle_permutations=permutations)
+    else:
+        model = build(seed, args, "manual" if arm == "manual" else "auto")
+    row["epoch_seconds"], row["history"] = fit(model, data, args.epochs, args)
+    if arm == "paper":
+        row["relaxed_accuracy"] = accuracy(model, x_test, y_test)
+        row["penalty_at_rounding"] = float(total_l12_penalty(model))
+        harden_model(model)
+    row["accuracy"] = accuracy(model, x_test, y_test)
+    row["routing_difference"] = float(routing_difference(model))
+    row["seconds"] = time.perf_counter() - start
+    return row
+
+
+def append_row(path, row):
+    """Appends one JSON line under an exclusive lock (the runs end concurrently)."""
+    with open(path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.write(json.dumps(row) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def paired(rows, arm, baseline="manual"):
+    """`arm` minus `baseline` accuracy over the seeds both finished: mean, 95% t interval."""
+    from scipy import stats
+
+    by = {(r["arm"], r["seed"]): r["accuracy"] for r in rows}
+    seeds = sorted(s for a, s in by if a == arm and (baseline, s) in by)
+    diffs = np.array([by[arm, s] - by[baseline, s] for s in seeds])
+    if len(diffs) < 2:
+        return {"arm": arm, "n": len(diffs), "mean": float(diffs.mean()) if len(diffs) else None}
+    half = stats.t.ppf(0.975, len(diffs) - 1) * diffs.std(ddof=1) / np.sqrt(len(diffs))
+    mean = float(diffs.mean())
+    return {"arm": arm, "n": len(diffs), "mean": mean, "low": mean - half, "high": mean + half}
+
+
+def read_rows(path):
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def summary(rows):
+    """Markdown: each arm's accuracies by seed, then each learned arm minus manual."""
+    lines = ["| arm | runs | mean accuracy | by seed |", "|---|---|---|---|"]
+    for arm in ARMS:
+        mine = sorted((r["seed"], r["accuracy"]) for r in rows if r["arm"] == arm)
+        if mine:
+            values = ", ".join(f"{s}: {a:.4f}" for s, a in mine)
+            mean = np.mean([a for _, a in mine])
+            lines.append(f"| {arm} | {len(mine)} | {mean:.4f} | {values} |")
+    lines += ["", "| arm - manual | seeds | mean (points) | 95% t interval |", "|---|---|---|---|"]
+    for arm in ARMS[1:]:
+        p = paired(rows, arm)
+        if p["n"] >= 2:
+            interval = f"{100 * p['low']:+.2f} to {100 * p['high']:+.2f}"
+            lines.append(f"| {arm} | {p['n']} | {100 * p['mean']:+.2f} | {interval} |")
+    return "\n".join(lines)
+
+
+def launch(args, argv):
+    """Starts every (seed, arm) run as its own process at once; waits for them all."""
+    procs = []
+    for seed in args.seeds:
+        for arm in args.arms:
+            command = [sys.executable, "-m", "experiments.scale_study", *argv, "--worker", arm]
+            procs.append(subprocess.Popen([*command, "--seeds", str(seed)]))
+    return [p.wait() for p in procs]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=100)
+    parser.add_argument("--search-epochs", type=int, default=None, help="default: 30%% of epochs")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--width", type=float, default=1.0)
+    parser.add_argument("--batch-size", type=int, default=512)
+    parser.add_argument("--learning-rate", type=float, default=0.2)
+    parser.add_argument("--penalty", type=float, default=1e-2, help="lambda of the learned arms")
+    parser.add_argument("--max-train-examples", type=int, default=None)
+    parser.add_argument("--rows", required=True, help="JSON-lines file the rows are appended to")
+    parser.add_argument("--summary", action="store_true", help="only print the rows' summary")
+    parser.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(argv)
+    if args.summary:
+        print(summary(read_rows(args.rows)))
+        return 0
+    if args.search_epochs is None:
+        args.search_epochs = max(1, round(0.3 * args.epochs))
+    for name in ("epochs", "search_epochs", "batch_size"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.worker:
+        append_row(args.rows, run(args.worker, args.seeds[0], args))
+        return 0
+    codes = launch(args, [a for a in argv if a != "--summary"])
+    if os.path.exists(args.rows):
+        print(summary(read_rows(args.rows)))
+    return max(codes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,63 @@
+"""experiments.scale_study: its augmentation, one real run of each arm on a few images, and
+the paired summary (the full study runs on a GPU machine, outside CI)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments import scale_study
+
+
+def test_each_crop_is_a_window_of_the_padded_image_mirrored_or_not():
+    rng = np.random.default_rng(0)
+    images = rng.normal(size=(64, 6, 6, 2)).astype(np.float32)
+    padded = np.pad(images, ((0, 0), (2, 2), (2, 2), (0, 0)))
+    crops = scale_study.pad_crop_flip(padded, np.random.default_rng(1), size=6)
+    assert crops.shape == images.shape
+    offsets, flips = set(), 0
+    for crop, image in zip(crops, padded, strict=True):
+        found = [
+            (dy, dx, flip)
+            for dy in range(5)
+            for dx in range(5)
+            for flip in (False, True)
+            if np.array_equal(crop, image[dy : dy + 6, dx : dx + 6][:, ::-1 if flip else 1])
+        ]
+        assert found, "a crop that is no window of its padded image"
+        offsets.add(found[0][:2])
+        flips += found[0][2]
+    assert len(offsets) > 10  # the offsets vary
+    assert 16 < flips < 48  # about half mirrored
+
+
+def test_the_paired_interval_is_a_t_interval_over_seeds():
+    # arm - manual by seed: 0.01, 0.03, 0.02: mean 0.02, sd 0.01; t(0.975, 2) = 4.303.
+    rows = [{"arm": "manual", "seed": s, "accuracy": 0.90} for s in range(4)]
+    rows += [{"arm": "paper", "seed": s, "accuracy": 0.90 + d} for s, d in enumerate((0.01, 0.03, 0.02))]
+    result = scale_study.paired(rows, "paper")
+    assert result["n"] == 3  # seed 3 has no paper run
+    assert result["mean"] == pytest.approx(0.02)
+    assert result["high"] - result["mean"] == pytest.approx(4.303 * 0.01 / np.sqrt(3), rel=1e-3)
+    assert "| paper | 3 | +2.00 | -0.48 to +4.48 |" in scale_study.summary(rows)
+
+
+def test_every_arm_trains_and_appends_its_row(tmp_path, monkeypatch):
+    # A real run of each arm on 64 images (random ones: only the rows' story is checked).
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(64, 28, 28, 1)).astype(np.float32)
+    y = rng.integers(0, 10, 64).astype(np.int32)
+    monkeypatch.setattr(scale_study, "load_arrays", lambda _: (x, y, x[:500], y[:500]))
+    path = tmp_path / "rows.jsonl"
+    for arm in scale_study.ARMS:
+        argv = ["--epochs", "2", "--search-epochs", "1", "--batch-size", "32", "--width", "0.5"]
+        scale_study.main([*argv, "--seeds", "3", "--rows", str(path), "--worker", arm])
+    rows = {r["arm"]: r for r in scale_study.read_rows(path)}
+    assert set(rows) == set(scale_study.ARMS)
+    for row in rows.values():
+        assert row["seed"] == 3 and len(row["epoch_seconds"]) == 2
+        assert 0 <= row["accuracy"] <= 1
+    assert rows["manual"]["routing_difference"] == 0.0
+    assert rows["paper"]["penalty_at_rounding"] > 0  # still relaxed when rounded
+    assert len(rows["search_retrain"]["search_epoch_seconds"]) == 1
+    json.dumps(rows)  # rows are plain JSON
