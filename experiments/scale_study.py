@@ -15,7 +15,10 @@ NumPy arrays, so it runs where only Keras and JAX are installed. The arms, each 
 Every run (arm x seed) is its own process, all at once: a net this small leaves a large
 GPU idle between kernels. Each appends its row to `--rows` (JSON lines) when it ends, so
 a stopped study keeps its finished runs; `--summary` prints the paired comparison of the
-rows (each arm minus manual, by seed, with a 95% t interval).
+rows (each arm minus manual, by seed, with a 95% t interval). `--time-budget S` fits the
+study into S seconds (a lease of a GPU machine): every run first trains 2 epochs (rows in
+`<rows>.calibration`), then the study trains the most epochs, at most `--epochs`, that
+those timings say end in time.
 Recipe: SGD with momentum 0.9, the learning rate decaying linearly to 0 over the run
 (`LinearCycles`), weight decay 1e-4 coupled as in PyTorch (shuffle matrices excluded), zero
 padding by 2 then a random 28x28 crop and a random horizontal flip, as the study's data.
@@ -135,11 +138,11 @@ def run(arm, seed, args):
 
     start = time.perf_counter()
     x, y, x_test, y_test = load_arrays(args.max_train_examples)
-    data = epochs_data(x, y, args.batch_size, seed)
     row = {"arm": arm, "seed": seed, "epochs": args.epochs, "backend": keras.backend.backend()}
     row.update({k: getattr(args, k) for k in ("width", "batch_size", "learning_rate", "penalty")})
     if arm == "search_retrain":
         search = build(seed, args, "auto")
+        data = epochs_data(x, y, args.batch_size, seed)
         row["search_epoch_seconds"], _ = fit(search, data, args.search_epochs, args)
         row["search_epochs"] = args.search_epochs
         row["search_penalty"] = float(total_l12_penalty(search))
@@ -152,6 +155,8 @@ def run(arm, seed, args):
         model = build(seed, args, "auto", shuffle_permutations=permutations)
     else:
         model = build(seed, args, "manual" if arm == "manual" else "auto")
+    # The manual run's data order from epoch 0 (the search drew epochs of its own).
+    data = epochs_data(x, y, args.batch_size, seed)
     row["epoch_seconds"], row["history"] = fit(model, data, args.epochs, args)
     if arm == "paper":
         row["relaxed_accuracy"] = accuracy(model, x_test, y_test)
@@ -209,14 +214,74 @@ def summary(rows):
     return "\n".join(lines)
 
 
-def launch(args, argv):
+def launch(args, epochs, search_epochs, rows):
     """Starts every (seed, arm) run as its own process at once; waits for them all."""
-    procs = []
-    for seed in args.seeds:
-        for arm in args.arms:
-            command = [sys.executable, "-m", "experiments.scale_study", *argv, "--worker", arm]
-            procs.append(subprocess.Popen([*command, "--seeds", str(seed)]))
-    return [p.wait() for p in procs]
+    settings = {
+        "--epochs": epochs,
+        "--search-epochs": search_epochs,
+        "--width": args.width,
+        "--batch-size": args.batch_size,
+        "--learning-rate": args.learning_rate,
+        "--penalty": args.penalty,
+        "--rows": rows,
+    }
+    if args.max_train_examples:
+        settings["--max-train-examples"] = args.max_train_examples
+    command = [sys.executable, "-m", "experiments.scale_study"]
+    command += [str(x) for pair in settings.items() for x in pair]
+    procs = [
+        subprocess.Popen([*command, "--worker", arm, "--seeds", str(seed)])
+        for seed in args.seeds
+        for arm in args.arms
+    ]
+    return max(p.wait() for p in procs)
+
+
+def search_epochs_of(epochs):
+    """The search's share of a run, as in the study (3 of 10 epochs)."""
+    return max(1, round(0.3 * epochs))
+
+
+def epochs_that_fit(calibration, seconds, most):
+    """The most epochs, at most `most`, after which every run ends within `seconds`, from
+    its 2-epoch run (1 search epoch): its wall time, and each further epoch (search epochs
+    included) at 1.2 times its last epoch's time. 0 when not even 2 epochs fit."""
+
+    def wall(row, epochs):
+        extra = epochs - 2
+        if row["arm"] == "search_retrain":
+            extra += search_epochs_of(epochs) - 1
+        return row["seconds"] + extra * 1.2 * row["epoch_seconds"][-1]
+
+    fits = [e for e in range(2, most + 1) if all(wall(r, e) <= seconds for r in calibration)]
+    return max(fits, default=0)
+
+
+def calibrate(args, deadline):
+    """The epochs that end before `deadline` (time.time()), from 2-epoch runs of every run."""
+    path = args.rows + ".calibration"
+    if os.path.exists(path):
+        os.remove(path)  # timings of this machine, now
+    code = launch(args, 2, 1, path)
+    rows = read_rows(path) if os.path.exists(path) else []
+    if code or len(rows) < len(args.seeds) * len(args.arms):
+        raise SystemExit(f"error: the 2-epoch calibration runs failed (exit status {code})")
+    for row in rows:
+        if not all(np.isfinite(row["history"]["loss"])):
+            raise SystemExit(
+                f"error: the calibration run {row['arm']} seed {row['seed']} diverged at "
+                f"--learning-rate {args.learning_rate} (losses {row['history']['loss']}); "
+                "lower it. Received: learning_rate=" + str(args.learning_rate)
+            )
+    # 30 s for the summary and the processes' ends.
+    epochs = epochs_that_fit(rows, deadline - time.time() - 30, args.epochs)
+    if not epochs:
+        raise SystemExit(
+            f"error: not even 2 epochs fit in the time left of --time-budget. "
+            f"Received: time_budget={args.time_budget}"
+        )
+    print(f"calibrated: {epochs} epochs fit", flush=True)
+    return epochs
 
 
 def main(argv=None):
@@ -232,24 +297,34 @@ def main(argv=None):
     parser.add_argument("--max-train-examples", type=int, default=None)
     parser.add_argument("--rows", required=True, help="JSON-lines file the rows are appended to")
     parser.add_argument("--summary", action="store_true", help="only print the rows' summary")
+    parser.add_argument(
+        "--time-budget", type=float, default=None, help="seconds the whole study may take"
+    )
     parser.add_argument("--worker", choices=ARMS, help=argparse.SUPPRESS)
-    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
+    start = time.time()
     if args.summary:
         print(summary(read_rows(args.rows)))
         return 0
+    if args.time_budget is not None and not 0 < args.time_budget < float("inf"):
+        parser.error(f"--time-budget must be positive seconds. Received: {args.time_budget}")
+    if args.time_budget is not None:
+        args.epochs = calibrate(args, start + args.time_budget)
+        args.search_epochs = None
     if args.search_epochs is None:
-        args.search_epochs = max(1, round(0.3 * args.epochs))
+        args.search_epochs = search_epochs_of(args.epochs)
     for name in ("epochs", "search_epochs", "batch_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.search_epochs >= args.epochs:
+        parser.error(f"--search-epochs must be below --epochs, got {args.search_epochs}")
     if args.worker:
         append_row(args.rows, run(args.worker, args.seeds[0], args))
         return 0
-    codes = launch(args, [a for a in argv if a != "--summary"])
+    code = launch(args, args.epochs, args.search_epochs, args.rows)
     if os.path.exists(args.rows):
         print(summary(read_rows(args.rows)))
-    return max(codes)
+    return code
 
 
 if __name__ == "__main__":

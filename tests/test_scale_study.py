@@ -61,3 +61,31 @@ def test_every_arm_trains_and_appends_its_row(tmp_path, monkeypatch):
     assert rows["paper"]["penalty_at_rounding"] > 0  # still relaxed when rounded
     assert len(rows["search_retrain"]["search_epoch_seconds"]) == 1
     json.dumps(rows)  # rows are plain JSON
+
+
+def test_the_epochs_that_fit_follow_the_calibration_runs_timings():
+    calibration = [
+        {"arm": "manual", "seconds": 100.0, "epoch_seconds": [60.0, 10.0]},
+        {"arm": "search_retrain", "seconds": 130.0, "epoch_seconds": [70.0, 10.0]},
+    ]
+    # search_retrain, 19 epochs: 130 s + (17 more + 5 more search epochs) x 12 s = 394 s;
+    # 20 epochs: 130 + (18 + 5) x 12 = 406 s > 400. manual alone would fit 27.
+    assert scale_study.epochs_that_fit(calibration, 400, most=100) == 19
+    assert scale_study.epochs_that_fit(calibration[:1], 400, most=100) == 27
+    assert scale_study.epochs_that_fit(calibration, 400, most=15) == 15
+    assert scale_study.epochs_that_fit(calibration, 50, most=100) == 0
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--time-budget", "0"], "--time-budget must be positive seconds. Received: 0.0"),
+        (["--epochs", "3", "--search-epochs", "3"], "--search-epochs must be below --epochs"),
+        (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+    ],
+)
+def test_bad_settings_are_refused_naming_them(tmp_path, capsys, flags, message):
+    with pytest.raises(SystemExit):
+        scale_study.main([*flags, "--rows", str(tmp_path / "rows.jsonl")])
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "rows.jsonl").exists()
