@@ -7,9 +7,12 @@ OpenVINO timed in the same rounds in a fixed order, rotated; 0.93x and 0.98x in 
 order; with ONNX Runtime alone 0.86x and 0.91x (rotated), 1.15x and 1.03x (random). Several
 of those runs' intervals exclude the others' values, so the spread is between processes
 more than within one: here a sample is a process. Each child imports only the runtime
-(onnxruntime or openvino) and numpy (no TensorFlow, no other runtime), times the files in
-rounds of a new random order, and gives the median of its per-round ratios. The summary is
-the mean of those over `--processes` children with a 95% t interval.
+(onnxruntime or openvino; with litert, ai-edge-litert and onnxruntime) and numpy (no
+TensorFlow), times the files in rounds of a new random order (`--pause` idle seconds before
+each block: with ONNX Runtime alone, 0.1 s made every file about 25% faster and moved folded /
+torchvision's graph from 0.90 to 0.83, docs/inference.md), and gives the median of its
+per-round ratios. The summary is the mean of those over `--processes` children with a 95%
+t interval.
 
 The files are `export.export_onnx`'s (the padded NCHW graph) or `export.export_openvino`'s
 (an IR folder, not padded) or `export.export_litert`'s (`.tflite`), written from
