@@ -102,9 +102,7 @@ def _calls(runtime, files, threads, x):
     return calls
 
 
-def time_sessions(
-    files, threads, rounds, calls, seed, side=224, runtime="onnxruntime", pause=0.0
-):
+def time_sessions(files, threads, rounds, calls, seed, side=224, runtime="onnxruntime", pause=0.0):
     """Per-round milliseconds per call of each file {name: path} in `runtime` (a `side` x
     `side` NHWC input, or NCHW for the name "torchvision"), each round in a new random order,
     `pause` seconds before each block of calls."""
@@ -195,7 +193,9 @@ def child(argv):
     }
     medians = {name: float(np.median(ms)) for name, ms in samples.items()}
     engines = {_engine(runtime, path) for path in files.values()}
-    versions = {e: __import__("ai_edge_litert" if e == "litert" else e).__version__ for e in engines}
+    versions = {
+        e: __import__("ai_edge_litert" if e == "litert" else e).__version__ for e in engines
+    }
     print(json.dumps({"median_ms": medians, "ratios": ratios, **versions}))
 
 

@@ -14,7 +14,8 @@ NumPy arrays, so it runs where only Keras and JAX are installed. The arms, each 
 
 Every run (arm x seed) is its own process, all at once: a net this small leaves a large
 GPU idle between kernels. Each appends its row to `--rows` (JSON lines) when it ends, so
-a stopped study keeps its finished runs; `--summary` prints the paired comparison of the
+a stopped study keeps its finished runs and a rerun trains only the runs without a row
+(rows of other settings are refused); `--summary` prints the paired comparison of the
 rows (each arm minus manual, by seed, with a 95% t interval). `--time-budget S` fits the
 study into S seconds (a lease of a GPU machine): every run first trains 2 epochs (rows in
 `<rows>.calibration`), then the study trains the most epochs, at most `--epochs`, that
@@ -64,7 +65,8 @@ def pad_crop_flip(padded, rng, size=28):
 
 
 def epochs_data(x, y, batch_size, seed):
-    """A PyDataset of augmented, shuffled full batches, drawn anew each epoch from (seed, epoch)."""
+    """A PyDataset of augmented, shuffled full batches, drawn anew each epoch (seeded by `seed`
+    and the draw's count: the same sequence for every arm of a seed)."""
     import keras
 
     class Epochs(keras.utils.PyDataset):
@@ -138,8 +140,8 @@ def run(arm, seed, args):
 
     start = time.perf_counter()
     x, y, x_test, y_test = load_arrays(args.max_train_examples)
-    row = {"arm": arm, "seed": seed, "epochs": args.epochs, "backend": keras.backend.backend()}
-    row.update({k: getattr(args, k) for k in ("width", "batch_size", "learning_rate", "penalty")})
+    row = {"arm": arm, "seed": seed, "backend": keras.backend.backend()}
+    row.update({k: getattr(args, k) for k in SETTINGS})
     if arm == "search_retrain":
         search = build(seed, args, "auto")
         data = epochs_data(x, y, args.batch_size, seed)
@@ -214,8 +216,29 @@ def summary(rows):
     return "\n".join(lines)
 
 
-def launch(args, epochs, search_epochs, rows):
-    """Starts every (seed, arm) run as its own process at once; waits for them all."""
+# What a row records of the study's settings; rows of other settings are another study.
+SETTINGS = ("epochs", "search_epochs", "width", "batch_size", "learning_rate", "penalty")
+SETTINGS += ("max_train_examples",)
+
+
+def runs_to_do(args):
+    """The (seed, arm) runs without a row in `--rows`; rows of other settings refused."""
+    rows = read_rows(args.rows) if os.path.exists(args.rows) else []
+    for row in rows:
+        differ = [f"{k}={row.get(k)!r}" for k in SETTINGS if row.get(k) != getattr(args, k)]
+        if differ:
+            raise SystemExit(
+                f"error: {args.rows} holds rows of other settings ({', '.join(differ)}); "
+                "use another --rows. Received: "
+                + ", ".join(f"{k}={getattr(args, k)!r}" for k in SETTINGS)
+            )
+    done = {(row["seed"], row["arm"]) for row in rows}
+    return [(seed, arm) for seed in args.seeds for arm in args.arms if (seed, arm) not in done]
+
+
+def launch(args, epochs, search_epochs, rows, runs):
+    """Starts the (seed, arm) `runs`, each its own process, all at once; waits for them all.
+    Returns the first non-zero exit status (a killed run's too), else 0."""
     settings = {
         "--epochs": epochs,
         "--search-epochs": search_epochs,
@@ -229,12 +252,14 @@ def launch(args, epochs, search_epochs, rows):
         settings["--max-train-examples"] = args.max_train_examples
     command = [sys.executable, "-m", "experiments.scale_study"]
     command += [str(x) for pair in settings.items() for x in pair]
+    # JAX takes 75% of a GPU's memory per process by default: one process would hold it.
+    env = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", **os.environ}
     procs = [
-        subprocess.Popen([*command, "--worker", arm, "--seeds", str(seed)])
-        for seed in args.seeds
-        for arm in args.arms
+        subprocess.Popen([*command, "--worker", arm, "--seeds", str(seed)], env=env)
+        for seed, arm in runs
     ]
-    return max(p.wait() for p in procs)
+    codes = [p.wait() for p in procs]
+    return next((code for code in codes if code), 0)
 
 
 def search_epochs_of(epochs):
@@ -244,14 +269,17 @@ def search_epochs_of(epochs):
 
 def epochs_that_fit(calibration, seconds, most):
     """The most epochs, at most `most`, after which every run ends within `seconds`, from
-    its 2-epoch run (1 search epoch): its wall time, and each further epoch (search epochs
-    included) at 1.2 times its last epoch's time. 0 when not even 2 epochs fit."""
+    the 2-epoch runs (1 search epoch): each run's wall time, and each further epoch (search
+    epochs included) at 1.2 times the slowest run's last epoch (the runs ended at different
+    times, so some last epochs had the machine to themselves; relaxed epochs are slower).
+    0 when not even 2 epochs fit."""
+    epoch = 1.2 * max(row["epoch_seconds"][-1] for row in calibration)
 
     def wall(row, epochs):
         extra = epochs - 2
         if row["arm"] == "search_retrain":
             extra += search_epochs_of(epochs) - 1
-        return row["seconds"] + extra * 1.2 * row["epoch_seconds"][-1]
+        return row["seconds"] + extra * epoch
 
     fits = [e for e in range(2, most + 1) if all(wall(r, e) <= seconds for r in calibration)]
     return max(fits, default=0)
@@ -262,7 +290,7 @@ def calibrate(args, deadline):
     path = args.rows + ".calibration"
     if os.path.exists(path):
         os.remove(path)  # timings of this machine, now
-    code = launch(args, 2, 1, path)
+    code = launch(args, 2, 1, path, [(s, a) for s in args.seeds for a in args.arms])
     rows = read_rows(path) if os.path.exists(path) else []
     if code or len(rows) < len(args.seeds) * len(args.arms):
         raise SystemExit(f"error: the 2-epoch calibration runs failed (exit status {code})")
@@ -306,25 +334,53 @@ def main(argv=None):
     if args.summary:
         print(summary(read_rows(args.rows)))
         return 0
-    if args.time_budget is not None and not 0 < args.time_budget < float("inf"):
-        parser.error(f"--time-budget must be positive seconds. Received: {args.time_budget}")
+    check_settings(args, parser)
     if args.time_budget is not None:
         args.epochs = calibrate(args, start + args.time_budget)
-        args.search_epochs = None
     if args.search_epochs is None:
         args.search_epochs = search_epochs_of(args.epochs)
-    for name in ("epochs", "search_epochs", "batch_size"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    if args.search_epochs >= args.epochs:
-        parser.error(f"--search-epochs must be below --epochs, got {args.search_epochs}")
     if args.worker:
         append_row(args.rows, run(args.worker, args.seeds[0], args))
         return 0
-    code = launch(args, args.epochs, args.search_epochs, args.rows)
+    runs = runs_to_do(args)
+    code = launch(args, args.epochs, args.search_epochs, args.rows, runs) if runs else 0
     if os.path.exists(args.rows):
         print(summary(read_rows(args.rows)))
     return code
+
+
+def check_settings(args, parser):
+    """argparse errors for settings that cannot make a study, before anything runs."""
+
+    def refuse(message, name):
+        parser.error(f"{message}. Received: {name}={getattr(args, name)!r}")
+
+    if args.epochs < 2:  # a search epoch and at least one more
+        refuse("--epochs must be at least 2", "epochs")
+    search = search_epochs_of(args.epochs) if args.search_epochs is None else args.search_epochs
+    if not 1 <= search < args.epochs:
+        refuse("--search-epochs must be in [1, epochs - 1]", "search_epochs")
+    if args.batch_size < 1:
+        refuse("--batch-size must be at least 1", "batch_size")
+    if args.max_train_examples is not None and args.max_train_examples < args.batch_size:
+        refuse(
+            "--max-train-examples must be at least one batch (--batch-size)", "max_train_examples"
+        )
+    if args.time_budget is None:
+        return
+    if not 0 < args.time_budget < float("inf"):
+        refuse("--time-budget must be positive seconds", "time_budget")
+    if args.search_epochs is not None:
+        refuse(
+            "--time-budget chooses the search epochs (30% of the epochs); leave it out",
+            "search_epochs",
+        )
+    if os.path.exists(args.rows) and os.path.getsize(args.rows):
+        refuse(
+            "--time-budget starts a study: --rows must be a new file (resume one with the "
+            "--epochs its rows record)",
+            "rows",
+        )
 
 
 if __name__ == "__main__":

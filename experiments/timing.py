@@ -30,7 +30,8 @@ def measure(
     for _ in range(repeats):
         for name in (names[i] for i in order.permutation(len(names))):
             fn, count = functions[name], numbers[name]
-            time.sleep(pause)
+            if pause:
+                time.sleep(pause)
             start = clock()
             for _ in range(count):
                 fn()

@@ -7,7 +7,6 @@ from helpers import tiny_v2
 from experiments import runtime_processes
 from keras_autoshuffle import export, folding
 
-
 WRITERS = {
     "onnxruntime": (export.export_onnx, ".onnx"),
     "openvino": (runtime_processes.openvino_xml, ""),

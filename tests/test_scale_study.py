@@ -1,6 +1,7 @@
 """experiments.scale_study: its augmentation, one real run of each arm on a few images, and
 the paired summary (the full study runs on a GPU machine, outside CI)."""
 
+import argparse
 import json
 
 import numpy as np
@@ -22,7 +23,7 @@ def test_each_crop_is_a_window_of_the_padded_image_mirrored_or_not():
             for dy in range(5)
             for dx in range(5)
             for flip in (False, True)
-            if np.array_equal(crop, image[dy : dy + 6, dx : dx + 6][:, ::-1 if flip else 1])
+            if np.array_equal(crop, image[dy : dy + 6, dx : dx + 6][:, :: -1 if flip else 1])
         ]
         assert found, "a crop that is no window of its padded image"
         offsets.add(found[0][:2])
@@ -34,7 +35,9 @@ def test_each_crop_is_a_window_of_the_padded_image_mirrored_or_not():
 def test_the_paired_interval_is_a_t_interval_over_seeds():
     # arm - manual by seed: 0.01, 0.03, 0.02: mean 0.02, sd 0.01; t(0.975, 2) = 4.303.
     rows = [{"arm": "manual", "seed": s, "accuracy": 0.90} for s in range(4)]
-    rows += [{"arm": "paper", "seed": s, "accuracy": 0.90 + d} for s, d in enumerate((0.01, 0.03, 0.02))]
+    rows += [
+        {"arm": "paper", "seed": s, "accuracy": 0.90 + d} for s, d in enumerate((0.01, 0.03, 0.02))
+    ]
     result = scale_study.paired(rows, "paper")
     assert result["n"] == 3  # seed 3 has no paper run
     assert result["mean"] == pytest.approx(0.02)
@@ -75,14 +78,27 @@ def test_the_epochs_that_fit_follow_the_calibration_runs_timings():
     assert scale_study.epochs_that_fit(calibration[:1], 400, most=100) == 27
     assert scale_study.epochs_that_fit(calibration, 400, most=15) == 15
     assert scale_study.epochs_that_fit(calibration, 50, most=100) == 0
+    # A slower run's last epoch (15 s) prices every run's epochs at 18 s: search_retrain,
+    # 14 epochs: 130 + (12 + 4 - 1) x 18 = 400 s; 15 epochs: 130 + (13 + 4 - 1) x 18 = 418.
+    slower = [*calibration, {"arm": "paper", "seconds": 110.0, "epoch_seconds": [70.0, 15.0]}]
+    assert scale_study.epochs_that_fit(slower, 400, most=100) == 14
 
 
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--time-budget", "0"], "--time-budget must be positive seconds. Received: 0.0"),
-        (["--epochs", "3", "--search-epochs", "3"], "--search-epochs must be below --epochs"),
-        (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+        (
+            ["--time-budget", "0"],
+            "--time-budget must be positive seconds. Received: time_budget=0.0",
+        ),
+        (["--epochs", "3", "--search-epochs", "3"], "Received: search_epochs=3"),
+        (["--epochs", "1"], "--epochs must be at least 2. Received: epochs=1"),
+        (["--batch-size", "0"], "--batch-size must be at least 1. Received: batch_size=0"),
+        (["--max-train-examples", "100"], "at least one batch (--batch-size). Received: max_train"),
+        (
+            ["--time-budget", "60", "--search-epochs", "2"],
+            "leave it out. Received: search_epochs=2",
+        ),
     ],
 )
 def test_bad_settings_are_refused_naming_them(tmp_path, capsys, flags, message):
@@ -90,3 +106,46 @@ def test_bad_settings_are_refused_naming_them(tmp_path, capsys, flags, message):
         scale_study.main([*flags, "--rows", str(tmp_path / "rows.jsonl")])
     assert message in capsys.readouterr().err
     assert not (tmp_path / "rows.jsonl").exists()
+
+
+def test_rows_of_other_settings_are_refused_and_finished_runs_not_redone(tmp_path, capsys):
+    path = tmp_path / "rows.jsonl"
+    args = argparse.Namespace(
+        rows=str(path),
+        seeds=[0, 1],
+        arms=["manual", "paper"],
+        epochs=10,
+        search_epochs=3,
+        width=1.0,
+        batch_size=512,
+        learning_rate=0.2,
+        penalty=0.01,
+        max_train_examples=None,
+    )
+    row = {"arm": "paper", "seed": 1, **{k: getattr(args, k) for k in scale_study.SETTINGS}}
+    scale_study.append_row(path, row)
+    assert scale_study.runs_to_do(args) == [(0, "manual"), (0, "paper"), (1, "manual")]
+    scale_study.append_row(path, {**row, "seed": 0, "epochs": 20})
+    with pytest.raises(SystemExit, match="rows of other settings \\(epochs=20\\)"):
+        scale_study.runs_to_do(args)
+    with pytest.raises(SystemExit):  # --time-budget needs a new rows file
+        scale_study.main(["--time-budget", "60", "--rows", str(path)])
+    assert f"Received: rows={str(path)!r}" in capsys.readouterr().err
+
+
+def test_the_retrained_net_starts_from_the_manual_runs_weights():
+    from keras_autoshuffle import RelaxedShuffle, harden_model, shuffle_layers
+
+    args = argparse.Namespace(width=0.5, penalty=1e-2)
+    searched = scale_study.build(3, args, "auto")
+    harden_model(searched)
+    permutations = {
+        layer.name: list(layer.permutation)
+        for layer in shuffle_layers(searched)
+        if isinstance(layer, RelaxedShuffle)
+    }
+    manual = scale_study.build(3, args, "manual").get_weights()
+    retrain = scale_study.build(3, args, "auto", shuffle_permutations=permutations).get_weights()
+    assert len(manual) == len(retrain)
+    for a, b in zip(manual, retrain, strict=True):
+        np.testing.assert_array_equal(a, b)
