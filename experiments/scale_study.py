@@ -73,13 +73,14 @@ def epochs_data(x, y, batch_size, seed):
         def __init__(self):
             super().__init__()
             self.padded = np.pad(x, ((0, 0), (2, 2), (2, 2), (0, 0)))
-            self.epoch = 0
-            self.on_epoch_end()
+            self.epoch, self.images = 0, None
 
         def __len__(self):  # full batches only: one shape, one compiled step
             return len(x) // batch_size
 
         def __getitem__(self, i):
+            if self.images is None:  # fit starts with on_epoch_end; a direct use may not
+                self.on_epoch_end()
             rows = self.order[i * batch_size : (i + 1) * batch_size]
             return self.images[rows], y[rows]
 
@@ -188,9 +189,9 @@ def paired(rows, arm, baseline="manual"):
     diffs = np.array([by[arm, s] - by[baseline, s] for s in seeds])
     if len(diffs) < 2:
         return {"arm": arm, "n": len(diffs), "mean": float(diffs.mean()) if len(diffs) else None}
-    half = stats.t.ppf(0.975, len(diffs) - 1) * diffs.std(ddof=1) / np.sqrt(len(diffs))
     mean = float(diffs.mean())
-    return {"arm": arm, "n": len(diffs), "mean": mean, "low": mean - half, "high": mean + half}
+    low, high = stats.t.interval(0.95, len(diffs) - 1, mean, stats.sem(diffs))
+    return {"arm": arm, "n": len(diffs), "mean": mean, "low": float(low), "high": float(high)}
 
 
 def read_rows(path):

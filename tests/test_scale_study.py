@@ -154,3 +154,22 @@ def test_the_retrained_net_starts_from_the_manual_runs_weights():
     assert len(manual) == len(retrain)
     for a, b in zip(manual, retrain, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.tensorflow_only(reason="keras_autoshuffle.data needs TensorFlow")
+def test_the_normalisation_is_the_packages():
+    from keras_autoshuffle import data
+
+    assert (scale_study.MEAN,) == data.FASHION_MNIST_MEAN
+    assert (scale_study.STD,) == data.FASHION_MNIST_STD
+
+
+def test_each_epoch_draws_once_and_a_new_draw_differs():
+    x = np.arange(8 * 28 * 28, dtype=np.float32).reshape(8, 28, 28, 1)
+    y = np.arange(8, dtype=np.int32)
+    data = scale_study.epochs_data(x, y, 4, seed=0)
+    first, labels = data[0]
+    assert data.epoch == 1 and first.shape == (4, 28, 28, 1)
+    data.on_epoch_end()
+    assert data.epoch == 2 and not np.array_equal(data[0][0], first)
+    assert set(labels) <= set(y)
