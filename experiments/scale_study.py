@@ -194,9 +194,27 @@ def paired(rows, arm, baseline="manual"):
     return {"arm": arm, "n": len(diffs), "mean": mean, "low": float(low), "high": float(high)}
 
 
+# A study's rows are a few kB each: more than this is not a rows file.
+MAX_ROWS_BYTES = 64 * 2**20
+
+
 def read_rows(path):
+    """The rows of a `--rows` file; SystemExit naming the file and line for anything else."""
+    if os.path.getsize(path) > MAX_ROWS_BYTES:
+        raise SystemExit(f"error: {path} is over {MAX_ROWS_BYTES} bytes: not a rows file")
+    rows = []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if not isinstance(row, dict) or not {"arm", "seed", "accuracy"} <= row.keys():
+                raise SystemExit(f"error: {path} line {number} is not a row. Received: {line:.120}")
+            rows.append(row)
+    return rows
 
 
 def summary(rows):

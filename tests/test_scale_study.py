@@ -127,7 +127,12 @@ def test_rows_of_other_settings_are_refused_and_finished_runs_not_redone(tmp_pat
         penalty=0.01,
         max_train_examples=None,
     )
-    row = {"arm": "paper", "seed": 1, **{k: getattr(args, k) for k in scale_study.SETTINGS}}
+    row = {
+        "arm": "paper",
+        "seed": 1,
+        "accuracy": 0.9,
+        **{k: getattr(args, k) for k in scale_study.SETTINGS},
+    }
     scale_study.append_row(path, row)
     assert scale_study.runs_to_do(args) == [(0, "manual"), (0, "paper"), (1, "manual")]
     scale_study.append_row(path, {**row, "seed": 0, "epochs": 20})
@@ -173,3 +178,11 @@ def test_each_epoch_draws_once_and_a_new_draw_differs():
     data.on_epoch_end()
     assert data.epoch == 2 and not np.array_equal(data[0][0], first)
     assert set(labels) <= set(y)
+
+
+@pytest.mark.parametrize("line", ["not json", "[1, 2]", '{"arm": "manual"}'])
+def test_a_rows_file_that_holds_no_rows_is_refused_naming_file_and_line(tmp_path, line):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"arm": "manual", "seed": 0, "accuracy": 0.9}\n' + line + "\n")
+    with pytest.raises(SystemExit, match=f"{path} line 2 is not a row. Received: "):
+        scale_study.read_rows(str(path))
