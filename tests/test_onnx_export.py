@@ -201,8 +201,9 @@ def test_channels_padded_for_blocked_kernels_keep_the_outputs():
     folded = folding.fold_model(model)
     plain = export.onnx_graph(folded)
     aligned = export.onnx_graph(folded)
-    # conv1 and conv2 of each unit of stages 2 and 3 (58 and 116 channels): 2 x (4 + 8)
-    assert align_channels(aligned, 8) == 24
+    # conv1 and conv2 of each unit of stages 2 and 3 (58 and 116 channels): 2 x (4 + 8),
+    # and 10 concatenations (tests/test_onnx_rewrites.py)
+    assert align_channels(aligned, 8) == 24 + 10
     assert align_channels(aligned, 8) == 0  # nothing left to pad
     rows = [
         numpy_helper.to_array(t).shape[0]

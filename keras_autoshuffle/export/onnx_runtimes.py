@@ -15,6 +15,7 @@ import numpy as np
 from keras_autoshuffle._atomic import write_atomically
 from keras_autoshuffle._keras_internals import is_called
 from keras_autoshuffle.export.onnx_graph import onnx_graph, unsupported_layers
+from keras_autoshuffle.export.onnx_input import read_input_as_columns
 
 # Python modules each format needs, and the extra that installs them.
 MODULES = {"onnx": ("onnx", "onnxruntime", "tf2onnx"), "openvino": ("openvino", "onnx")}
@@ -33,15 +34,19 @@ def _keras_export(model, path, fmt):
 
 def export_onnx(model, path):
     """Writes `model` as an ONNX file (opset 17): `onnx_graph`'s NCHW graph, its convs
-    padded to multiples of 8 channels (`onnx_align`), where it takes every layer, else
-    Keras's `Model.export(format="onnx")`. Returns `path`."""
+    padded to multiples of 8 channels (`onnx_align`) and its input read by the first conv
+    without a Transpose (`onnx_input`), where it takes every layer, else Keras's
+    `Model.export(format="onnx")`. Returns `path`."""
     import onnx
 
     def write(partial):
         if unsupported_layers(model):
             _keras_export(model, partial, "onnx")
         else:
-            onnx.save(onnx_graph(model, align=ONNX_ALIGN), partial)
+            proto = onnx_graph(model, align=ONNX_ALIGN)
+            read_input_as_columns(proto)
+            onnx.checker.check_model(proto)
+            onnx.save(proto, partial)
 
     return write_atomically(path, write)
 
