@@ -29,10 +29,15 @@ so that one runtime's spinning thread pool has stopped before the other's block 
 control: the folded ONNX file in ONNX Runtime is timed in the same rounds, and its ratio to
 torchvision's graph must match what ONNX Runtime alone gives.
 
+`--files NAME=PATH ...` times files of one runtime given as they are, each against the
+first, in the same way: a paired comparison of two ways of writing a file (a file named
+"torchvision" gets NCHW input, every other NHWC).
+
 Usage:
     python -m experiments.runtime_processes --torchvision DIR [--runtime openvino]
         [--processes 8] [--json rows.json]
     python -m experiments.runtime_processes --torchvision DIR --runtime litert
+    python -m experiments.runtime_processes --files old=a.onnx new=b.onnx --processes 12
 """
 
 import argparse
@@ -166,7 +171,11 @@ CONTROL = "manual_folded_onnx"
 
 
 def ratios_of(files):
-    """The ratios a child reports for its files (the control's with --runtime litert)."""
+    """The ratios a child reports for its files: the package's (and the control's with
+    --runtime litert), or, for files given with --files, each against the first."""
+    if not {name for pair in RATIOS for name in pair} <= set(files):
+        first, *others = files
+        return tuple((name, first) for name in others)
     return RATIOS + (((CONTROL, "torchvision"),) if CONTROL in files else ())
 
 
@@ -185,8 +194,8 @@ def summary(processes):
 def child(argv):
     runtime, files = argv[0], json.loads(argv[1])
     threads, rounds, calls, seed = (int(v) for v in argv[2:6])
-    pause = float(argv[6])
-    samples = time_sessions(files, threads, rounds, calls, seed, runtime=runtime, pause=pause)
+    pause, side = float(argv[6]), int(argv[7])
+    samples = time_sessions(files, threads, rounds, calls, seed, side, runtime, pause)
     ratios = {
         f"{a}/{b}": float(np.median(np.array(samples[a]) / np.array(samples[b])))
         for a, b in ratios_of(files)
@@ -199,12 +208,31 @@ def child(argv):
     print(json.dumps({"median_ms": medians, "ratios": ratios, **versions}))
 
 
+def _given_files(parser, pairs):
+    """{name: absolute path} of --files' NAME=PATH pairs; argparse errors name a bad one."""
+    files = {}
+    for pair in pairs:
+        name, _, path = pair.partition("=")
+        if not name or not path or name in files:
+            parser.error(f"--files takes distinct NAME=PATH pairs. Received: {pair!r}")
+        if not os.path.exists(path):
+            parser.error(f"--files: no such file. Received: {pair!r}")
+        files[name] = os.path.abspath(path)
+    if len(files) < 2:
+        parser.error(f"--files needs at least two files. Received: files={pairs}")
+    return files
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == CHILD:
         return child(argv[1:])
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--torchvision", metavar="DIR", required=True)
+    given = parser.add_mutually_exclusive_group(required=True)
+    given.add_argument("--torchvision", metavar="DIR")
+    given.add_argument(
+        "--files", nargs="+", metavar="NAME=PATH", help="time these, each against the first"
+    )
     parser.add_argument("--runtime", choices=RUNTIMES, default="onnxruntime")
     parser.add_argument("--processes", type=int, default=8)
     parser.add_argument("--threads", type=int, default=2)
@@ -213,24 +241,27 @@ def main(argv=None):
     parser.add_argument(
         "--pause", type=float, default=None, help="seconds before each block (litert: 0.1, else 0)"
     )
+    parser.add_argument("--side", type=int, default=224, help="input images: side x side")
     parser.add_argument("--json", help="write the processes' rows and the summary here")
     args = parser.parse_args(argv)
-    for name in ("processes", "threads", "rounds", "calls"):
+    for name in ("processes", "threads", "rounds", "calls", "side"):
         if getattr(args, name) < (2 if name == "processes" else 1):
             parser.error(f"--{name} is too small. Received: {name}={getattr(args, name)}")
     if args.pause is None:
         args.pause = 0.1 if args.runtime == "litert" else 0.0
     if not 0 <= args.pause <= 10:
         parser.error(f"--pause must be in [0, 10] seconds. Received: pause={args.pause}")
-    if not os.path.isdir(args.torchvision):
+    if args.torchvision is not None and not os.path.isdir(args.torchvision):
         parser.error(f"--torchvision is not a folder. Received: torchvision={args.torchvision!r}")
+    given = _given_files(parser, args.files) if args.files else None
     processes = []
     with tempfile.TemporaryDirectory() as directory:
-        files = write_files(directory, args.torchvision, args.runtime)
+        files = given or write_files(directory, args.torchvision, args.runtime)
         for seed in range(args.processes):
             command = [sys.executable, "-m", "experiments.runtime_processes", CHILD, args.runtime]
             command.append(json.dumps(files))
-            command += [str(v) for v in (args.threads, args.rounds, args.calls, seed, args.pause)]
+            settings = (args.threads, args.rounds, args.calls, seed, args.pause, args.side)
+            command += [str(v) for v in settings]
             done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
             if done.returncode:
                 raise SystemExit(f"error: timing process {seed} failed:\n{done.stderr[-2000:]}")

@@ -1,6 +1,8 @@
 """experiments.runtime_processes: the timing of ONNX and OpenVINO files in a process and the
 summary over processes (the full run needs torchvision's graph, written outside CI)."""
 
+import json
+
 import pytest
 from helpers import tiny_v2
 
@@ -53,7 +55,7 @@ def test_summary_is_the_mean_over_processes_with_a_t_interval():
 
 
 @pytest.mark.parametrize(
-    "flag", ["--processes=1", "--threads=0", "--rounds=0", "--calls=0", "--pause=-1"]
+    "flag", ["--processes=1", "--threads=0", "--rounds=0", "--calls=0", "--pause=-1", "--side=0"]
 )
 def test_too_small_settings_are_argparse_errors_naming_them(flag, capsys):
     with pytest.raises(SystemExit):
@@ -65,3 +67,49 @@ def test_a_missing_torchvision_folder_is_refused_before_anything_is_built(tmp_pa
     with pytest.raises(SystemExit):
         runtime_processes.main(["--torchvision", str(tmp_path / "absent")])
     assert f"Received: torchvision='{tmp_path / 'absent'}'" in capsys.readouterr().err
+
+
+def test_given_files_are_each_timed_against_the_first(tmp_path, capsys):
+    # The paired comparison of two ways of writing a file: a fresh process per sample.
+    pytest.importorskip("onnxruntime")
+    model = tiny_v2()
+    old = export.export_onnx(model, str(tmp_path / "old.onnx"))
+    new = export.export_onnx(folding.fold_model(model), str(tmp_path / "new.onnx"))
+    rows = tmp_path / "rows.json"
+    argv = ["--files", f"old={old}", f"new={new}", "--processes", "2", "--rounds", "2"]
+    side = str(model.input_shape[1])
+    assert runtime_processes.main([*argv, "--calls", "1", "--side", side, "--json", str(rows)]) == 0
+    written = json.loads(rows.read_text())
+    assert [list(p["ratios"]) for p in written["processes"]] == [["new/old"], ["new/old"]]
+    assert set(written["processes"][0]["median_ms"]) == {"old", "new"}
+    assert written["summary"]["new/old"][3] == 2
+    assert "new/old: " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "files, received",
+    [
+        (["a=absent.onnx", "b=absent.onnx"], "no such file. Received: 'a=absent.onnx'"),
+        (["noequals", "b=x"], "Received: 'noequals'"),
+        (["=x", "b=x"], "Received: '=x'"),
+    ],
+)
+def test_bad_given_files_are_argparse_errors_naming_them(files, received, capsys):
+    with pytest.raises(SystemExit):
+        runtime_processes.main(["--files", *files])
+    assert received in capsys.readouterr().err
+
+
+def test_given_files_need_two_distinct_names(tmp_path, capsys):
+    path = tmp_path / "a.onnx"
+    path.write_bytes(b"")
+    for files, received in (
+        ([f"a={path}"], "at least two files"),
+        ([f"a={path}", f"a={path}"], f"Received: 'a={path}'"),
+    ):
+        with pytest.raises(SystemExit):
+            runtime_processes.main(["--files", *files])
+        assert received in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # --files or --torchvision, not both
+        runtime_processes.main(["--files", f"a={path}", f"b={path}", "--torchvision", "x"])
+    assert "not allowed with argument" in capsys.readouterr().err
