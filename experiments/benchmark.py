@@ -230,6 +230,11 @@ def _runtime_call(task, model, path, threads, calibration=None):
 _SUFFIX = {"litert_infer": ".tflite", "ort_infer": ".onnx", "openvino_infer": ""}
 
 
+def runtime_file(directory, task, model, variant):
+    """Where `runtime_functions` writes `model`'s file for `task` (OpenVINO: a folder)."""
+    return os.path.join(directory, f"{model.name}_{variant}{_SUFFIX[task]}")
+
+
 def runtime_functions(tasks, models, side, threads, directory, torchvision=None):
     """({(task, variant): timed call}, {(task, variant): file bytes}) for the runtime tasks,
     every file's outputs checked first against Keras (and torchvision's against torch)."""
@@ -243,7 +248,7 @@ def runtime_functions(tasks, models, side, threads, directory, torchvision=None)
         for variant, model in models.items():
             if variant in INT8_VARIANTS and task != "litert_infer":
                 continue
-            path = os.path.join(directory, f"{model.name}_{variant}{_SUFFIX[task]}")
+            path = runtime_file(directory, task, model, variant)
             int8 = calibration if variant in INT8_VARIANTS else None
             call, sizes[task, variant] = _runtime_call(task, model, path, threads, int8)
             if variant not in INT8_VARIANTS:

@@ -5,8 +5,12 @@
 slices and concatenations, as any pretrained or hardened net ships), writes its float
 LiteRT file (and its ONNX file where the `onnx` and `openvino` extras are installed) and
 times it in the LiteRT interpreter (XNNPACK), ONNX Runtime and OpenVINO (batch 1,
-`--threads`), every file checked against Keras first, the widths and runtimes interleaved
-and repeated as `experiments.benchmark` does. Weights are random:
+`--threads`), every file checked against Keras first. Each runtime runs alone in a fresh
+process (`experiments.runtime_processes`' child, importing only that runtime and NumPy), the
+widths interleaved in its rounds: in one process beside the others ONNX Runtime's times
+moved (docs/inference.md). `--processes` such processes per runtime, in turn (LiteRT, ONNX
+Runtime, OpenVINO, LiteRT, ...) so that a slow spell of the machine reaches every runtime;
+each cell is the median over its processes of their medians. Weights are random:
 a float32 file's size and speed do not depend on their values (and this machine has no
 network for torchvision's files). Each row also holds the parameter count, the
 multiply-adds (`count_macs`), the machine, its load average at the start and the end, and
@@ -19,7 +23,8 @@ from the rows (the test suite runs that check).
 
 Usage:
     python -m experiments.model_table measure --json docs/results/model_table_cpu.json \
-        [--note "machine busy with ..."] [--widths 0.5 1.0] [--threads 2] [--repeats 27]
+        [--note "machine busy with ..."] [--widths 0.5 1.0] [--threads 2] [--repeats 27] \
+        [--processes 3]
     python -m experiments.model_table render --json docs/results/model_table_cpu.json \
         [--readme README.md] [--check]
 """
@@ -30,6 +35,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -41,6 +47,14 @@ END = "<!-- /model-table -->"
 SIDE = 224
 # The export format -> its task in experiments.benchmark (the row's key: "<task>_ms").
 RUNTIMES = {"onnx": "ort_infer", "openvino": "openvino_infer"}
+# The runtime of each task, as experiments.runtime_processes' children name it.
+CHILD_RUNTIMES = {
+    "litert_infer": "litert",
+    "ort_infer": "onnxruntime",
+    "openvino_infer": "openvino",
+}
+CALLS = 10  # calls timed together in a child's block
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The optional columns: a row's key and its header.
 COLUMNS = {"ort_ms": "ONNX Runtime ms", "openvino_ms": "OpenVINO ms"}
 
@@ -57,15 +71,37 @@ def _cpu_name():
     return platform.processor() or platform.machine()
 
 
-def measure(widths, threads, repeats, note):
+def time_alone(files, threads, rounds, processes):
+    """{(task, name): median ms}: the files {task: {name: path}} of each runtime timed in
+    fresh processes of their own (see the module docstring)."""
+    from experiments.runtime_processes import CHILD
+
+    per_process = {}
+    for seed in range(processes):
+        for task, named in files.items():
+            command = [sys.executable, "-m", "experiments.runtime_processes", CHILD]
+            command += [CHILD_RUNTIMES[task], json.dumps(named)]
+            command += [str(v) for v in (threads, rounds, CALLS, seed, 0.0, SIDE)]
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=3600, cwd=REPOSITORY
+            )
+            if done.returncode:
+                raise SystemExit(f"error: timing {task} failed:\n{done.stderr[-2000:]}")
+            medians = json.loads(done.stdout.strip().splitlines()[-1])["median_ms"]
+            for name, ms in medians.items():
+                per_process.setdefault((task, name), []).append(ms)
+    return {key: statistics.median(values) for key, values in per_process.items()}
+
+
+def measure(widths, threads, repeats, note, processes=3):
     """One row per width: parameters, multiply-adds, folded LiteRT latency and bytes."""
     import keras
     import numpy as np
     import tensorflow as tf
 
-    from experiments.benchmark import measure as interleaved_rounds
-    from experiments.benchmark import runtime_functions
+    from experiments.benchmark import runtime_file, runtime_functions
     from keras_autoshuffle import applications, export, folding
+    from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML
 
     load_start = os.getloadavg()[0]
     models, counts = {}, {}
@@ -80,9 +116,19 @@ def measure(widths, threads, repeats, note):
     tasks = ["litert_infer"] + [RUNTIMES[f] for f in ("onnx", "openvino") if f not in missing]
     with tempfile.TemporaryDirectory() as directory:
         named = {f"x{width}": model for width, model in models.items()}
-        functions, sizes = runtime_functions(tasks, named, SIDE, threads, directory)
-        rounds = interleaved_rounds(functions, repeats, 0.3)
-    medians = {key: statistics.median(ms) for key, ms in rounds.items()}
+        # Writes each file and checks its outputs against Keras.
+        _, sizes = runtime_functions(tasks, named, SIDE, threads, directory)
+        files = {
+            task: {
+                name: os.path.join(
+                    runtime_file(directory, task, model, name),
+                    *((OPENVINO_XML,) if task == "openvino_infer" else ()),
+                )
+                for name, model in named.items()
+            }
+            for task in tasks
+        }
+        medians = time_alone(files, threads, repeats, processes)
     machine = f"{_cpu_name()}, {os.cpu_count()} cores"
     # The 1-minute load average at the start and the end: how busy the machine was.
     load = [round(load_start, 2), round(os.getloadavg()[0], 2)]
@@ -103,6 +149,7 @@ def measure(widths, threads, repeats, note):
                 "input": SIDE,
                 "batch": 1,
                 "threads": threads,
+                "processes_per_runtime": processes,
                 "parameters": parameters,
                 "macs": macs,
                 "litert_ms": float(medians["litert_infer", f"x{width}"]),
@@ -147,9 +194,15 @@ def render(rows, checkpoints):
         )
     settings = {
         (r["machine"], r["threads"], r["date"], r.get("tensorflow"), _load(r), r.get("note"))
+        + (r.get("processes_per_runtime"),)
         for r in rows
     }
-    for machine, threads, date, tf_version, load, note in sorted(settings, key=str):
+    for machine, threads, date, tf_version, load, note, processes in sorted(settings, key=str):
+        timing = (
+            f"each runtime alone in {processes} fresh processes, the medians' median"
+            if processes
+            else "timed in the same interleaved rounds"
+        )
         lines.append("")
         details = "; ".join(x for x in (load, note) if x)
         lines.append(
@@ -157,7 +210,7 @@ def render(rows, checkpoints):
             f"Latency: the folded float32 net at {SIDE}x{SIDE}, batch 1, {threads} threads, "
             f"median ms (LiteRT with XNNPACK"
             + (", and the ONNX file in ONNX Runtime and OpenVINO" if extra else "")
-            + f", timed in the same interleaved rounds) on {machine} (TensorFlow {tf_version}, "
+            + f", {timing}) on {machine} (TensorFlow {tf_version}, "
             f"{date})" + (f"; {details}" if details else "") + "."
         )
     return "\n".join(lines)
@@ -179,7 +232,8 @@ def parse_args(argv=None):
     run.add_argument("--json", default=ROWS, help="where the rows go")
     run.add_argument("--widths", nargs="+", type=float, default=None)
     run.add_argument("--threads", type=int, default=2, help="threads of each runtime")
-    run.add_argument("--repeats", type=int, default=27, help="samples per median")
+    run.add_argument("--repeats", type=int, default=27, help="rounds in each process")
+    run.add_argument("--processes", type=int, default=3, help="processes per runtime")
     run.add_argument("--note", default="", help="the machine's state, kept in each row")
     show = commands.add_parser("render", help="the markdown table from the rows")
     show.add_argument("--json", default=ROWS, help="the measured rows")
@@ -191,6 +245,8 @@ def parse_args(argv=None):
             parser.error(f"--threads must be >= 1. Received: threads={args.threads}")
         if args.repeats < 1:
             parser.error(f"--repeats must be >= 1. Received: repeats={args.repeats}")
+        if args.processes < 1:
+            parser.error(f"--processes must be >= 1. Received: processes={args.processes}")
     if args.command == "render" and args.check and not args.readme:
         parser.error("--check needs --readme.")
     return args
@@ -205,7 +261,7 @@ def main(argv=None):
         unknown = [w for w in widths if w not in CHECKPOINTS]
         if unknown:
             raise SystemExit(f"No checkpoint for width {unknown}. Received: widths={widths}")
-        rows = measure(widths, args.threads, args.repeats, args.note)
+        rows = measure(widths, args.threads, args.repeats, args.note, args.processes)
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
         print(render(rows, CHECKPOINTS))

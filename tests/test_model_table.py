@@ -64,6 +64,8 @@ def test_bad_arguments():
     with pytest.raises(SystemExit):
         model_table.parse_args(["measure", "--threads", "0"])
     with pytest.raises(SystemExit):
+        model_table.parse_args(["measure", "--processes", "0"])
+    with pytest.raises(SystemExit):
         model_table.parse_args(["render", "--check"])
     with pytest.raises(SystemExit, match="No checkpoint for width"):
         model_table.main(["measure", "--widths", "0.7", "--json", "unused.json"])
@@ -74,9 +76,13 @@ def test_measure_writes_a_row(tmp_path, monkeypatch):
     # The same path as the README's rows at 32x32 instead of 224x224 (a tenth of the time).
     monkeypatch.setattr(model_table, "SIDE", 32)
     path = tmp_path / "rows.json"
-    argv = ["measure", "--widths", "0.5", "--repeats", "1", "--json", str(path), "--note", "x"]
-    assert model_table.main(argv) == 0
+    argv = ["measure", "--widths", "0.5", "--repeats", "2", "--json", str(path), "--note", "x"]
+    assert model_table.main([*argv, "--processes", "1"]) == 0
     (row,) = json.loads(path.read_text())
     assert row["width"] == 0.5 and row["input"] == 32 and row["note"] == "x"
+    # Timed in a fresh process per runtime (runtime_processes' child).
+    assert row["processes_per_runtime"] == 1
+    assert all(row[key] > 0 for key in ("litert_ms", *model_table.COLUMNS) if key in row)
+    assert "each runtime alone in 1 fresh processes" in model_table.render([row], CHECKPOINTS)
     assert row["parameters"] == CHECKPOINTS[0.5].num_params
     assert row["macs"] > 0 and row["litert_ms"] > 0 and row["litert_bytes"] > 4e6
