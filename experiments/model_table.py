@@ -81,7 +81,7 @@ def time_alone(files, threads, rounds, processes):
         for task, named in files.items():
             command = [sys.executable, "-m", "experiments.runtime_processes", CHILD]
             command += [CHILD_RUNTIMES[task], json.dumps(named)]
-            command += [str(v) for v in (threads, rounds, CALLS, seed, 0.0, SIDE)]
+            command += [str(v) for v in (threads, rounds, CALLS, seed, 0.0, SIDE, 0)]
             done = subprocess.run(
                 command, capture_output=True, text=True, timeout=3600, cwd=REPOSITORY
             )

@@ -107,13 +107,15 @@ def _calls(runtime, files, threads, x):
     return calls
 
 
-def time_sessions(files, threads, rounds, calls, seed, side=224, runtime="onnxruntime", pause=0.0):
+def time_sessions(
+    files, threads, rounds, calls, seed, side=224, runtime="onnxruntime", pause=0.0, warmup=0
+):
     """Per-round milliseconds per call of each file {name: path} in `runtime` (a `side` x
     `side` NHWC input, or NCHW for the name "torchvision"), each round in a new random order,
-    `pause` seconds before each block of calls."""
+    `pause` seconds and `warmup` untimed calls of the same file before each block of calls."""
     x = np.random.default_rng(0).normal(size=(1, side, side, 3)).astype("float32")
     functions = _calls(runtime, files, threads, x)
-    return measure(functions, rounds, number=calls, seed=seed, pause=pause)
+    return measure(functions, rounds, number=calls, seed=seed, pause=pause, warmup=warmup)
 
 
 def write_files(directory, torchvision_dir, runtime="onnxruntime"):
@@ -194,8 +196,8 @@ def summary(processes):
 def child(argv):
     runtime, files = argv[0], json.loads(argv[1])
     threads, rounds, calls, seed = (int(v) for v in argv[2:6])
-    pause, side = float(argv[6]), int(argv[7])
-    samples = time_sessions(files, threads, rounds, calls, seed, side, runtime, pause)
+    pause, side, warmup = float(argv[6]), int(argv[7]), int(argv[8])
+    samples = time_sessions(files, threads, rounds, calls, seed, side, runtime, pause, warmup)
     ratios = {
         f"{a}/{b}": float(np.median(np.array(samples[a]) / np.array(samples[b])))
         for a, b in ratios_of(files)
@@ -241,6 +243,9 @@ def main(argv=None):
     parser.add_argument(
         "--pause", type=float, default=None, help="seconds before each block (litert: 0.1, else 0)"
     )
+    parser.add_argument(
+        "--warmup", type=int, default=0, help="untimed calls of a file before each of its blocks"
+    )
     parser.add_argument("--side", type=int, default=224, help="input images: side x side")
     parser.add_argument("--json", help="write the processes' rows and the summary here")
     args = parser.parse_args(argv)
@@ -249,6 +254,8 @@ def main(argv=None):
             parser.error(f"--{name} is too small. Received: {name}={getattr(args, name)}")
     if args.pause is None:
         args.pause = 0.1 if args.runtime == "litert" else 0.0
+    if args.warmup < 0:
+        parser.error(f"--warmup must be >= 0. Received: warmup={args.warmup}")
     if not 0 <= args.pause <= 10:
         parser.error(f"--pause must be in [0, 10] seconds. Received: pause={args.pause}")
     if args.torchvision is not None and not os.path.isdir(args.torchvision):
@@ -261,6 +268,7 @@ def main(argv=None):
             command = [sys.executable, "-m", "experiments.runtime_processes", CHILD, args.runtime]
             command.append(json.dumps(files))
             settings = (args.threads, args.rounds, args.calls, seed, args.pause, args.side)
+            settings += (args.warmup,)
             command += [str(v) for v in settings]
             done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
             if done.returncode:

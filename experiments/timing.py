@@ -8,13 +8,21 @@ import numpy as np
 
 
 def measure(
-    functions, repeats, min_seconds=0.0, clock=time.perf_counter, number=None, seed=0, pause=0.0
+    functions,
+    repeats,
+    min_seconds=0.0,
+    clock=time.perf_counter,
+    number=None,
+    seed=0,
+    pause=0.0,
+    warmup=0,
 ):
     """Milliseconds per call of each function in each of `repeats` interleaved rounds (`clock`:
     wall time, or `time.process_time` for the process's CPU time): {name: [ms, ...]}. Each
     round calls a function `number` times in a row (by default as often as `min_seconds`
-    takes, from one timed call after a warm-up), after `pause` idle seconds (untimed: the
-    thread pools of the call before stop spinning)."""
+    takes, from one timed call after a warm-up), after `pause` idle seconds and `warmup`
+    calls of the same function (both untimed: the thread pools of the function before stop
+    spinning, docs/inference.md)."""
     numbers = {}
     for name, fn in functions.items():
         fn()  # warm-up (tracing, allocation)
@@ -32,6 +40,8 @@ def measure(
             fn, count = functions[name], numbers[name]
             if pause:
                 time.sleep(pause)
+            for _ in range(warmup):
+                fn()
             start = clock()
             for _ in range(count):
                 fn()

@@ -164,3 +164,21 @@ def test_the_pause_before_each_block_is_idle_time_not_timed():
     samples = timing.measure({"a": lambda: None, "b": lambda: None}, 3, number=1, pause=0.02)
     assert time.perf_counter() - start >= 6 * 0.02
     assert max(max(ms) for ms in samples.values()) < 10
+
+
+def test_warmup_calls_of_the_same_function_precede_each_block_untimed():
+    # 3 untimed calls of a function right before each block of 2 timed calls of it; every
+    # call sleeps 5 ms: timed with its warm-up, a block would read 12.5 ms a call.
+    calls = []
+
+    def call(name):
+        calls.append(name)
+        time.sleep(0.005)
+
+    functions = {name: (lambda n=name: call(n)) for name in "ab"}
+    samples = timing.measure(functions, 4, number=2, warmup=3)
+    timed = calls[2 * 2 :]  # after each function's warm-up and one-call timing
+    blocks = [timed[i : i + 5] for i in range(0, len(timed), 5)]
+    assert len(blocks) == 8 and all(len(set(block)) == 1 for block in blocks)
+    assert 5 <= min(min(ms) for ms in samples.values())
+    assert max(max(ms) for ms in samples.values()) < 10

@@ -23,26 +23,29 @@ def _attributes(node):
 def read_input_as_columns(proto):
     """Rewrites `proto` (an onnx.ModelProto from `onnx_graph`, in place) so that its first
     conv reads the NHWC input as columns (see the module docstring) where it can: the
-    input Transpose feeds only that conv, the conv's weights are constants, its dilations
-    1 and the input's width and channels known. Returns whether it did."""
+    input Transpose feeds only that conv, the conv's weights are constants of its own, its
+    dilations 1 and the input's width and channels known. Returns whether it did."""
     from onnx import helper, numpy_helper
 
     graph = proto.graph
     nodes = list(graph.node)
-    if len(nodes) < 2 or nodes[0].op_type != "Transpose":
+    if not nodes or nodes[0].op_type != "Transpose":
         return False
-    transpose, conv = nodes[0], nodes[1]
+    transpose = nodes[0]
     readers = [n for n in nodes if transpose.output[0] in n.input]
+    if len(readers) != 1:
+        return False
+    conv = readers[0]
     weights = {t.name: t for t in graph.initializer}
     dims = graph.input[0].type.tensor_type.shape.dim
     attributes = _attributes(conv)
     if (
         _attributes(transpose).get("perm") != [0, 3, 1, 2]
         or transpose.input[0] != graph.input[0].name
-        or readers != [conv]
         or conv.op_type != "Conv"
         or conv.input[0] != transpose.output[0]
         or conv.input[1] not in weights
+        or any(conv.input[1] in n.input for n in nodes if n is not conv)  # shared weights
         or attributes.get("group", 1) != 1
         or any(d != 1 for d in attributes.get("dilations", [1, 1]))
         or attributes.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET")
