@@ -7,10 +7,11 @@ LiteRT file (and its ONNX file where the `onnx` and `openvino` extras are instal
 times it in the LiteRT interpreter (XNNPACK), ONNX Runtime and OpenVINO (batch 1,
 `--threads`), every file checked against Keras first. Each runtime runs alone in a fresh
 process (`experiments.runtime_processes`' child, importing only that runtime and NumPy), the
-widths interleaved in its rounds: in one process beside the others ONNX Runtime's times
-moved (docs/inference.md). `--processes` such processes per runtime, in turn (LiteRT, ONNX
-Runtime, OpenVINO, LiteRT, ...) so that a slow spell of the machine reaches every runtime;
-each cell is the median over its processes of their medians. Weights are random:
+widths interleaved in its rounds, each timed block after as many untimed calls of the same
+file: in one process beside other sessions ONNX Runtime's times moved (docs/inference.md).
+`--processes` such processes per runtime, in turn (LiteRT, ONNX Runtime, OpenVINO, LiteRT,
+...) so that a slow spell of the machine reaches every runtime; each cell is the median
+over its processes of their medians. Weights are random:
 a float32 file's size and speed do not depend on their values (and this machine has no
 network for torchvision's files). Each row also holds the parameter count, the
 multiply-adds (`count_macs`), the machine, its load average at the start and the end, and
@@ -81,7 +82,9 @@ def time_alone(files, threads, rounds, processes):
         for task, named in files.items():
             command = [sys.executable, "-m", "experiments.runtime_processes", CHILD]
             command += [CHILD_RUNTIMES[task], json.dumps(named)]
-            command += [str(v) for v in (threads, rounds, CALLS, seed, 0.0, SIDE, 0)]
+            # As many untimed calls of the same file before each timed block (docs/inference.md:
+            # a session's spinning threads slow the next session's block).
+            command += [str(v) for v in (threads, rounds, CALLS, seed, 0.0, SIDE, CALLS)]
             done = subprocess.run(
                 command, capture_output=True, text=True, timeout=3600, cwd=REPOSITORY
             )

@@ -12,7 +12,10 @@ TensorFlow), times the files in rounds of a new random order (`--pause` idle sec
 each block: with ONNX Runtime alone, 0.1 s made every file about 25% faster and moved folded /
 torchvision's graph from 0.90 to 0.83, docs/inference.md), and gives the median of its
 per-round ratios. The summary is the mean of those over `--processes` children with a 95%
-t interval.
+t interval. Before each timed block, `--warmup` untimed calls of the same file (default: as
+many as the block): ONNX Runtime's worker threads spin on after a call, and a block timed
+right after another session's block ran 1.6x slower in a probe (docs/inference.md), which
+no single-session user sees. Runs before 2026-11-28 had no warm-up calls.
 
 The files are `export.export_onnx`'s (the padded NCHW graph) or `export.export_openvino`'s
 (an IR folder, not padded) or `export.export_litert`'s (`.tflite`), written from
@@ -244,7 +247,10 @@ def main(argv=None):
         "--pause", type=float, default=None, help="seconds before each block (litert: 0.1, else 0)"
     )
     parser.add_argument(
-        "--warmup", type=int, default=0, help="untimed calls of a file before each of its blocks"
+        "--warmup",
+        type=int,
+        default=None,
+        help="untimed calls of a file before each of its blocks (default: --calls)",
     )
     parser.add_argument("--side", type=int, default=224, help="input images: side x side")
     parser.add_argument("--json", help="write the processes' rows and the summary here")
@@ -254,6 +260,8 @@ def main(argv=None):
             parser.error(f"--{name} is too small. Received: {name}={getattr(args, name)}")
     if args.pause is None:
         args.pause = 0.1 if args.runtime == "litert" else 0.0
+    if args.warmup is None:
+        args.warmup = args.calls
     if args.warmup < 0:
         parser.error(f"--warmup must be >= 0. Received: warmup={args.warmup}")
     if not 0 <= args.pause <= 10:

@@ -113,3 +113,17 @@ def test_given_files_need_two_distinct_names(tmp_path, capsys):
     with pytest.raises(SystemExit):  # --files or --torchvision, not both
         runtime_processes.main(["--files", f"a={path}", f"b={path}", "--torchvision", "x"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_the_spinning_probe_times_every_condition(tmp_path):
+    pytest.importorskip("onnxruntime")
+    from experiments import ort_spinning
+
+    path = export.export_onnx(tiny_v2(), str(tmp_path / "m.onnx"))
+    medians = ort_spinning.probe(path, rounds=2, calls=2)
+    assert len(medians) == 4 and all(ms > 0 for ms in medians.values())
+    rows = tmp_path / "rows.json"
+    assert ort_spinning.main([path, "--rounds", "1", "--calls", "1", "--json", str(rows)]) == 0
+    assert set(json.loads(rows.read_text())["medians_ms"]) == set(medians)
+    with pytest.raises(SystemExit):
+        ort_spinning.main([path, "--calls", "0"])
