@@ -202,7 +202,8 @@ def render(rows, checkpoints):
     }
     for machine, threads, date, tf_version, load, note, processes in sorted(settings, key=str):
         timing = (
-            f"each runtime alone in {processes} fresh processes, the medians' median"
+            f"each runtime alone in {processes} fresh process{'es' * (processes > 1)}, "
+            "the medians' median"
             if processes
             else "timed in the same interleaved rounds"
         )

@@ -12,6 +12,7 @@ Usage:
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -71,6 +72,8 @@ def main(argv=None):
     for name in ("rounds", "calls"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1. Received: {name}={getattr(args, name)}")
+    if not os.path.isfile(args.onnx_file):
+        parser.error(f"no such file. Received: onnx_file={args.onnx_file!r}")
     medians = probe(args.onnx_file, args.rounds, args.calls)
     for name, ms in medians.items():
         print(f"{name}: {ms:.3f} ms a call")

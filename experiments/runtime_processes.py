@@ -14,8 +14,9 @@ torchvision's graph from 0.90 to 0.83, docs/inference.md), and gives the median 
 per-round ratios. The summary is the mean of those over `--processes` children with a 95%
 t interval. Before each timed block, `--warmup` untimed calls of the same file (default: as
 many as the block): ONNX Runtime's worker threads spin on after a call, and a block timed
-right after another session's block ran 1.6x slower in a probe (docs/inference.md), which
-no single-session user sees. Runs before 2026-11-28 had no warm-up calls.
+right after another session's block ran 1.18x and 1.61x slower in two runs of
+`experiments/ort_spinning.py` (docs/inference.md), which no single-session user sees.
+Runs 1-9 of docs/results/runtime_processes_onnxruntime_cpu.json had no warm-up calls.
 
 The files are `export.export_onnx`'s (the padded NCHW graph) or `export.export_openvino`'s
 (an IR folder, not padded) or `export.export_litert`'s (`.tflite`), written from
@@ -175,10 +176,11 @@ RATIOS = (
 CONTROL = "manual_folded_onnx"
 
 
-def ratios_of(files):
+def ratios_of(files, against_first=False):
     """The ratios a child reports for its files: the package's (and the control's with
-    --runtime litert), or, for files given with --files, each against the first."""
-    if not {name for pair in RATIOS for name in pair} <= set(files):
+    --runtime litert), or each against the first (files given with --files, or files
+    without the package's names)."""
+    if against_first or not {name for pair in RATIOS for name in pair} <= set(files):
         first, *others = files
         return tuple((name, first) for name in others)
     return RATIOS + (((CONTROL, "torchvision"),) if CONTROL in files else ())
@@ -200,10 +202,11 @@ def child(argv):
     runtime, files = argv[0], json.loads(argv[1])
     threads, rounds, calls, seed = (int(v) for v in argv[2:6])
     pause, side, warmup = float(argv[6]), int(argv[7]), int(argv[8])
+    against_first = argv[9:] == ["against-first"]
     samples = time_sessions(files, threads, rounds, calls, seed, side, runtime, pause, warmup)
     ratios = {
         f"{a}/{b}": float(np.median(np.array(samples[a]) / np.array(samples[b])))
-        for a, b in ratios_of(files)
+        for a, b in ratios_of(files, against_first)
     }
     medians = {name: float(np.median(ms)) for name, ms in samples.items()}
     engines = {_engine(runtime, path) for path in files.values()}
@@ -268,6 +271,10 @@ def main(argv=None):
         parser.error(f"--pause must be in [0, 10] seconds. Received: pause={args.pause}")
     if args.torchvision is not None and not os.path.isdir(args.torchvision):
         parser.error(f"--torchvision is not a folder. Received: torchvision={args.torchvision!r}")
+    if args.torchvision is not None and args.side != 224:
+        parser.error(
+            f"--side applies to --files only (224 with --torchvision). Received: side={args.side}"
+        )
     given = _given_files(parser, args.files) if args.files else None
     processes = []
     with tempfile.TemporaryDirectory() as directory:
@@ -276,7 +283,7 @@ def main(argv=None):
             command = [sys.executable, "-m", "experiments.runtime_processes", CHILD, args.runtime]
             command.append(json.dumps(files))
             settings = (args.threads, args.rounds, args.calls, seed, args.pause, args.side)
-            settings += (args.warmup,)
+            settings += (args.warmup, *(("against-first",) if given else ()))
             command += [str(v) for v in settings]
             done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
             if done.returncode:

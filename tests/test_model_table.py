@@ -83,6 +83,6 @@ def test_measure_writes_a_row(tmp_path, monkeypatch):
     # Timed in a fresh process per runtime (runtime_processes' child).
     assert row["processes_per_runtime"] == 1
     assert all(row[key] > 0 for key in ("litert_ms", *model_table.COLUMNS) if key in row)
-    assert "each runtime alone in 1 fresh processes" in model_table.render([row], CHECKPOINTS)
+    assert "each runtime alone in 1 fresh process, " in model_table.render([row], CHECKPOINTS)
     assert row["parameters"] == CHECKPOINTS[0.5].num_params
     assert row["macs"] > 0 and row["litert_ms"] > 0 and row["litert_bytes"] > 4e6

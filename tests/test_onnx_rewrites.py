@@ -97,24 +97,25 @@ def _two_producers():
     return keras.Model(inputs, layers.Concatenate()([small, large]))
 
 
-def test_zero_channels_are_carved_from_a_larger_set_only_where_there_are_enough():
+def test_a_set_of_exactly_the_zero_channels_needed_is_taken_before_one_is_carved():
     model = _two_producers()
     proto = export.onnx_graph(model)
-    # The convs: 10 -> 16 (6 zeros), 6 -> 8 (2 zeros). The 6-channel concat takes 2 of
-    # the first conv's 6 zeros (carved: 2 + 4); the 10-channel one would need 6 and finds
-    # 4 and 2: left alone.
-    assert align_channels(proto, 8) == 3
-    assert _concat_channels(proto)[:2] == [8, 10]
+    # The convs: 10 -> 16 (6 zeros), 6 -> 8 (2 zeros). The 6-channel concat needs 2: the
+    # second conv's 2, whole (carving 2 of the first's 6 would leave 4); the 10-channel one
+    # needs 6: the first conv's 6, whole. No Split is cut further.
+    assert align_channels(proto, 8) == 4
+    assert _concat_channels(proto)[:2] == [8, 16]
     splits = [n for n in proto.graph.node if n.op_type == "Split"]
     sizes = sorted(_weights(proto)[s.input[1]].tolist() for s in splits)
-    assert sizes == [[1, 5, 2], [5, 5, 2, 4]], sizes
+    assert sizes == [[1, 5, 2], [5, 5, 6]], sizes
     x = np.random.default_rng(2).normal(size=(3, 6, 6, 3)).astype("float32")
     np.testing.assert_allclose(_run(proto, x), export.keras_outputs(model, x), atol=1e-5)
 
 
 def _unread_channels(zero):
     """A 16-channel conv of which a concatenation reads 5 (with 1 of an 8-channel one):
-    6 channels. Channels 10-15 nobody reads; `zero`: their weights and bias are zero."""
+    6 channels. Channels 10-15 nobody reads; `zero`: their weights and bias are zero
+    ("kernel": their weights only, the bias not)."""
     inputs = keras.Input((6, 6, 3))
     conv = layers.Conv2D(16, 3, padding="same")
     a = layers.ReLU()(conv(inputs))
@@ -124,19 +125,43 @@ def _unread_channels(zero):
     model = keras.Model(inputs, layers.Concatenate()([y, pieces[1]]))
     if zero:
         kernel, bias = conv.get_weights()
-        kernel[..., 10:], bias[10:] = 0, 0
+        kernel[..., 10:], bias[10:] = 0, 0 if zero is True else 0.5
         conv.set_weights([kernel, bias])
     return model
 
 
-@pytest.mark.parametrize("zero", [True, False])
+@pytest.mark.parametrize("zero", [True, False, "kernel"])
 def test_only_channels_that_are_zero_whatever_the_input_pad_a_concatenation(zero):
-    # The same graph twice; only the unread channels' weights differ.
+    # The same graph three times; only the unread channels' weights and bias differ.
     model = _unread_channels(zero)
     proto = export.onnx_graph(model)
-    assert align_channels(proto, 8) == int(zero)
-    assert _concat_channels(proto)[0] == (8 if zero else 6)
+    padded = zero is True
+    assert align_channels(proto, 8) == int(padded)
+    assert _concat_channels(proto)[0] == (8 if padded else 6)
+    if padded:  # 2 of the 6 unread zero channels carved off: Split sizes 5, 5, 2, 4
+        sizes = [
+            _weights(proto)[n.input[1]].tolist() for n in proto.graph.node if n.op_type == "Split"
+        ]
+        assert [5, 5, 2, 4] in sizes, sizes
     x = np.random.default_rng(2).normal(size=(3, 6, 6, 3)).astype("float32")
+    np.testing.assert_allclose(_run(proto, x), export.keras_outputs(model, x), atol=1e-5)
+
+
+def test_zero_channels_another_concatenation_reads_are_shared_never_carved():
+    # A 10-channel conv (padded: 6 zeros) and an 8-channel one (no zeros). The first
+    # concatenation (1 + 1 channels) takes the 6 zeros whole; the second (9 + 5 = 14)
+    # would need 2 of them, but they are read: carving them would shrink the first.
+    inputs = keras.Input((5, 5, 3))
+    a = layers.ReLU()(layers.Conv2D(10, 1)(inputs))
+    b = layers.ReLU()(layers.Conv2D(8, 1)(inputs))
+    first = layers.Concatenate()([ChannelSlice(0, 1)(a), ChannelSlice(0, 1)(b)])
+    second = layers.Concatenate()([ChannelSlice(1, 10)(a), ChannelSlice(1, 6)(b)])
+    y = [layers.Conv2D(3, 1)(first), layers.Conv2D(3, 1)(second)]
+    model = keras.Model(inputs, layers.Concatenate()(y))
+    proto = export.onnx_graph(model)
+    assert align_channels(proto, 8) == 2  # the 10-channel conv and the first concatenation
+    assert _concat_channels(proto)[:2] == [8, 14]
+    x = np.random.default_rng(7).normal(size=(2, 5, 5, 3)).astype("float32")
     np.testing.assert_allclose(_run(proto, x), export.keras_outputs(model, x), atol=1e-5)
 
 

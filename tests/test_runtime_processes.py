@@ -127,3 +127,16 @@ def test_the_spinning_probe_times_every_condition(tmp_path):
     assert set(json.loads(rows.read_text())["medians_ms"]) == set(medians)
     with pytest.raises(SystemExit):
         ort_spinning.main([path, "--calls", "0"])
+    with pytest.raises(SystemExit):
+        ort_spinning.main([str(tmp_path / "absent.onnx")])
+
+
+def test_side_is_refused_with_torchvision_and_given_files_keep_their_ratios(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        runtime_processes.main(["--torchvision", str(tmp_path), "--side", "128"])
+    assert "Received: side=128" in capsys.readouterr().err
+    # Files named as the package's are still each timed against the first with --files.
+    names = ["manual", "manual_folded", "torchvision"]
+    pairs = runtime_processes.ratios_of(dict.fromkeys(names), against_first=True)
+    assert pairs == (("manual_folded", "manual"), ("torchvision", "manual"))
+    assert runtime_processes.ratios_of(dict.fromkeys(names)) == runtime_processes.RATIOS

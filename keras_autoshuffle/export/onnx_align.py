@@ -120,33 +120,35 @@ def _zero_outputs(graph, split):
 
 
 def _zero_channels(graph, concat, count):
-    """The name of `count` zero channels from a Split of one of `concat`'s inputs (carved
-    from a larger unread set of them), or None."""
+    """The name of `count` zero channels from a Split of one of `concat`'s inputs: a set of
+    exactly `count` (read or not), else one carved from a larger unread set; or None."""
+    found = []
     for name in concat.input:
         split = graph.producers.get(name)
-        if split is None or split.op_type != "Split":
-            continue
-        for zeros, have in _zero_outputs(graph, split).items():
-            if have == count:
-                return zeros
-            if have > count and not graph.readers[zeros]:
-                rest, at = f"{zeros}_rest", list(split.output).index(zeros)
-                sizes = list(graph.array(split.input[1]))
-                graph.set(
-                    split.input[1], [*sizes[:at], count, have - count, *sizes[at + 1 :]], "int64"
-                )
-                split.output.insert(at + 1, rest)
-                graph.producers[rest] = split
-                return zeros
+        if split is not None and split.op_type == "Split":
+            found += [(split, zeros, have) for zeros, have in _zero_outputs(graph, split).items()]
+    for _, zeros, have in found:
+        if have == count:
+            return zeros
+    for split, zeros, have in found:
+        if have > count and not graph.readers[zeros] and zeros not in graph.outputs:
+            rest, at = f"{zeros}_rest", list(split.output).index(zeros)
+            sizes = list(graph.array(split.input[1]))
+            graph.set(split.input[1], [*sizes[:at], count, have - count, *sizes[at + 1 :]], "int64")
+            split.output.insert(at + 1, rest)
+            graph.producers[rest] = split
+            return zeros
     return None
 
 
 def _pad_concat(graph, concat, channels, multiple):
-    """Appends zero channels to a channel Concat read by dense convs only; True if done."""
+    """Appends zero channels to a channel Concat read by dense convs only (each with
+    weights of its own); True if done."""
     users = graph.users(concat.output[0])
     if not users or not all(u is not None and _is_conv(u) for u in users):
         return False
-    if not all(u.input[1] in graph.initializers for u in users):
+    weights = [u.input[1] for u in {id(u): u for u in users}.values()]
+    if not all(w in graph.initializers and len(graph.readers[w]) == 1 for w in weights):
         return False
     extra = -channels % multiple
     zeros = _zero_channels(graph, concat, extra)

@@ -51,8 +51,11 @@ def read_input_as_columns(proto):
         or attributes.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET")
         or len(dims) != 4
         or not all(d.HasField("dim_value") for d in dims[2:])
+        or "input_columns" in weights
     ):
         return False
+    # The height where it is known: a Reshape of an empty batch cannot infer a -1.
+    height = dims[1].dim_value if dims[1].HasField("dim_value") else -1
     width, channels = dims[2].dim_value, dims[3].dim_value
     kernel = numpy_helper.to_array(weights[conv.input[1]])  # (out, channels, kh, kw)
     out, _, kh, kw = kernel.shape
@@ -63,13 +66,16 @@ def read_input_as_columns(proto):
     )
     sh, sw = attributes.get("strides", [1, 1])
     top, left, bottom, right = attributes.get("pads", [0, 0, 0, 0])
-    shape = numpy_helper.from_array(np.array([0, 1, -1, width * channels]), "input_columns")
+    shape = np.array([0, 1, height, width * channels], dtype=np.int64)
+    shape = numpy_helper.from_array(shape, "input_columns")
     graph.initializer.append(shape)
     transpose.CopyFrom(
         helper.make_node(
             "Reshape", [transpose.input[0], shape.name], [transpose.output[0]], "to_columns"
         )
     )
+    for info in [v for v in graph.value_info if v.name == transpose.output[0]]:
+        graph.value_info.remove(info)  # its NCHW shape, no longer true
     del conv.attribute[:]
     conv.attribute.extend(
         [
