@@ -9,6 +9,7 @@ from collections import Counter
 import keras
 import numpy as np
 import pytest
+from helpers import _randomize_batch_norm
 from keras import layers
 
 from keras_autoshuffle import export, folding
@@ -55,18 +56,7 @@ def test_the_gathers_of_a_folded_v2_are_padded_and_the_outputs_kept():
     # Runtime leaves a dense conv reading them on its NCHW path (not a multiple of 8).
     common = {"input_shape": (64, 64, 3), "classes": 10, "classifier_activation": None}
     model = ShuffleNetV2(1.0, stem="imagenet", **common)
-    rng = np.random.default_rng(5)
-    for layer in model.layers:
-        if isinstance(layer, layers.BatchNormalization):
-            gamma, beta, mean, variance = layer.get_weights()
-            layer.set_weights(
-                [
-                    rng.uniform(0.5, 1.5, gamma.shape).astype("float32"),
-                    rng.normal(0, 0.1, beta.shape).astype("float32"),
-                    rng.normal(0, 0.1, mean.shape).astype("float32"),
-                    rng.uniform(0.5, 1.5, variance.shape).astype("float32"),
-                ]
-            )
+    _randomize_batch_norm(model, np.random.default_rng(5))
     folded = folding.fold_model(model)
     proto = export.onnx_graph(folded)
     before = _concat_channels(proto)
