@@ -36,7 +36,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -55,7 +54,6 @@ CHILD_RUNTIMES = {
     "openvino_infer": "openvino",
 }
 CALLS = 10  # calls timed together in a child's block
-REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # The optional columns: a row's key and its header.
 COLUMNS = {"ort_ms": "ONNX Runtime ms", "openvino_ms": "OpenVINO ms"}
 
@@ -75,23 +73,16 @@ def _cpu_name():
 def time_alone(files, threads, rounds, processes):
     """{(task, name): median ms}: the files {task: {name: path}} of each runtime timed in
     fresh processes of their own (see the module docstring)."""
-    from experiments.runtime_processes import CHILD
+    from experiments.runtime_processes import run_child
 
     per_process = {}
     for seed in range(processes):
         for task, named in files.items():
-            command = [sys.executable, "-m", "experiments.runtime_processes", CHILD]
-            command += [CHILD_RUNTIMES[task], json.dumps(named)]
             # As many untimed calls of the same file before each timed block (docs/inference.md:
             # a session's spinning threads slow the next session's block).
-            command += [str(v) for v in (threads, rounds, CALLS, seed, 0.0, SIDE, CALLS)]
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=3600, cwd=REPOSITORY
-            )
-            if done.returncode:
-                raise SystemExit(f"error: timing {task} failed:\n{done.stderr[-2000:]}")
-            medians = json.loads(done.stdout.strip().splitlines()[-1])["median_ms"]
-            for name, ms in medians.items():
+            settings = (threads, rounds, CALLS, seed, 0.0, SIDE, CALLS)
+            row = run_child(CHILD_RUNTIMES[task], named, *settings, against_first=True)
+            for name, ms in row["median_ms"].items():
                 per_process.setdefault((task, name), []).append(ms)
     return {key: statistics.median(values) for key, values in per_process.items()}
 

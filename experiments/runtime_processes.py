@@ -56,6 +56,7 @@ import numpy as np
 from experiments.timing import measure
 
 CHILD = "--child"
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 RUNTIMES = ("onnxruntime", "openvino", "litert")
@@ -178,9 +179,8 @@ CONTROL = "manual_folded_onnx"
 
 def ratios_of(files, against_first=False):
     """The ratios a child reports for its files: the package's (and the control's with
-    --runtime litert), or each against the first (files given with --files, or files
-    without the package's names)."""
-    if against_first or not {name for pair in RATIOS for name in pair} <= set(files):
+    --runtime litert), or each against the first (`against_first`: other files)."""
+    if against_first:
         first, *others = files
         return tuple((name, first) for name in others)
     return RATIOS + (((CONTROL, "torchvision"),) if CONTROL in files else ())
@@ -198,11 +198,23 @@ def summary(processes):
     return table
 
 
+def run_child(runtime, files, threads, rounds, calls, seed, pause, side, warmup, against_first):
+    """Times `files` {name: path} in a fresh process of `runtime` (`child`, importing only
+    the runtime and NumPy, run from the repository's root); returns its row: median_ms,
+    ratios and the runtime's version."""
+    settings = (threads, rounds, calls, seed, pause, side, warmup, int(against_first))
+    command = [sys.executable, "-m", "experiments.runtime_processes", CHILD, runtime]
+    command += [json.dumps(files), *(str(v) for v in settings)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600, cwd=REPOSITORY)
+    if done.returncode:
+        raise SystemExit(f"error: timing {runtime} (process {seed}) failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
 def child(argv):
     runtime, files = argv[0], json.loads(argv[1])
     threads, rounds, calls, seed = (int(v) for v in argv[2:6])
-    pause, side, warmup = float(argv[6]), int(argv[7]), int(argv[8])
-    against_first = argv[9:] == ["against-first"]
+    pause, side, warmup, against_first = float(argv[6]), int(argv[7]), int(argv[8]), argv[9] == "1"
     samples = time_sessions(files, threads, rounds, calls, seed, side, runtime, pause, warmup)
     ratios = {
         f"{a}/{b}": float(np.median(np.array(samples[a]) / np.array(samples[b])))
@@ -280,15 +292,9 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as directory:
         files = given or write_files(directory, args.torchvision, args.runtime)
         for seed in range(args.processes):
-            command = [sys.executable, "-m", "experiments.runtime_processes", CHILD, args.runtime]
-            command.append(json.dumps(files))
             settings = (args.threads, args.rounds, args.calls, seed, args.pause, args.side)
-            settings += (args.warmup, *(("against-first",) if given else ()))
-            command += [str(v) for v in settings]
-            done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
-            if done.returncode:
-                raise SystemExit(f"error: timing process {seed} failed:\n{done.stderr[-2000:]}")
-            processes.append(json.loads(done.stdout.strip().splitlines()[-1]))
+            row = run_child(args.runtime, files, *settings, args.warmup, given is not None)
+            processes.append(row)
             print(json.dumps(processes[-1]), flush=True)
     table = summary(processes)
     for name, (mean, low, high, n) in table.items():

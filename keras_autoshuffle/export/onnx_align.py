@@ -144,10 +144,10 @@ def _zero_channels(graph, concat, count):
 def _pad_concat(graph, concat, channels, multiple):
     """Appends zero channels to a channel Concat read by dense convs only (each with
     weights of its own); True if done."""
-    users = graph.users(concat.output[0])
+    users = list({id(u): u for u in graph.users(concat.output[0])}.values())
     if not users or not all(u is not None and _is_conv(u) for u in users):
         return False
-    weights = [u.input[1] for u in {id(u): u for u in users}.values()]
+    weights = [u.input[1] for u in users]
     if not all(w in graph.initializers and len(graph.readers[w]) == 1 for w in weights):
         return False
     extra = -channels % multiple
@@ -156,7 +156,7 @@ def _pad_concat(graph, concat, channels, multiple):
         return False
     concat.input.append(zeros)
     graph.readers[zeros].append(concat)
-    for user in {id(u): u for u in users}.values():
+    for user in users:
         kernel = graph.array(user.input[1])
         padding = np.zeros((kernel.shape[0], extra, *kernel.shape[2:]))
         graph.set(user.input[1], np.concatenate([kernel, padding], axis=1))
