@@ -30,6 +30,50 @@ if BACKEND == "tensorflow":
         pass
 
 
+def _cpu_flags():
+    """The x86 feature flags of /proc/cpuinfo that change a kernel or a precision default
+    (empty where the file is missing)."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The CPU features the run's numbers may depend on, at the end of every log (CI's
+    `-q` run included, which shows no header), so a failure on another machine names what
+    differs. The suite must pass whatever they are (docs/guide/testing.md)."""
+    flags = _cpu_flags()
+    wanted = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"]
+    lines = [
+        "cpu features: " + " ".join(f"{name}={'yes' if name in flags else 'no'}" for name in wanted)
+    ]
+    if BACKEND == "tensorflow":
+        try:  # private, hence guarded: only the header depends on it
+            from tensorflow.python.util import _pywrap_util_port
+
+            onednn = "on" if _pywrap_util_port.IsMklEnabled() else "off"
+        except (ImportError, AttributeError):
+            onednn = "unknown"
+        lines.append(
+            f"tensorflow oneDNN: {onednn} (TF_ENABLE_ONEDNN_OPTS="
+            f"{os.environ.get('TF_ENABLE_ONEDNN_OPTS', 'unset')})"
+        )
+    try:  # OpenVINO picks its CPU precision from these features; the package pins f32
+        import openvino
+
+        default = openvino.Core().get_property("CPU", "INFERENCE_PRECISION_HINT").to_string()
+        lines.append(f"openvino CPU default precision: {default} (the package compiles in f32)")
+    except ImportError:
+        pass
+    for line in lines:
+        terminalreporter.write_line(line)
+
+
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` (pyproject.toml): a worker per CPU this process may use, at most 4, each
     with its own TensorFlow (some 2 GB at its peak)."""
