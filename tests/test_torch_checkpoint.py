@@ -449,3 +449,55 @@ def test_a_negative_storage_size_is_refused_by_name(tmp_path):
             [],
         )
         refused(path, "storage '0' declared as -1 elements")
+
+
+# --- Issue 39: a file cannot change the reader for the reads after it ---
+
+
+def _build_on_global(module, name, state):
+    """A pickle whose BUILD sets `state` on the global `module.name` itself, then holds an
+    empty state dict (BUILD on a global: what torch never writes)."""
+    return (
+        b"\x80\x02"
+        + pickle.GLOBAL
+        + f"{module}\n{name}\n".encode()
+        + pickle.dumps(state, 2)[2:-1]  # the state, without PROTO and STOP
+        + pickle.BUILD
+        + pickle.POP
+        + pickle.EMPTY_DICT
+        + pickle.STOP
+    )
+
+
+@pytest.mark.parametrize(
+    "module, name",
+    [
+        ("torch._utils", "_rebuild_tensor_v2"),
+        ("torch._utils", "_rebuild_tensor"),
+        ("torch._utils", "_rebuild_parameter"),
+        ("collections", "OrderedDict"),
+        ("torch", "FloatStorage"),
+    ],
+)
+def test_a_build_on_an_allowed_global_is_refused_and_poisons_nothing(tmp_path, module, name):
+    # Setting `__defaults__` of the stand-in of _rebuild_tensor_v2 (metadata="poison")
+    # made every later read in the process fail ("a tensor with metadata 'poison'").
+    with np.load(fixture("tiny_expected.npz")) as data:
+        keys = json.loads(str(data["meta"]))["keys"]
+    for i, state in enumerate(
+        [
+            (None, {"__defaults__": ("poison",), "__kwdefaults__": {"x": 1}}),
+            {"__defaults__": ("poison",), "poisoned": True},
+        ]
+    ):
+        path = tmp_path / f"build_{i}.pth"
+        with zipfile.ZipFile(path, "w") as archive:
+            archive.writestr("archive/data.pkl", _build_on_global(module, name, state))
+        refused(path, f"state set on the global {module}.{name}")
+        legacy = tmp_path / f"build_{i}_legacy.pth"
+        head = [pickle.dumps(v, protocol=2) for v in (LEGACY_MAGIC_NUMBER, 1001, {})]
+        legacy.write_bytes(b"".join([*head, _build_on_global(module, name, state)]))
+        refused(legacy, f"state set on the global {module}.{name}")
+        # The same process reads good files as before.
+        for good in ("tiny_zip.pth", "tiny_legacy.pth"):
+            assert list(read_torch_checkpoint(fixture(good))) == keys

@@ -102,7 +102,8 @@ class _StateDict(dict):
 
 
 class _Sealed:
-    """Objects that a pickle's BUILD must not change."""
+    """Objects that a pickle's BUILD must not change: only a `_StateDict` the pickle
+    itself made may receive a BUILD (and keeps nothing of it)."""
 
     __slots__ = ()
 
@@ -113,11 +114,14 @@ class _Sealed:
 class _StorageType(_Sealed):
     """Stands in for a torch storage class such as `torch.FloatStorage` (not callable)."""
 
-    __slots__ = ("name", "dtype")
+    __slots__ = ("name", "dtype", "module")
 
-    def __init__(self, name):
-        self.name = name
+    def __init__(self, name, module="torch"):
+        self.name, self.module = name, module
         self.dtype = STORAGE_DTYPES[name]
+
+    def __setstate__(self, state):
+        raise _Refused(f"state set on the global {self.module}.{self.name}")
 
 
 class _Storage(_Sealed):
@@ -196,14 +200,41 @@ def _rebuild_parameter(data, requires_grad, backward_hooks):
     return data
 
 
+class _Global(_Sealed):
+    """An allowed global as `find_class` returns it: calls its stand-in, and refuses a
+    pickle's BUILD. Handing out the stand-in functions themselves would let BUILD set
+    their attributes (`__defaults__`, `__kwdefaults__`, ...) for the rest of the process,
+    failing or changing every later read; the reader's objects are shared by all reads,
+    so none that a pickle can reach may change."""
+
+    __slots__ = ("name", "function")
+
+    def __init__(self, name, function):
+        self.name, self.function = name, function
+
+    def __call__(self, *args):
+        return self.function(*args)
+
+    def __setstate__(self, state):
+        raise _Refused(f"state set on the global {self.name} (a BUILD a state dict never has)")
+
+
+def _globals(names):
+    return {tuple(name.rsplit(".", 1)): _Global(name, function) for name, function in names}
+
+
 _ALLOWED = {
-    ("collections", "OrderedDict"): _StateDict,
-    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
-    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    **_globals(
+        [
+            ("collections.OrderedDict", _StateDict),
+            ("torch._utils._rebuild_tensor", _rebuild_tensor),
+            ("torch._utils._rebuild_tensor_v2", _rebuild_tensor_v2),
+            ("torch._utils._rebuild_parameter", _rebuild_parameter),
+        ]
+    ),
     # Storages saved from a GPU (`torch.cuda.FloatStorage`) hold the same bytes.
     **{
-        (module, name): _StorageType(name)
+        (module, name): _StorageType(name, module)
         for module in ("torch", "torch.cuda")
         for name in STORAGE_DTYPES
     },
