@@ -416,6 +416,14 @@ def fold_model(model, route_manual=True, name=None):
         >>> harden_model(model)
         >>> inference = fold_model(model)
     """
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"`model` must be a keras.Model. Received: model={model!r}")
+    if not isinstance(route_manual, bool):  # a truthy string would silently mean True
+        raise TypeError(
+            f"`route_manual` must be True or False. Received: route_manual={route_manual!r}"
+        )
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"`name` must be a string or None. Received: name={name!r}")
     architecture = _describe(model)
     for layer in model.layers:
         if isinstance(layer, (RelaxedShuffle, ChannelShuffle)):

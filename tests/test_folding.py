@@ -126,6 +126,17 @@ def test_fold_refuses_relaxed_and_other_models():
         folding.fold_model(keras.Model(inputs, keras.layers.Conv2D(2, 1)(inputs)))
 
 
+def test_fold_refuses_arguments_of_the_wrong_type():
+    with pytest.raises(TypeError, match="Received: model='model.keras'"):
+        folding.fold_model("model.keras")
+    model = tiny_v2(shuffle="manual", classes=3)
+    # A string is truthy: "no" must not silently mean route_manual=True.
+    with pytest.raises(TypeError, match="Received: route_manual='no'"):
+        folding.fold_model(model, route_manual="no")
+    with pytest.raises(TypeError, match="Received: name=3"):
+        folding.fold_model(model, name=3)
+
+
 @pytest.mark.tensorflow_only(reason="LiteRT export")
 def test_folded_litert_has_no_gather_and_matches(tmp_path):
     model = tiny_v2(shuffle="auto", classes=4, classifier_activation=None)
