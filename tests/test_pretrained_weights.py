@@ -19,7 +19,10 @@ import os
 import pickle
 import re
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import zipfile
@@ -525,6 +528,248 @@ def test_a_server_sending_too_much_is_cut_off(cache, server, monkeypatch):
     register(monkeypatch)
     server.serve(CHECKPOINT)
     monkeypatch.setattr(pretrained, "MAX_DOWNLOAD_BYTES", 100_000)  # the checkpoint has 1.5 MB
-    with pytest.raises(OSError, match="the server sent more than 100000 bytes"):
+    # This server announces its length (Content-Length): refused before any byte is read.
+    with pytest.raises(OSError, match=r"announces \d+ bytes \(Content-Length\), more than"):
         pretrained.download_checkpoint(0.5)
     assert os.listdir(cache) == []
+
+
+# --- Issue 39: downloads cut short, lying lengths, killed downloaders, hostile cached files ---
+
+
+class RawServer:
+    """A TCP server on 127.0.0.1 whose every connection is given to `answer(connection)`
+    after the request is read (in a thread); the connection is closed when it returns."""
+
+    def __init__(self, answer):
+        self.answer = answer
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/models/"
+        self.stop = threading.Event()
+        self.acceptor = threading.Thread(target=self._accept, daemon=True)
+        self.acceptor.start()
+
+    def _accept(self):
+        self.listener.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                connection, _ = self.listener.accept()
+            except TimeoutError:
+                continue
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+
+    def _serve(self, connection):
+        with connection, contextlib.suppress(OSError):
+            connection.recv(65536)
+            self.answer(connection, self.stop)
+
+    def close(self):
+        self.stop.set()
+        self.acceptor.join()
+        self.listener.close()
+
+
+@contextlib.contextmanager
+def raw_server(monkeypatch, answer):
+    server = RawServer(answer)
+    monkeypatch.setenv(pretrained.URL_VARIABLE, server.url)
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def _cut_short(connection, stop):
+    connection.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000)
+
+
+def test_a_download_cut_short_is_named_as_such(cache, monkeypatch):
+    # It was blamed on the mirror ("not torchvision's checkpoint: its SHA-256 is ...").
+    register(monkeypatch)
+    with raw_server(monkeypatch, _cut_short) as server, pytest.raises(OSError) as info:
+        pretrained.download_checkpoint(0.5)
+    message = str(info.value)
+    assert "the download was cut short: received 1000 of 100000 bytes" in message, message
+    assert f"{server.url}{NAME}" in message and "not torchvision's checkpoint" not in message
+    assert os.listdir(cache) == []
+
+    def chunked(connection, stop):  # a chunk announced, its bytes never all sent
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        connection.sendall(head + b"186a0\r\n" + b"x" * 1000)
+
+    with raw_server(monkeypatch, chunked), pytest.raises(OSError, match="cut short after"):
+        pretrained.download_checkpoint(0.5)
+    assert os.listdir(cache) == []
+
+
+def test_a_length_past_the_bound_is_refused_before_downloading(cache, monkeypatch):
+    register(monkeypatch)
+    sent = []
+
+    def huge(connection, stop):  # an absurd length: the progress bar's ETA was absurd too
+        connection.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 1000000000000000\r\n\r\n")
+        while not stop.is_set() and len(sent) < 2000:  # 128 MB at most, if it were read
+            connection.sendall(b"x" * 65536)
+            sent.append(1)
+
+    start = time.monotonic()
+    with raw_server(monkeypatch, huge), pytest.raises(OSError) as info:
+        pretrained.download_checkpoint(0.5)
+    message = str(info.value)
+    assert "announces 1000000000000000 bytes (Content-Length), more than the " in message
+    assert f"{pretrained.MAX_DOWNLOAD_BYTES} a checkpoint can have" in message
+    assert time.monotonic() - start < 10 and os.listdir(cache) == []
+
+    def unannounced(connection, stop):  # no length: cut off at the bound while streaming
+        connection.sendall(b"HTTP/1.0 200 OK\r\n\r\n")
+        for _ in range(10):
+            connection.sendall(b"x" * 65536)
+
+    monkeypatch.setattr(pretrained, "MAX_DOWNLOAD_BYTES", 100_000)
+    with raw_server(monkeypatch, unannounced), pytest.raises(OSError, match="more than 100000"):
+        pretrained.download_checkpoint(0.5)
+    assert os.listdir(cache) == []
+
+
+def test_the_download_timeout_has_a_documented_maximum(monkeypatch):
+    # 1e10 gave an OverflowError ("timeout doesn't fit into C timeval") from the socket.
+    monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, "3600")
+    assert pretrained.download_timeout() == pretrained.MAX_TIMEOUT == 3600
+    for bad in ("1e10", "3600.5", "1e400", "-inf", "-0", "0x10", "", "1 000"):
+        monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, bad)
+        if not bad.strip():
+            assert pretrained.download_timeout() == 60  # unset
+            continue
+        with pytest.raises(ValueError) as info:
+            pretrained.download_timeout()
+        message = str(info.value)
+        assert "at most 3600" in message, message
+        assert message.endswith(f"Received: {pretrained.TIMEOUT_VARIABLE}={bad!r}"), message
+
+
+_KILLED_DOWNLOAD = """
+import os, sys
+from keras_autoshuffle.applications import checkpoints, pretrained
+entry = checkpoints.Checkpoint(sys.argv[1], "0" * 64, 1, 0.0, 0.0, classes=10)
+pretrained.CHECKPOINTS[0.5] = entry
+pretrained.download_checkpoint(0.5)
+"""
+
+
+def _partials(cache):
+    return sorted(n for n in os.listdir(cache) if n.endswith(".download"))
+
+
+def test_a_killed_download_leaves_no_partial_file_for_ever(cache, monkeypatch, tmp_path):
+    register(monkeypatch)
+
+    def stall(connection, stop):  # 1000 bytes of 100000, then nothing until the test ends
+        connection.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 1000)
+        stop.wait(120)
+
+    with raw_server(monkeypatch, stall):
+        environment = {
+            **os.environ,
+            "KERAS_BACKEND": "numpy",  # a faster import; the download code is the same
+            pretrained.TIMEOUT_VARIABLE: "600",
+            "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+        }
+        child = subprocess.Popen(
+            [sys.executable, "-c", _KILLED_DOWNLOAD, NAME],
+            env=environment,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline and child.poll() is None:
+                names = _partials(cache) if cache.exists() else []
+                if names:  # its 1000 bytes may sit in the writer's buffer
+                    time.sleep(0.5)
+                    break
+                time.sleep(0.1)
+            else:
+                pytest.fail(f"the child wrote no partial download (exit {child.poll()})")
+            child.send_signal(signal.SIGKILL)  # killed mid-download: no clean-up runs
+        finally:
+            child.kill()
+            child.wait()
+        (left,) = _partials(cache)
+        assert f".{child.pid}." in left
+    # Beside it: a live downloader's file (this process's parent: alive), a file of a dead
+    # PID on another host (shared cache: its PID means nothing here), an old version's
+    # name nobody wrote for hours.
+    tag = pretrained._writer_tag()
+    live = f".{NAME}.{tag}.{os.getppid()}.0123abcd.download"
+    other_host = f".{NAME}.elsewhere-1.{child.pid}.0123abcd.download"
+    old = f".{NAME}.12345.download"
+    for name in (live, other_host, old):
+        (cache / name).write_bytes(b"x")
+    long_ago = time.time() - pretrained.STALE_SECONDS - 60
+    os.utime(cache / old, (long_ago, long_ago))
+    # A later download (here, good) removes the dead writer's file and the stale one.
+    good = LocalServer(tmp_path / "good")
+    try:
+        good.serve(CHECKPOINT)
+        monkeypatch.setenv(pretrained.URL_VARIABLE, good.url)
+        path = pretrained.download_checkpoint(0.5)
+    finally:
+        good.stop()
+    assert sha256_of(path) == sha256_of(CHECKPOINT)
+    assert sorted(os.listdir(cache)) == sorted([NAME, live, other_host])
+
+
+def _hostile_weights(path, kind):
+    import h5py
+
+    with h5py.File(path, "w") as handle:
+        handle.attrs[pretrained.PADDING_ATTRIBUTE] = "torch"
+        if kind == "huge":  # 2^32 float32 (16 GiB) declared, nothing written: a 6 KB file
+            handle.create_dataset("layers/dense/vars/0", shape=(2**32,), dtype="f4", chunks=True)
+        elif kind == "huge chunk":  # one element, in a chunk of 2^29 (2 GiB)
+            handle.create_dataset(
+                "layers/dense/vars/0", shape=(1,), maxshape=(None,), dtype="f4", chunks=(2**29,)
+            )
+        elif kind == "strings":
+            handle.create_dataset("layers/dense/vars/0", data=["a", "b"])
+        elif kind == "external":  # its bytes read from another file
+            handle.create_dataset(
+                "layers/dense/vars/0", shape=(10,), dtype="f4", external=[("/dev/zero", 0, 40)]
+            )
+        elif kind == "link":
+            handle["layers/dense/vars/0"] = h5py.ExternalLink("/elsewhere.h5", "/data")
+
+
+@pytest.mark.parametrize("kind", ["huge", "huge chunk", "strings", "external", "link"])
+def test_a_cached_weights_file_declaring_too_much_is_refused_unread(cache, monkeypatch, kind):
+    # `_check_cached` read every dataset whole: 16 GiB for "huge".
+    import tracemalloc
+
+    import h5py
+
+    register(monkeypatch)
+    cache.mkdir(parents=True)
+    path = cache / f"{NAME.removesuffix('.pth')}.weights.h5"
+    _hostile_weights(path, kind)
+    assert os.path.getsize(path) < 64 * 1024
+    reads = []
+    original = h5py.Dataset.__getitem__
+
+    def spy(dataset, key):
+        reads.append(dataset.name)
+        if dataset.size > 10**6:  # what the old code did: refuse it here, not allocate it
+            raise AssertionError(f"read {dataset.name} of shape {dataset.shape}")
+        return original(dataset, key)
+
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", spy)
+    tracemalloc.start()
+    try:
+        with pytest.raises(ValueError) as info:
+            converted_weights()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    message = str(info.value)
+    assert f"The cached ImageNet weights file {path} cannot be read" in message, message
+    assert "Delete it" in message and reads == [], (reads, message)
+    assert peak < 32 * 2**20, peak

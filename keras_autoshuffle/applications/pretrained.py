@@ -22,10 +22,15 @@ Test seam: `CHECKPOINTS` is a plain dict {width: Checkpoint}, the same object he
 `checkpoints` (see there).
 """
 
+import contextlib
 import http.client
 import json
 import math
 import os
+import re
+import secrets
+import socket
+import stat
 import tempfile
 import time
 import urllib.error
@@ -43,9 +48,24 @@ from keras_autoshuffle.applications.torch_checkpoint import read_torch_checkpoin
 from keras_autoshuffle.applications.torchvision_weights import load_torchvision_weights
 from keras_autoshuffle.applications.weights_files import PADDING_ATTRIBUTE, mark_padding
 
-# Seconds a download waits for the server to connect or send its next bytes.
+# Seconds a download waits for the server to connect or send its next bytes (at most
+# MAX_TIMEOUT: an hour without a byte is no download, and sockets refuse ~1e10 s).
 TIMEOUT_VARIABLE = "KERAS_AUTOSHUFFLE_DOWNLOAD_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0
+MAX_TIMEOUT = 3600.0
+# A partial file (a download, a conversion) is written under a name that carries its
+# writer: `.<name>.<host>-<pid namespace>.<pid>.<token>.download`. One whose writer is
+# dead (same host and PID namespace, no such process), or that nothing has written for
+# STALE_SECONDS (a live download writes at least every timeout, <= MAX_TIMEOUT, seconds;
+# this also covers a PID reused since, another host sharing the cache, older versions'
+# names), is removed by the next download or conversion into the same folder.
+STALE_SECONDS = 2 * MAX_TIMEOUT
+_PARTIAL = re.compile(
+    r"\.(?P<name>.+)\.(?P<tag>[A-Za-z0-9-]+)\.(?P<pid>[0-9]{1,10})\.(?P<token>[0-9a-f]{8})"
+    r"\.(?:download|partial\.weights\.h5)"
+)
+# Partial names of earlier versions (`.<name>.<pid>.download`): removed once stale.
+_OLD_PARTIAL = re.compile(r"\..+\.[0-9]+\.(?:download|partial\.weights\.h5)")
 # torchvision's largest ShuffleNetV2 checkpoint (x2.0) has 29 MB; a server sending more is
 # not sending it.
 MAX_DOWNLOAD_BYTES = 256 * 2**20
@@ -59,7 +79,7 @@ CLASS_INDEX_MD5 = "c2c37ea517e94d9795004a39431a14cb"
 
 def download_timeout():
     """Seconds a download waits for the server to connect or send its next bytes:
-    `$KERAS_AUTOSHUFFLE_DOWNLOAD_TIMEOUT` when set (a number > 0), else 60."""
+    `$KERAS_AUTOSHUFFLE_DOWNLOAD_TIMEOUT` when set (a number > 0, at most 3600), else 60."""
     text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
     if not text:
         return DEFAULT_TIMEOUT
@@ -67,10 +87,11 @@ def download_timeout():
         value = float(text)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and value > 0):
+    if not (math.isfinite(value) and 0 < value <= MAX_TIMEOUT):
         raise ValueError(
             f"The environment variable {TIMEOUT_VARIABLE} must be a number of seconds > 0 "
-            f"(how long a download waits for the server). Received: {TIMEOUT_VARIABLE}={text!r}"
+            f"and at most {MAX_TIMEOUT:g} (how long a download waits for the server). "
+            f"Received: {TIMEOUT_VARIABLE}={text!r}"
         )
     return value
 
@@ -107,6 +128,83 @@ class _Stalled(OSError):
     """The server stopped sending (see `_fetch`)."""
 
 
+class _CutShort(OSError):
+    """The connection closed before the bytes the server announced had come."""
+
+
+def _content_length(response):
+    """The byte count a response announces (`Content-Length`), or None (absent, not a
+    decimal number, several different values)."""
+    values = {v.strip() for v in response.headers.get_all("Content-Length") or ()}
+    if len(values) != 1:
+        return None
+    (text,) = values
+    return int(text) if re.fullmatch(r"[0-9]{1,20}", text) else None
+
+
+def _writer_tag():
+    """Where this process runs: its host and PID namespace (`<host>-<namespace>`); a PID
+    means this process only under the same tag."""
+    host = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64] or "host"
+    try:
+        namespace = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        namespace = 0
+    return f"{host}-{namespace}"
+
+
+def partial_path(folder, name, suffix="download"):
+    """A fresh name in `folder` to write `name` under before it is moved into place:
+    `.<name>.<writer tag>.<pid>.<token>.<suffix>` (see `STALE_SECONDS`)."""
+    token = secrets.token_hex(4)
+    return os.path.join(folder, f".{name}.{_writer_tag()}.{os.getpid()}.{token}.{suffix}")
+
+
+def _alive(pid):
+    """Whether a process `pid` exists here (a process of another user counts)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (OSError, OverflowError, ValueError):
+        return True  # not ours to signal, or not a PID we can judge: keep its file
+    return True
+
+
+def remove_dead_partials(folder):
+    """Removes from `folder` the partial files (`partial_path`) of writers that are dead
+    or that nothing has written for `STALE_SECONDS`; returns their names. A live
+    writer's file, here or on another host, is kept."""
+    removed = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return removed
+    tag, now = _writer_tag(), time.time()
+    for name in names:
+        match = _PARTIAL.fullmatch(name)
+        if match is None and _OLD_PARTIAL.fullmatch(name) is None:
+            continue
+        path = os.path.join(folder, name)
+        try:
+            status = os.lstat(path)
+        except OSError:
+            continue
+        if stat.S_ISDIR(status.st_mode):
+            continue
+        dead = (
+            match is not None
+            and match["tag"] == tag
+            and int(match["pid"]) != os.getpid()
+            and not _alive(int(match["pid"]))
+        )
+        if dead or now - status.st_mtime > STALE_SECONDS:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+                removed.append(name)
+    return removed
+
+
 def _fetch(url, target, timeout):
     """Writes what `url` serves into the file `target`, at most `MAX_DOWNLOAD_BYTES`.
 
@@ -128,8 +226,16 @@ def _fetch(url, target, timeout):
         if isinstance(error.reason, TimeoutError):
             raise _Stalled(f"no connection within {timeout:g} s") from None
         raise
-    length = response.headers.get("Content-Length", "")
-    progress = keras.utils.Progbar(int(length) if length.isdigit() else None)
+    length = _content_length(response)
+    if length is not None and length > MAX_DOWNLOAD_BYTES:
+        response.close()
+        raise OSError(
+            f"the server announces {length} bytes (Content-Length), more than the "
+            f"{MAX_DOWNLOAD_BYTES} a checkpoint can have; nothing was downloaded"
+        )
+    # The bar counts bytes; its ETA comes from a length the server announced (bounded
+    # above), else the bar has no target and shows no ETA.
+    progress = keras.utils.Progbar(length or None, unit_name="bytes")
     received, window, window_start = 0, 0, time.monotonic()
     with response, open(target, "wb") as out:
         while True:
@@ -137,7 +243,17 @@ def _fetch(url, target, timeout):
                 block = response.read1(1 << 16)
             except TimeoutError:
                 raise _Stalled(f"nothing sent for {timeout:g} s after {received} bytes") from None
+            except http.client.IncompleteRead:  # a chunked response cut short
+                raise _CutShort(
+                    f"the download was cut short after {received} bytes (the connection "
+                    "closed inside a chunk)"
+                ) from None
             if not block:
+                if length is not None and received < length:
+                    raise _CutShort(
+                        f"the download was cut short: received {received} of {length} bytes "
+                        "(the connection closed early)"
+                    )
                 return
             received, window = received + len(block), window + len(block)
             if received > MAX_DOWNLOAD_BYTES:
@@ -185,9 +301,11 @@ def download_checkpoint(width):
         )
     url = entry.url
     timeout = download_timeout()
-    # Renamed to `path` once its hash is right; one name per process, so two processes
-    # downloading at once never write into the same file.
-    download = os.path.join(base, CACHE_SUBDIR, f".{entry.file_name}.{os.getpid()}.download")
+    folder = os.path.join(base, CACHE_SUBDIR)
+    remove_dead_partials(folder)  # what killed downloads left
+    # Renamed to `path` once its hash is right; one name per download (its writer's host,
+    # PID and a random token), so two downloads at once never write into the same file.
+    download = partial_path(folder, entry.file_name)
     try:
         _fetch(url, download, timeout)
     except (OSError, http.client.HTTPException, ValueError) as error:
@@ -198,6 +316,10 @@ def download_checkpoint(width):
                 f"the server stalled ({error}). Set {TIMEOUT_VARIABLE} to a number of "
                 f"seconds to wait longer (it is {timeout:g}), or {URL_VARIABLE} to another "
                 "mirror."
+            )
+        elif isinstance(error, _CutShort):
+            cause = (
+                f"{error}: nothing was cached. Try again, or set {URL_VARIABLE} to another mirror."
             )
         else:
             cause = f"{type(error).__name__}: {error}."
@@ -219,9 +341,62 @@ def download_checkpoint(width):
     return path
 
 
-def _check_cached(path):
+# What a converted file in the cache may declare before any of it is read: floating-point
+# datasets (float32 as written) in the file itself, at most this many, of at most twice
+# the checkpoint's parameter count in all (the BatchNorm statistics add fewer values than
+# the parameters), and no links (a soft or external link could lead Keras's loader to
+# another file or object).
+MAX_CACHED_DATASETS = 10_000
+
+
+def _declared_values(handle, entry):
+    """Checks what the HDF5 file `handle` declares (no data read): its links, each
+    dataset's dtype, storage and shape against the net's size; ValueError naming the first
+    that does not fit."""
+    import h5py
+
+    limit = 2 * entry.num_params + 2**16
+    total, count = 0, 0
+
+    links = []  # (h5py fails on an exception raised inside visititems_links)
+
+    def link(name, target):
+        if not isinstance(target, h5py.HardLink):
+            links.append(name)
+
+    def dataset(name, item):
+        nonlocal total, count
+        if not isinstance(item, h5py.Dataset):
+            return
+        count += 1
+        if count > MAX_CACHED_DATASETS:
+            raise ValueError(f"more than {MAX_CACHED_DATASETS} datasets")
+        if item.dtype.kind != "f" or item.dtype.itemsize > 8:
+            raise ValueError(f"dataset {name!r} holds {item.dtype}, not floating-point numbers")
+        if item.is_virtual or item.external:
+            raise ValueError(f"dataset {name!r} is stored outside the file (virtual or external)")
+        chunk = math.prod(item.chunks) if item.chunks else 0
+        total += item.size
+        if total > limit or chunk > limit:
+            raise ValueError(
+                f"dataset {name!r} declares shape {item.shape} (chunks {item.chunks}), which "
+                f"brings the file to {total} values, more than the {limit} that ShuffleNetV2 "
+                f"with {entry.num_params} parameters can have; nothing was read"
+            )
+
+    handle.visititems_links(link)
+    if links:
+        raise ValueError(f"{links[0]!r} is a soft or external link (this package writes none)")
+    handle.visititems(dataset)
+    padding = handle.attrs.get_id(PADDING_ATTRIBUTE) if PADDING_ATTRIBUTE in handle.attrs else None
+    if padding is not None and (padding.shape != () or padding.get_storage_size() > 1024):
+        raise ValueError(f"the attribute {PADDING_ATTRIBUTE} of shape {padding.shape}")
+
+
+def _check_cached(path, entry):
     """Refuses a converted weights file in the cache that cannot be read whole (empty,
-    truncated, damaged, not HDF5, a folder), naming it: it would fail every later call."""
+    truncated, damaged, not HDF5, a folder) or that declares more than the net it holds
+    (checked before reading anything), naming it: it would fail every later call."""
     import h5py
 
     def read(_, item):
@@ -232,10 +407,11 @@ def _check_cached(path):
         if not os.path.isfile(path):
             raise IsADirectoryError("not a regular file")
         with h5py.File(path, "r") as handle:
+            _declared_values(handle, entry)
             if handle.attrs.get(PADDING_ATTRIBUTE) not in ("torch", b"torch"):
                 raise ValueError("not marked as converted from torchvision (padding 'torch')")
             handle.visititems(read)
-    except (OSError, ValueError, KeyError, RuntimeError) as error:
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as error:
         raise ValueError(
             f"The cached ImageNet weights file {path} cannot be read ({type(error).__name__}: "
             f"{error}): it is damaged (e.g. truncated by a full disk) or not this package's. "
@@ -263,7 +439,7 @@ def converted_weights(width, include_top, build):
     suffix = "" if include_top else "_notop"
     path = os.path.join(cache_dir(), CACHE_SUBDIR, f"{entry.stem}{suffix}.weights.h5")
     if os.path.lexists(path):
-        _check_cached(path)
+        _check_cached(path, entry)
         return path
     checkpoint = download_checkpoint(width)
     state_dict = read_torch_checkpoint(checkpoint)
@@ -275,9 +451,8 @@ def converted_weights(width, include_top, build):
             f"The checkpoint {checkpoint} (from {entry.url}) does not convert to "
             f"ShuffleNetV2 x{width:g}: {error}"
         ) from None
-    partial = os.path.join(
-        os.path.dirname(path), f".{entry.stem}{suffix}.{os.getpid()}.partial.weights.h5"
-    )
+    remove_dead_partials(os.path.dirname(path))
+    partial = partial_path(os.path.dirname(path), f"{entry.stem}{suffix}", "partial.weights.h5")
     try:
         model.save_weights(partial)
         mark_padding(partial, "torch")
