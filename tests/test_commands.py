@@ -19,6 +19,7 @@ import sys
 import tomllib
 import zipfile
 
+import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -146,3 +147,108 @@ def test_the_wheel_installs_alone_and_its_commands_run(tmp_path):
     first, usage = result.stdout.split("\n", 1)
     assert first == f"{env_site}/keras_autoshuffle/__init__.py ShuffleNetV2"  # the wheel's
     assert usage.startswith("usage: autoshuffle-convert-weights ")
+
+
+# --- autoshuffle-convert-weights: refusals without tracebacks, an atomic output (issue 39) ---
+
+LEGACY_X0_5 = ROOT / "tests" / "fixtures" / "torch_checkpoints"
+LEGACY_X0_5 = LEGACY_X0_5 / "torchvision_shufflenet_v2_x0_5_legacy.pth"
+
+
+def _convert(*argv):
+    """Runs the command in this process; returns its refusal's message (exit status 1)."""
+    from keras_autoshuffle.commands import convert_weights
+
+    with pytest.raises(SystemExit) as info:
+        convert_weights.main([str(a) for a in argv])
+    assert isinstance(info.value.code, str), info.value.code  # a message: status 1
+    return info.value.code
+
+
+def _with_entries(path, **changes):
+    """The x0.5 fixture with some entries replaced (NumPy arrays), written in torch's zip
+    format by the test writer of tests/test_torch_checkpoint.py."""
+    from test_torch_checkpoint import Storage, ordered_dict, tensor, write_zip
+
+    from keras_autoshuffle.applications import read_torch_checkpoint
+
+    state = {**read_torch_checkpoint(LEGACY_X0_5), **changes}
+    items, storages = [], []
+    for i, (key, array) in enumerate(state.items()):
+        array = np.array(array, order="C")  # (ascontiguousarray makes a 0-d array 1-d)
+        kind = {"f4": "FloatStorage", "i8": "LongStorage"}[array.dtype.str[1:]]
+        storage = Storage(str(i), kind, array.reshape(-1).astype(array.dtype.newbyteorder("<")))
+        strides = tuple(s // array.itemsize for s in array.strides)
+        items.append((key, tensor(storage, 0, array.shape, strides)))
+        storages.append(storage)
+    return write_zip(path, ordered_dict(items), storages)
+
+
+def test_convert_weights_refuses_outputs_it_cannot_write(tmp_path):
+    # Each was a traceback from h5py or os after the checkpoint was read and converted.
+    missing = tmp_path / "no" / "such" / "x.weights.h5"
+    message = _convert(LEGACY_X0_5, missing)
+    assert f"folder {missing.parent} does not exist" in message, message
+    assert message.endswith(f"Received: output={str(missing)!r}")
+    folder = tmp_path / "d.weights.h5"
+    folder.mkdir()
+    for extra in ([], ["--overwrite"]):
+        message = _convert(LEGACY_X0_5, folder, *extra)
+        assert f"The output {folder} is a folder" in message, message
+    existing = tmp_path / "e.weights.h5"
+    existing.write_bytes(b"old")
+    assert "pass --overwrite" in _convert(LEGACY_X0_5, existing)
+    assert existing.read_bytes() == b"old" and sorted(os.listdir(tmp_path)) == [
+        "d.weights.h5",
+        "e.weights.h5",
+    ]
+
+
+def test_convert_weights_refuses_a_classifier_of_no_classes(tmp_path):
+    # A 0-d fc.weight was an IndexError, a (0, 1024) one a ValueError traceback from the
+    # builder (classes=0), an integer stage-4 kernel a ValueError from the width check.
+    fc = np.zeros((10, 1024), "f4")
+    cases = {
+        "scalar": ({"fc.weight": np.float32(1.0)}, "Received: fc.weight of shape ()"),
+        "no classes": ({"fc.weight": fc[:0]}, "Received: fc.weight of shape (0, 1024)"),
+        "features": ({"fc.weight": fc[:, :7]}, "Received: fc.weight of shape (10, 7)"),
+        "integers": (
+            {"conv5.0.weight": np.zeros((1024, 192, 1, 1), "i8")},
+            "must hold floating-point numbers",
+        ),
+    }
+    for label, (changes, expected) in cases.items():
+        checkpoint = _with_entries(tmp_path / f"{label.replace(' ', '_')}.pth", **changes)
+        output = tmp_path / "out.weights.h5"
+        message = _convert(checkpoint, output)
+        assert message.startswith(f"{checkpoint}: "), (label, message)
+        assert expected in message, (label, message)
+        assert not output.exists()
+
+
+def test_convert_weights_writes_its_output_atomically(tmp_path, monkeypatch):
+    import h5py
+    import keras
+
+    from keras_autoshuffle.commands import convert_weights
+
+    output = tmp_path / "x0_5.weights.h5"
+    output.write_bytes(b"the previous version")
+    real_save = keras.Model.save_weights
+
+    def full_disk(model, path, *args, **kwargs):
+        real_save(model, path, *args, **kwargs)  # half written, then the disk is full
+        with open(path, "r+b") as handle:
+            handle.truncate(100)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(keras.Model, "save_weights", full_disk)
+    message = _convert(LEGACY_X0_5, output, "--overwrite")
+    assert f"Cannot write {output}" in message and "No space left" in message, message
+    assert output.read_bytes() == b"the previous version"
+    assert os.listdir(tmp_path) == [output.name]  # no temporary left
+    monkeypatch.undo()
+    assert convert_weights.main([str(LEGACY_X0_5), str(output), "--overwrite"]) == 0
+    assert os.listdir(tmp_path) == [output.name]
+    with h5py.File(output, "r") as handle:
+        assert handle.attrs["keras_autoshuffle_padding"] == "torch"

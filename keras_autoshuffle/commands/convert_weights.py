@@ -10,6 +10,10 @@ Usage:
     autoshuffle-convert-weights shufflenetv2_x1-5666bf0f80.pth shufflenet_v2_x1_0.weights.h5
 
 `--no-top` leaves the classifier out (for `include_top=False`, to fine-tune a new head).
+The output is written atomically (under a temporary name in its folder, then moved into
+place): an interrupted conversion leaves the old file or none, never half a file. Every
+refusal (a damaged checkpoint, a classifier of no classes, an output in a missing folder
+or that is a folder) ends the command with a message naming the file and the value.
 Then, in Keras (manual shuffles, or learned ones starting at the manual shuffle):
     ShuffleNetV2(1.0, stem="imagenet", weights="shufflenet_v2_x1_0.weights.h5")
     AutoShuffleNetV2(1.0, stem="imagenet", weights="shufflenet_v2_x1_0.weights.h5",
@@ -20,12 +24,16 @@ import argparse
 import os
 import sys
 
+import numpy as np
+
+from keras_autoshuffle import _atomic
 from keras_autoshuffle.applications import (
     CheckpointError,
     ShuffleNetV2,
     load_torchvision_weights,
     read_torch_checkpoint,
 )
+from keras_autoshuffle.applications.architecture import V2_CONFIGS
 from keras_autoshuffle.applications.torchvision_weights import torchvision_width
 from keras_autoshuffle.applications.weights_files import mark_padding
 
@@ -52,22 +60,78 @@ def read_checkpoint(path):
     return state
 
 
-def model_for(state_dict, include_top=True):
-    """The ShuffleNetV2 the state dict's shapes describe."""
+def model_for(state_dict, include_top=True, path="the checkpoint"):
+    """The ShuffleNetV2 the state dict's shapes describe (`path` names it in refusals)."""
     fc = state_dict.get("fc.weight")
     if "conv5.0.weight" not in state_dict or (include_top and fc is None):
-        sys.exit("The checkpoint is not a torchvision ShuffleNetV2 (no conv5.0 / fc weights).")
-    width = torchvision_width(state_dict)
+        sys.exit(f"{path} is not a torchvision ShuffleNetV2 (no conv5.0 / fc weights).")
+    try:
+        width = torchvision_width(state_dict)
+    except ValueError as error:
+        sys.exit(f"{path}: {error}")
     if width is None:
-        sys.exit("No torchvision ShuffleNetV2 width has this checkpoint's stage-4 channels.")
-    return ShuffleNetV2(
-        width,
-        include_top=include_top,
-        stem="imagenet",
-        input_shape=(224, 224, 3),
-        classes=int(fc.shape[0]) if include_top else 1000,
-        classifier_activation=None,
-    )
+        shape = tuple(np.shape(state_dict["conv5.0.weight"]))
+        sys.exit(
+            f"{path}: no torchvision ShuffleNetV2 width has this checkpoint's stage-4 channels. "
+            f"Received: conv5.0.weight of shape {shape}"
+        )
+    classes = 1000
+    if include_top:
+        shape = tuple(np.shape(fc))
+        features = V2_CONFIGS[width][-1]
+        if len(shape) != 2 or shape[0] < 1 or shape[1] != features:
+            sys.exit(
+                f"{path}: the classifier fc.weight must have shape (classes >= 1, {features}) "
+                f"for ShuffleNetV2 x{width:g}. Received: fc.weight of shape {shape}"
+            )
+        classes = int(shape[0])
+    try:
+        return ShuffleNetV2(
+            width,
+            include_top=include_top,
+            stem="imagenet",
+            input_shape=(224, 224, 3),
+            classes=classes,
+            classifier_activation=None,
+        )
+    except ValueError as error:
+        sys.exit(f"{path}: {error}")
+
+
+def check_output(output, overwrite):
+    """Refuses, before anything is read, an output the command cannot write (`sys.exit`)."""
+    if not output.endswith(".weights.h5"):
+        sys.exit(f"The output must end in .weights.h5. Received: output={output!r}")
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        sys.exit(
+            f"The output's folder {folder} does not exist (or is not a folder): create it "
+            f"first. Received: output={output!r}"
+        )
+    if os.path.isdir(output):
+        sys.exit(
+            f"The output {output} is a folder; --overwrite replaces files only. Received: "
+            f"output={output!r}"
+        )
+    if os.path.lexists(output) and not overwrite:
+        sys.exit(f"{output} exists; pass --overwrite to replace it. Received: output={output!r}")
+
+
+def write_weights(model, output):
+    """Writes `model`'s weights to `output` atomically, marked as fitting PyTorch's padding
+    (so a padding="same" net refuses the file)."""
+
+    def write(temporary):
+        model.save_weights(temporary)
+        mark_padding(temporary, "torch")
+
+    try:
+        _atomic.write_atomically(output, write)
+    except OSError as error:
+        sys.exit(
+            f"Cannot write {output} ({type(error).__name__}: {error}); nothing was written. "
+            f"Received: output={output!r}"
+        )
 
 
 def main(argv=None):
@@ -80,18 +144,14 @@ def main(argv=None):
         "--no-top", action="store_true", help="leave the classifier out (include_top=False)"
     )
     args = parser.parse_args(argv)
-    if not args.output.endswith(".weights.h5"):
-        sys.exit(f"The output must end in .weights.h5. Received: output={args.output!r}")
-    if os.path.exists(args.output) and not args.overwrite:
-        sys.exit(f"{args.output} exists; pass --overwrite to replace it.")
+    check_output(args.output, args.overwrite)
     state_dict = read_checkpoint(args.checkpoint)
-    model = model_for(state_dict, include_top=not args.no_top)
+    model = model_for(state_dict, include_top=not args.no_top, path=args.checkpoint)
     try:
         load_torchvision_weights(model, state_dict)
     except ValueError as error:
-        sys.exit(str(error))
-    model.save_weights(args.output)
-    mark_padding(args.output, "torch")  # so a padding="same" net refuses the file
+        sys.exit(f"{args.checkpoint}: {error}")
+    write_weights(model, args.output)
     top = "no classifier" if args.no_top else f"{model.output_shape[-1]} classes"
     print(f"wrote {args.output}: {model.name}, {model.count_params():,} parameters, {top}")
     return 0
