@@ -633,8 +633,6 @@ def test_a_length_past_the_bound_is_refused_before_downloading(cache, monkeypatc
 
 def test_the_download_timeout_has_a_documented_maximum(monkeypatch):
     # 1e10 gave an OverflowError ("timeout doesn't fit into C timeval") from the socket.
-    monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, "3600")
-    assert pretrained.download_timeout() == pretrained.MAX_TIMEOUT == 3600
     for bad in ("1e10", "3600.5", "1e400", "-inf", "-0", "0x10", "", "1 000"):
         monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, bad)
         if not bad.strip():
@@ -645,6 +643,8 @@ def test_the_download_timeout_has_a_documented_maximum(monkeypatch):
         message = str(info.value)
         assert "at most 3600" in message, message
         assert message.endswith(f"Received: {pretrained.TIMEOUT_VARIABLE}={bad!r}"), message
+    monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, "3600")
+    assert pretrained.download_timeout() == pretrained.MAX_TIMEOUT == 3600
 
 
 _KILLED_DOWNLOAD = """
@@ -699,13 +699,13 @@ def test_a_killed_download_leaves_no_partial_file_for_ever(cache, monkeypatch, t
     # Beside it: a live downloader's file (this process's parent: alive), a file of a dead
     # PID on another host (shared cache: its PID means nothing here), an old version's
     # name nobody wrote for hours.
-    tag = pretrained._writer_tag()
+    tag = left.removeprefix(f".{NAME}.").split(".")[0]  # the writer's host and PID namespace
     live = f".{NAME}.{tag}.{os.getppid()}.0123abcd.download"
     other_host = f".{NAME}.elsewhere-1.{child.pid}.0123abcd.download"
     old = f".{NAME}.12345.download"
     for name in (live, other_host, old):
         (cache / name).write_bytes(b"x")
-    long_ago = time.time() - pretrained.STALE_SECONDS - 60
+    long_ago = time.time() - 3 * 24 * 3600  # past pretrained.STALE_SECONDS (2 h)
     os.utime(cache / old, (long_ago, long_ago))
     # A later download (here, good) removes the dead writer's file and the stale one.
     good = LocalServer(tmp_path / "good")
