@@ -9,6 +9,7 @@ study (`study.py`).
 import concurrent.futures
 import dataclasses
 import json
+import math
 import multiprocessing
 import os
 
@@ -137,11 +138,32 @@ def _fraction(value):
 
 
 def _number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and np.isfinite(value)
+    """A finite int or float (not a bool) that fits a float: JSON's integers may have
+    hundreds of digits (`np.isfinite(10**400)` raises TypeError; it is refused here)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond float's range
+        return False
 
 
 def _count(value):
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _logged(values):
+    return isinstance(values, list) and all(isinstance(x, float) or _number(x) for x in values)
+
+
+def _shown(value, limit=200):
+    """`repr(value)`, cut to `limit` characters (a row may hold a 400-digit integer or a
+    megabyte of text; Python refuses to write an int of more than 4300 digits)."""
+    try:
+        text = repr(value)
+    except ValueError:
+        text = f"<an int of {len(format(value, 'x'))} hex digits>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # A row's entries and what each must be (rows from before the arms lack the optional ones).
@@ -160,8 +182,9 @@ _ROW_ENTRIES = {
     "penalty": lambda v: _number(v) and v >= 0,
     "routing_difference": lambda v: _number(v) and v >= 0,
     "seconds": lambda v: _number(v) and v >= 0,
-    "routing": lambda v: isinstance(v, list),
-    "history": lambda v: isinstance(v, dict),
+    "routing": lambda v: isinstance(v, list) and all(isinstance(e, dict) for e in v),
+    # Each logged value per epoch: numbers, NaN and inf included (a diverged training's loss).
+    "history": lambda v: isinstance(v, dict) and all(_logged(x) for x in v.values()),
 }
 _OPTIONAL_ROW_ENTRIES = {
     "arm": lambda v: v is None or isinstance(v, str),
@@ -181,7 +204,7 @@ def check_row(path, row, spec, settings):
     model, shuffle, lambda and epochs; else RunDirectoryError naming the file."""
     if not isinstance(row, dict):
         raise RunDirectoryError(
-            f"The result row {path} is not an object. {_REBUILD} Received: {row!r:.200}"
+            f"The result row {path} is not an object. {_REBUILD} Received: {_shown(row)}"
         )
     missing = [key for key in _ROW_ENTRIES if key not in row]
     if missing:
@@ -191,8 +214,14 @@ def check_row(path, row, spec, settings):
         if not check(row[key]):
             raise RunDirectoryError(
                 f"The result row {path} holds an invalid {key}. {_REBUILD} "
-                f"Received: {key}={row[key]!r:.200}"
+                f"Received: {key}={_shown(row[key])}"
             )
+    if row["harden_at_epoch"] is not None and row["harden_at_epoch"] >= row["epochs"]:
+        raise RunDirectoryError(
+            f"The result row {path} holds an invalid harden_at_epoch (at most epochs - 1 = "
+            f"{_shown(row['epochs'] - 1)}). {_REBUILD} "
+            f"Received: harden_at_epoch={_shown(row['harden_at_epoch'])}"
+        )
     expected = {
         "name": spec.name,
         "seed": spec.seed,
@@ -206,7 +235,7 @@ def check_row(path, row, spec, settings):
         raise RunDirectoryError(
             f"The result row {path} is not the row of run {spec.name} (copied from another "
             f"run?). {_REBUILD} Received: "
-            + ", ".join(f"{k}={row[k]!r} (the run's: {expected[k]!r})" for k in differ)
+            + ", ".join(f"{k}={_shown(row[k])} (the run's: {expected[k]!r})" for k in differ)
         )
     return row
 

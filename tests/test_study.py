@@ -171,3 +171,38 @@ def test_every_committed_row_passes_its_check():
     for folder in sorted(DOCS_RUNS.iterdir()):
         path = folder / "result.json"
         runs.check_row(str(path), json.loads(path.read_text()), specs[folder.name], settings)
+
+
+HUGE = 10**400  # JSON holds integers of any length; a float does not
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"lambda": HUGE}, r"invalid lambda.*Received: lambda=1000000000"),
+        ({"final_accuracy": -HUGE}, r"invalid final_accuracy.*Received: final_accuracy=-1000"),
+        ({"seconds": HUGE}, r"invalid seconds.*Received: seconds=1000"),
+        ({"search_penalty": HUGE}, r"invalid search_penalty"),
+        ({"seed": HUGE}, r"not the row of run v2_manual_seed0.*seed=1000"),
+        ({"name": "x" * 100000}, r"not the row of run v2_manual_seed0.*name='xxx"),
+        ({"harden_at_epoch": HUGE}, r"invalid harden_at_epoch \(at most epochs - 1 = 9\)"),
+        ({"harden_at_epoch": 10}, r"invalid harden_at_epoch.*Received: harden_at_epoch=10$"),
+        ({"routing": [1, "x"]}, r"invalid routing.*Received: routing=\[1, 'x'\]"),
+        ({"history": {"loss": [0.5, "x"]}}, r"invalid history"),
+        ({"history": {"loss": 0.5}}, r"invalid history"),
+        ({"relative_change": float("inf")}, r"invalid relative_change"),
+        ({"equals_manual": 1}, r"invalid equals_manual"),
+    ],
+)
+def test_huge_numbers_and_garbage_in_a_row_are_named_and_cut_short(tmp_path, change, message):
+    settings = study.StudySettings()
+    spec = next(s for s in study.specs(settings) if s.name == "v2_manual_seed0")
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps({**_committed_row(), **change}))
+    with pytest.raises(RunDirectoryError, match=f"{re.escape(str(path))}") as caught:
+        runs.run_one(settings, None, spec, str(tmp_path))
+    assert re.search(message, str(caught.value), flags=re.S)
+    assert len(str(caught.value)) < len(str(path)) + 600  # each value cut to 200 characters
+    # A diverged training logs NaN: its history is a row's as any other.
+    row = {**_committed_row(), "history": {"loss": [float("nan"), float("inf"), 1]}}
+    assert runs.check_row(str(path), row, spec, settings) is row
