@@ -10,6 +10,7 @@ triangle filter of PIL's `BILINEAR` resampling, whose weights torchvision's
 
 import json
 import os
+import re
 
 import keras
 import numpy as np
@@ -23,6 +24,7 @@ from keras_autoshuffle.applications import (
     imagenet_preprocessing,
     preprocess_input,
 )
+from keras_autoshuffle.applications.preprocessing import ToRGB
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 MEAN, STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
@@ -201,3 +203,116 @@ def test_decode_predictions_takes_numpy_integer_top(class_index):
     for bad in (np.int64(0), np.float64(2.0), np.bool_(True), True):
         with pytest.raises(ValueError, match="Received: top="):
             decode_predictions(preds, top=bad)
+
+
+def _fresh(images, width=1.0, data_format=None):
+    return keras.ops.convert_to_numpy(imagenet_preprocessing(width, data_format)(images))
+
+
+def test_a_wrong_rank_call_is_refused_and_leaves_the_preprocessing_working():
+    # Keras built a Sequential on its first call, for that call's shape, and kept that
+    # shape when the call failed: one image without its batch axis broke every later call.
+    images = _images(30, 40, batch=1)
+    preprocess = imagenet_preprocessing(1.0)
+    for bad in (images[0], images[None], images[0, :, :, 0]):
+        shape = re.escape(str(bad.shape))
+        with pytest.raises(ValueError, match=rf"expected ndim=4.*Full shape received: {shape}"):
+            preprocess(bad)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(preprocess(images)), _fresh(images))
+    # Later batches of other sizes, sides and channel counts work too.
+    other = _images(50, 20, batch=3)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(preprocess(other)), _fresh(other))
+    with pytest.raises(ValueError, match=r"Received: images.shape=\(30, 40, 3\)"):
+        ResizeCenterCrop(256, 224).compute_output_shape((30, 40, 3))
+
+
+@pytest.mark.parametrize("shape", [(1, 0, 5, 3), (2, 5, 0, 3), (1, 0, 0, 3)])
+def test_empty_images_are_refused_naming_their_shape(shape):
+    message = rf"at least 1 pixel on each side. Received: images.shape={re.escape(str(shape))}"
+    with pytest.raises(ValueError, match=message):
+        imagenet_preprocessing(1.0)(np.zeros(shape, "float32"))
+    with pytest.raises(ValueError, match=message):
+        ResizeCenterCrop(4, 2)(np.zeros(shape, "uint8"))
+
+
+def test_gray_and_alpha_images_are_made_rgb_as_pils_convert():
+    from PIL import Image
+
+    rgba = np.random.default_rng(4).integers(0, 256, (1, 40, 30, 4), dtype=np.uint8)
+    gray_alpha = rgba[..., [0, 3]]
+    for array, mode in ((rgba, "RGBA"), (gray_alpha, "LA"), (rgba[..., :1], "L")):
+        image = Image.fromarray(array[0] if mode != "L" else array[0, ..., 0], mode)
+        rgb = np.asarray(image.convert("RGB"))[None]
+        np.testing.assert_array_equal(_fresh(array), _fresh(rgb))
+    # channels_first, and the layer alone (values and dtype kept).
+    first = rgba.transpose(0, 3, 1, 2)
+    np.testing.assert_array_equal(
+        _fresh(first, data_format="channels_first"),
+        _fresh(rgba[..., :3].transpose(0, 3, 1, 2), data_format="channels_first"),
+    )
+    for channels in (0, 5):
+        shape = (1, 8, 9, channels)
+        with pytest.raises(
+            ValueError, match=rf"1 \(gray\).*4 \(RGBA\).*images.shape={re.escape(str(shape))}"
+        ):
+            imagenet_preprocessing(1.0)(np.zeros(shape, "float32"))
+
+
+def test_too_long_images_are_refused_before_anything_is_resized(monkeypatch):
+    def resize(*args, **kwargs):
+        raise AssertionError("resized")
+
+    limit = r"longer side at most 100 times the shorter \(MAX_ASPECT_RATIO"
+    with monkeypatch.context() as patched:
+        patched.setattr(keras.ops.image, "resize", resize)
+        # 1 x 100000 would be resized to 256 x 25,600,000 (78 GB in float32). (Gray is
+        # made RGB first: the shape named has 3 channels.)
+        for shape in [(1, 1, 100000, 3), (2, 300, 2, 3), (1, 1, 101, 1)]:
+            images = np.zeros(shape, "float32")
+            sides = re.escape(str(shape[:3])[:-1])
+            with pytest.raises(ValueError, match=rf"{limit}.*images.shape={sides}, 3\)"):
+                imagenet_preprocessing(1.0)(images)
+    # At the limit: resized to 4 x 400, cropped to 2 x 2.
+    assert ResizeCenterCrop(4, 2)(np.zeros((1, 1, 100, 3), "float32")).shape == (1, 2, 2, 3)
+
+
+def test_the_layers_refuse_what_are_not_pixel_values():
+    with pytest.raises(ValueError, match=r"pixel values.*Received: images.dtype=bool"):
+        ResizeCenterCrop(4, 2)(np.ones((1, 5, 5, 3), bool))
+    with pytest.raises(ValueError, match=r"pixel values.*Received: images.dtype=bool"):
+        ToRGB()(np.ones((1, 5, 5, 3), bool))
+    # Keras's input casts the model's inputs to float32, as any model's: True is 1.
+    assert imagenet_preprocessing(1.0)(np.ones((1, 5, 5, 3), bool)).shape == (1, 224, 224, 3)
+
+
+@pytest.mark.tensorflow_only(reason="tf.data traces with unknown image sides and channels")
+def test_tf_data_refuses_empty_long_and_odd_images_when_run():
+    import tensorflow as tf
+
+    def mapped(image):  # sides unknown when traced; channels too, but for RGB
+        channels = 3 if image.shape[-1] == 3 else None
+        spec = tf.TensorSpec((None, None, None, channels), tf.float32)
+        dataset = tf.data.Dataset.from_generator(lambda: iter([image]), output_signature=spec)
+        return dataset.map(imagenet_preprocessing(1.0))
+
+    for shape, message in [
+        ((1, 2, 300, 3), r"at most 100 times the shorter.*images.shape=\] \[1 2 300 3\]"),
+        ((1, 0, 40, 3), r"at least 1 pixel on each side. Received: images.shape=\] \[1 0 40 3\]"),
+        ((1, 5, 6, 5), r"4 \(RGBA\) channels.*images.shape=\] \[1 5 6 5\]"),
+    ]:
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            next(iter(mapped(np.zeros(shape, "float32"))))
+    rgba = _images(30, 40, batch=1)
+    rgba = np.concatenate([rgba, rgba[..., :1]], axis=-1)
+    out = next(iter(mapped(rgba)))  # channels unknown when traced, too
+    np.testing.assert_allclose(out.numpy(), _fresh(rgba[..., :3]), atol=1e-5)
+    with pytest.raises(ValueError, match=r"at least 1 pixel on each side"):
+        ResizeCenterCrop(4, 2)(tf.zeros((1, 0, 4, 3)))  # eager: the sides are known
+
+
+@pytest.mark.tensorflow_only(reason="TensorFlow tensors of strings")
+def test_the_layers_refuse_strings():
+    import tensorflow as tf
+
+    with pytest.raises(ValueError, match=r"Received: images.dtype=string"):
+        ResizeCenterCrop(4, 2)(tf.fill((1, 5, 5, 3), "a"))

@@ -1,5 +1,5 @@
 """The images the ImageNet weights expect: torchvision's evaluation transform as Keras
-layers (`imagenet_preprocessing`, `ResizeCenterCrop`) and `preprocess_input`.
+layers (`imagenet_preprocessing`, `ToRGB`, `ResizeCenterCrop`) and `preprocess_input`.
 
 torchvision evaluates its ShuffleNetV2 checkpoints with `ImageClassification`: resize the
 shorter side to `resize_size` (bilinear, antialiased), crop the central `crop_size`
@@ -13,9 +13,100 @@ from keras import ops
 from keras.applications import imagenet_utils
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle._resize_crop import crop_start, resized_size, tf_resize_center_crop
+from keras_autoshuffle._resize_crop import (
+    check_sides,
+    crop_start,
+    resized_size,
+    tf_check_sides,
+    tf_resize_center_crop,
+)
 from keras_autoshuffle.applications.architecture import width_name
 from keras_autoshuffle.applications.checkpoints import CHECKPOINTS
+
+
+def _pixels(images, layer):
+    """`images` as a tensor of pixel values: ValueError naming the layer unless they are a
+    batch (rank 4) of integer or float values (not bools, strings or complex numbers)."""
+    images = ops.convert_to_tensor(images)
+    dtype = keras.backend.standardize_dtype(images.dtype)
+    if not (keras.backend.is_float_dtype(dtype) or keras.backend.is_int_dtype(dtype)):
+        raise ValueError(
+            f"{layer} takes pixel values, integers or floats. Received: images.dtype={dtype}"
+        )
+    _check_rank(images.shape, layer)
+    return images
+
+
+def _check_rank(shape, layer):
+    if len(shape) != 4:
+        raise ValueError(
+            f"{layer} takes a batch of images (rank 4); add a batch axis to a single image "
+            f"(`image[None]`). Received: images.shape={tuple(shape)}"
+        )
+
+
+# Channels kept for each channel count, as PIL's convert("RGB") of modes L, LA, RGB, RGBA.
+_RGB_CHANNELS = ((0, 0, 0), (0, 0, 0), (0, 1, 2), (0, 1, 2))
+
+
+@keras.saving.register_keras_serializable(package="keras_autoshuffle")
+class ToRGB(keras.layers.Layer):
+    """Images of 1 to 4 channels to RGB, as PIL's `Image.convert("RGB")` of the modes L,
+    LA, RGB and RGBA (what torchvision's users do before its transforms, and
+    `keras.utils.load_img` by default): gray is repeated to three channels, alpha is
+    dropped (not composited over a background). RGB passes unchanged; other channel
+    counts raise ValueError. Values and dtype are kept.
+
+    Args:
+        data_format: "channels_last" or "channels_first" (default: Keras's).
+        **kwargs: other Layer arguments (`name`, `dtype`).
+
+    Input: a batch of images (rank 4), integers or floats.
+    """
+
+    def __init__(self, data_format=None, **kwargs):
+        super().__init__(**kwargs)
+        self.data_format = _validation.data_format(data_format)
+
+    def call(self, images):
+        images = _pixels(images, "ToRGB")
+        axis = _validation.channel_axis(self.data_format)
+        channels = images.shape[axis]
+        if channels is None:  # TensorFlow, channels unknown when traced
+            import tensorflow as tf
+
+            count = tf.shape(images)[axis]
+            check = tf.debugging.Assert(
+                tf.logical_and(count >= 1, count <= 4),
+                [_channels_message(self.data_format), tf.shape(images)],
+                summarize=8,
+            )
+            with tf.control_dependencies([check]):
+                kept = tf.gather(tf.constant(_RGB_CHANNELS), tf.clip_by_value(count, 1, 4) - 1)
+            return tf.gather(images, kept, axis=axis)
+        if not 1 <= channels <= 4:
+            raise ValueError(_channels_message(self.data_format) + str(tuple(images.shape)))
+        if channels == 3:
+            return images
+        return ops.take(images, list(_RGB_CHANNELS[channels - 1]), axis=axis)
+
+    def compute_output_shape(self, input_shape):
+        _check_rank(input_shape, "ToRGB")
+        shape = list(input_shape)
+        shape[_validation.channel_axis(self.data_format)] = 3
+        return tuple(shape)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update({"data_format": self.data_format})
+        return config
+
+
+def _channels_message(data_format):
+    return (
+        f"ToRGB takes images of 1 (gray), 2 (gray and alpha), 3 (RGB) or 4 (RGBA) channels "
+        f"({data_format}). Received: images.shape="
+    )
 
 
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")
@@ -26,7 +117,11 @@ class ResizeCenterCrop(keras.layers.Layer):
     `int(resize_size * long / short)` (bilinear, antialiased, as torchvision's tensor
     transform and PIL), then the central `crop_size` x `crop_size` square is kept, its
     offset rounded as torchvision's (`int(round((side - crop_size) / 2))`). Any input
-    size; the output is `crop_size` x `crop_size`. Values keep their range (no scaling).
+    size up to an aspect ratio of 100 (`_resize_crop.MAX_ASPECT_RATIO`: the resized image
+    would be up to 100 times `resize_size` long); the output is `crop_size` x `crop_size`.
+    Values keep their range (no scaling). Images with a side of 0 pixels, or longer than
+    100 times their shorter side, raise ValueError before anything is resized (where the
+    sides are only known when run, in a `tf.data` map: InvalidArgumentError, same message).
 
     Args:
         resize_size: the shorter side after resizing, a positive integer.
@@ -34,8 +129,8 @@ class ResizeCenterCrop(keras.layers.Layer):
         data_format: "channels_last" or "channels_first" (default: Keras's).
         **kwargs: other Layer arguments (`name`, `dtype`).
 
-    Input: images of shape (batch, height, width, channels) (channels_last). Integer
-    inputs are cast to the layer's float dtype.
+    Input: images of shape (batch, height, width, channels) (channels_last), integers or
+    floats. Integer inputs are cast to the layer's float dtype.
     """
 
     def __init__(self, resize_size, crop_size, data_format=None, **kwargs):
@@ -50,21 +145,19 @@ class ResizeCenterCrop(keras.layers.Layer):
         self.data_format = _validation.data_format(data_format)
 
     def call(self, images):
-        images = ops.convert_to_tensor(images)
+        images = _pixels(images, "ResizeCenterCrop")
         if not keras.backend.is_float_dtype(images.dtype):
             images = ops.cast(images, self.compute_dtype)
         first = self.data_format == "channels_first"
-        if len(images.shape) != 4:
-            raise ValueError(
-                "ResizeCenterCrop takes a batch of images (rank 4). "
-                f"Received: images.shape={tuple(images.shape)}"
-            )
         shape = ops.shape(images)
         height, width = shape[2:4] if first else shape[1:3]
+        if isinstance(height, int) and isinstance(width, int):
+            check_sides(height, width, images.shape)  # before the resize allocates
         new_height, new_width = resized_size(height, width, self.resize_size)
         if not isinstance(new_height, int):  # TensorFlow, sides unknown when traced
             import tensorflow as tf
 
+            images = tf_check_sides(images, height, width)  # the shape as received
             channels_last = tf.transpose(images, (0, 2, 3, 1)) if first else images
             cropped = tf_resize_center_crop(channels_last, self.resize_size, self.crop_size)
             return tf.transpose(cropped, (0, 3, 1, 2)) if first else cropped
@@ -80,6 +173,7 @@ class ResizeCenterCrop(keras.layers.Layer):
         return resized[:, :, rows, columns] if first else resized[:, rows, columns, :]
 
     def compute_output_shape(self, input_shape):
+        _check_rank(input_shape, "ResizeCenterCrop")
         side = self.crop_size
         if self.data_format == "channels_first":
             return (input_shape[0], input_shape[1], side, side)
@@ -99,19 +193,31 @@ class ResizeCenterCrop(keras.layers.Layer):
 
 def imagenet_preprocessing(width=1.0, data_format=None):
     """torchvision's evaluation transform for the ImageNet weights of `ShuffleNetV2(width)`,
-    as a `keras.Sequential`: `ResizeCenterCrop` (the checkpoint's resize and crop sizes),
-    `Rescaling(1 / 255)`, `Normalization` with ImageNet's mean and variance.
+    as a `keras.Sequential`: `ToRGB`, `ResizeCenterCrop` (the checkpoint's resize and crop
+    sizes), `Rescaling(1 / 255)`, `Normalization` with ImageNet's mean and variance.
 
-    Built-in layers and `ResizeCenterCrop` only (no Lambda): it saves and loads with
+    Built-in layers and this module's only (no Lambda): it saves and loads with
     `safe_mode=True`, and runs in a `tf.data` pipeline or as the first part of a model.
+    It is built when made, for batches of any size, sides and channel count, so no call
+    (a wrong one included) fixes the shape later calls must have.
+
+    Limits (each a ValueError naming `images` and the shape received, before any work; in
+    a `tf.data` map with sides unknown when traced, an InvalidArgumentError when run):
+    a batch (rank 4) only, so a single image needs a batch axis (`image[None]`); 1 to 4
+    channels, made RGB as PIL's `convert("RGB")` does (gray repeated, alpha dropped); at
+    least 1 pixel per side and a longer side at most 100 times the shorter
+    (`MAX_ASPECT_RATIO`: resizing the shorter side to 256 would make a 1 x 100000 image
+    25.6 million pixels long). Inputs are cast to float32 by the model's input, as any
+    Keras model's (bools become 0 and 1). Pixel values are not checked: NaN or inf pixels
+    give NaN or inf outputs, and images in [0, 1] rather than [0, 255] are silently wrong.
 
     Args:
         width: a key of `applications.CHECKPOINTS` (0.5, 1.0, 1.5, 2.0).
         data_format: "channels_last" or "channels_first" (default: Keras's).
 
     Returns:
-        A `keras.Sequential` from RGB pixel values in [0, 255], a batch of any size
-        (batch, height, width, 3), to the model's input (batch, 224, 224, 3).
+        A `keras.Sequential` from pixel values in [0, 255], a batch of any size
+        (batch, height, width, channels), to the model's input (batch, 224, 224, 3).
 
     Example:
         >>> preprocess = applications.imagenet_preprocessing(1.0)
@@ -122,8 +228,12 @@ def imagenet_preprocessing(width=1.0, data_format=None):
     """
     entry = CHECKPOINTS[_validation.choice(width, tuple(CHECKPOINTS), "width")]
     data_format = _validation.data_format(data_format)
-    return keras.Sequential(
+    model = keras.Sequential(
         [
+            # Built now, for any batch: Keras builds a Sequential without an input on its
+            # first call, for that call's shape, and kept it even when that call failed.
+            keras.Input(shape=(None, None, None)),
+            ToRGB(data_format, name="rgb"),
             ResizeCenterCrop(entry.resize_size, entry.crop_size, data_format, name="resize_crop"),
             keras.layers.Rescaling(1 / 255, name="rescale"),
             keras.layers.Normalization(
@@ -135,6 +245,10 @@ def imagenet_preprocessing(width=1.0, data_format=None):
         ],
         name=f"shufflenet_v2_{width_name(width)}_preprocessing",
     )
+    # A wrong rank is refused by Keras before the call ("expected ndim=4"); a loaded copy
+    # lacks this spec and is refused by its input layer instead, also unchanged.
+    model.input_spec = keras.InputSpec(ndim=4, name="images")
+    return model
 
 
 def preprocess_input(x, data_format=None):
