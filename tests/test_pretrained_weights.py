@@ -773,3 +773,23 @@ def test_a_cached_weights_file_declaring_too_much_is_refused_unread(cache, monke
     assert f"The cached ImageNet weights file {path} cannot be read" in message, message
     assert "Delete it" in message and reads == [], (reads, message)
     assert peak < 32 * 2**20, peak
+
+
+def test_a_server_dribbling_its_headers_times_out(cache, monkeypatch):
+    # Each header byte came within the socket's timeout, so urlopen waited for as long as
+    # the server dribbled (a slowloris); now the headers have `timeout` seconds in all.
+    register(monkeypatch)
+    monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, "1")
+
+    def dribble(connection, stop):
+        connection.sendall(b"HTTP/1.0 200 OK\r\n")
+        deadline = time.monotonic() + 8  # then it closes: an old client fails, not hangs
+        while time.monotonic() < deadline and not stop.wait(0.3):
+            connection.sendall(b"X")
+
+    start = time.monotonic()
+    with raw_server(monkeypatch, dribble), pytest.raises(OSError) as info:
+        pretrained.download_checkpoint(0.5)
+    assert time.monotonic() - start < 5
+    assert "stalled (the response's headers took more than 1 s)" in str(info.value)
+    assert os.listdir(cache) == []

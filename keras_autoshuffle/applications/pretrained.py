@@ -32,6 +32,7 @@ import secrets
 import socket
 import stat
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.parse
@@ -205,25 +206,93 @@ def remove_dead_partials(folder):
     return removed
 
 
+class _HeaderDeadline:
+    """Bounds the time until a response's headers have come, redirects included: a server
+    sending its header one byte at a time (each byte within the socket's timeout) would
+    otherwise hold `urlopen` for as long as it likes. Every connection `opener()` makes is
+    shut down when `seconds` have passed and the headers are not all there."""
+
+    def __init__(self, seconds):
+        self.sockets, self.lock, self.expired = [], threading.Lock(), False
+        self.timer = threading.Timer(seconds, self._expire)
+        self.timer.daemon = True
+
+    def _expire(self):
+        with self.lock:
+            self.expired = True
+            for sock in self.sockets:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def _record(self, connection_class):
+        deadline = self
+
+        class Connection(connection_class):
+            def connect(self):
+                super().connect()
+                with deadline.lock:
+                    deadline.sockets.append(self.sock)
+                    if deadline.expired:
+                        self.sock.shutdown(socket.SHUT_RDWR)
+
+        return Connection
+
+    def opener(self):
+        deadline = self
+
+        class HTTPHandler(urllib.request.HTTPHandler):
+            def http_open(self, request):
+                return self.do_open(deadline._record(http.client.HTTPConnection), request)
+
+        class HTTPSHandler(urllib.request.HTTPSHandler):
+            def https_open(self, request):
+                options = {"context": self._context}
+                if hasattr(self, "_check_hostname"):  # Python < 3.12
+                    options["check_hostname"] = self._check_hostname
+                connection = deadline._record(http.client.HTTPSConnection)
+                return self.do_open(connection, request, **options)
+
+        return urllib.request.build_opener(HTTPHandler, HTTPSHandler)
+
+    def __enter__(self):
+        self.timer.start()
+        return self
+
+    def __exit__(self, *_):
+        self.timer.cancel()
+        with self.lock:
+            self.sockets.clear()  # the body's reads are bounded by `_fetch` itself
+
+
 def _fetch(url, target, timeout):
     """Writes what `url` serves into the file `target`, at most `MAX_DOWNLOAD_BYTES`.
 
     Gives up (`_Stalled`) when the server takes more than `timeout` seconds to connect
-    or to send anything, or sends less than 64 KiB in any `timeout` seconds (a trickle
-    would hold the call as long as a stall). A file: URL must name a regular file (a
-    FIFO would block).
+    or to send anything, takes more than `timeout` seconds in all to send its response's
+    headers (redirects included), or sends less than 64 KiB in any `timeout` seconds (a
+    trickle would hold the call as long as a stall). A file: URL must name a regular file
+    (a FIFO would block).
     """
     parts = urllib.parse.urlsplit(url)
     if parts.scheme == "file":
         local = urllib.request.url2pathname(parts.path)
         if os.path.exists(local) and not os.path.isfile(local):
             raise OSError(f"{local} is not a regular file")
+    deadline = _HeaderDeadline(timeout)
     try:
-        response = urllib.request.urlopen(url, timeout=timeout)
+        with deadline:
+            response = deadline.opener().open(url, timeout=timeout)
+        if deadline.expired:  # the headers were cut at the deadline: what came is no answer
+            response.close()
+            raise _Stalled(f"the response's headers took more than {timeout:g} s")
+    except _Stalled:
+        raise
     except TimeoutError:  # connected, no answer
         raise _Stalled(f"no answer within {timeout:g} s") from None
-    except urllib.error.URLError as error:
-        if isinstance(error.reason, TimeoutError):
+    except (OSError, http.client.HTTPException) as error:
+        if deadline.expired:
+            raise _Stalled(f"the response's headers took more than {timeout:g} s") from None
+        if isinstance(error, urllib.error.URLError) and isinstance(error.reason, TimeoutError):
             raise _Stalled(f"no connection within {timeout:g} s") from None
         raise
     length = _content_length(response)
