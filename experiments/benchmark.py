@@ -8,7 +8,9 @@ samples, the variants in a new random order every round), for ShuffleNet v1 g3 1
 - keras_infer: a traced `model(x, training=False)` (tf.function) at 224x224, batch 1
   and 64;
 - litert_infer: the LiteRT interpreter (XNNPACK) at 224x224, batch 1, `--threads` 2;
-- ort_infer, openvino_infer: ONNX Runtime (CPU) and OpenVINO (CPU, latency hint) on the
+- ort_infer, openvino_infer: ONNX Runtime (CPU) and OpenVINO (CPU, latency hint, float32:
+  `export.openvino_model`'s INFERENCE_PRECISION_HINT f32, named in each openvino_infer row's
+  `openvino_precision`; OpenVINO's own default is bfloat16 on CPUs with bf16 units) on the
   package's ONNX / OpenVINO files (`export.export_onnx`, `export.export_openvino`: NCHW
   graphs written from the layers), same input and threads. The three runtimes' calls are
   timed in the same interleaved rounds, each file's outputs checked against Keras first
@@ -222,7 +224,7 @@ def _runtime_call(task, model, path, threads, calibration=None):
         return lambda x: export.onnx_run(session, x), os.path.getsize(path)
     if model is not None:
         export.export_openvino(model, path)
-    compiled = export.openvino_model(path, threads)
+    compiled = export.openvino_model(path, threads, precision=export.OPENVINO_PRECISION)
     size = sum(e.stat().st_size for e in os.scandir(path)) if os.path.isdir(path) else 0
     return lambda x: export.openvino_run(compiled, x), size
 
@@ -355,6 +357,8 @@ def run(args):
                 "median_ms": float(statistics.median(ms)),
                 "rounds_ms": [float(m) for m in ms],
             }
+            if task == "openvino_infer":
+                row["openvino_precision"] = export.OPENVINO_PRECISION
             rows.append(row)
             print(json.dumps(row), flush=True)
 

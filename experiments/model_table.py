@@ -152,6 +152,11 @@ def measure(widths, threads, repeats, note, processes=3):
                     f"{task.removesuffix('_infer')}_ms": float(medians[task, f"x{width}"])
                     for task in tasks[1:]
                 },
+                **(
+                    {"openvino_precision": export.OPENVINO_PRECISION}
+                    if "openvino_infer" in tasks
+                    else {}
+                ),
                 "machine": machine,
                 "load_average": load,
                 "note": note,

@@ -24,7 +24,9 @@ The files are `export.export_onnx`'s (the padded NCHW graph) or `export.export_o
 weights (`experiments/torchvision_onnx.py`'s folder); torchvision's graph is its ONNX file
 in ONNX Runtime or OpenVINO (OpenVINO reads ONNX). Every file's outputs are checked first
 (Keras against torch's logits, each file against torch's logits). OpenVINO compiles as
-`export.openvino_model` does (latency hint, `--threads` inference threads).
+`export.openvino_model` does (latency hint, `--threads` inference threads, float32:
+`--openvino-precision f32`, the default; OpenVINO's own default is bfloat16 on CPUs with
+AVX512_BF16 or AMX), and each row names that precision (`openvino_precision`).
 
 LiteRT has no reader of torchvision's graph, so `--runtime litert` times the `.tflite` files
 (the LiteRT interpreter, XNNPACK, `--threads`) against torchvision's graph in ONNX Runtime,
@@ -60,6 +62,10 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 RUNTIMES = ("onnxruntime", "openvino", "litert")
+# OpenVINO's inference precision (INFERENCE_PRECISION_HINT), as `export.openvino_config`
+# (not imported: a child imports only its runtime): float32 unless --openvino-precision.
+OPENVINO_PRECISIONS = ("f32", "bf16", "f16")
+OPENVINO_PRECISION = "f32"
 
 
 def _engine(runtime, path):
@@ -70,8 +76,9 @@ def _engine(runtime, path):
     return "onnxruntime" if runtime == "litert" else runtime
 
 
-def _calls(runtime, files, threads, x):
-    """{name: a call running that file once} in `runtime` (NCHW input for "torchvision")."""
+def _calls(runtime, files, threads, x, precision=OPENVINO_PRECISION):
+    """{name: a call running that file once} in `runtime` (NCHW input for "torchvision";
+    OpenVINO at the inference precision `precision`)."""
     calls = {}
     for name, path in files.items():
         inputs = x.transpose(0, 3, 1, 2).copy() if name == "torchvision" else x
@@ -106,20 +113,39 @@ def _calls(runtime, files, threads, x):
             core = openvino.Core()
             model = core.read_model(path)
             model.reshape({model.inputs[0]: list(inputs.shape)})
-            config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": threads}
+            config = {
+                "PERFORMANCE_HINT": "LATENCY",
+                "INFERENCE_NUM_THREADS": threads,
+                "INFERENCE_PRECISION_HINT": precision,
+            }
             compiled = core.compile_model(model, "CPU", config)
             calls[name] = lambda c=compiled, a=inputs: c(a)
     return calls
 
 
 def time_sessions(
-    files, threads, rounds, calls, seed, side=224, runtime="onnxruntime", pause=0.0, warmup=0
+    files,
+    threads,
+    rounds,
+    calls,
+    seed,
+    side=224,
+    runtime="onnxruntime",
+    pause=0.0,
+    warmup=0,
+    precision=OPENVINO_PRECISION,
 ):
     """Per-round milliseconds per call of each file {name: path} in `runtime` (a `side` x
     `side` NHWC input, or NCHW for the name "torchvision"), each round in a new random order,
-    `pause` seconds and `warmup` untimed calls of the same file before each block of calls."""
+    `pause` seconds and `warmup` untimed calls of the same file before each block of calls;
+    OpenVINO at the inference precision `precision`."""
+    if precision not in OPENVINO_PRECISIONS:
+        raise ValueError(
+            f"`precision` must be one of {list(OPENVINO_PRECISIONS)}. "
+            f"Received: precision={precision!r}"
+        )
     x = np.random.default_rng(0).normal(size=(1, side, side, 3)).astype("float32")
-    functions = _calls(runtime, files, threads, x)
+    functions = _calls(runtime, files, threads, x, precision)
     return measure(functions, rounds, number=calls, seed=seed, pause=pause, warmup=warmup)
 
 
@@ -198,11 +224,23 @@ def summary(processes):
     return table
 
 
-def run_child(runtime, files, threads, rounds, calls, seed, pause, side, warmup, against_first):
+def run_child(
+    runtime,
+    files,
+    threads,
+    rounds,
+    calls,
+    seed,
+    pause,
+    side,
+    warmup,
+    against_first,
+    precision=OPENVINO_PRECISION,
+):
     """Times `files` {name: path} in a fresh process of `runtime` (`child`, importing only
     the runtime and NumPy, run from the repository's root); returns its row: median_ms,
-    ratios and the runtime's version."""
-    settings = (threads, rounds, calls, seed, pause, side, warmup, int(against_first))
+    ratios, the runtime's version and, with OpenVINO, `openvino_precision` (`precision`)."""
+    settings = (threads, rounds, calls, seed, pause, side, warmup, int(against_first), precision)
     command = [sys.executable, "-m", "experiments.runtime_processes", CHILD, runtime]
     command += [json.dumps(files), *(str(v) for v in settings)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=3600, cwd=REPOSITORY)
@@ -215,7 +253,10 @@ def child(argv):
     runtime, files = argv[0], json.loads(argv[1])
     threads, rounds, calls, seed = (int(v) for v in argv[2:6])
     pause, side, warmup, against_first = float(argv[6]), int(argv[7]), int(argv[8]), argv[9] == "1"
-    samples = time_sessions(files, threads, rounds, calls, seed, side, runtime, pause, warmup)
+    precision = argv[10]
+    samples = time_sessions(
+        files, threads, rounds, calls, seed, side, runtime, pause, warmup, precision
+    )
     ratios = {
         f"{a}/{b}": float(np.median(np.array(samples[a]) / np.array(samples[b])))
         for a, b in ratios_of(files, against_first)
@@ -225,6 +266,8 @@ def child(argv):
     versions = {
         e: __import__("ai_edge_litert" if e == "litert" else e).__version__ for e in engines
     }
+    if "openvino" in engines:
+        versions["openvino_precision"] = precision
     print(json.dumps({"median_ms": medians, "ratios": ratios, **versions}))
 
 
@@ -268,6 +311,12 @@ def main(argv=None):
         help="untimed calls of a file before each of its blocks (default: --calls)",
     )
     parser.add_argument("--side", type=int, default=224, help="input images: side x side")
+    parser.add_argument(
+        "--openvino-precision",
+        choices=OPENVINO_PRECISIONS,
+        default=OPENVINO_PRECISION,
+        help="OpenVINO's INFERENCE_PRECISION_HINT (default f32, whatever the CPU)",
+    )
     parser.add_argument("--json", help="write the processes' rows and the summary here")
     args = parser.parse_args(argv)
     for name in ("processes", "threads", "rounds", "calls", "side"):
@@ -293,10 +342,19 @@ def main(argv=None):
         files = given or write_files(directory, args.torchvision, args.runtime)
         for seed in range(args.processes):
             settings = (args.threads, args.rounds, args.calls, seed, args.pause, args.side)
-            row = run_child(args.runtime, files, *settings, args.warmup, given is not None)
+            row = run_child(
+                args.runtime,
+                files,
+                *settings,
+                args.warmup,
+                given is not None,
+                args.openvino_precision,
+            )
             processes.append(row)
             print(json.dumps(processes[-1]), flush=True)
     table = summary(processes)
+    if args.runtime == "openvino":
+        print(f"# OpenVINO inference precision: {args.openvino_precision}")
     for name, (mean, low, high, n) in table.items():
         print(f"{name}: {mean:.3f} (95% t interval {low:.3f}-{high:.3f}, {n} processes)")
     if args.json:

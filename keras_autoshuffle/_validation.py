@@ -106,3 +106,10 @@ def positive_int_argument(text):
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return value
+
+
+def non_negative_float(value, name):
+    """`value` as a float; ValueError unless it is a finite number >= 0 (no NaN, no inf)."""
+    if not is_number(value) or not np.isfinite(value) or value < 0:
+        raise ValueError(f"`{name}` must be a finite number >= 0. Received: {name}={value!r}")
+    return float(value)

@@ -61,11 +61,14 @@ from keras_autoshuffle.export.litert import (
 )
 from keras_autoshuffle.export.onnx_graph import onnx_graph, unsupported_layers
 from keras_autoshuffle.export.onnx_runtimes import (
+    OPENVINO_PRECISION,
+    OPENVINO_PRECISIONS,
     export_onnx,
     export_openvino,
     onnx_outputs,
     onnx_run,
     onnx_session,
+    openvino_config,
     openvino_model,
     openvino_outputs,
     openvino_run,
@@ -84,6 +87,8 @@ __all__ = [
     "FILENAMES",
     "FORMATS",
     "INT8_FILENAME",
+    "OPENVINO_PRECISION",
+    "OPENVINO_PRECISIONS",
     "QUANTIZE",
     "Int8CheckError",
     "check_exportable",
@@ -108,6 +113,7 @@ __all__ = [
     "onnx_outputs",
     "onnx_run",
     "onnx_session",
+    "openvino_config",
     "openvino_model",
     "openvino_outputs",
     "openvino_run",

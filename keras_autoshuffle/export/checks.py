@@ -5,12 +5,13 @@ folder."""
 
 import importlib.util
 import os
+import zipfile
 
 import keras
 import numpy as np
 
 from keras_autoshuffle.export import onnx_runtimes
-from keras_autoshuffle.export.files import FORMATS
+from keras_autoshuffle.export.files import FILENAMES, FORMATS, check_no_hard_forward
 from keras_autoshuffle.layers import relaxed_shuffles
 
 
@@ -150,3 +151,59 @@ def make_folder(path, name):
     if not os.access(path, os.W_OK | os.X_OK):
         raise ValueError(f"`{name}` is not writable. Received: {name}={path!r}")
     return path
+
+
+def check_model_formats(model, formats):
+    """ValueError, before anything is written, for a format of `formats` that cannot hold
+    `model`: relaxed shuffles computed with forward="hard" in SavedModel or OpenVINO
+    (`files.check_no_hard_forward`)."""
+    for name in formats:
+        check_no_hard_forward(model, name)
+
+
+def _looks_exported(name, path):
+    """Whether `path`, at the name `export_model` writes format `name` (or "int8") under,
+    holds what that writer writes (and may be replaced or removed)."""
+    try:
+        if name in ("litert", "int8"):
+            with open(path, "rb") as f:
+                return os.path.isfile(path) and f.read(8)[4:8] == b"TFL3"
+        if name == "keras":
+            with zipfile.ZipFile(path) as archive:
+                return "metadata.json" in archive.namelist()
+        if name == "onnx":  # the producer name, the file's second field
+            with open(path, "rb") as f:
+                head = f.read(64)
+            return os.path.isfile(path) and (b"keras_autoshuffle" in head or b"tf2onnx" in head)
+        if name == "saved_model":
+            entries = set(os.listdir(path))
+            return "saved_model.pb" in entries and entries <= _SAVED_MODEL_ENTRIES
+        if name == "openvino":
+            entries = set(os.listdir(path))
+            return onnx_runtimes.OPENVINO_XML in entries and entries <= _OPENVINO_ENTRIES
+    except (OSError, zipfile.BadZipFile):
+        return False
+    return False
+
+
+_SAVED_MODEL_ENTRIES = {"saved_model.pb", "variables", "assets", "fingerprint.pb"}
+_OPENVINO_ENTRIES = {onnx_runtimes.OPENVINO_XML, "model.bin"}
+
+
+def foreign_files(output_dir, names):
+    """The entries of `output_dir` at the names `export_model` writes (`names`: {format or
+    "int8": file name}) that do not hold what it writes there: a user's own files, never
+    replaced or removed."""
+    return [
+        filename
+        for name, filename in names.items()
+        if os.path.lexists(os.path.join(output_dir, filename))
+        and not _looks_exported(name, os.path.join(output_dir, filename))
+    ]
+
+
+def export_names():
+    """{format or "int8": the name `export_model` writes it under in its folder}."""
+    from keras_autoshuffle.export.int8 import INT8_FILENAME
+
+    return {**FILENAMES, "int8": INT8_FILENAME}

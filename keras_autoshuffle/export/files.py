@@ -5,6 +5,7 @@ import keras
 import numpy as np
 
 from keras_autoshuffle._atomic import write_atomically
+from keras_autoshuffle.layers import relaxed_shuffles
 
 FORMATS = ("keras", "saved_model", "litert", "onnx", "openvino")
 # What `export_model` writes unless told: the formats of the core install and `litert`.
@@ -16,6 +17,42 @@ FILENAMES = {
     "onnx": "model.onnx",  # onnx_runtimes.py
     "openvino": "openvino",  # a folder: model.xml and model.bin
 }
+
+
+# Formats that cannot hold a relaxed shuffle computed with `forward="hard"`: its nearest
+# permutation is a linear assignment on the host at every call (`tf.numpy_function`), which
+# a SavedModel stores as a PyFunc op that runs only in the process that wrote it (another
+# process: "Could not find callback"; the parity check, in the same process, passes), and
+# which OpenVINO's converter cannot convert (PyFuncStateless). `.keras` keeps the layer;
+# LiteRT and ONNX fold the assignment of the (constant) matrix into a fixed permutation.
+HARD_FORWARD_REFUSED = ("saved_model", "openvino")
+
+
+def hard_forward_shuffles(model):
+    """Names of `model`'s relaxed shuffles computed with `forward="hard"`."""
+    return [
+        layer.name
+        for layer in relaxed_shuffles(model)
+        if getattr(layer, "forward_pass", "relaxed") == "hard"
+    ]
+
+
+def check_no_hard_forward(model, name):
+    """ValueError, before anything is written, if format `name` (one of
+    `HARD_FORWARD_REFUSED`) cannot hold `model`'s hard-forward relaxed shuffles."""
+    hard = hard_forward_shuffles(model)
+    if hard and name in HARD_FORWARD_REFUSED:
+        raise ValueError(
+            f"The {name} export cannot hold relaxed shuffles computed with forward='hard' "
+            "(a linear assignment run by Python at every call: "
+            + (
+                "a SavedModel stores it as a PyFunc that runs only in this process"
+                if name == "saved_model"
+                else "OpenVINO cannot convert it"
+            )
+            + "). Harden them first (keras_autoshuffle.harden_model). "
+            f"Received: format={name!r} with forward='hard' layers={hard}"
+        )
 
 
 def keras_outputs(model, inputs):
@@ -43,6 +80,7 @@ def load_keras_outputs(path, inputs):
 
 def export_saved_model(model, path):
     """Writes a TF SavedModel (endpoint `serve`) with `model.export`; returns the path."""
+    check_no_hard_forward(model, "saved_model")
     return write_atomically(
         path, lambda partial: model.export(partial, format="tf_saved_model", verbose=False)
     )

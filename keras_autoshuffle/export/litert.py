@@ -9,14 +9,17 @@ from keras_autoshuffle.export.files import keras_outputs
 _PREDICT_BATCH = 256
 
 
-def litert_interpreter(path, batch=1, num_threads=None):
-    """A LiteRT interpreter (ai-edge-litert, XNNPACK delegate) resized to `batch`."""
+def litert_interpreter(path, batch=1, num_threads=None, shape=None):
+    """A LiteRT interpreter (ai-edge-litert, XNNPACK delegate) resized to `batch`, or to
+    the whole input `shape` (batch first): a file of a model with unknown spatial sizes
+    (`input_shape=(None, None, 3)`) holds 1 x 1 placeholders for them."""
     from ai_edge_litert.interpreter import Interpreter
 
     interpreter = Interpreter(model_path=path, num_threads=num_threads)
     detail = interpreter.get_input_details()[0]
-    if int(detail["shape"][0]) != batch:
-        interpreter.resize_tensor_input(detail["index"], [batch, *detail["shape"][1:]])
+    wanted = [batch, *detail["shape"][1:]] if shape is None else list(shape)
+    if [int(v) for v in detail["shape"]] != [int(v) for v in wanted]:
+        interpreter.resize_tensor_input(detail["index"], wanted)
     interpreter.allocate_tensors()
     return interpreter
 
@@ -31,7 +34,9 @@ def litert_run(interpreter, inputs):
 def litert_outputs(path, inputs, num_threads=None):
     """Loads a `.tflite` file with the LiteRT runtime and runs it on `inputs`."""
     inputs = np.asarray(inputs, dtype="float32")
-    return litert_run(litert_interpreter(path, inputs.shape[0], num_threads), inputs)
+    return litert_run(
+        litert_interpreter(path, inputs.shape[0], num_threads, shape=inputs.shape), inputs
+    )
 
 
 def litert_predict(path, images, batch=_PREDICT_BATCH, num_threads=None):
@@ -40,9 +45,11 @@ def litert_predict(path, images, batch=_PREDICT_BATCH, num_threads=None):
     outputs, interpreters = [], {}
     for start in range(0, len(images), batch):
         chunk = images[start : start + batch]
-        if len(chunk) not in interpreters:
-            interpreters[len(chunk)] = litert_interpreter(path, len(chunk), num_threads)
-        outputs.append(litert_run(interpreters[len(chunk)], chunk))
+        if chunk.shape not in interpreters:
+            interpreters[chunk.shape] = litert_interpreter(
+                path, len(chunk), num_threads, shape=chunk.shape
+            )
+        outputs.append(litert_run(interpreters[chunk.shape], chunk))
     return np.concatenate(outputs)
 
 

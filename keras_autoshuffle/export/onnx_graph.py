@@ -405,9 +405,20 @@ def _write_channel_slice(w, call):
 
 
 def _write_gather(w, call):
-    """A hardened RelaxedShuffle: a GATHER of the channels."""
+    """A hardened RelaxedShuffle: a GATHER of the channels, on the NCHW channel axis counted
+    from the end (-3 on images, -1 on vectors).
+
+    Not `axis=1`: OpenVINO's "reverse input channels" fusion (`ric_fusion.cpp`, run when the
+    CPU plugin compiles a model) takes a Gather of constant indices on a non-negative axis
+    for a channel reorder and moves it into the weights of the convs reading it, and with
+    OpenVINO 2026.4 computed `Conv2D -> Gather -> two Conv2D -> Concat` wrongly (by about
+    the outputs' own size, in float32; ONNX Runtime exact on the same graph). That fusion
+    skips negative axes; the same Gather, counted from the end, is then computed as it is.
+    `test_export_hostile` checks OpenVINO against Keras on that case.
+    """
     perm = w.constant(f"{call.name}_perm", shuffle_permutation(call.layer))
-    w.node("Gather", [call.xs[0], perm], call.outs, call.name, axis=1)
+    axis = 1 - call.ins[0].ndim  # the NCHW axis 1
+    w.node("Gather", [call.xs[0], perm], call.outs, call.name, axis=axis)
 
 
 def _write_channel_shuffle(w, call):

@@ -14,6 +14,7 @@ import numpy as np
 
 from keras_autoshuffle._atomic import write_atomically
 from keras_autoshuffle._keras_internals import is_called
+from keras_autoshuffle.export.files import check_no_hard_forward
 from keras_autoshuffle.export.onnx_graph import onnx_graph, unsupported_layers
 from keras_autoshuffle.export.onnx_input import read_input_as_columns
 
@@ -21,14 +22,25 @@ from keras_autoshuffle.export.onnx_input import read_input_as_columns
 MODULES = {"onnx": ("onnx", "onnxruntime", "tf2onnx"), "openvino": ("openvino", "onnx")}
 EXTRAS = {"onnx": "keras-autoshuffle[onnx]", "openvino": "keras-autoshuffle[openvino]"}
 OPENVINO_XML = "model.xml"
+# OpenVINO's CPU plugin computes a float32 model in bfloat16 by default on CPUs with
+# AVX512_BF16 or AMX (0.5e-3 to 1.8e-2 off a float32 Keras model: no parity check passes
+# there). Every compile here names its precision: float32 unless asked for another.
+OPENVINO_PRECISIONS = ("f32", "bf16", "f16")
+OPENVINO_PRECISION = "f32"
 # Channel multiple of the ONNX file's convs (`onnx_align`): ONNX Runtime's blocked kernels.
 # The OpenVINO file is not padded (measured slower there).
 ONNX_ALIGN = 8
 
 
+# The side a model with unknown spatial sizes (an `input_shape=(None, None, 3)` feature
+# extractor) is built at before Keras's exporters trace it: the file keeps them unknown.
+_BUILD_SIDE = 224
+
+
 def _keras_export(model, path, fmt):
     if not is_called(model):  # Keras's exporters need the model built by a call
-        model(np.zeros((1, *model.inputs[0].shape[1:]), "float32"))
+        shape = [_BUILD_SIDE if side is None else side for side in model.inputs[0].shape[1:]]
+        model(np.zeros((1, *shape), "float32"))
     model.export(path, format=fmt, verbose=False)
 
 
@@ -78,6 +90,8 @@ def export_openvino(model, path):
     import onnx
     import openvino
 
+    check_no_hard_forward(model, "openvino")
+
     def write(partial):
         os.makedirs(partial)
         xml = os.path.join(partial, OPENVINO_XML)
@@ -93,20 +107,34 @@ def export_openvino(model, path):
     return write_atomically(path, write)
 
 
-def openvino_model(path, num_threads=None, batch=1):
+def openvino_config(num_threads=None, precision=OPENVINO_PRECISION):
+    """The CPU plugin's settings: latency hint, `num_threads` inference threads and the
+    inference precision `precision` ("f32", the default whatever the CPU; "bf16" or "f16"
+    only when asked for: the plugin falls back to f32 where the CPU lacks them)."""
+    if not (isinstance(precision, str) and precision in OPENVINO_PRECISIONS):
+        raise ValueError(
+            f"`precision` must be one of {list(OPENVINO_PRECISIONS)}. "
+            f"Received: precision={precision!r}"
+        )
+    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": precision}
+    if num_threads:
+        config["INFERENCE_NUM_THREADS"] = num_threads
+    return config
+
+
+def openvino_model(path, num_threads=None, batch=1, precision=OPENVINO_PRECISION):
     """An OpenVINO model compiled for the CPU from an IR folder (or `.xml` file), its
-    input reshaped to `batch` and latency hints (`num_threads` inference threads)."""
+    input reshaped to `batch`, latency hints (`num_threads` inference threads) and the
+    inference precision `precision` (`openvino_config`: float32 unless asked)."""
     import openvino
 
+    config = openvino_config(num_threads, precision)
     xml = os.path.join(path, OPENVINO_XML) if os.path.isdir(path) else path
     core = openvino.Core()
     model = core.read_model(xml)
     shape = model.inputs[0].get_partial_shape()
     shape[0] = batch
     model.reshape({model.inputs[0]: shape})
-    config = {"PERFORMANCE_HINT": "LATENCY"}
-    if num_threads:
-        config["INFERENCE_NUM_THREADS"] = num_threads
     return core.compile_model(model, "CPU", config)
 
 
@@ -115,7 +143,7 @@ def openvino_run(compiled, inputs):
     return compiled(inputs)[compiled.outputs[0]]
 
 
-def openvino_outputs(path, inputs, num_threads=None):
-    """Loads an OpenVINO IR folder and runs it on `inputs`."""
+def openvino_outputs(path, inputs, num_threads=None, precision=OPENVINO_PRECISION):
+    """Loads an OpenVINO IR folder and runs it on `inputs` (in float32 unless asked)."""
     inputs = np.asarray(inputs, dtype="float32")
-    return openvino_run(openvino_model(path, num_threads, len(inputs)), inputs)
+    return openvino_run(openvino_model(path, num_threads, len(inputs), precision), inputs)

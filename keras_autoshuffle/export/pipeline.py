@@ -3,9 +3,11 @@
 
 import os
 
+import keras
 import numpy as np
 
-from keras_autoshuffle._atomic import remove
+from keras_autoshuffle import _validation
+from keras_autoshuffle._atomic import remove_written
 from keras_autoshuffle.export import checks, files, int8, litert, onnx_runtimes
 
 QUANTIZE = (None, "int8")
@@ -57,7 +59,16 @@ def export_model(
     "openvino" also `model.onnx` and `openvino/model.xml`), each atomically, in
     `output_dir`, loads each back (`.keras` with `safe_mode=True`, SavedModel with
     `tf.saved_model.load`, LiteRT with `ai_edge_litert`, ONNX with ONNX Runtime, OpenVINO
-    with its CPU plugin) and runs it on `sample_inputs`.
+    with its CPU plugin, in float32) and runs it on `sample_inputs`.
+
+    One folder, one consistent export: every argument is checked before anything is
+    written; a file at one of these names (or `model_int8.tflite`) that does not hold what
+    the export writes there (a user's own file) is refused, never replaced or removed; an
+    earlier export's file of a format this call does not write is kept only where it
+    still computes `reference`'s outputs within the tolerance (e.g. the `.keras` file of
+    the hardened model beside its folded LiteRT file), else removed; a file that fails its
+    check, and the earlier files of the formats not yet written when a format fails, are
+    removed (the files this call wrote and checked stay).
 
     Args:
         model: a single-input Keras model; its shuffles must be hardened (or manual).
@@ -70,9 +81,10 @@ def export_model(
             written (`unsupported_formats`).
         allow_relaxed: export relaxed shuffles as dense matrices instead of refusing.
         atol, rtol: parity tolerance, `max|y - y_keras| <= atol + rtol * max|y_keras|`;
-            a larger difference raises ValueError. For a model computing in 16-bit
-            floats (mixed precision) `rtol` is at least twice that dtype's epsilon: the
-            exported graph may round in another order (measured: 2e-3 in bfloat16).
+            a larger difference raises ValueError; finite numbers >= 0. For a model
+            computing in 16-bit floats (mixed precision) `rtol` is at least twice that
+            dtype's epsilon: the exported graph may round in another order (measured: 2e-3
+            in bfloat16).
         reference: the Keras model the files are compared with (default `model`), e.g.
             the hardened model when `model` is its folded form.
         quantize: None, or "int8" to also write `model_int8.tflite`: full-integer LiteRT
@@ -98,29 +110,82 @@ def export_model(
         "calibration_examples"}`.
     """
     formats = _check_args(model, formats, allow_relaxed, quantize, representative_data, test_data)
+    atol = _validation.non_negative_float(atol, "atol")
+    rtol = _validation.non_negative_float(rtol, "rtol")
+    int8._fraction(min_top1_agreement, "min_top1_agreement", 1.0)
+    int8._fraction(max_accuracy_drop, "max_accuracy_drop", 100.0)
     inputs = checks._single_input(model, sample_inputs)
-    reference = model if reference is None else reference
+    reference = _check_reference(model, reference)
     int8_limits = (min_top1_agreement, max_accuracy_drop)
     int8_data = _int8_data(model, formats, quantize, representative_data, test_data, int8_limits)
-    expected = files.keras_outputs(reference, inputs)
+    expected = _expected_outputs(model, reference, inputs)
     tolerance = _tolerance(model, expected, atol, rtol)
-    _prepare_folder(output_dir, quantize)
-    results = {
-        name: _write_and_compare(model, name, output_dir, inputs, expected, tolerance)
-        for name in formats
-    }
-    if quantize == "int8":
-        results["int8"] = _write_int8(
-            model, reference, output_dir, results["litert"]["path"], int8_data, int8_limits
-        )
+    _prepare_folder(output_dir, formats, quantize, inputs, expected, tolerance)
+    results = {}
+    try:
+        for name in formats:
+            results[name] = _write_and_compare(model, name, output_dir, inputs, expected, tolerance)
+        if quantize == "int8":
+            results["int8"] = _write_int8(
+                model, reference, output_dir, results["litert"]["path"], int8_data, int8_limits
+            )
+    except BaseException:
+        # The failed file, and an earlier export's files of the formats not reached: none
+        # of them is known to match the files this call wrote.
+        for name in formats:
+            if name not in results:
+                remove_written(os.path.join(output_dir, files.FILENAMES[name]))
+        remove_written(os.path.join(output_dir, int8.INT8_FILENAME))
+        raise
     return results
+
+
+def _check_reference(model, reference):
+    """`reference` (default `model`): a Keras model with one input."""
+    if reference is None:
+        return model
+    if not isinstance(reference, keras.Model) or len(reference.inputs) != 1:
+        raise ValueError(
+            "`reference` must be None or a single-input Keras model. "
+            f"Received: reference of type {type(reference).__name__}"
+        )
+    return reference
+
+
+def _expected_outputs(model, reference, inputs):
+    """`reference`'s outputs on `inputs`, checked before anything is written: finite (a NaN
+    would fail every parity check after the files are written), and of the shape of
+    `model`'s own outputs (a reference of another net)."""
+    expected = files.keras_outputs(reference, inputs)
+    if reference is not model:
+        shape = files.keras_outputs(model, inputs).shape
+        if expected.shape != shape:
+            raise ValueError(
+                "`reference` must compute outputs of the shape of the model's. Received: "
+                f"reference outputs of shape {expected.shape}, model outputs of shape {shape}"
+            )
+    if not np.all(np.isfinite(expected)):
+        raise ValueError(
+            "The Keras model's outputs on `sample_inputs` are not all finite: no export "
+            "could be checked against them. Received: "
+            f"{int(np.size(expected) - np.isfinite(expected).sum())} non-finite outputs of "
+            f"{np.size(expected)}"
+        )
+    return expected
 
 
 def _check_args(model, formats, allow_relaxed, quantize, representative_data, test_data):
     """`formats` checked (as a tuple), after the model's shuffles, what this backend and
     these packages can write, and `quantize` with its data; ValueError otherwise."""
+    if not isinstance(allow_relaxed, (bool, np.bool_)):
+        raise ValueError(
+            f"`allow_relaxed` must be True or False. Received: allow_relaxed={allow_relaxed!r}"
+        )
     checks.check_exportable(model, allow_relaxed)
     formats = checks.check_formats(formats)
+    if len(set(formats)) != len(formats):
+        raise ValueError(f"`formats` must not repeat a format. Received: formats={formats}")
+    checks.check_model_formats(model, formats)
     unsupported = checks.unsupported_formats(formats, checks.compute_dtypes(model))
     if unsupported:
         raise ValueError(
@@ -147,12 +212,41 @@ def _int8_data(model, formats, quantize, representative_data, test_data, int8_li
     return int8._check_int8_arguments(model, formats, representative_data, test_data, *int8_limits)
 
 
-def _prepare_folder(output_dir, quantize):
-    """Creates `output_dir`; without int8, removes the int8 file an earlier export left
-    there (it would not match the new files)."""
+def _prepare_folder(output_dir, formats, quantize, inputs, expected, tolerance):
+    """Creates `output_dir`; refuses a user's own file at a name the export writes
+    (`checks.foreign_files`); removes what an earlier export left there that does not
+    match this one: its int8 file without int8 now, and its file of a format not in
+    `formats` unless that file still computes `expected` within `tolerance`."""
+    names = checks.export_names()
+    if os.path.isdir(output_dir):
+        foreign = checks.foreign_files(output_dir, names)
+        if foreign:
+            raise ValueError(
+                f"`output_dir` holds {foreign}, at the names the export writes, but not files "
+                "it wrote: they are neither replaced nor removed. Move them or choose another "
+                f"folder. Received: output_dir={output_dir!r}"
+            )
     checks.make_folder(output_dir, "output_dir")
-    if quantize is None:
-        remove(os.path.join(output_dir, int8.INT8_FILENAME))
+    for name, filename in names.items():
+        path = os.path.join(output_dir, filename)
+        if name in formats:
+            continue
+        if name == "int8":
+            if quantize is None:
+                remove_written(path)
+        elif not _still_matches(name, path, inputs, expected, tolerance):
+            remove_written(path)
+
+
+def _still_matches(name, path, inputs, expected, tolerance):
+    """Whether an earlier export's file of format `name` at `path` can be read here and
+    computes `expected` on `inputs` within `tolerance`."""
+    if not os.path.lexists(path) or checks.unsupported_formats((name,)):
+        return False
+    try:
+        return _max_abs_diff(_READERS[name](path, inputs), expected) <= tolerance
+    except Exception:  # unreadable, or of another input shape: not this export's
+        return False
 
 
 def _tolerance(model, expected, atol, rtol):
@@ -188,6 +282,6 @@ def _write_and_compare(model, name, output_dir, inputs, expected, tolerance):
     if not diff <= tolerance:
         raise ValueError(
             f"The {name} export at {path} differs from the Keras model by {diff:.3e} "
-            f"(tolerance {tolerance:.3e})."
+            f"(tolerance {tolerance:.3e}); the file is removed."
         )
     return {"path": path, "max_abs_diff": diff}
