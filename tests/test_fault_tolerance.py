@@ -305,3 +305,65 @@ def test_read_json_refuses_what_is_not_a_small_regular_json_file(tmp_path, monke
     big.write_text(json.dumps({"accuracy": 0.5}))
     with pytest.raises(RunDirectoryError, match="larger than 10 bytes"):
         ft.read_json(str(big), "result")
+
+
+def _full_record(**changes):
+    from keras_autoshuffle.training.identity import RunIdentity
+
+    fields = dict(epochs=2, batch_size=16, learning_rates=(0.05,), cycle_epochs=(2,))
+    fields.update(layer_types={"Dense": 1, "RelaxedShuffle": 2}, model_name="tiny")
+    return RunIdentity.make({**SETTINGS, **fields, **changes}).record()
+
+
+def _settings_with_defaults():
+    from keras_autoshuffle.training.identity import UNRECORDED, RunIdentity
+
+    record = _full_record()
+    defaults = RunIdentity().record()
+    return sorted({k for k in record if record[k] == defaults[k]} | set(UNRECORDED))
+
+
+@pytest.mark.parametrize("name", _settings_with_defaults())
+def test_a_backup_written_before_a_setting_existed_resumes(tmp_path, name):
+    # Issue 39: a backup without `layer_types` (written before that setting existed) was
+    # refused. A setting absent from an old record takes its default; one describing
+    # the built network (no default) is not compared there.
+    record = _full_record()
+    old = {k: v for k, v in record.items() if k != name}
+    _killed_run(tmp_path / "run", settings=old)
+    assert prepare_run_directory(str(tmp_path / "run"), record) is True
+    stored = json.loads((tmp_path / "run" / ft.BACKUP / ft.SETTINGS_FILE).read_text())
+    assert stored == record  # the resumed run's record holds it from now on
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("layer_types", {"Dense": 1}), ("padding", "same"), ("sinkhorn_iterations", 1)],
+)
+def test_a_recorded_setting_of_another_value_is_refused_by_name(tmp_path, name, value):
+    _killed_run(tmp_path / "run", settings=_full_record(**{name: value}))
+    with pytest.raises(RunDirectoryError, match=rf"Received: {name}="):
+        prepare_run_directory(str(tmp_path / "run"), _full_record())
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"colour": "red"}, r"colour: a setting this version does not define .*newer version"),
+        ({"epochs": "2"}, r"epochs=2 \(backup: '2'\)"),
+        ({"layer_types": None}, r"layer_types=\{.*\} \(backup: None\)"),
+        ({"seed": 1.5}, r"seed=0 \(backup: 1.5\)"),
+    ],
+)
+def test_a_tampered_settings_record_is_refused_naming_the_setting(tmp_path, changes, message):
+    _killed_run(tmp_path / "run", settings={**_full_record(), **changes})
+    with pytest.raises(RunDirectoryError, match=message):
+        prepare_run_directory(str(tmp_path / "run"), _full_record())
+
+
+@pytest.mark.parametrize("content", ['{"dataset": "dig', "[1, 2]", "null", ""])
+def test_a_truncated_or_non_object_settings_record_is_named(tmp_path, content):
+    backup = _killed_run(tmp_path / "run")
+    (backup / ft.SETTINGS_FILE).write_text(content)
+    with pytest.raises(RunDirectoryError, match="run settings file .* is damaged"):
+        prepare_run_directory(str(tmp_path / "run"), SETTINGS)

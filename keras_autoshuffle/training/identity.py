@@ -21,7 +21,11 @@ class RunIdentity:
 
     A record stored before a setting existed takes its default on resume: a new setting
     comes with the default that trains as the runs before it did, so adding one never
-    makes an interrupted run unresumable. `train()` fills the recipe's, the data's and
+    makes an interrupted run unresumable. A new field that describes what a run measures
+    (the network as built: `layer_types`) has no such default; it is marked
+    `metadata={"unrecorded": True}` and not compared where a stored record lacks it. A
+    setting present with another value is refused by name; one this version does not
+    define (a record of a newer version) is refused naming it. `train()` fills the recipe's, the data's and
     the built network's fields; the command line (`run_from_args`), `search_then_retrain`
     and a caller's `settings` give the others.
 
@@ -53,7 +57,9 @@ class RunIdentity:
     test_examples: int = 0
     model_name: str = ""
     parameters: int = 0
-    layer_types: dict = dataclasses.field(default_factory=dict)
+    # The network as built has no default: a record written before this field existed
+    # (issue 39) does not say, so it is not compared there (`UNRECORDED`).
+    layer_types: dict = dataclasses.field(default_factory=dict, metadata={"unrecorded": True})
     mixed_precision: str | bool = False
     harden_at_epoch: int | None = None
     balanced: bool = False
@@ -101,14 +107,29 @@ def recipe_fields(recipe):
     }
 
 
+# The fields a stored record may lack without a default standing in (not compared then).
+UNRECORDED = tuple(f.name for f in dataclasses.fields(RunIdentity) if f.metadata.get("unrecorded"))
+
+
 def differences(saved, expected, diverged=False, keys=None, label="backup"):
     """'name=value (backup: value)' for each setting of `keys` (default: all) whose
     values differ between two stored records; a field missing from either takes its
-    default. After a divergence the learning rates may differ."""
-    defaults = RunIdentity().record()
-    saved, expected = {**defaults, **saved}, {**defaults, **as_json(expected)}
-    keys = sorted(saved.keys() | expected.keys()) if keys is None else keys
-    differ = [k for k in keys if saved.get(k) != expected.get(k)]
+    default (one of UNRECORDED missing from `saved` is not compared), a key RunIdentity
+    does not define is named as unknown. After a divergence the learning rates may
+    differ."""
+    defaults, expected = RunIdentity().record(), as_json(expected)
+    if keys is None:
+        keys = sorted(saved.keys() | expected.keys() | defaults.keys())
+        keys = [k for k in keys if not (k in UNRECORDED and k not in saved)]
+    unknown = [k for k in keys if k not in defaults and k in saved and k not in expected]
+    saved, expected = {**defaults, **saved}, {**defaults, **expected}
+    differ = [k for k in keys if saved.get(k) != expected.get(k) and k not in unknown]
     if diverged:
         differ = [k for k in differ if k not in CHANGEABLE_AFTER_DIVERGENCE]
-    return ", ".join(f"{k}={expected.get(k)!r} ({label}: {saved.get(k)!r})" for k in differ)
+    named = [f"{k}={expected.get(k)!r} ({label}: {saved.get(k)!r})" for k in differ]
+    named += [
+        f"{k}: a setting this version does not define ({label}: {saved[k]!r}; written by "
+        "a newer version?)"
+        for k in unknown
+    ]
+    return ", ".join(named)
