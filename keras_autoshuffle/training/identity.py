@@ -25,9 +25,9 @@ class RunIdentity:
     (the network as built: `layer_types`) has no such default; it is marked
     `metadata={"unrecorded": True}` and not compared where a stored record lacks it. A
     setting present with another value is refused by name; one this version does not
-    define (a record of a newer version) is refused naming it. `train()` fills the recipe's, the data's and
-    the built network's fields; the command line (`run_from_args`), `search_then_retrain`
-    and a caller's `settings` give the others.
+    define (a record of a newer version) is refused naming it. `train()` fills the
+    recipe's, the data's and the built network's fields; the command line
+    (`run_from_args`), `search_then_retrain` and a caller's `settings` give the others.
 
     Attributes:
         learning_rates, cycle_epochs, penalty, momentum, weight_decay, batch_size: the
