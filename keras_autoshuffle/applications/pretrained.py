@@ -30,6 +30,7 @@ import os
 import re
 import secrets
 import socket
+import ssl
 import stat
 import tempfile
 import threading
@@ -245,12 +246,15 @@ class _HeaderDeadline:
                 return self.do_open(deadline._record(http.client.HTTPConnection), request)
 
         class HTTPSHandler(urllib.request.HTTPSHandler):
+            # The context kept here, not read back from the handler (a private attribute):
+            # the certificates checked and the host name matched, as urllib's default.
+            def __init__(self):
+                self.ssl_context = ssl.create_default_context()
+                super().__init__(context=self.ssl_context)
+
             def https_open(self, request):
-                options = {"context": self._context}
-                if hasattr(self, "_check_hostname"):  # Python < 3.12
-                    options["check_hostname"] = self._check_hostname
                 connection = deadline._record(http.client.HTTPSConnection)
-                return self.do_open(connection, request, **options)
+                return self.do_open(connection, request, context=self.ssl_context)
 
         return urllib.request.build_opener(HTTPHandler, HTTPSHandler)
 
