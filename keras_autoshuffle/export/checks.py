@@ -11,7 +11,12 @@ import keras
 import numpy as np
 
 from keras_autoshuffle.export import onnx_runtimes
-from keras_autoshuffle.export.files import FILENAMES, FORMATS, check_no_hard_forward
+from keras_autoshuffle.export.files import (
+    FILENAMES,
+    FORMATS,
+    INT8_FILENAME,
+    check_no_hard_forward,
+)
 from keras_autoshuffle.layers import relaxed_shuffles
 
 
@@ -204,6 +209,4 @@ def foreign_files(output_dir, names):
 
 def export_names():
     """{format or "int8": the name `export_model` writes it under in its folder}."""
-    from keras_autoshuffle.export.int8 import INT8_FILENAME
-
     return {**FILENAMES, "int8": INT8_FILENAME}

@@ -17,6 +17,8 @@ FILENAMES = {
     "onnx": "model.onnx",  # onnx_runtimes.py
     "openvino": "openvino",  # a folder: model.xml and model.bin
 }
+# The full-integer LiteRT file `export_model(quantize="int8")` writes beside them.
+INT8_FILENAME = "model_int8.tflite"
 
 
 # Formats that cannot hold a relaxed shuffle computed with `forward="hard"`: its nearest

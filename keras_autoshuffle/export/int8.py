@@ -8,9 +8,8 @@ import numpy as np
 
 from keras_autoshuffle._atomic import remove, write_atomically
 from keras_autoshuffle.export.checks import _single_input
+from keras_autoshuffle.export.files import INT8_FILENAME
 from keras_autoshuffle.export.litert import litert_predict
-
-INT8_FILENAME = "model_int8.tflite"
 
 
 def export_int8(model, path, representative_data):
