@@ -359,15 +359,12 @@ def test_conversion_script_reads_the_checkpoint_without_torch(tmp_path, parity):
 # --- Servers that stall, mirrors with query strings, damaged files in the cache ---
 
 
-class StallingServer:
-    """A TCP server on 127.0.0.1 that accepts and then, per `mode`: "silent" answers
-    nothing; "stall" sends an HTTP header announcing 100000 bytes, 1000 of them, then
-    nothing; "trickle" sends that header then one byte every 0.2 s. Every connection is
-    closed after `release` seconds, so a client without a timeout fails there, not hangs.
-    """
+class RawServer:
+    """A TCP server on 127.0.0.1 whose every connection is given to `answer(connection, stop)`
+    after the request is read (in a thread); the connection is closed when it returns."""
 
-    def __init__(self, mode, release=20.0):
-        self.mode, self.release = mode, release
+    def __init__(self, answer):
+        self.answer = answer
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/models/"
         self.stop = threading.Event()
@@ -384,21 +381,36 @@ class StallingServer:
             threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
 
     def _serve(self, connection):
-        with connection, contextlib.suppress(OSError):  # the client may hang up first
-            if self.mode != "silent":
-                connection.recv(65536)  # the request
-                connection.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 100000\r\n\r\n")
-            if self.mode == "stall":
-                connection.sendall(b"x" * 1000)
-            deadline = time.monotonic() + self.release
-            while time.monotonic() < deadline and not self.stop.wait(0.2):
-                if self.mode == "trickle":
-                    connection.sendall(b"x")
+        with connection, contextlib.suppress(OSError):
+            connection.recv(65536)
+            self.answer(connection, self.stop)
 
     def close(self):
         self.stop.set()
         self.acceptor.join()
         self.listener.close()
+
+
+class StallingServer(RawServer):
+    """A TCP server on 127.0.0.1 that accepts and then, per `mode`: "silent" answers
+    nothing; "stall" sends an HTTP header announcing 100000 bytes, 1000 of them, then
+    nothing; "trickle" sends that header then one byte every 0.2 s. Every connection is
+    closed after `release` seconds, so a client without a timeout fails there, not hangs.
+    """
+
+    def __init__(self, mode, release=20.0):
+        self.mode, self.release = mode, release
+        super().__init__(self._answer)
+
+    def _answer(self, connection, stop):
+        if self.mode != "silent":
+            connection.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 100000\r\n\r\n")
+        if self.mode == "stall":
+            connection.sendall(b"x" * 1000)
+        deadline = time.monotonic() + self.release
+        while time.monotonic() < deadline and not stop.wait(0.2):
+            if self.mode == "trickle":
+                connection.sendall(b"x")
 
 
 @pytest.mark.parametrize("mode", ["silent", "stall", "trickle"])
@@ -535,38 +547,6 @@ def test_a_server_sending_too_much_is_cut_off(cache, server, monkeypatch):
 
 
 # --- Issue 39: downloads cut short, lying lengths, killed downloaders, hostile cached files ---
-
-
-class RawServer:
-    """A TCP server on 127.0.0.1 whose every connection is given to `answer(connection)`
-    after the request is read (in a thread); the connection is closed when it returns."""
-
-    def __init__(self, answer):
-        self.answer = answer
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/models/"
-        self.stop = threading.Event()
-        self.acceptor = threading.Thread(target=self._accept, daemon=True)
-        self.acceptor.start()
-
-    def _accept(self):
-        self.listener.settimeout(0.1)
-        while not self.stop.is_set():
-            try:
-                connection, _ = self.listener.accept()
-            except TimeoutError:
-                continue
-            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
-
-    def _serve(self, connection):
-        with connection, contextlib.suppress(OSError):
-            connection.recv(65536)
-            self.answer(connection, self.stop)
-
-    def close(self):
-        self.stop.set()
-        self.acceptor.join()
-        self.listener.close()
 
 
 @contextlib.contextmanager
