@@ -12,10 +12,12 @@ import zipfile
 
 import keras
 import numpy as np
+import pytest
 
 import keras_autoshuffle as ka
 from keras_autoshuffle import folding
 from keras_autoshuffle.applications import ShuffleNetV1, ShuffleNetV2, shufflenet_v1, shufflenet_v2
+from keras_autoshuffle.export import onnx_runtimes
 
 # Tiny nets: the real layer structure (every layer kind, a down-sampling unit in every
 # stage and basic units after it in stage 3), a few channels, 16x16 inputs (the CIFAR stem).
@@ -37,6 +39,14 @@ TINY_V1_CHANNELS = {
     4: (8, 48, 80, 160),
     8: (8, 96, 160, 320),
 }
+
+
+def needs_extra(extra):
+    """A skip mark for tests of a runtime extra ("onnx", "openvino") not installed."""
+    missing = any(importlib.util.find_spec(m) is None for m in onnx_runtimes.MODULES[extra])
+    return pytest.mark.skipif(
+        missing, reason=f"needs the {extra} extra (pip install 'keras-autoshuffle[{extra}]')"
+    )
 
 
 def _public_defaults(builder):

@@ -3,28 +3,21 @@ folders holding an earlier export or a user's files, unknown spatial sizes, bad 
 hard-forward shuffles, odd format lists. Every refusal comes before anything is written."""
 
 import ast
-import importlib.util
 import os
 import pathlib
 
 import keras
 import numpy as np
 import pytest
+from helpers import needs_extra
 from keras import layers
 
 from keras_autoshuffle import RelaxedShuffle, export, harden_model
 from keras_autoshuffle.applications import AutoShuffleNetV2, ShuffleNetV2
-from keras_autoshuffle.export import onnx_runtimes
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-needs_openvino = pytest.mark.skipif(
-    any(importlib.util.find_spec(m) is None for m in onnx_runtimes.MODULES["openvino"]),
-    reason="needs the openvino extra (pip install 'keras-autoshuffle[openvino]')",
-)
-needs_onnx = pytest.mark.skipif(
-    any(importlib.util.find_spec(m) is None for m in onnx_runtimes.MODULES["onnx"]),
-    reason="needs the onnx extra (pip install 'keras-autoshuffle[onnx]')",
-)
+needs_openvino = needs_extra("openvino")
+needs_onnx = needs_extra("onnx")
 
 
 def _gather_model(seed=0):

@@ -4,27 +4,20 @@ refusal of a missing extra before anything is written or trained.
 
 The round trips skip when the `onnx` / `openvino` extras are not installed."""
 
-import importlib.util
 from collections import Counter
 
 import keras
 import numpy as np
 import pytest
-from helpers import load_script
+from helpers import load_script, needs_extra
 from keras import layers
 
 from keras_autoshuffle import RelaxedShuffle, export, folding, harden_model
 from keras_autoshuffle.applications import ShuffleNetV1, ShuffleNetV2
-from keras_autoshuffle.export import checks, onnx_runtimes
+from keras_autoshuffle.export import checks
 
-needs_onnx = pytest.mark.skipif(
-    any(importlib.util.find_spec(m) is None for m in onnx_runtimes.MODULES["onnx"]),
-    reason="needs the onnx extra (pip install 'keras-autoshuffle[onnx]')",
-)
-needs_openvino = pytest.mark.skipif(
-    any(importlib.util.find_spec(m) is None for m in onnx_runtimes.MODULES["openvino"]),
-    reason="needs the openvino extra (pip install 'keras-autoshuffle[openvino]')",
-)
+needs_onnx = needs_extra("onnx")
+needs_openvino = needs_extra("openvino")
 
 
 def _randomize_batch_norms(model, seed=0):

@@ -3,26 +3,21 @@ Split sets aside (`onnx_align`), and the NHWC input read by the first conv witho
 Transpose (`onnx_input`). Every rewritten graph is run with ONNX Runtime and compared
 with the Keras model it was written from."""
 
-import importlib.util
 from collections import Counter
 
 import keras
 import numpy as np
 import pytest
-from helpers import _randomize_batch_norm
+from helpers import _randomize_batch_norm, needs_extra
 from keras import layers
 
 from keras_autoshuffle import export, folding
 from keras_autoshuffle.applications import ShuffleNetV2
-from keras_autoshuffle.export import onnx_runtimes
 from keras_autoshuffle.export.onnx_align import align_channels
 from keras_autoshuffle.export.onnx_input import read_input_as_columns
 from keras_autoshuffle.unit_layers import ChannelSlice
 
-pytestmark = pytest.mark.skipif(
-    any(importlib.util.find_spec(m) is None for m in onnx_runtimes.MODULES["onnx"]),
-    reason="needs the onnx extra (pip install 'keras-autoshuffle[onnx]')",
-)
+pytestmark = needs_extra("onnx")
 
 
 def _run(proto, x):
