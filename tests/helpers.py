@@ -201,3 +201,15 @@ def saved_form(cls, config):
         "config": config,
         "registered_name": f"keras_autoshuffle>{cls.__name__}",
     }
+
+
+class Interrupt(keras.callbacks.Callback):
+    """Stops the run at the start of epoch `epoch` (0-based), as a kill there would."""
+
+    def __init__(self, epoch):
+        super().__init__()
+        self.epoch = epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            raise KeyboardInterrupt("interrupted")

@@ -20,6 +20,7 @@ import h5py
 import keras
 import numpy as np
 import pytest
+from helpers import Interrupt
 from keras import layers
 
 import keras_autoshuffle as ka
@@ -64,18 +65,6 @@ def _train(out, recipe=RECIPE, model_fn=_tiny, test_examples=16, **kwargs):
     train, test = _data(test_examples)
     kwargs = {"export": False, "verbose": 0, "seed": 1, **kwargs}
     return training.train(model_fn, train, test, recipe, str(out), **kwargs)
-
-
-class Interrupt(keras.callbacks.Callback):
-    """Stops the run at the start of epoch `epoch` (0-based), as a kill there would."""
-
-    def __init__(self, epoch):
-        super().__init__()
-        self.epoch = epoch
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == self.epoch:
-            raise KeyboardInterrupt("interrupted")
 
 
 def _interrupted(out, epoch=1, **kwargs):

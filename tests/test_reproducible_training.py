@@ -5,6 +5,7 @@ so that the test runner can place these slow tests beside test_training.py's."""
 import keras
 import numpy as np
 import pytest
+from helpers import Interrupt
 
 from keras_autoshuffle import data, training
 
@@ -25,25 +26,13 @@ def _learned_digits_run(out, epochs=2, callbacks=None):
     return keras.saving.load_model(out / "model.keras"), (out / "history.csv").read_text()
 
 
-class _StopAt(keras.callbacks.Callback):
-    """Stops a run at the start of epoch `epoch` (0-based), as a kill there would."""
-
-    def __init__(self, epoch):
-        super().__init__()
-        self.epoch = epoch
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if epoch == self.epoch:
-            raise KeyboardInterrupt("stopped")
-
-
 def test_a_learned_run_is_reproducible_and_resumes_to_an_uninterrupted_one(tmp_path):
     # Issue 39: two runs of the learned default differed from the first epoch (Grappler's
     # graphs summed some gradients in an order set at run time), so a killed learned run
     # did not resume to what an uninterrupted one gives.
     whole, whole_history = _learned_digits_run(tmp_path / "whole")
     with pytest.raises(KeyboardInterrupt):
-        _learned_digits_run(tmp_path / "resumed", callbacks=[_StopAt(1)])
+        _learned_digits_run(tmp_path / "resumed", callbacks=[Interrupt(1)])
     first = (tmp_path / "resumed" / "history.csv").read_text()
     assert first.splitlines() == whole_history.splitlines()[:2]  # epoch 0 twice: equal
     resumed, resumed_history = _learned_digits_run(tmp_path / "resumed")
