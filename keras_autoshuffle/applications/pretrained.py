@@ -629,6 +629,29 @@ def decode_predictions(preds, top=5):
     if not integer or not 1 <= top <= 1000:
         raise ValueError(f"`top` must be an integer in [1, 1000]. Received: top={top!r}")
     top = int(top)
+    index = imagenet_class_index(f"preds.shape={preds.shape}")
+    results = []
+    for row in preds:
+        best = np.argsort(row)[::-1][:top]
+        results.append([(*index[str(i)], row[i]) for i in best])
+    return results
+
+
+def imagenet_class_index(received: str) -> dict:
+    """ImageNet's class index, `{"0": [wnid, name], ..., "999": [...]}`: Keras's
+    `imagenet_class_index.json`, fetched once with `keras.utils.get_file` (MD5-checked)
+    into Keras's cache folder (`cache_dir()`, read at each call).
+
+    Args:
+        received: what the caller was given, for the error's `Received: ...` ending.
+
+    Returns:
+        The index as a dict from the class number (a string) to `[wnid, name]`.
+
+    Raises:
+        OSError: the file is not in the cache and cannot be downloaded; the message says
+            where to put it offline.
+    """
     try:
         path = keras.utils.get_file(
             CLASS_INDEX_FILE,
@@ -642,12 +665,7 @@ def decode_predictions(preds, top=5):
         raise OSError(
             f"Could not get ImageNet's class names from {CLASS_INDEX_URL} ({type(error).__name__}"
             f": {error}). Offline: download it elsewhere and put it at {where}. "
-            f"Received: preds.shape={preds.shape}"
+            f"Received: {received}"
         ) from None
     with open(path) as handle:
-        index = json.load(handle)
-    results = []
-    for row in preds:
-        best = np.argsort(row)[::-1][:top]
-        results.append([(*index[str(i)], row[i]) for i in best])
-    return results
+        return json.load(handle)
