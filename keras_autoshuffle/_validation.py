@@ -113,3 +113,10 @@ def non_negative_float(value, name):
     if not is_number(value) or not np.isfinite(value) or value < 0:
         raise ValueError(f"`{name}` must be a finite number >= 0. Received: {name}={value!r}")
     return float(value)
+
+
+def fraction_below_one(value, name):
+    """`value` as a float; ValueError unless it is a number in [0, 1)."""
+    if not is_number(value) or not 0 <= value < 1:
+        raise ValueError(f"`{name}` must be a number in [0, 1). Received: {name}={value!r}")
+    return float(value)

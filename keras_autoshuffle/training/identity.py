@@ -43,6 +43,11 @@ class RunIdentity:
             data (`add_arguments`).
         sinkhorn_iterations, shuffle_initializer, shuffle_forward, max_train_examples: the
             command line's too.
+        label_smoothing, class_weights: the loss (`train()`'s).
+        base_weights, frozen, image_size, flip, images: a fine-tuning's (`finetuning`):
+            the starting weights (their SHA-256 for a file), what is frozen ("base",
+            "batch_norm" or None), the input side, the flips, the SHA-256 of the image
+            split's record.
     """
 
     learning_rates: tuple = ()
@@ -75,6 +80,13 @@ class RunIdentity:
     shuffle_initializer: str = "random"
     shuffle_forward: str = "relaxed"
     max_train_examples: int | None = None
+    label_smoothing: float = 0.0
+    class_weights: tuple | None = None
+    base_weights: str | None = None
+    frozen: str | None = None
+    image_size: int | None = None
+    flip: bool | None = None
+    images: str | None = None
 
     @classmethod
     def make(cls, settings, **fields):

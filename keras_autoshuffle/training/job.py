@@ -41,6 +41,8 @@ class TrainingJob:
     balanced: bool = False
     harden_at_epoch: int | None = None
     time_limit: float | None = BALANCED_TIME_LIMIT
+    label_smoothing: float = 0.0
+    class_weights: tuple | None = None
 
     def callbacks(self, hardening=None):
         """The run's callbacks: the divergence check first (a diverged epoch reaches no log

@@ -17,6 +17,7 @@ from keras_autoshuffle import export as export_lib
 from keras_autoshuffle._atomic import write_json
 from keras_autoshuffle.callbacks import HardenShuffles, evaluate_accuracy
 from keras_autoshuffle.data import EpochCounter
+from keras_autoshuffle.losses import SmoothedSparseCrossentropy
 from keras_autoshuffle.training import distribution
 from keras_autoshuffle.training.exports import (
     check_savable,
@@ -61,6 +62,8 @@ def train(
     verbose=1,
     report_entries=None,
     int8=False,
+    label_smoothing=0.0,
+    class_weight=None,
 ):
     """Trains, hardens and exports a model into `output_dir`; returns the report (also
     written to `report.json`).
@@ -97,6 +100,10 @@ def train(
         report_entries: entries added to the report before it is written.
         int8: also `model_int8.tflite`, the folded net's full-integer LiteRT, calibrated
             and checked (`exports.int8_data`, `export_model`); needs the LiteRT export.
+        label_smoothing: in [0, 1): the loss's (`losses.SmoothedSparseCrossentropy`);
+            0 is sparse cross-entropy.
+        class_weight: None, or a weight per class, a sequence as long as the classes
+            (Keras's `fit(class_weight=...)`); one host only.
     """
     start = time.time()
     strategy = distribution.make_strategy(strategy) if isinstance(strategy, str) else strategy
@@ -105,6 +112,13 @@ def train(
     seed, formats = _check_seed(seed), export_formats(export)
     _validation.choice(int8, (False, True), "int8")
     _check_data(test_data, recipe, strategy)
+    loss = dict(label_smoothing=_validation.fraction_below_one(label_smoothing, "label_smoothing"))
+    loss["class_weights"] = _check_class_weight(class_weight, train_data, strategy)
+    if loss["label_smoothing"] and distribution.is_multi_worker(strategy):
+        raise ValueError(
+            "`label_smoothing` works with fit (one host), not the multi-worker loop. "
+            f"Received: label_smoothing={label_smoothing!r}"
+        )
     chief = distribution.is_chief(strategy)
     policy = distribution.mixed_precision_policy() if mixed_precision else False
     with _dtype_policy(policy):
@@ -113,11 +127,12 @@ def train(
         formats, skipped = _plan(model, formats if chief else (), int8 and chief)
         sample = check_savable(model, test_data, formats)
         hardening = dict(balanced=balanced, harden_at_epoch=harden_at_epoch)
-        fields = dict(seed=seed, mixed_precision=policy, **hardening)
+        fields = dict(seed=seed, mixed_precision=policy, **hardening, **loss)
         identity = _identity(settings, recipe, model, train_data, test_data, **fields)
         parts = (model, optimizer, strategy, train_data, test_data, recipe)
         job = _start_job(parts, output_dir, identity, start, overwrite, verbose, **hardening)
         job.extra_callbacks, job.jit_compile = list(callbacks or []), jit_compile
+        job.label_smoothing, job.class_weights = loss["label_smoothing"], loss["class_weights"]
         with reproducible_steps():
             report = custom_loop(job) if distribution.is_multi_worker(strategy) else _fit(job)
     files = _export(job, sample, (formats, skipped), int8 and chief, report)
@@ -299,6 +314,28 @@ def _check_harden_at_epoch(harden_at_epoch, recipe, strategy):
     return harden_at_epoch
 
 
+def _check_class_weight(class_weight, train_data, strategy):
+    """`class_weight` as a tuple of floats, one per class (None: none); fit only."""
+    if class_weight is None:
+        return None
+    classes = train_data.num_classes
+    try:
+        weights = tuple(_validation.positive_float(w, "class_weight") for w in class_weight)
+    except TypeError:
+        weights = ()
+    if len(weights) != classes:
+        raise ValueError(
+            f"`class_weight` must hold a positive weight for each of the {classes} classes. "
+            f"Received: class_weight={class_weight!r}"
+        )
+    if distribution.is_multi_worker(strategy):
+        raise ValueError(
+            "`class_weight` works with fit (one host), not the multi-worker loop. "
+            f"Received: class_weight={class_weight!r}"
+        )
+    return weights
+
+
 def _check_seed(seed):
     seed = _validation.non_negative_int(seed, "seed")
     if seed >= 2**32:  # NumPy's and TensorFlow's seeds are 32-bit
@@ -310,10 +347,13 @@ def _fit(job):
     """Keras's `fit` on one host (one device or MirroredStrategy), hardening with
     `HardenShuffles` (after `job.harden_at_epoch` epochs, or at the end); the report."""
     model, recipe = job.model, job.recipe
+    loss = "sparse_categorical_crossentropy"
+    if job.label_smoothing:
+        loss = SmoothedSparseCrossentropy(job.label_smoothing)
     with job.strategy.scope():
         model.compile(
             optimizer=job.optimizer,
-            loss="sparse_categorical_crossentropy",
+            loss=loss,
             metrics=["accuracy"],
             jit_compile=job.jit_compile,
         )
@@ -332,6 +372,7 @@ def _fit(job):
         validation_data=test,
         callbacks=[counter.callback(), *job.callbacks(hardening)],
         shuffle=False,  # the order is the dataset's, a function of (seed, epoch)
+        class_weight=None if job.class_weights is None else dict(enumerate(job.class_weights)),
         verbose=job.verbose,
     )
     return loop_report(hardening.report, lambda: evaluate_accuracy(model, test))
