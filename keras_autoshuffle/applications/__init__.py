@@ -13,6 +13,7 @@ from keras_autoshuffle.applications.checkpoints import CHECKPOINTS
 from keras_autoshuffle.applications.common import count_macs
 from keras_autoshuffle.applications.preprocessing import (
     ResizeCenterCrop,
+    evaluation_preprocessing,
     imagenet_preprocessing,
     preprocess_input,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "count_macs",
     "decode_predictions",
     "describe",
+    "evaluation_preprocessing",
     "imagenet_preprocessing",
     "load_torchvision_weights",
     "preprocess_input",

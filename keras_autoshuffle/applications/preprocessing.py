@@ -1,5 +1,6 @@
 """The images the ImageNet weights expect: torchvision's evaluation transform as Keras
-layers (`imagenet_preprocessing`, `ToRGB`, `ResizeCenterCrop`) and `preprocess_input`.
+layers (`imagenet_preprocessing`, `ToRGB`, `ResizeCenterCrop`) and `preprocess_input`;
+`evaluation_preprocessing`, the same transform for square inputs of any size.
 
 torchvision evaluates its ShuffleNetV2 checkpoints with `ImageClassification`: resize the
 shorter side to `resize_size` (bilinear, antialiased), crop the central `crop_size`
@@ -20,7 +21,7 @@ from keras_autoshuffle._resize_crop import (
     tf_check_sides,
     tf_resize_center_crop,
 )
-from keras_autoshuffle.applications.architecture import width_name
+from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD, width_name
 from keras_autoshuffle.applications.checkpoints import CHECKPOINTS
 
 
@@ -194,7 +195,8 @@ class ResizeCenterCrop(keras.layers.Layer):
 def imagenet_preprocessing(width=1.0, data_format=None):
     """torchvision's evaluation transform for the ImageNet weights of `ShuffleNetV2(width)`,
     as a `keras.Sequential`: `ToRGB`, `ResizeCenterCrop` (the checkpoint's resize and crop
-    sizes), `Rescaling(1 / 255)`, `Normalization` with ImageNet's mean and variance.
+    sizes), `Rescaling(1 / 255)`, `Normalization` with ImageNet's mean and variance:
+    `evaluation_preprocessing(crop_size, resize_size)` of the checkpoint, named after it.
 
     Built-in layers and this module's only (no Lambda): it saves and loads with
     `safe_mode=True`, and runs in a `tf.data` pipeline or as the first part of a model.
@@ -227,6 +229,90 @@ def imagenet_preprocessing(width=1.0, data_format=None):
         >>> applications.decode_predictions(model.predict(preprocess(batch)), top=3)
     """
     entry = CHECKPOINTS[_validation.choice(width, tuple(CHECKPOINTS), "width")]
+    return _evaluation_model(
+        entry.crop_size,
+        entry.resize_size,
+        entry.mean,
+        entry.std,
+        data_format,
+        f"shufflenet_v2_{width_name(width)}_preprocessing",
+    )
+
+
+# The square sides `evaluation_preprocessing` accepts: below 16 a ShuffleNet's stride-32
+# feature map is empty; above 4096 one float32 batch of 64 images is over 12 GB.
+MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 16, 4096
+
+
+def _check_image_size(image_size, name="image_size"):
+    """`image_size` as an int; ValueError naming `name` unless it is an integer in
+    [MIN_IMAGE_SIZE, MAX_IMAGE_SIZE]."""
+    if not _validation.is_integer(image_size) or not (
+        MIN_IMAGE_SIZE <= image_size <= MAX_IMAGE_SIZE
+    ):
+        raise ValueError(
+            f"`{name}` must be an integer from {MIN_IMAGE_SIZE} to {MAX_IMAGE_SIZE} (the "
+            f"side of the square images the model takes). Received: {name}={image_size!r}"
+        )
+    return int(image_size)
+
+
+def _default_resize_size(image_size):
+    """torchvision's evaluation resize for a crop of `image_size`: its 256 / 224 ratio,
+    `round(image_size * 256 / 224)` (256 for 224)."""
+    return round(image_size * 256 / 224)
+
+
+def evaluation_preprocessing(
+    image_size: int = 224, resize_size: int | None = None, data_format: str | None = None
+) -> keras.Sequential:
+    """torchvision's ImageNet evaluation transform for square inputs of any size, as a
+    `keras.Sequential`: `ToRGB`, `ResizeCenterCrop(resize_size, image_size)`,
+    `Rescaling(1 / 255)`, `Normalization` with ImageNet's mean and variance.
+
+    The layers and limits of `imagenet_preprocessing` (which is this with a checkpoint's
+    sizes): for a model fine-tuned from the ImageNet weights at another input size, and
+    for the evaluation images of `data.ImageFolderData`, which are the same pixels.
+
+    Args:
+        image_size: the side of the square output, an integer from 16 to 4096.
+        resize_size: the shorter side after resizing, before the central crop: an
+            integer from `image_size` to `2 * image_size`. Default: torchvision's ratio,
+            `round(image_size * 256 / 224)` (256 for 224).
+        data_format: "channels_last" or "channels_first" (default: Keras's).
+
+    Returns:
+        A `keras.Sequential` from pixel values in [0, 255], a batch of any size
+        (batch, height, width, channels), to (batch, image_size, image_size, 3).
+
+    Raises:
+        ValueError: `image_size`, `resize_size` or `data_format` out of range.
+
+    Example:
+        >>> preprocess = applications.evaluation_preprocessing(160)
+        >>> preprocess(data.read_image("cat.jpg")[None]).shape
+        TensorShape([1, 160, 160, 3])
+    """
+    image_size = _check_image_size(image_size)
+    if resize_size is None:
+        resize_size = _default_resize_size(image_size)
+    if not _validation.is_integer(resize_size) or not (image_size <= resize_size <= 2 * image_size):
+        raise ValueError(
+            f"`resize_size` (the shorter side before the central crop) must be an integer "
+            f"from image_size ({image_size}) to 2 * image_size, or None for "
+            f"{_default_resize_size(image_size)}. Received: resize_size={resize_size!r}"
+        )
+    return _evaluation_model(
+        image_size,
+        int(resize_size),
+        IMAGENET_MEAN,
+        IMAGENET_STD,
+        data_format,
+        f"evaluation_preprocessing_{image_size}",
+    )
+
+
+def _evaluation_model(crop_size, resize_size, mean, std, data_format, name):
     data_format = _validation.data_format(data_format)
     model = keras.Sequential(
         [
@@ -234,16 +320,16 @@ def imagenet_preprocessing(width=1.0, data_format=None):
             # first call, for that call's shape, and kept it even when that call failed.
             keras.Input(shape=(None, None, None)),
             ToRGB(data_format, name="rgb"),
-            ResizeCenterCrop(entry.resize_size, entry.crop_size, data_format, name="resize_crop"),
+            ResizeCenterCrop(resize_size, crop_size, data_format, name="resize_crop"),
             keras.layers.Rescaling(1 / 255, name="rescale"),
             keras.layers.Normalization(
                 axis=_validation.channel_axis(data_format),
-                mean=list(entry.mean),
-                variance=list(np.square(entry.std)),
+                mean=list(mean),
+                variance=list(np.square(std)),
                 name="normalize",
             ),
         ],
-        name=f"shufflenet_v2_{width_name(width)}_preprocessing",
+        name=name,
     )
     # A wrong rank is refused by Keras before the call ("expected ndim=4"); a loaded copy
     # lacks this spec and is refused by its input layer instead, also unchanged.

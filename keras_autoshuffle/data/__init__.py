@@ -1,4 +1,5 @@
-"""Input pipelines: TFDS CIFAR-10 and ImageNet, Fashion-MNIST IDX files, embedded digits.
+"""Input pipelines: TFDS CIFAR-10 and ImageNet, Fashion-MNIST IDX files, embedded digits,
+folders of labelled images.
 
 - `pipeline`: `EpochData` splits whose epoch is a pure function of `(seed, epoch)`
   (`ArrayData` in memory, `TFDSData` streamed), the seeds, `EpochCounter` for `model.fit`.
@@ -6,10 +7,21 @@
 - `sources`: one loader per data set (`digits`, `fashion_mnist`, `cifar10`, `imagenet`)
   and their statistics.
 - `registry`: `load(name)` over `DATASETS`.
+- `images`: one untrusted image file: `check_image_file`, `read_image`, `decode_rgb`.
 
 Everything is re-exported here: `from keras_autoshuffle import data; data.digits()`.
 """
 
+from keras_autoshuffle.data.images import (
+    IMAGE_EXTENSIONS,
+    MAX_FILE_BYTES,
+    MAX_PIXELS,
+    ImageFileError,
+    check_image_file,
+    decode_rgb,
+    has_image_extension,
+    read_image,
+)
 from keras_autoshuffle.data.pipeline import (
     ArrayData,
     EpochCounter,
@@ -59,13 +71,20 @@ __all__ = [
     "FASHION_MNIST_STD",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "IMAGE_EXTENSIONS",
+    "ImageFileError",
     "LOADERS",
+    "MAX_FILE_BYTES",
+    "MAX_PIXELS",
     "TFDSData",
+    "check_image_file",
     "cifar10",
+    "decode_rgb",
     "digits",
     "epoch_permutation",
     "example_seed",
     "fashion_mnist",
+    "has_image_extension",
     "imagenet",
     "load",
     "load_digits",
@@ -75,5 +94,6 @@ __all__ = [
     "prepared_builder",
     "random_resized_crop",
     "read_idx",
+    "read_image",
     "resize_center_crop",
 ]

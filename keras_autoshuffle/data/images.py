@@ -1,0 +1,270 @@
+"""One image file, untrusted: checked before it is decoded, decoded as the pipeline does.
+
+`check_image_file` reads a file's header with Pillow (no pixel decoded) and refuses what
+the pipeline could not use, before any training: a format other than JPEG, PNG, BMP and
+GIF, a declared size over `max_pixels` (a decompression bomb: a few bytes that declare
+billions of pixels), a file that is not an image; then it decodes the file with
+TensorFlow (`decode_rgb`, what `tf.data` pipelines run), so a truncated or damaged file is
+found there and then, not mid-training. `read_image` returns the decoded pixels.
+
+What TensorFlow's decoders do (`tf.io.decode_image`, as `keras.utils.
+image_dataset_from_directory`, but JPEGs with libjpeg's accurate inverse DCT, as Pillow):
+RGB, uint8; gray is repeated to three channels and alpha
+dropped (as PIL's `convert("RGB")`); a GIF gives its first frame; a 16-bit PNG keeps the
+high byte of each value (`x >> 8`); the EXIF orientation of a JPEG is not applied. Its BMP
+decoder reads a palette BMP as gray without an error, and cannot read 1-bit BMPs: BMPs are
+therefore also decoded by Pillow and must match exactly. It decodes every frame of a GIF
+to return the first: `max_pixels` bounds the frames' pixels together.
+"""
+
+import io
+import os
+import struct
+import warnings
+
+import numpy as np
+import tensorflow as tf
+
+from keras_autoshuffle import _validation
+
+IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
+MAX_PIXELS = 50_000_000
+MAX_FILE_BYTES = 256 * 2**20
+MAX_GIF_FRAMES = 10_000
+
+# Pillow's format names of the four formats (a camera's multi-picture JPEG is "MPO").
+_FORMATS = {"JPEG": "JPEG", "MPO": "JPEG", "PNG": "PNG", "BMP": "BMP", "GIF": "GIF"}
+
+
+class ImageFileError(ValueError):
+    """An image file that cannot be used: its message names the path, the problem and what
+    to do."""
+
+
+def has_image_extension(path: str | os.PathLike) -> bool:
+    """Whether `path` ends in one of `IMAGE_EXTENSIONS`, in any case (as Keras matches them).
+
+    Args:
+        path: a file name or path.
+
+    Returns:
+        True for `photo.JPG`, False for `notes.txt`.
+    """
+    return os.fspath(path).lower().endswith(IMAGE_EXTENSIONS)
+
+
+def decode_rgb(contents: tf.Tensor) -> tf.Tensor:
+    """Decodes an encoded JPEG, PNG, BMP or GIF to RGB pixels; graph-safe (`tf.data` maps).
+
+    Gray is repeated to three channels, alpha dropped, a GIF's first frame kept; a JPEG is
+    decoded with the accurate inverse DCT (Pillow's, not `decode_image`'s fast one). Decode
+    untrusted files only after `check_image_file`: this op bounds nothing.
+
+    Args:
+        contents: a scalar string tensor, the file's bytes.
+
+    Returns:
+        A uint8 tensor (height, width, 3), its static shape [None, None, 3].
+    """
+    image = tf.cond(
+        tf.io.is_jpeg(contents),
+        # decode_image's JPEG default is libjpeg's fast, inexact inverse DCT (pixels up to
+        # 8 off Pillow's); the accurate one gives Pillow's pixels, and is no slower.
+        lambda: tf.io.decode_jpeg(contents, channels=3, dct_method="INTEGER_ACCURATE"),
+        lambda: tf.io.decode_image(contents, channels=3, expand_animations=False),
+    )
+    return tf.ensure_shape(image, [None, None, 3])
+
+
+def check_image_file(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> tuple[int, int]:
+    """Checks that the pipeline can decode an image file, bounding memory and time.
+
+    Args:
+        path: the file.
+        max_pixels: the most pixels (width * height, all frames of a GIF together) the
+            file may declare; refused before any pixel is decoded.
+
+    Returns:
+        The image's (width, height).
+
+    Raises:
+        ImageFileError: the file is missing, empty, larger than `MAX_FILE_BYTES`, not an
+            image, an image of another format, declares more than `max_pixels` pixels,
+            or is damaged (TensorFlow or, for a BMP, Pillow cannot decode it).
+        ValueError: `max_pixels` is not a positive integer.
+    """
+    return _read_checked(path, max_pixels)[0]
+
+
+def read_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> np.ndarray:
+    """Reads an image file, checked as `check_image_file` does, as RGB pixels.
+
+    Args:
+        path: the file.
+        max_pixels: the most pixels the file may declare (see `check_image_file`).
+
+    Returns:
+        A uint8 array (height, width, 3).
+
+    Raises:
+        ImageFileError: as `check_image_file`.
+        ValueError: `max_pixels` is not a positive integer.
+    """
+    return _read_checked(path, max_pixels)[1]
+
+
+def _read_checked(path, max_pixels):
+    max_pixels = _validation.positive_int(max_pixels, "max_pixels")
+    path = os.fspath(path)
+    contents = _read_bytes(path)
+    image = _open_header(contents, path, max_pixels)
+    width, height = image.size
+    kind = _FORMATS[image.format]
+    if kind == "GIF":
+        _check_gif_frames(contents, path, max_pixels)
+    try:
+        pixels = decode_rgb(tf.constant(contents)).numpy()
+    except tf.errors.OpError as error:
+        reason = error.message.strip().splitlines()[0]
+        raise _error(path, f"TensorFlow cannot decode this {kind} file ({reason})") from None
+    if pixels.shape != (height, width, 3):
+        raise _error(
+            path,
+            f"TensorFlow decodes it as {pixels.shape[1]} x {pixels.shape[0]} pixels where its "
+            f"header declares {width} x {height}",
+        )
+    if kind == "BMP":
+        _check_bmp(image, pixels, path)
+    return (width, height), pixels
+
+
+def _error(path, problem, advice="Replace it with an intact JPEG or PNG, or remove it."):
+    return ImageFileError(f"{problem}. {advice} Received: path={path!r}")
+
+
+def _read_bytes(path):
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_FILE_BYTES:
+                raise _error(
+                    path,
+                    f"The file has {size} bytes, more than MAX_FILE_BYTES "
+                    f"({MAX_FILE_BYTES}), the most an image file is read with",
+                    "Resize or recompress it.",
+                )
+            contents = f.read(MAX_FILE_BYTES + 1)  # the file may grow after the stat
+    except FileNotFoundError:
+        raise _error(path, "The file does not exist", "Check the path.") from None
+    except IsADirectoryError:
+        raise _error(path, "This is a folder, not an image file", "Pass a file.") from None
+    except OSError as error:
+        raise _error(path, f"The file cannot be read ({error.strerror})", "Check it.") from None
+    if len(contents) > MAX_FILE_BYTES:
+        raise _error(path, f"The file has more than {MAX_FILE_BYTES} bytes", "Resize it.")
+    if not contents:
+        raise _error(path, "The file is empty")
+    return contents
+
+
+def _open_header(contents, path, max_pixels):
+    """The file opened by Pillow (its header read, no pixel decoded), checked."""
+    from PIL import Image, UnidentifiedImageError
+
+    with warnings.catch_warnings():
+        # Our own limit decides below; Pillow's warning would only add noise.
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        try:
+            image = Image.open(io.BytesIO(contents))
+        except Image.DecompressionBombError as error:
+            raise _error(
+                path,
+                f"The image declares too many pixels, a possible decompression bomb ({error})",
+                "Remove it, or resize it if it is a genuine image.",
+            ) from None
+        except UnidentifiedImageError:
+            raise _error(path, "This is not an image file Pillow can read") from None
+        except Exception as error:  # malformed headers raise many kinds of errors
+            raise _error(path, f"The image's header is damaged ({error})") from None
+    if image.format not in _FORMATS:
+        raise _error(
+            path,
+            f"This is a {image.format} image; only JPEG, PNG, BMP and GIF files are read",
+            "Convert it to PNG or JPEG.",
+        )
+    width, height = image.size
+    if width < 1 or height < 1:
+        raise _error(path, f"The image declares {width} x {height} pixels")
+    if width * height > max_pixels:
+        raise _error(
+            path,
+            f"The image declares {width} x {height} = {width * height} pixels, more than "
+            f"max_pixels ({max_pixels}): a possible decompression bomb, checked before "
+            "decoding",
+            "Remove it, resize it, or raise max_pixels if it is a genuine image.",
+        )
+    return image
+
+
+def _check_gif_frames(contents, path, max_pixels):
+    """Refuses a GIF whose frames together declare more than `max_pixels` pixels, or more
+    than MAX_GIF_FRAMES frames: TensorFlow decodes them all to return the first."""
+    pixels, frames = 0, 0
+    for width, height in _gif_frame_sizes(contents):
+        pixels, frames = pixels + width * height, frames + 1
+        if pixels > max_pixels or frames > MAX_GIF_FRAMES:
+            raise _error(
+                path,
+                f"The GIF's first {frames} frames declare {pixels} pixels together, more "
+                f"than max_pixels ({max_pixels}) or MAX_GIF_FRAMES ({MAX_GIF_FRAMES}) "
+                "frames (TensorFlow decodes every frame to read the first)",
+                "Save its first frame as a PNG.",
+            )
+
+
+def _gif_frame_sizes(contents):
+    """The (width, height) of each frame a GIF's blocks declare (no pixel decoded). A
+    damaged block structure ends the walk: the decoders report the damage."""
+    end = len(contents)
+    position = 13  # the header and the logical screen descriptor
+    if end < position:
+        return
+    flags = contents[10]
+    if flags & 0x80:  # a global color table
+        position += 3 << ((flags & 7) + 1)
+    while position < end:
+        block = contents[position]
+        if block == 0x2C:  # an image descriptor
+            if position + 10 > end:
+                return
+            yield struct.unpack_from("<HH", contents, position + 5)
+            flags = contents[position + 9]
+            position += 10
+            if flags & 0x80:  # a local color table
+                position += 3 << ((flags & 7) + 1)
+            position += 1  # the LZW minimum code size
+        elif block == 0x21:  # an extension: its label, then data sub-blocks
+            position += 2
+        else:  # 0x3B, the trailer, or damage
+            return
+        while position < end:  # data sub-blocks, up to an empty one
+            size = contents[position]
+            position += 1 + size
+            if size == 0:
+                break
+
+
+def _check_bmp(image, pixels, path):
+    """TensorFlow reads a palette BMP as gray without an error: a BMP must decode to the
+    same pixels with Pillow."""
+    try:
+        expected = np.asarray(image.convert("RGB"))
+    except Exception as error:  # damaged pixel data raises many kinds of errors
+        raise _error(path, f"Pillow cannot decode this BMP file ({error})") from None
+    if not np.array_equal(expected, pixels):
+        raise _error(
+            path,
+            f"TensorFlow reads this BMP variant (Pillow mode {image.mode}, e.g. a palette "
+            "BMP) as other pixels than Pillow does",
+            "Convert it to PNG, or save it as a 24-bit BMP.",
+        )
