@@ -6,11 +6,14 @@ The images are tiny files written here with Pillow; expected pixels are Pillow's
 decode (`convert("RGB")`) or computed in NumPy.
 """
 
+import importlib
 import io
+import os
 import struct
 import time
 import zlib
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -243,3 +246,325 @@ def test_evaluation_preprocessing_defaults_to_torchvisions_ratio():
 def test_evaluation_preprocessing_refuses_bad_sizes(arguments, name):
     with pytest.raises(ValueError, match=f"Received: {name}="):
         applications.evaluation_preprocessing(**arguments)
+
+
+# -- folders of labelled images ---------------------------------------------------------
+
+
+def _write_class(folder, count, size=(6, 5), seed=0, suffix=".png"):
+    """`count` distinct images in `folder` (the pixels depend on `seed` and the index)."""
+    for i in range(count):
+        image = Image.fromarray(_pixels(size[1], size[0], seed=seed * 1000 + i))
+        _save(folder / f"img_{i:03d}{suffix}", image)
+
+
+def _folder(root, counts):
+    for seed, (name, count) in enumerate(counts.items()):
+        _write_class(root / name, count, seed=seed)
+    return root
+
+
+def test_a_folder_is_split_per_class_with_a_seed(tmp_path):
+    root = _folder(tmp_path / "photos", {"b": 10, "a": 5, "c": 2})
+    split = data.scan_image_folder(root, val_fraction=0.2, split_seed=3)
+    assert split.class_names == ("a", "b", "c") and split.source == "split"
+    # round(n * 0.2) per class, at least 1 and at most n - 1: a 5 -> 1, b 10 -> 2, c 2 -> 1.
+    for examples, counts in ((split.val, [1, 2, 1]), (split.train, [4, 8, 1])):
+        assert np.bincount([label for _, label in examples]).tolist() == counts
+    listed = [path for path, _ in split.train + split.val]
+    assert sorted(listed) == sorted(p.relative_to(root).as_posix() for p in root.rglob("*.png"))
+    for path, label in split.train + split.val:
+        assert path.split("/")[0] == split.class_names[label]
+    np.testing.assert_array_equal(split.train_labels, [0] * 4 + [1] * 8 + [2])
+    assert split == data.scan_image_folder(root, val_fraction=0.2, split_seed=3)
+    other = data.scan_image_folder(root, val_fraction=0.2, split_seed=4)
+    assert set(other.val) != set(split.val) and other.val_fraction == 0.2
+
+
+def test_classes_and_files_are_those_keras_finds(tmp_path):
+    # Unicode names, upper case before lower case, an image in a nested folder, an upper
+    # case extension, a JPEG; a text file and a hidden file ignored.
+    root = _folder(tmp_path, {"Zèbre": 2, "apple": 2, "日本": 3})
+    _write_class(root / "apple" / "more" / "deeper", 1, seed=9, suffix=".JPG")
+    (root / "apple" / "notes.txt").write_text("ignored")
+    (root / "Zèbre" / ".hidden.txt").write_text("ignored")
+    split = data.scan_image_folder(root, val_fraction=0.5)
+    assert split.ignored == 2 and split.skipped == ()
+    found = keras.utils.image_dataset_from_directory(root, image_size=(8, 8), shuffle=False)
+    assert split.class_names == tuple(found.class_names) == ("Zèbre", "apple", "日本")
+    expected = {
+        (os.path.relpath(path, root), int(label))
+        for path, label in zip(found.file_paths, np.concatenate([y for _, y in found]), strict=True)
+    }
+    assert set(split.train + split.val) == expected
+
+
+def test_train_and_val_folders_are_the_split(tmp_path):
+    _folder(tmp_path / "train", {"dog": 3, "cat": 2})
+    _folder(tmp_path / "validation", {"dog": 1, "cat": 1})
+    split = data.scan_image_folder(tmp_path)
+    assert split.source == "folders" and split.class_names == ("cat", "dog")
+    assert [p for p, _ in split.train] == [f"train/cat/img_00{i}.png" for i in range(2)] + [
+        f"train/dog/img_00{i}.png" for i in range(3)
+    ]
+    assert split.val == (("validation/cat/img_000.png", 0), ("validation/dog/img_000.png", 1))
+    _write_class(tmp_path / "validation" / "cow", 1)
+    with pytest.raises(data.ImageFolderError, match=r"only in one: \['cow'\]"):
+        data.scan_image_folder(tmp_path)
+
+
+def test_a_train_folder_without_a_val_folder_is_refused(tmp_path):
+    _folder(tmp_path / "train", {"dog": 3, "cat": 2})
+    _write_class(tmp_path / "other", 2)
+    with pytest.raises(data.ImageFolderError, match=r"\['train'\].*Received: root="):
+        data.scan_image_folder(tmp_path)
+
+
+def _bomb(path):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(_png_bytes(30000, 30000, 8, 2, bytes(2 * 90001)))
+
+
+def _loop(root):
+    _folder(root, {"a": 2, "b": 2})
+    (root / "a" / "sub").mkdir()
+    (root / "a" / "sub" / "loop").symlink_to(root / "a", target_is_directory=True)
+    return root / "a" / "sub" / "loop"
+
+
+def _bad_name(root):
+    _folder(root, {"a": 2, "b": 2})
+    bad = os.path.join(os.fsencode(root / "a"), b"caf\xe9.png")
+    with open(bad, "wb") as f:
+        f.write((root / "a" / "img_000.png").read_bytes())
+    return os.path.join(str(root / "a"), os.fsdecode(b"caf\xe9.png"))
+
+
+def _classes(counts, named=None):
+    """Class folders with `counts` images; the error names the root, or class `named`."""
+
+    def make(root):
+        for name in counts:
+            (root / name).mkdir()
+        _folder(root, counts)
+        return root if named is None else root / named
+
+    return make
+
+
+def _with(make_file, relative):
+    """Two classes of two images, and `make_file(root / relative)`, the file named."""
+
+    def make(root):
+        _folder(root, {"a": 2, "b": 2})
+        make_file(root / relative)
+        return root / relative
+
+    return make
+
+
+def _root_a_file(root):
+    root.rmdir()
+    return _save(root, Image.new("RGB", (2, 2)), format="PNG")
+
+
+def _files_only(root):
+    _write_class(root, 2)
+    return root
+
+
+# name: (make the folder `root`, returning the path the error names; what the error says)
+BAD_FOLDERS = {
+    "missing": (lambda root: root.rmdir() or root, "does not exist"),
+    "a file": (_root_a_file, "is not a folder"),
+    "empty": (_classes({}), "is empty"),
+    "files only": (_files_only, "has no folders"),
+    "one class": (_classes({"a": 3}), r"1 class folder\(s\) \['a'\]"),
+    "no images": (_classes({"a": 2, "b": 0}, "b"), r"0 usable image\(s\)"),
+    "one image": (_classes({"a": 2, "b": 1}, "b"), "2 images to split"),
+    "case": (_classes({"Cat": 2, "cat": 2, "dog": 2}), "differ only in case"),
+    "damaged": (_with(_truncated("PNG"), "a/x.png"), "TensorFlow cannot.*skip_damaged=True"),
+    "bomb": (_with(_bomb, "b/big.png"), "decompression bomb"),
+    "too long": (
+        _with(lambda path: _save(path, Image.new("RGB", (202, 2))), "a/strip.png"),
+        "202 x 2 pixels",
+    ),
+    "link loop": (_loop, "link loop"),
+    "not utf-8": (_bad_name, "not valid UTF-8"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FOLDERS))
+def test_bad_folders_are_refused_naming_the_path(tmp_path, name):
+    make, problem = BAD_FOLDERS[name]
+    root = tmp_path / "root"
+    root.mkdir()
+    path = make(root)
+    start = time.perf_counter()
+    with pytest.raises(data.ImageFolderError, match=problem) as caught:
+        data.scan_image_folder(root)
+    assert time.perf_counter() - start < 5
+    assert str(caught.value).endswith(f"={str(path)!r}"), str(caught.value)
+
+
+def test_too_many_files_are_refused(tmp_path, monkeypatch):
+    # `data.image_folder` is the function of the same name.
+    module = importlib.import_module("keras_autoshuffle.data.image_folder")
+    _folder(tmp_path, {"a": 3, "b": 3})
+    monkeypatch.setattr(module, "MAX_FILES", 7)
+    with pytest.raises(data.ImageFolderError, match=r"MAX_FILES \(7\).*: 8 so far"):
+        data.scan_image_folder(tmp_path)
+
+
+def test_damaged_files_can_be_skipped_and_are_recorded(tmp_path):
+    _folder(tmp_path, {"a": 3, "b": 2})
+    _truncated("JPEG")(tmp_path / "a" / "cut.jpg")
+    (tmp_path / "b" / "text.png").write_text("not an image")
+    _bomb(tmp_path / "b" / "bomb.png")
+    (tmp_path / "b" / "readme.md").write_text("ignored")
+    split = data.scan_image_folder(tmp_path, skip_damaged=True)
+    assert [path for path, _ in split.skipped] == ["a/cut.jpg", "b/bomb.png", "b/text.png"]
+    assert "TensorFlow cannot decode" in split.skipped[0][1]
+    assert "decompression bomb" in split.skipped[1][1]
+    assert len(split.train + split.val) == 5 and split.ignored == 1
+
+
+def test_the_split_is_recorded_and_read_back(tmp_path):
+    root = _folder(tmp_path / "photos", {"a": 4, "b": 3})
+    record = tmp_path / "run" / "split.json"
+    train, val, split = data.image_folder(root, split_seed=5, record=record)
+    assert data.ImageFolderSplit.load(record, root) == split
+    assert data.ImageFolderSplit.from_json(split.to_json(), root) == split
+    # A file added later is not in the recorded split: a resumed run uses the same images.
+    _write_class(root / "a", 6, seed=7)
+    again = data.image_folder(root, split_seed=5, record=record)
+    assert again[2] == split and again[0].num_examples == train.num_examples
+    assert val.num_examples == len(split.val) and train.input_shape == (224, 224, 3)
+    np.testing.assert_array_equal(train.labels, split.train_labels)
+    with pytest.raises(data.ImageFolderError, match="val_fraction=0.2 and split_seed=5"):
+        data.image_folder(root, split_seed=6, record=record)
+    gone = split.val[0][0]
+    os.remove(root / gone)
+    with pytest.raises(data.ImageFolderError, match=f"missing or changed: {gone} .*new output"):
+        data.image_folder(root, split_seed=5, record=record)
+
+
+def _tampered(split, **changes):
+    record = split.to_json()
+    record.update(changes)
+    return record
+
+
+def test_a_tampered_record_is_refused_naming_the_field(tmp_path):
+    root = _folder(tmp_path, {"a": 3, "b": 3})
+    split = data.scan_image_folder(root)
+    (path, label), rest = split.train[0], [list(e) for e in split.train[1:]]
+    cases = {
+        "train": [
+            [[path, 2], *rest],  # label out of range
+            [[path, True], *rest],
+            [["a/../../etc/passwd.png", label], *rest],
+            [[str(root / path), label], *rest],
+            [["b/" + path.split("/")[1], label], *rest],  # not its class's folder
+            [[path, label], [path, label], *rest],  # listed twice
+            [e for e in rest if e[1] == 1],  # a class without training examples
+        ],
+        "val": [[*map(list, split.val), [path, label]]],  # also in train
+        "class_names": [["b", "a"], ["a"], ["a", "a/b"]],
+        "source": ["folder"],
+        "val_fraction": [0, 1.5, "0.2"],
+        "split_seed": [-1, 0.5],
+        "ignored": [-1],
+        "format": ["something else"],
+        "skipped": [[["x.png"]]],
+    }
+    for field, values in cases.items():
+        for value in values:
+            with pytest.raises(data.ImageFolderError, match=f"`{field}`") as caught:
+                data.ImageFolderSplit.from_json(_tampered(split, **{field: value}), root)
+            assert f"Received: {field}=" in str(caught.value)
+    record = tmp_path / "split.json"
+    record.write_text("{not json")
+    with pytest.raises(data.ImageFolderError, match="cannot be read") as caught:
+        data.ImageFolderSplit.load(record, root)
+    assert str(record) in str(caught.value)
+
+
+def _gradient(height, width):
+    """Gray rising from left to right: mirrored, it falls."""
+    row = np.linspace(0, 255, width).round().astype(np.uint8)
+    return np.repeat(np.repeat(row[None, :, None], height, 0), 3, 2)
+
+
+def test_evaluation_images_are_evaluation_preprocessings(tmp_path):
+    root = tmp_path
+    _save(root / "a" / "wide.png", Image.fromarray(_pixels(23, 41, seed=1)))
+    _save(root / "a" / "tall.jpg", Image.fromarray(_pixels(37, 19, seed=2)), quality=90)
+    _save(root / "b" / "gray.png", Image.fromarray(_pixels(20, 20, 1, seed=3)))
+    _save(root / "b" / "anim.gif", Image.fromarray(_pixels(18, 29, seed=4)).convert("P"))
+    examples = [("a/wide.png", 0), ("a/tall.jpg", 0), ("b/gray.png", 1), ("b/anim.gif", 1)]
+    val = data.ImageFolderData(root, examples, 2, image_size=16, training=False)
+    (images, labels), *more = list(val.eval_dataset(batch_size=4))
+    assert not more and images.shape == (4, 16, 16, 3)
+    np.testing.assert_array_equal(labels, [0, 0, 1, 1])
+    preprocess = applications.evaluation_preprocessing(16)
+    for image, (path, _) in zip(images.numpy(), examples, strict=True):
+        expected = preprocess(data.read_image(root / path)[None])[0]
+        np.testing.assert_allclose(image, expected, atol=2e-5)
+    with pytest.raises(ValueError, match="validation split"):
+        val.epoch_dataset(0, batch_size=2)
+
+
+def _train_data(root, **options):
+    _write_class(root / "a", 5, size=(20, 16))
+    _write_class(root / "b", 4, size=(13, 21), seed=1)
+    split = data.scan_image_folder(root, val_fraction=0.25)
+    return data.ImageFolderData(root, split.train, 2, image_size=16, seed=7, **options), split
+
+
+def _epoch(train, epoch):
+    return [(x.numpy(), y.numpy()) for x, y in train.epoch_dataset(epoch, batch_size=3)]
+
+
+def test_a_training_epoch_is_a_function_of_seed_and_epoch(tmp_path):
+    train, split = _train_data(tmp_path)
+    again = data.ImageFolderData(tmp_path, split.train, 2, image_size=16, seed=7)
+    first = _epoch(train, 1)
+    assert len(first) == train.num_examples // 3 == 2
+    for (x, y), (x2, y2) in zip(first, _epoch(again, 1), strict=True):
+        np.testing.assert_array_equal(x, x2)
+        np.testing.assert_array_equal(y, y2)
+    order = data.epoch_permutation(train.num_examples, 7, 1).numpy()
+    np.testing.assert_array_equal(np.concatenate([y for _, y in first]), train.labels[order][:6])
+    second = _epoch(train, 2)
+    assert not np.array_equal(first[0][0], second[0][0])
+    images = np.concatenate([x for x, _ in first])
+    # Normalised: about (0 - mean) / std to (1 - mean) / std, and no NaN.
+    assert np.isfinite(images).all() and images.min() >= -2.2 and images.max() <= 2.7
+
+
+def test_flip_false_never_mirrors(tmp_path):
+    # A full-area crop of a square keeps the whole image: flipped or not, nothing else.
+    image = tf.constant(_gradient(12, 12))
+    flipped = []
+    for flip in (False, True):
+        for seed in range(8):
+            out = data.random_resized_crop(
+                image, tf.constant([seed, 0]), size=12, area=(1.0, 1.0), ratio=(1, 1), flip=flip
+            ).numpy()
+            flipped.append(np.array_equal(out, _gradient(12, 12)[:, ::-1]))
+            assert flipped[-1] or np.array_equal(out, _gradient(12, 12))
+    assert not any(flipped[:8]) and any(flipped[8:])
+    # The pipeline: any crop of a rising gradient, resized, rises unless it is mirrored.
+    for i in range(3):
+        _save(tmp_path / f"{i}.png", Image.fromarray(_gradient(18 + i, 25 + 2 * i)))
+    for flip in (False, True):
+        examples = [(f"{i}.png", i % 2) for i in range(3)] * 4
+        train = data.ImageFolderData(tmp_path, examples, 2, 16, flip=flip)
+        rising = [
+            x[..., 0].mean(axis=0)[-1] > x[..., 0].mean(axis=0)[0]
+            for epoch in range(2)
+            for batch, _ in _epoch(train, epoch)
+            for x in batch
+        ]
+        assert all(rising) if not flip else not all(rising)

@@ -8,10 +8,19 @@ folders of labelled images.
   and their statistics.
 - `registry`: `load(name)` over `DATASETS`.
 - `images`: one untrusted image file: `check_image_file`, `read_image`, `decode_rgb`.
+- `image_folder`: a folder of labelled images: `scan_image_folder` (checked, split,
+  recorded as an `ImageFolderSplit`), `ImageFolderData`, `image_folder`.
 
 Everything is re-exported here: `from keras_autoshuffle import data; data.digits()`.
 """
 
+from keras_autoshuffle.data.image_folder import (
+    ImageFolderData,
+    ImageFolderError,
+    ImageFolderSplit,
+    image_folder,
+    scan_image_folder,
+)
 from keras_autoshuffle.data.images import (
     IMAGE_EXTENSIONS,
     MAX_FILE_BYTES,
@@ -73,6 +82,9 @@ __all__ = [
     "IMAGENET_STD",
     "IMAGE_EXTENSIONS",
     "ImageFileError",
+    "ImageFolderData",
+    "ImageFolderError",
+    "ImageFolderSplit",
     "LOADERS",
     "MAX_FILE_BYTES",
     "MAX_PIXELS",
@@ -85,6 +97,7 @@ __all__ = [
     "example_seed",
     "fashion_mnist",
     "has_image_extension",
+    "image_folder",
     "imagenet",
     "load",
     "load_digits",
@@ -96,4 +109,5 @@ __all__ = [
     "read_idx",
     "read_image",
     "resize_center_crop",
+    "scan_image_folder",
 ]

@@ -38,7 +38,15 @@ _FORMATS = {"JPEG": "JPEG", "MPO": "JPEG", "PNG": "PNG", "BMP": "BMP", "GIF": "G
 
 class ImageFileError(ValueError):
     """An image file that cannot be used: its message names the path, the problem and what
-    to do."""
+    to do.
+
+    Attributes:
+        path: the file, as received.
+        problem: the problem alone, a sentence without the path or the advice.
+    """
+
+    path = None
+    problem = None
 
 
 def has_image_extension(path: str | os.PathLike) -> bool:
@@ -139,7 +147,9 @@ def _read_checked(path, max_pixels):
 
 
 def _error(path, problem, advice="Replace it with an intact JPEG or PNG, or remove it."):
-    return ImageFileError(f"{problem}. {advice} Received: path={path!r}")
+    error = ImageFileError(f"{problem}. {advice} Received: path={path!r}")
+    error.path, error.problem = path, problem
+    return error
 
 
 def _read_bytes(path):

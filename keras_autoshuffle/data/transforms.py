@@ -26,8 +26,10 @@ def pad_crop_flip(image, seed, padding=4, flip=True):
     return image
 
 
-def random_resized_crop(image, seed, size=224, area=(0.08, 1.0), ratio=(3 / 4, 4 / 3)):
-    """ImageNet augmentation: Inception-style random-resized crop to `size`, random flip."""
+def random_resized_crop(image, seed, size=224, area=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=True):
+    """ImageNet augmentation: Inception-style random-resized crop to `size`, then a random
+    horizontal flip unless `flip` is False (images whose mirror is another thing: text,
+    digits). The crop is the same either way."""
     seeds = tf.random.experimental.stateless_split(seed, 2)
     begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
         tf.shape(image),
@@ -41,6 +43,8 @@ def random_resized_crop(image, seed, size=224, area=(0.08, 1.0), ratio=(3 / 4, 4
     )
     image = tf.slice(image, begin, crop_size)
     image = tf.image.resize(image, (size, size), method="bilinear")
+    if not flip:
+        return image
     return tf.image.stateless_random_flip_left_right(image, seed=seeds[1])
 
 
