@@ -2,7 +2,7 @@
 
 Importing the package registers every custom object (layers, constraint, regularizer,
 optimizer pieces), so `.keras` files load with `safe_mode=True`. TensorFlow-only parts
-(`data`, `training`, `export`) are imported on use. The experiments that produced the
+(`data`, `training`, `export`, `prediction`) are imported on use. The experiments that produced the
 docs' numbers live outside the package, in the repository's `experiments/`.
 """
 

@@ -1,0 +1,688 @@
+"""Classifying images with a trained classifier of any exported format.
+
+`Classifier.from_file` loads what `autoshuffle-finetune` writes into its output folder:
+the model (`model.keras`, `model.tflite`, `model_int8.tflite`, `model.onnx` or the
+`openvino/` IR folder), its class names (`labels.txt`, one per line, in output order) and
+its preprocessing (`preprocessing.json`). `Classifier.imagenet` is torchvision's
+pretrained ShuffleNetV2 with ImageNet's class names. `predict_files` classifies image
+files and folders; the command `autoshuffle-predict` prints what it returns.
+
+    classifier = Classifier.from_file("runs/pets/model.tflite")
+    for result in predict_files(classifier, ["photos/"], k=3):
+        print(result["path"], result["top"][0]["label"])
+
+Every file is read as untrusted: `.keras` files load with `safe_mode=True`, the side files
+are read up to a bound, and a model whose outputs are not probabilities of its labels'
+count is refused by name.
+"""
+
+import json
+import math
+import os
+from collections.abc import Callable, Sequence
+
+import keras
+import numpy as np
+
+from keras_autoshuffle import applications
+from keras_autoshuffle.applications.checkpoints import CHECKPOINTS
+from keras_autoshuffle.applications.pretrained import imagenet_class_index
+from keras_autoshuffle.data.images import (
+    IMAGE_EXTENSIONS,
+    ImageFileError,
+    has_image_extension,
+    read_image,
+)
+from keras_autoshuffle.export import (
+    litert_interpreter,
+    litert_run,
+    onnx_run,
+    onnx_session,
+    openvino_model,
+    openvino_run,
+)
+
+LABELS_FILE = "labels.txt"
+PREPROCESSING_FILE = "preprocessing.json"
+# Formats by file suffix; a folder is an OpenVINO IR folder (`openvino/`, holding model.xml).
+SUFFIXES = {".keras": "keras", ".tflite": "litert", ".onnx": "onnx", ".xml": "openvino"}
+OPENVINO_XML = "model.xml"
+# Bounds on the side files (a user's file may be anything): a million short class names.
+MAX_LABELS_BYTES = 16 * 2**20
+MAX_PREPROCESSING_BYTES = 64 * 2**10
+PREPROCESSING_KEYS = ("image_size", "resize_size", "mean", "std", "exports_include_preprocessing")
+# Images per model call where the format takes batches (memory: 32 x 224 x 224 x 3 floats).
+BATCH_SIZE = 32
+# How far outside [0, 1] an output may be and still be a probability (float rounding).
+_PROBABILITY_SLACK = 1e-4
+
+
+class Classifier:
+    """An image classifier: a model of any format, its class names and its preprocessing.
+
+    Made with `Classifier.from_file` (an exported model and its side files) or
+    `Classifier.imagenet` (torchvision's pretrained ShuffleNetV2); the constructor wraps
+    any function from a batch of model inputs to probabilities.
+
+    Args:
+        run: a function from a float32 batch of model inputs (n, ...) to the class
+            probabilities, an array (n, len(labels)).
+        labels: the class names, in output order: non-blank strings.
+        preprocess: a function from a uint8 RGB batch of one image (1, h, w, 3) to the
+            model's input for it (1, ...), e.g. a Keras model such as
+            `evaluation_preprocessing(224)`; None when `run` takes raw pixels (float32 in
+            [0, 255], one image of any size at a time).
+        batch_size: the most images per `run` call (1 when `preprocess` is None).
+        source: what the model is, for error messages (its path).
+
+    Attributes:
+        labels: the class names, a tuple.
+        source: the model's path or name.
+    """
+
+    def __init__(
+        self,
+        run: Callable[[np.ndarray], np.ndarray],
+        labels: Sequence[str],
+        preprocess: Callable[[np.ndarray], object] | None = None,
+        batch_size: int = BATCH_SIZE,
+        source: str = "the model",
+    ) -> None:
+        if not callable(run):
+            raise ValueError(f"`run` must be a function. Received: run={run!r}")
+        if preprocess is not None and not callable(preprocess):
+            raise ValueError(
+                f"`preprocess` must be a function or None. Received: preprocess={preprocess!r}"
+            )
+        self.labels = _check_labels(labels, "labels")
+        self.source = str(source)
+        self._run = run
+        self._preprocess = preprocess
+        batch_size = _positive_int(batch_size, "batch_size")
+        self._batch_size = batch_size if preprocess is not None else 1
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike) -> "Classifier":
+        """Loads an exported classifier with the class names and preprocessing beside it.
+
+        The format is chosen by the suffix: `.keras` (loaded with `safe_mode=True`),
+        `.tflite` (LiteRT, float or int8), `.onnx` (ONNX Runtime) or `.xml` (OpenVINO; a
+        folder holding `model.xml` too, e.g. `openvino/`). `labels.txt` and
+        `preprocessing.json` are read from the model's folder (for OpenVINO, the IR folder
+        if it holds `labels.txt`, else its parent, where `autoshuffle-finetune` writes
+        them). A `.keras` model takes the normalised image; the other formats take raw
+        pixels where `preprocessing.json` says `"exports_include_preprocessing": true`.
+
+        Args:
+            path: the model file, or an OpenVINO IR folder.
+
+        Returns:
+            The Classifier.
+
+        Raises:
+            FileNotFoundError: `path` or a side file does not exist.
+            ValueError: an unknown suffix; a side file that does not hold what it should;
+                a model that cannot be loaded, does not take RGB images of the size
+                `preprocessing.json` names, or has another class count than `labels.txt`.
+        """
+        path = _check_path(path, "path")
+        fmt, model_path, folder = _locate(path)
+        labels = read_labels(os.path.join(folder, LABELS_FILE))
+        preprocessing_path = os.path.join(folder, PREPROCESSING_FILE)
+        settings = read_preprocessing(preprocessing_path)
+        try:  # its checks of the sizes, named after the file
+            preprocess = applications.evaluation_preprocessing(
+                settings["image_size"], settings["resize_size"]
+            )
+        except ValueError as error:
+            raise ValueError(f"{preprocessing_path}: {_one_line(error)}") from None
+        raw = settings["exports_include_preprocessing"] and fmt != "keras"
+        try:
+            run, input_shape, output_shape, batch_size = _LOADERS[fmt](model_path)
+        except Exception as error:  # each runtime raises its own types for a damaged file
+            raise ValueError(
+                f"{model_path} cannot be loaded as a model of format {fmt!r} "
+                f"({type(error).__name__}: {_one_line(error)}). Export it again. "
+                f"Received: path={path!r}"
+            ) from None
+        _check_input_shape(input_shape, raw, settings["image_size"], model_path, preprocessing_path)
+        if len(output_shape) != 1:
+            raise ValueError(
+                f"{model_path} outputs shape (batch, *{output_shape}), not class probabilities "
+                f"(batch, classes). Received: path={path!r}"
+            )
+        if output_shape[0] not in (None, len(labels)):  # None: checked on each run
+            raise ValueError(
+                f"{model_path} has {output_shape[0]} outputs but "
+                f"{os.path.join(folder, LABELS_FILE)} names {len(labels)} classes: they must "
+                f"be one name per output. Received: path={path!r}"
+            )
+        return cls(run, labels, None if raw else preprocess, batch_size, model_path)
+
+    @classmethod
+    def imagenet(cls, width: float = 1.0) -> "Classifier":
+        """torchvision's ImageNet ShuffleNetV2 at `width`, with its preprocessing
+        (`applications.imagenet_preprocessing(width)`) and ImageNet's 1000 class names.
+
+        The weights and the class index are downloaded once into Keras's cache (see
+        `applications.ShuffleNetV2(weights="imagenet")` for the offline recipe).
+
+        Args:
+            width: a key of `applications.CHECKPOINTS` (0.5, 1.0, 1.5, 2.0).
+
+        Returns:
+            The Classifier.
+
+        Raises:
+            ValueError: an unknown width.
+            OSError: the weights or class index cannot be downloaded.
+        """
+        if not (isinstance(width, (int, float)) and not isinstance(width, bool)):
+            width = None  # refused below, naming the value received
+        if width not in CHECKPOINTS:
+            raise ValueError(
+                f"`width` must be one of {sorted(CHECKPOINTS)}. Received: width={width!r}"
+            )
+        entry = CHECKPOINTS[width]
+        index = imagenet_class_index(f"width={width!r}")
+        labels = [index[str(i)][1] for i in range(len(index))]
+        model = applications.ShuffleNetV2(
+            width,
+            weights="imagenet",
+            stem="imagenet",
+            input_shape=(entry.crop_size, entry.crop_size, 3),
+            classes=entry.classes,
+        )
+        if entry.classes != len(labels):
+            raise ValueError(
+                f"The ImageNet checkpoint for width {width:g} has {entry.classes} classes but "
+                f"the class index names {len(labels)}. Received: width={width!r}"
+            )
+
+        def run(batch):
+            return keras.ops.convert_to_numpy(model(batch, training=False))
+
+        return cls(run, labels, applications.imagenet_preprocessing(width), source=model.name)
+
+    def predict(self, images: Sequence[np.ndarray]) -> np.ndarray:
+        """The class probabilities of each image.
+
+        Args:
+            images: RGB images, each a uint8 array of shape (height, width, 3) of any size
+                (as `keras_autoshuffle.data.images.read_image` returns).
+
+        Returns:
+            A float32 array of shape (len(images), len(labels)).
+
+        Raises:
+            ValueError: an image that is not a uint8 RGB array (naming its index), or a
+                model whose outputs are not probabilities (not finite, outside [0, 1],
+                or of another shape).
+        """
+        if isinstance(images, np.ndarray) and images.ndim != 4:
+            raise ValueError(
+                "`images` must be a sequence of (height, width, 3) images; wrap a single "
+                f"image in a list. Received: images.shape={images.shape}"
+            )
+        images = [_check_image(image, i) for i, image in enumerate(images)]
+        outputs = [np.zeros((0, len(self.labels)), "float32")]
+        for start in range(0, len(images), self._batch_size):
+            chunk = images[start : start + self._batch_size]
+            batch = np.concatenate([self._input(image) for image in chunk])
+            outputs.append(self._outputs(batch, start))
+        return np.concatenate(outputs)
+
+    def top_k(self, images: Sequence[np.ndarray], k: int = 5) -> list[list[tuple[str, float]]]:
+        """The `k` most probable classes of each image, best first.
+
+        Args:
+            images: RGB images, as for `predict`.
+            k: how many classes per image, a positive integer; more than the class count
+                gives every class.
+
+        Returns:
+            For each image, a list of `(label, probability)`, by decreasing probability
+            (ties in output order).
+
+        Raises:
+            ValueError: a `k` that is not a positive integer, or as `predict`.
+        """
+        k = _positive_int(k, "k")
+        probabilities = self.predict(images)
+        return [
+            [(self.labels[i], float(row[i])) for i in np.argsort(-row, kind="stable")[:k]]
+            for row in probabilities
+        ]
+
+    def _input(self, image):
+        """The model's input for one checked image: a batch of one."""
+        if self._preprocess is None:
+            return image[None].astype("float32")
+        return np.asarray(keras.ops.convert_to_numpy(self._preprocess(image[None])), "float32")
+
+    def _outputs(self, batch, start):
+        """`run` on `batch` (images `start`...), checked to be probabilities."""
+        outputs = np.asarray(self._run(batch))
+        expected = (len(batch), len(self.labels))
+        if outputs.shape != expected:
+            raise ValueError(
+                f"{self.source} gave outputs of shape {outputs.shape} for {len(batch)} images; "
+                f"{len(self.labels)} labels need {expected}. Received: outputs.shape="
+                f"{outputs.shape}"
+            )
+        bad = ~np.isfinite(outputs) | (outputs < -_PROBABILITY_SLACK)
+        bad |= outputs > 1 + _PROBABILITY_SLACK
+        if bad.any():
+            row, column = np.argwhere(bad)[0]
+            raise ValueError(
+                f"{self.source} does not output probabilities: image {start + row} got "
+                f"{outputs[row, column]} for {self.labels[column]!r} (a model without softmax, "
+                "or a diverged one?). A classifier must end in a softmax. Received: "
+                f"output={outputs[row, column]}"
+            )
+        return np.clip(outputs, 0.0, 1.0).astype("float32")
+
+
+def read_labels(path: str | os.PathLike) -> list[str]:
+    """The class names in a `labels.txt` file: UTF-8, one per line, in output order.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The names, a non-empty list of distinct, non-blank strings.
+
+    Raises:
+        FileNotFoundError: there is no file at `path`.
+        ValueError: the file is not a regular file, larger than `MAX_LABELS_BYTES`, not
+            UTF-8, empty, or holds a blank or repeated name (naming the lines).
+    """
+    what = "the class names, one per line in the model's output order (UTF-8)"
+    text = _read_text(path, MAX_LABELS_BYTES, what)
+    lines = text.removeprefix("\ufeff").splitlines()
+    if not lines:
+        raise ValueError(f"{path} is empty; it must hold {what}. Received: path={str(path)!r}")
+    _check_labels(lines, str(path))
+    first = {}
+    for line, label in enumerate(lines, 1):
+        if label in first:  # two outputs of one name: a mistake in a file of one's own
+            raise ValueError(
+                f"{path}: the class name {label!r} is on lines {first[label]} and {line}; "
+                f"each output needs a name of its own. Received: {label!r} twice"
+            )
+        first[label] = line
+    return lines
+
+
+def read_preprocessing(path: str | os.PathLike) -> dict:
+    """The preprocessing settings in a `preprocessing.json` file.
+
+    The file holds one JSON object with exactly these keys: `image_size` (the model's
+    input side) and `resize_size` (the shorter side before the central crop, or null for
+    the default), integers in the ranges `applications.evaluation_preprocessing` takes
+    (checked there); `mean` and `std`, ImageNet's (the normalisation
+    `evaluation_preprocessing` computes); `exports_include_preprocessing`, true or false.
+
+    Args:
+        path: the file.
+
+    Returns:
+        The settings, a dict with the keys above.
+
+    Raises:
+        FileNotFoundError: there is no file at `path`.
+        ValueError: the file is not a regular file of at most `MAX_PREPROCESSING_BYTES`,
+            not JSON, or a key is missing, unknown or of a wrong value (naming it).
+    """
+    what = (
+        'a JSON object such as {"image_size": 224, "resize_size": 256, "mean": [0.485, '
+        '0.456, 0.406], "std": [0.229, 0.224, 0.225], "exports_include_preprocessing": false}'
+    )
+    text = _read_text(path, MAX_PREPROCESSING_BYTES, what)
+    try:
+        settings = json.loads(text)
+    except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
+        raise ValueError(
+            f"{path} is not JSON ({_one_line(error)}); it must hold {what}. "
+            f"Received: path={str(path)!r}"
+        ) from None
+
+    def refuse(problem, received):
+        return ValueError(f"{path}: {problem}; the file must hold {what}. Received: {received}")
+
+    if not isinstance(settings, dict):
+        raise refuse("not a JSON object", f"a JSON {type(settings).__name__}")
+    missing = [key for key in PREPROCESSING_KEYS if key not in settings]
+    unknown = sorted(set(settings) - set(PREPROCESSING_KEYS))
+    if missing or unknown:
+        raise refuse("keys missing or unknown", f"missing keys {missing}, unknown keys {unknown}")
+    for key in ("image_size", "resize_size"):
+        value = settings[key]
+        if not (_is_int(value) or (key == "resize_size" and value is None)):
+            kind = "an integer" if key == "image_size" else "an integer or null"
+            raise refuse(f"{key} must be {kind}", f"{key}={value!r}")
+    for key, reference in (
+        ("mean", applications.IMAGENET_MEAN),
+        ("std", applications.IMAGENET_STD),
+    ):
+        value = settings[key]
+        numbers = isinstance(value, list) and len(value) == 3 and all(map(_is_number, value))
+        if not numbers or not np.allclose(value, reference, rtol=0, atol=1e-6):
+            raise refuse(
+                f"{key} must be ImageNet's {list(reference)} (the normalisation "
+                "evaluation_preprocessing computes)",
+                f"{key}={value!r}",
+            )
+    include = settings["exports_include_preprocessing"]
+    if not isinstance(include, bool):
+        raise refuse(
+            "exports_include_preprocessing must be true or false",
+            f"exports_include_preprocessing={include!r}",
+        )
+    return settings
+
+
+def image_paths(paths: Sequence[str | os.PathLike]) -> list[str]:
+    """The image files `paths` names: each file as given, each folder's images (its
+    files with a suffix in `IMAGE_EXTENSIONS`, any case, sorted by name; not recursive).
+
+    Args:
+        paths: image files and folders.
+
+    Returns:
+        The paths of the files, as strings, in order.
+
+    Raises:
+        FileNotFoundError: a path does not exist.
+        ValueError: `paths` is empty, not a sequence of paths, or names a folder without
+            images.
+    """
+    if isinstance(paths, (str, bytes, os.PathLike)) or not isinstance(paths, Sequence):
+        raise ValueError(
+            f"`paths` must be a list of image files and folders. Received: paths={paths!r}"
+        )
+    if not paths:
+        raise ValueError("`paths` must name at least one image or folder. Received: paths=[]")
+    found = []
+    for path in paths:
+        path = _check_path(path, "paths")
+        if not os.path.isdir(path):
+            found.append(path)
+            continue
+        with os.scandir(path) as entries:
+            names = sorted(
+                entry.name
+                for entry in entries
+                if entry.is_file() and has_image_extension(entry.name)
+            )
+        if not names:
+            raise ValueError(
+                f"The folder {path} holds no images (files ending in "
+                f"{', '.join(sorted(IMAGE_EXTENSIONS))}; subfolders are not read). "
+                f"Received: paths[...]={path!r}"
+            )
+        found += [os.path.join(path, name) for name in names]
+    return found
+
+
+def predict_files(
+    classifier: Classifier,
+    paths: Sequence[str | os.PathLike],
+    k: int = 5,
+    skip_damaged: bool = False,
+) -> list[dict]:
+    """Classifies image files, and the images of folders (`image_paths`).
+
+    Images are read (`read_image`) and classified `BATCH_SIZE` at a time: any number of
+    files fits in memory.
+
+    Args:
+        classifier: the Classifier.
+        paths: image files and folders.
+        k: how many classes per image (more than the class count gives every class).
+        skip_damaged: report an unreadable image in its result (`"error"`) and go on,
+            instead of raising.
+
+    Returns:
+        One dict per image, in order: `{"path": str, "top": [{"label": str,
+        "probability": float}, ...]}` (k entries, best first), or with `skip_damaged`
+        for an unreadable image `{"path": str, "error": str}`.
+
+    Raises:
+        FileNotFoundError: a path does not exist.
+        ImageFileError: an image cannot be read (naming it), without `skip_damaged`.
+        ValueError: as `image_paths` and `Classifier.top_k`.
+    """
+    if not isinstance(classifier, Classifier):
+        raise ValueError(
+            "`classifier` must be a Classifier (Classifier.from_file or .imagenet). "
+            f"Received: classifier of type {type(classifier).__name__}"
+        )
+    if not isinstance(skip_damaged, bool):
+        raise ValueError(f"`skip_damaged` must be True or False. Received: {skip_damaged=}")
+    k = _positive_int(k, "k")
+    files = image_paths(paths)
+    results = []
+    for start in range(0, len(files), BATCH_SIZE):
+        chunk = [{"path": path} for path in files[start : start + BATCH_SIZE]]
+        images, read = [], []
+        for entry in chunk:
+            try:
+                images.append(read_image(entry["path"]))
+                read.append(entry)
+            except ImageFileError as error:
+                if not skip_damaged:
+                    raise
+                entry["error"] = _one_line(error)
+        for entry, top in zip(read, classifier.top_k(images, k), strict=True):
+            entry["top"] = [{"label": label, "probability": p} for label, p in top]
+        results += chunk
+    return results
+
+
+def _check_image(image, index):
+    """`image` if it is a uint8 RGB image of at least one pixel; ValueError naming it."""
+    shape = getattr(image, "shape", None)
+    if (
+        not isinstance(image, np.ndarray)
+        or image.dtype != np.uint8
+        or image.ndim != 3
+        or shape[-1] != 3
+        or 0 in shape
+    ):
+        dtype = getattr(image, "dtype", type(image).__name__)
+        raise ValueError(
+            f"`images[{index}]` must be an RGB image, a uint8 array of shape (height, width, 3) "
+            f"(read_image gives one). Received: images[{index}] of shape {shape}, dtype {dtype}"
+        )
+    return image
+
+
+def _one_line(error):
+    return " ".join(str(error).split())
+
+
+def _is_int(value):
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive_int(value, name):
+    if not (_is_int(value) or isinstance(value, np.integer)) or value < 1:
+        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
+    return int(value)
+
+
+def _check_path(path, name):
+    if not isinstance(path, (str, os.PathLike)):
+        raise ValueError(f"`{name}` must hold paths (str). Received: {name}={path!r}")
+    path = os.fspath(path)
+    if not isinstance(path, str):
+        raise ValueError(f"`{name}` must hold str paths, not bytes. Received: {name}={path!r}")
+    if not os.path.lexists(path):
+        raise FileNotFoundError(f"{path} does not exist. Received: {name}={path!r}")
+    return path
+
+
+def _check_labels(labels, source):
+    """`labels` as a tuple of non-blank strings; ValueError naming `source` (ImageNet's
+    names repeat a few: "crane" is a bird and a machine)."""
+    if isinstance(labels, str) or not isinstance(labels, Sequence) or not labels:
+        raise ValueError(
+            f"`labels` must be a non-empty list of class names. Received: labels={labels!r}"
+        )
+    for line, label in enumerate(labels, 1):
+        if not isinstance(label, str) or not label.strip():
+            raise ValueError(
+                f"{source}: class name {line} is blank or not a string; every class needs a "
+                f"name. Received: {label!r} on line {line}"
+            )
+    return tuple(labels)
+
+
+def _read_text(path, limit, what):
+    """The UTF-8 text of the regular file `path`, at most `limit` bytes; errors say the
+    file must hold `what`."""
+    path = os.fspath(path)
+    if not os.path.lexists(path):
+        raise FileNotFoundError(f"{path} is missing: it must hold {what}. Received: path={path!r}")
+    if not os.path.isfile(path):  # a folder, or a FIFO that would block the read
+        raise ValueError(f"{path} is not a regular file; it must hold {what}. Received: {path=}")
+    with open(path, "rb") as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(
+            f"{path} is larger than {limit} bytes; it must hold {what}. Received: {path=}"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{path} is not UTF-8 text ({error.reason} at byte {error.start}); it must hold "
+            f"{what}. Received: {path=}"
+        ) from None
+
+
+def _locate(path):
+    """`(format, model path, side-file folder)` of the model at `path`."""
+    if os.path.isdir(path):
+        xml = os.path.join(path, OPENVINO_XML)
+        if not os.path.isfile(xml):
+            raise ValueError(
+                f"{path} is a folder without {OPENVINO_XML}; give a model file (.keras, "
+                f".tflite, .onnx, .xml) or an OpenVINO IR folder. Received: path={path!r}"
+            )
+        path = xml
+    fmt = SUFFIXES.get(os.path.splitext(path)[1].lower())
+    if fmt is None:
+        raise ValueError(
+            f"{path} is no model format this reads: the suffix must be one of "
+            f"{', '.join(SUFFIXES)} (or an OpenVINO IR folder). Received: path={path!r}"
+        )
+    if not os.path.isfile(path):
+        raise ValueError(f"{path} is not a regular file. Received: path={path!r}")
+    folder = os.path.dirname(os.path.abspath(path))
+    if fmt == "openvino" and not os.path.lexists(os.path.join(folder, LABELS_FILE)):
+        folder = os.path.dirname(folder)  # autoshuffle-finetune's openvino/ subfolder
+    return fmt, path, folder
+
+
+def _check_input_shape(shape, raw, image_size, model_path, preprocessing_path):
+    """Refuses a model whose input (without the batch axis; None: any) is not RGB images
+    of the size `preprocessing.json` gives: `image_size` squares, or any size when the
+    exports take raw pixels (`raw`)."""
+    if len(shape) != 3 or shape[-1] not in (3, None):
+        raise ValueError(
+            f"{model_path} takes inputs of shape {shape}, not RGB images (height, width, 3). "
+            f"Received: input shape {shape}"
+        )
+    sides = tuple(shape[:2])
+    if raw and sides != (None, None):
+        raise ValueError(
+            f"{preprocessing_path} says the exports take raw pixels of any size "
+            f"(exports_include_preprocessing: true), but {model_path} takes {sides} images: "
+            f"the two files are of different exports. Received: input shape {shape}"
+        )
+    if not raw and any(side not in (None, image_size) for side in sides):
+        raise ValueError(
+            f"{model_path} takes {sides[0]}x{sides[1]} images but {preprocessing_path} gives "
+            f"image_size {image_size}: the two files are of different exports. "
+            f"Received: input shape {shape}"
+        )
+
+
+def _load_keras(path):
+    model = keras.saving.load_model(path, safe_mode=True)
+    if not isinstance(model, keras.Model) or len(model.inputs) != 1 or len(model.outputs) != 1:
+        raise ValueError("not a Keras model with one input and one output")
+
+    def run(batch):
+        return keras.ops.convert_to_numpy(model(batch, training=False))
+
+    return run, tuple(model.inputs[0].shape[1:]), tuple(model.outputs[0].shape[1:]), BATCH_SIZE
+
+
+def _load_litert(path):
+    interpreter = litert_interpreter(path)
+    inputs, outputs = interpreter.get_input_details(), interpreter.get_output_details()
+    if len(inputs) != 1:
+        raise ValueError(f"{len(inputs)} inputs, not one")
+    # The signature has -1 for unknown sides (the shape holds 1 x 1 placeholders).
+    shape = tuple(None if side < 0 else int(side) for side in inputs[0]["shape_signature"][1:])
+    current = {"shape": tuple(inputs[0]["shape"]), "interpreter": interpreter}
+
+    def run(batch):
+        if batch.shape != current["shape"]:  # a raw image of another size
+            current.update(
+                shape=batch.shape, interpreter=litert_interpreter(path, shape=batch.shape)
+            )
+        return litert_run(current["interpreter"], batch)
+
+    return run, shape, tuple(_side(int(v)) for v in outputs[0]["shape_signature"][1:]), 1
+
+
+def _side(value):
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def _load_onnx(path):
+    session = onnx_session(path)
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+    if len(inputs) != 1:
+        raise ValueError(f"{len(inputs)} inputs, not one")
+    batch = _side(inputs[0].shape[0])  # a fixed batch (1): one image per call
+    shape = tuple(_side(v) for v in inputs[0].shape[1:])
+
+    def run(images):
+        return onnx_run(session, images)
+
+    return run, shape, tuple(_side(v) for v in outputs[0].shape[1:]), batch or BATCH_SIZE
+
+
+def _load_openvino(path):
+    compiled = openvino_model(path, batch=1)
+    if len(compiled.inputs) != 1:
+        raise ValueError(f"{len(compiled.inputs)} inputs, not one")
+
+    def sides(port):
+        return tuple(d.get_length() if d.is_static else None for d in port.get_partial_shape()[1:])
+
+    def run(batch):
+        return openvino_run(compiled, batch)
+
+    return run, sides(compiled.inputs[0]), sides(compiled.outputs[0]), 1
+
+
+# Each format's loader: `(run, input shape, output shape, images per run)`, the shapes
+# without the batch axis (None: any size, or not known until run). The first output is the
+# classifier's, as the export's own readers take it: Keras's OpenVINO exporter leaves a
+# net with unknown sides the scalar shape values of its shuffles as further outputs.
+_LOADERS = {
+    "keras": _load_keras,
+    "litert": _load_litert,
+    "onnx": _load_onnx,
+    "openvino": _load_openvino,
+}

@@ -1,0 +1,407 @@
+"""`prediction` and `autoshuffle-predict`: a tiny exported classifier in every format gives
+the probabilities its Keras model computes on the preprocessed images; each refused input
+is named.
+
+The tiny net (3 classes) has unknown input sides, so one export serves both ways of
+reading the files: normalised 16 x 16 inputs (`exports_include_preprocessing: false`) and,
+in a copy of the folder saying `true`, raw pixels of any size (the files then stand for
+exports holding their own preprocessing).
+"""
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import zipfile
+
+import keras
+import numpy as np
+import pytest
+from helpers import _randomize_batch_norm, edit_keras_file, needs_extra, tiny_v2
+from PIL import Image
+
+from keras_autoshuffle import applications, prediction
+from keras_autoshuffle.applications import pretrained
+from keras_autoshuffle.applications.weights_files import mark_padding
+from keras_autoshuffle.commands import predict as command
+from keras_autoshuffle.data.images import ImageFileError
+from keras_autoshuffle.export import FILENAMES, export_model, unsupported_formats
+
+LABELS = ("cat", "dog", "bird")
+SETTINGS = {
+    "image_size": 16,
+    "resize_size": 20,  # not the default (18): the file's value is the one used
+    "mean": [0.485, 0.456, 0.406],
+    "std": [0.229, 0.224, 0.225],
+    "exports_include_preprocessing": False,
+}
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
+# Each format as `Classifier.from_file` is pointed at it.
+MODELS = [
+    "model.keras",
+    "model.tflite",
+    pytest.param("model.onnx", marks=needs_extra("onnx")),
+    pytest.param("openvino", marks=needs_extra("openvino")),
+    pytest.param("openvino/model.xml", marks=needs_extra("openvino")),
+]
+
+
+def write_side_files(folder, labels=LABELS, **settings):
+    (folder / "labels.txt").write_text("".join(f"{label}\n" for label in labels), "utf-8")
+    (folder / "preprocessing.json").write_text(json.dumps({**SETTINGS, **settings}))
+
+
+def random_classifier(input_shape, activation="softmax", images=()):
+    """The tiny net, 3 classes, random weights; with `images`, a head that gives each of
+    them (preprocessed as the side files say) a class of its own."""
+    keras.utils.set_random_seed(0)
+    model = tiny_v2(
+        classes=3,
+        repeats=(1, 1, 1),
+        stem="cifar",
+        input_shape=input_shape,
+        classifier_activation=activation,
+    )
+    rng = np.random.default_rng(0)
+    _randomize_batch_norm(model, rng)
+    head = model.layers[-1]
+    kernel, bias = rng.normal(0, 1, head.kernel.shape), np.full(3, -5.0)
+    if images:  # logits 0.5 apart or more: every format must rank the classes alike
+        features = keras.Model(model.inputs, model.layers[-2].output)
+        pooled = outputs(features, images, applications.evaluation_preprocessing(16, 20))
+        logits = 4 * np.eye(3)[: len(images)] + [0.0, 0.5, 1.0]
+        kernel = np.linalg.lstsq(pooled, logits, rcond=None)[0]
+        bias = np.zeros(3)
+    head.set_weights([kernel, bias])
+    return model
+
+
+def _formats():
+    """The formats the export can write here (ONNX and OpenVINO need their extras)."""
+    candidates = ("keras", "litert", "onnx", "openvino")
+    return tuple(name for name in candidates if not unsupported_formats((name,)))
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, photos):
+    """`(folder, raw folder, model)`: the export with side files, and a copy whose
+    preprocessing.json says the exports take raw pixels."""
+    model = random_classifier((None, None, 3), images=list(photos[1].values()))
+    folder = tmp_path_factory.mktemp("export")
+    sample = np.random.default_rng(1).normal(size=(2, 16, 16, 3)).astype("float32")
+    export_model(model, str(folder), sample, formats=_formats())
+    write_side_files(folder)
+    raw = tmp_path_factory.mktemp("raw_export")
+    shutil.copytree(folder, raw, dirs_exist_ok=True)
+    write_side_files(raw, exports_include_preprocessing=True)
+    return folder, raw, model
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """A folder of images of several sizes and formats written with Pillow (plus a text
+    file and a subfolder the folder's listing skips); `(folder, {name: pixels})`."""
+    folder = tmp_path_factory.mktemp("photos")
+    rng = np.random.default_rng(2)
+    pixels = {}
+    # Mostly one colour each, so that the random net tells them apart.
+    for name, (height, width), colour in (
+        ("b.png", (23, 31), (230, 20, 20)),
+        ("a.PNG", (40, 17), (20, 230, 20)),
+        ("c.bmp", (16, 16), (20, 20, 230)),
+    ):
+        noise = rng.integers(-20, 20, (height, width, 3))
+        image = np.clip(np.add(colour, noise), 0, 255).astype(np.uint8)
+        Image.fromarray(image).save(folder / name)
+        pixels[name] = image
+    (folder / "notes.txt").write_text("not an image")
+    (folder / "inner").mkdir()
+    Image.fromarray(pixels["c.bmp"]).save(folder / "inner" / "d.png")
+    return folder, pixels
+
+
+def outputs(model, images, preprocess=None):
+    """The independent computation: each image through `preprocess` (torchvision's
+    evaluation transform as Keras layers) if given, then the Keras model."""
+    batches = [image[None] if preprocess is None else preprocess(image[None]) for image in images]
+    return np.concatenate([keras.ops.convert_to_numpy(model(b, training=False)) for b in batches])
+
+
+def keras_probabilities(model, images):
+    """The probabilities for the side files' settings (16 x 16, resized to 20 first)."""
+    return outputs(model, images, applications.evaluation_preprocessing(16, 20))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_every_format_gives_the_keras_models_probabilities(exported, photos, name):
+    folder, _, model = exported
+    images = list(photos[1].values())
+    classifier = prediction.Classifier.from_file(folder / name)
+    assert classifier.labels == LABELS
+    expected = keras_probabilities(model, images)
+    assert sorted(expected.argmax(axis=1)) == [0, 1, 2]  # the images are told apart
+    np.testing.assert_allclose(classifier.predict(images), expected, atol=2e-5, rtol=0)
+    top = classifier.top_k(images, k=2)
+    for row, probabilities in zip(top, expected, strict=True):
+        best = np.argsort(-probabilities)[:2]
+        assert [label for label, _ in row] == [LABELS[i] for i in best]
+        np.testing.assert_allclose([p for _, p in row], probabilities[best], atol=2e-5)
+    assert len(classifier.top_k(images[:1], k=10)[0]) == 3  # every class, no more
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_exports_holding_their_preprocessing_take_raw_pixels(exported, photos, name):
+    _, raw, model = exported
+    images = list(photos[1].values())
+    classifier = prediction.Classifier.from_file(raw / name)
+    if name == "model.keras":  # the .keras file always takes the normalised images
+        expected = keras_probabilities(model, images)
+    else:
+        expected = outputs(model, [image.astype("float32") for image in images])
+    np.testing.assert_allclose(classifier.predict(images), expected, atol=2e-5, rtol=0)
+
+
+def test_files_and_folders(exported, photos):
+    folder, _, model = exported
+    photo_folder, pixels = photos
+    classifier = prediction.Classifier.from_file(folder / "model.keras")
+    single = photo_folder / "inner" / "d.png"
+    results = prediction.predict_files(classifier, [photo_folder, single], k=2)
+    # The folder's images sorted by name, any case of suffix; no text file, no subfolder.
+    names = ["a.PNG", "b.png", "c.bmp"]
+    assert [r["path"] for r in results] == [str(photo_folder / n) for n in names] + [str(single)]
+    expected = keras_probabilities(model, [pixels[n] for n in names] + [pixels["c.bmp"]])
+    for result, probabilities in zip(results, expected, strict=True):
+        best = np.argsort(-probabilities)[:2]
+        assert [t["label"] for t in result["top"]] == [LABELS[i] for i in best]
+        got = [t["probability"] for t in result["top"]]
+        np.testing.assert_allclose(got, probabilities[best], atol=2e-5)
+
+
+def run_command(*argv):
+    """`autoshuffle-predict argv` in this process: (exit status, stdout)."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        status = command.main([str(a) for a in argv])
+    return status, printed.getvalue()
+
+
+def test_the_command_prints_json_and_text(exported, photos):
+    folder, _, _ = exported
+    photo_folder, _ = photos
+    model = folder / "model.tflite"
+    classifier = prediction.Classifier.from_file(model)
+    expected = prediction.predict_files(classifier, [photo_folder], k=2)
+    status, printed = run_command(model, photo_folder, "--json", "--top", "2")
+    assert status == 0
+    results = json.loads(printed)
+    assert [r["path"] for r in results] == [r["path"] for r in expected]
+    for got, want in zip(results, expected, strict=True):
+        assert [t["label"] for t in got["top"]] == [t["label"] for t in want["top"]]
+        assert [t["probability"] for t in got["top"]] == pytest.approx(
+            [t["probability"] for t in want["top"]], abs=1e-6
+        )
+    status, printed = run_command(model, photo_folder / "b.png")
+    lines = printed.splitlines()
+    best = expected[1]["top"][0]  # b.png
+    assert status == 0 and lines[0] == str(photo_folder / "b.png") and len(lines) == 4
+    assert lines[1] == f"  {best['probability']:.2f}  {best['label']}"
+
+
+def refused(*argv):
+    """The message `autoshuffle-predict argv` ends with: one line, exit status 1
+    (SystemExit with a message)."""
+    with pytest.raises(SystemExit) as exit:
+        run_command(*argv)
+    message = exit.value.code
+    assert isinstance(message, str) and "\n" not in message, message
+    return message
+
+
+def test_the_command_refuses_bad_input_in_one_line(exported, photos, tmp_path):
+    folder, _, _ = exported
+    model, photo_folder = folder / "model.keras", photos[0]
+    missing = tmp_path / "missing.png"
+    assert str(missing) in refused(model, missing)
+    assert str(photo_folder / "notes.txt") in refused(model, photo_folder / "notes.txt")
+    assert str(tmp_path / "model.keras") in refused(tmp_path / "model.keras", photo_folder)
+    (tmp_path / "empty").mkdir()
+    assert "holds no images" in refused(model, tmp_path / "empty")
+    # Command-line errors: argparse's usage message, exit status 2.
+    for argv in ((model,), (model, photo_folder, "--top", "0")):
+        with pytest.raises(SystemExit) as exit, contextlib.redirect_stderr(io.StringIO()):
+            run_command(*argv)
+        assert exit.value.code == 2
+
+
+def test_a_damaged_image_is_named_or_skipped(exported, photos, tmp_path):
+    folder, _, _ = exported
+    classifier = prediction.Classifier.from_file(folder / "model.keras")
+    images = tmp_path / "images"
+    shutil.copytree(photos[0], images)
+    damaged = images / "broken.jpg"
+    damaged.write_bytes(b"\xff\xd8 not a JPEG")
+    with pytest.raises(ImageFileError, match=f"Received: path={str(damaged)!r}"):
+        prediction.predict_files(classifier, [images])
+    results = prediction.predict_files(classifier, [images], k=1, skip_damaged=True)
+    assert [os.path.basename(r["path"]) for r in results] == [
+        "a.PNG",
+        "b.png",
+        "broken.jpg",
+        "c.bmp",
+    ]
+    assert str(damaged) in results[2]["error"] and "top" not in results[2]
+    assert all(len(r["top"]) == 1 for i, r in enumerate(results) if i != 2)
+    status, printed = run_command(folder / "model.keras", images, "--skip-damaged")
+    assert status == 1 and "  error: " in printed and printed.count("\n  0.") >= 3
+
+
+def copy_export(folder, target, names=("model.keras",)):
+    target.mkdir()
+    for name in (*names, "labels.txt", "preprocessing.json"):
+        shutil.copy(folder / name, target / name)
+    return target
+
+
+def test_side_files_that_do_not_fit_are_named(exported, tmp_path):
+    folder, _, _ = exported
+    copy = copy_export(folder, tmp_path / "copy")
+    model = copy / "model.keras"
+    labels, settings = copy / "labels.txt", copy / "preprocessing.json"
+    labels.unlink()
+    with pytest.raises(FileNotFoundError, match=f"{labels} is missing.*class names"):
+        prediction.Classifier.from_file(model)
+    write_side_files(copy, labels=("cat", "dog", "bird", "fish"))
+    with pytest.raises(ValueError, match=r"has 3 outputs but .*labels.txt names 4 classes"):
+        prediction.Classifier.from_file(model)
+    for text, problem in (
+        ("cat\n\nbird\n", "class name 2 is blank"),
+        ("cat\ndog\ncat\n", "'cat' is on lines 1 and 3"),
+        ("", "is empty"),
+    ):
+        labels.write_text(text)
+        with pytest.raises(ValueError, match=problem):
+            prediction.Classifier.from_file(model)
+    labels.write_bytes(b"cat\ndog\n\xff\n")
+    with pytest.raises(ValueError, match="not UTF-8"):
+        prediction.Classifier.from_file(model)
+    write_side_files(copy)
+    assert prediction.read_labels(labels) == list(LABELS)
+    for text, problem in (
+        ("{", "is not JSON"),
+        ("[" * 60_000, "is not JSON"),  # nested past the parser's recursion limit
+        ("[16]", "Received: a JSON list"),
+        (json.dumps({"image_size": 16}), "missing keys.*'resize_size'"),
+        (json.dumps({**SETTINGS, "crop": 1}), r"unknown keys \['crop'\]"),
+        (json.dumps({**SETTINGS, "image_size": 16.0}), "Received: image_size=16.0"),
+        (json.dumps({**SETTINGS, "image_size": 8}), "preprocessing.json: `image_size`"),
+        (json.dumps({**SETTINGS, "std": [1, 1, 1]}), r"Received: std=\[1, 1, 1\]"),
+        (json.dumps({**SETTINGS, "exports_include_preprocessing": 1}), "true or false"),
+    ):
+        settings.write_text(text)
+        with pytest.raises(ValueError, match=problem):
+            prediction.Classifier.from_file(model)
+    settings.unlink()
+    settings.mkdir()
+    with pytest.raises(ValueError, match="not a regular file"):
+        prediction.Classifier.from_file(model)
+
+
+def test_model_files_that_do_not_fit_are_named(exported, tmp_path):
+    folder, _, _ = exported
+    copy = copy_export(folder, tmp_path / "copy")
+    for name, problem in (
+        ("model.h5", "the suffix must be one of .keras, .tflite, .onnx, .xml"),
+        ("model.tflite", "cannot be loaded as a model of format 'litert'"),
+        ("model.onnx", "cannot be loaded as a model of format 'onnx'"),
+    ):
+        (copy / name).write_bytes(b"not a model")
+        with pytest.raises(ValueError, match=problem):
+            prediction.Classifier.from_file(copy / name)
+    with pytest.raises(FileNotFoundError, match="Received: path="):
+        prediction.Classifier.from_file(copy / "model.missing.keras")
+    with pytest.raises(ValueError, match="a folder without model.xml"):
+        prediction.Classifier.from_file(copy)
+
+
+def test_a_model_of_another_size_or_without_softmax_is_refused(exported, photos, tmp_path):
+    folder, _, _ = exported
+    model = copy_export(folder, tmp_path / "copy") / "model.keras"
+    with zipfile.ZipFile(model) as archive:
+        layers = json.loads(archive.read("config.json"))["config"]["layers"]
+    (name,) = [layer["config"]["name"] for layer in layers if layer["class_name"] == "InputLayer"]
+    edit_keras_file(model, name, lambda config: config.update(batch_shape=[None, 16, 16, 3]))
+    edit_keras_file(model, "predictions", lambda config: config.update(activation="linear"))
+    write_side_files(model.parent, image_size=24, resize_size=24)
+    with pytest.raises(ValueError, match=r"takes 16x16 images but .* image_size 24"):
+        prediction.Classifier.from_file(model)
+    write_side_files(model.parent)
+    classifier = prediction.Classifier.from_file(model)
+    with pytest.raises(ValueError, match="does not output probabilities"):
+        classifier.predict(list(photos[1].values()))
+
+
+@needs_extra("onnx")
+def test_raw_pixel_settings_refuse_a_file_of_fixed_size(exported, tmp_path):
+    folder, _, _ = exported
+    copy = copy_export(folder, tmp_path / "copy", names=())
+    fixed = random_classifier((16, 16, 3))
+    export_model(fixed, str(copy), np.zeros((1, 16, 16, 3), "float32"), formats=("onnx",))
+    write_side_files(copy, exports_include_preprocessing=True)
+    with pytest.raises(ValueError, match=r"take raw pixels of any size .* takes \(16, 16\)"):
+        prediction.Classifier.from_file(copy / FILENAMES["onnx"])
+
+
+def test_arguments_are_checked(exported, photos):
+    folder, _, _ = exported
+    classifier = prediction.Classifier.from_file(folder / "model.keras")
+    image = photos[1]["c.bmp"]
+    for images, shown in (
+        ([image.astype("float32")], r"shape \(16, 16, 3\), dtype float32"),
+        ([image[..., 0]], r"shape \(16, 16\)"),
+        ([image[:, :0]], r"shape \(16, 0, 3\)"),
+    ):
+        with pytest.raises(ValueError, match=rf"images\[0\].*Received: images\[0\] of {shown}"):
+            classifier.predict(images)
+    with pytest.raises(ValueError, match="wrap a single image in a list"):
+        classifier.predict(image)
+    assert classifier.predict([]).shape == (0, 3)
+    for k in (0, 1.5, True):
+        with pytest.raises(ValueError, match=f"Received: k={k!r}"):
+            classifier.top_k([image], k=k)
+    with pytest.raises(ValueError, match="Received: paths="):
+        prediction.predict_files(classifier, str(photos[0]))
+    with pytest.raises(ValueError, match="Received: paths=\\[\\]"):
+        prediction.predict_files(classifier, [])
+
+
+def test_the_pretrained_imagenet_classifier(tmp_path, monkeypatch, photos):
+    # The converted weights and the class index where the cache keeps them: no download
+    # (there is no network here). Random weights stand for torchvision's.
+    home = tmp_path / "keras_home"
+    monkeypatch.setenv("KERAS_HOME", str(home))
+    cache = home / "models"
+    cache.mkdir(parents=True)
+    index = os.path.join(FIXTURES, pretrained.CLASS_INDEX_FILE)
+    shutil.copy(index, cache)
+    keras.utils.set_random_seed(0)
+    net = applications.ShuffleNetV2(0.5, stem="imagenet", input_shape=(224, 224, 3))
+    head = net.layers[-1]
+    head.set_weights([np.random.default_rng(0).normal(0, 0.2, head.kernel.shape), head.bias])
+    weights = str(cache / f"{applications.CHECKPOINTS[0.5].stem}.weights.h5")
+    net.save_weights(weights)
+    mark_padding(weights, "torch")
+    paths = [photos[0] / "b.png", photos[0] / "a.PNG"]
+    status, printed = run_command("--imagenet", "0.5", "--json", "--top", "3", *paths)
+    preprocess = applications.imagenet_preprocessing(0.5)
+    expected = outputs(net, [photos[1][path.name] for path in paths], preprocess)
+    with open(index) as handle:
+        names = {int(i): name for i, (_, name) in json.load(handle).items()}
+    for result, probabilities in zip(json.loads(printed), expected, strict=True):
+        best = np.argsort(-probabilities)[:3]
+        assert [t["label"] for t in result["top"]] == [names[i] for i in best]
+        got = [t["probability"] for t in result["top"]]
+        np.testing.assert_allclose(got, probabilities[best], atol=1e-6, rtol=0)
+    assert status == 0
+    assert "Received: width=0.75" in refused("--imagenet", "0.75", paths[0])
