@@ -24,7 +24,8 @@ from collections.abc import Callable, Sequence
 import keras
 import numpy as np
 
-from keras_autoshuffle import applications
+from keras_autoshuffle import _validation, applications
+from keras_autoshuffle._resize_crop import MAX_ASPECT_RATIO, check_sides
 from keras_autoshuffle.applications.checkpoints import CHECKPOINTS
 from keras_autoshuffle.applications.pretrained import imagenet_class_index
 from keras_autoshuffle.data.images import (
@@ -177,15 +178,15 @@ class Classifier:
             ValueError: an unknown width.
             OSError: the weights or class index cannot be downloaded.
         """
-        if not (isinstance(width, (int, float)) and not isinstance(width, bool)):
-            width = None  # refused below, naming the value received
-        if width not in CHECKPOINTS:
-            raise ValueError(
-                f"`width` must be one of {sorted(CHECKPOINTS)}. Received: width={width!r}"
-            )
+        width = _validation.choice(width, tuple(CHECKPOINTS), "width")
         entry = CHECKPOINTS[width]
         index = imagenet_class_index(f"width={width!r}")
         labels = [index[str(i)][1] for i in range(len(index))]
+        if entry.classes != len(labels):
+            raise ValueError(
+                f"The ImageNet checkpoint for width {width:g} has {entry.classes} classes but "
+                f"the class index names {len(labels)}. Received: width={width!r}"
+            )
         model = applications.ShuffleNetV2(
             width,
             weights="imagenet",
@@ -193,11 +194,6 @@ class Classifier:
             input_shape=(entry.crop_size, entry.crop_size, 3),
             classes=entry.classes,
         )
-        if entry.classes != len(labels):
-            raise ValueError(
-                f"The ImageNet checkpoint for width {width:g} has {entry.classes} classes but "
-                f"the class index names {len(labels)}. Received: width={width!r}"
-            )
 
         def run(batch):
             return keras.ops.convert_to_numpy(model(batch, training=False))
@@ -468,7 +464,7 @@ def predict_files(
         images, read = [], []
         for entry in chunk:
             try:
-                images.append(read_image(entry["path"]))
+                images.append(_read(entry["path"]))
                 read.append(entry)
             except ImageFileError as error:
                 if not skip_damaged:
@@ -481,7 +477,8 @@ def predict_files(
 
 
 def _check_image(image, index):
-    """`image` if it is a uint8 RGB image of at least one pixel; ValueError naming it."""
+    """`image` if it is a uint8 RGB image of at least one pixel per side, its longer side at
+    most `MAX_ASPECT_RATIO` times the shorter (what the resize takes); ValueError naming it."""
     shape = getattr(image, "shape", None)
     if (
         not isinstance(image, np.ndarray)
@@ -494,6 +491,21 @@ def _check_image(image, index):
         raise ValueError(
             f"`images[{index}]` must be an RGB image, a uint8 array of shape (height, width, 3) "
             f"(read_image gives one). Received: images[{index}] of shape {shape}, dtype {dtype}"
+        )
+    check_sides(shape[0], shape[1], shape, f"images[{index}]")
+    return image
+
+
+def _read(path):
+    """The pixels of the image file `path` (`read_image`); ImageFileError naming it also for
+    a shape `_check_image` refuses."""
+    image = read_image(path)
+    height, width = image.shape[:2]
+    if max(height, width) > MAX_ASPECT_RATIO * min(height, width):
+        raise ImageFileError(
+            f"The image is {width} x {height} pixels: its longer side is more than "
+            f"{MAX_ASPECT_RATIO} times the shorter, more than the resize to the model's input "
+            f"takes. Crop it. Received: path={path!r}"
         )
     return image
 

@@ -242,19 +242,22 @@ def test_a_damaged_image_is_named_or_skipped(exported, photos, tmp_path):
     shutil.copytree(photos[0], images)
     damaged = images / "broken.jpg"
     damaged.write_bytes(b"\xff\xd8 not a JPEG")
+    long = images / "long.png"  # a readable image too long for the resize
+    Image.fromarray(np.zeros((2, 300, 3), np.uint8)).save(long)
     with pytest.raises(ImageFileError, match=f"Received: path={str(damaged)!r}"):
         prediction.predict_files(classifier, [images])
+    with pytest.raises(ImageFileError, match=f"300 x 2 pixels.*Received: path={str(long)!r}"):
+        prediction.predict_files(classifier, [long])
     results = prediction.predict_files(classifier, [images], k=1, skip_damaged=True)
-    assert [os.path.basename(r["path"]) for r in results] == [
-        "a.PNG",
-        "b.png",
-        "broken.jpg",
-        "c.bmp",
-    ]
-    assert str(damaged) in results[2]["error"] and "top" not in results[2]
-    assert all(len(r["top"]) == 1 for i, r in enumerate(results) if i != 2)
+    names = ["a.PNG", "b.png", "broken.jpg", "c.bmp", "long.png"]
+    assert [os.path.basename(r["path"]) for r in results] == names
+    for result in results:
+        if result["path"] in (str(damaged), str(long)):
+            assert result["path"] in result["error"] and "top" not in result
+        else:
+            assert len(result["top"]) == 1 and "error" not in result
     status, printed = run_command(folder / "model.keras", images, "--skip-damaged")
-    assert status == 1 and "  error: " in printed and printed.count("\n  0.") >= 3
+    assert status == 1 and printed.count("  error: ") == 2 and printed.count("\n  0.") >= 9
 
 
 def copy_export(folder, target, names=("model.keras",)):
@@ -364,6 +367,8 @@ def test_arguments_are_checked(exported, photos):
     ):
         with pytest.raises(ValueError, match=rf"images\[0\].*Received: images\[0\] of {shown}"):
             classifier.predict(images)
+    with pytest.raises(ValueError, match=r"images\[1\]` must have a longer side at most 100"):
+        classifier.predict([image, np.zeros((1, 101, 3), np.uint8)])
     with pytest.raises(ValueError, match="wrap a single image in a list"):
         classifier.predict(image)
     assert classifier.predict([]).shape == (0, 3)
