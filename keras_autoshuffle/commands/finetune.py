@@ -1,0 +1,175 @@
+"""Fine-tune a pretrained ShuffleNet v2 on a folder of labelled images; export and report it.
+
+    autoshuffle-finetune photos/ --output runs/photos
+    autoshuffle-finetune photos/ --output runs/photos --width 0.5 --int8
+
+`photos/` holds one subfolder per class (or train/ and val/, each with one per class).
+Writes into --output: model.keras, labels.txt, preprocessing.json, model.tflite (and
+model_int8.tflite with --int8, model.onnx and openvino/ where installed), report.md,
+report.json, confusion_matrix.png; train_head/ and train_all/ hold each phase's
+history.csv and TensorBoard logs. A killed run started again with the same arguments
+resumes from its last finished epoch.
+"""
+
+import argparse
+import os
+import sys
+
+EXAMPLE = """example:
+  autoshuffle-finetune photos/ --output runs/photos --width 0.5 --int8
+  autoshuffle-predict runs/photos/model.tflite photos/cat/1.jpg"""
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults shown, the description and the example kept as written."""
+
+
+def positive_int_argument(text):
+    """argparse's type for an integer >= 1 (here, not imported: `--help` loads no Keras)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def _formats(given):
+    if given is None:
+        return None
+    return tuple(f for f in given if f != "none")
+
+
+def _weights(text):
+    return None if text.lower() == "none" else text
+
+
+def _class_weights(text):
+    return None if text.lower() == "none" else text
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's argument parser (its `--help` shows every default)."""
+    p = argparse.ArgumentParser(
+        prog="autoshuffle-finetune",
+        description=__doc__.split("\n\n")[0],
+        epilog=EXAMPLE,
+        formatter_class=_HelpFormatter,
+    )
+    p.add_argument("images", help="the image folder: one subfolder per class")
+    p.add_argument("--output", required=True, help="the run's folder")
+    p.add_argument(
+        "--width", type=float, default=1.0, choices=(0.5, 1.0, 1.5, 2.0), help="network width"
+    )
+    p.add_argument(
+        "--weights",
+        type=_weights,
+        default="imagenet",
+        help='"imagenet", the path of a .keras ShuffleNet v2 of --width, or "none"',
+    )
+    p.add_argument("--image-size", type=positive_int_argument, default=224, help="input side")
+    p.add_argument(
+        "--epochs", type=positive_int_argument, default=10, help="epochs of the whole net"
+    )
+    p.add_argument(
+        "--head-epochs",
+        type=int,
+        default=None,
+        help="epochs of the head alone first (default: 3 with pretrained weights, else 0)",
+    )
+    p.add_argument("--batch-size", type=positive_int_argument, default=32, help="images a step")
+    p.add_argument(
+        "--learning-rate",
+        type=float,
+        default=None,
+        help="the whole net's initial rate (default: 0.01 pretrained, 0.1 from scratch); "
+        "the head's is 10x",
+    )
+    p.add_argument("--label-smoothing", type=float, default=0.1, help="in [0, 1)")
+    p.add_argument(
+        "--class-weights",
+        type=_class_weights,
+        default="balanced",
+        help='"balanced" (weigh classes by their image counts) or "none"',
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=0.2,
+        help="share of each class held out, without train/ and val/ subfolders",
+    )
+    p.add_argument("--split-seed", type=int, default=0, help="seed of that split")
+    p.add_argument("--no-flip", action="store_true", help="no horizontal flips (text, digits, ...)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the head, data order, crops")
+    p.add_argument(
+        "--export-formats",
+        nargs="+",
+        default=None,
+        choices=("litert", "onnx", "openvino", "none"),
+        help="files to export besides model.keras (default: litert, and onnx and openvino "
+        'where installed; "none": model.keras only)',
+    )
+    p.add_argument(
+        "--int8", action="store_true", help="also a full-integer model_int8.tflite, checked"
+    )
+    p.add_argument(
+        "--skip-damaged", action="store_true", help="skip damaged images (counted) instead"
+    )
+    p.add_argument("--overwrite", action="store_true", help="replace a finished run")
+    p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras's verbose")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs `autoshuffle-finetune` on `argv` (default: the command line); returns 0, or
+    exits with status 2 and a one-line error on bad input."""
+    args = parser().parse_args(argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
+    from keras_autoshuffle.finetuning import finetune
+    from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
+
+    try:
+        report = finetune(
+            args.images,
+            args.output,
+            width=args.width,
+            weights=args.weights,
+            image_size=args.image_size,
+            epochs=args.epochs,
+            head_epochs=args.head_epochs,
+            batch_size=args.batch_size,
+            learning_rate=args.learning_rate,
+            label_smoothing=args.label_smoothing,
+            class_weights=args.class_weights,
+            val_fraction=args.val_fraction,
+            split_seed=args.split_seed,
+            flip=not args.no_flip,
+            seed=args.seed,
+            export_formats=_formats(args.export_formats),
+            int8=args.int8,
+            skip_damaged=args.skip_damaged,
+            overwrite=args.overwrite,
+            verbose=args.verbose,
+        )
+    except (ValueError, RunDirectoryError) as error:
+        print(f"autoshuffle-finetune: error: {error}", file=sys.stderr)
+        return 2
+    print(summary(report))
+    return 0
+
+
+def summary(report: dict) -> str:
+    """The lines printed at the end: validation accuracy and each file written."""
+    lines = [
+        f"validation accuracy: {report['validation']['accuracy']:.4f} on "
+        f"{report['validation']['examples']} images, {len(report['data']['classes'])} classes"
+    ]
+    for entry in report.get("files", {}).values():
+        lines.append(
+            f"  {entry['path']}  {entry['size_bytes'] / 1e6:.2f} MB  "
+            f"accuracy {entry['accuracy']:.4f}"
+        )
+    if report.get("int8", {}).get("refused"):
+        lines.append(f"  int8 refused: {report['int8']['refused']}")
+    return "\n".join(lines)

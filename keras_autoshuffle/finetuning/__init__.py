@@ -1,0 +1,15 @@
+"""Fine-tuning: a pretrained ShuffleNet v2 trained on a folder of your labelled images,
+exported for phones (LiteRT, int8), ONNX Runtime and OpenVINO, and reported.
+
+- `run.py`: `finetune()`, the two-phase recipe and the run's files;
+- `network.py`: the network with its new head, the starting weights, what each phase
+  freezes;
+- `evaluation.py`: each exported file measured on the validation images;
+- `report.py`: the metrics, the confusion matrix, `report.json` and `report.md`.
+
+The `autoshuffle-finetune` command is `finetune()` on the command line.
+"""
+
+from keras_autoshuffle.finetuning.run import finetune
+
+__all__ = ["finetune"]

@@ -1,0 +1,64 @@
+"""Each exported file of a fine-tuning run measured on its validation images: accuracy,
+top-1 agreement with the Keras model, size and latency per image on this machine."""
+
+import os
+
+import keras
+import numpy as np
+
+from keras_autoshuffle import export as export_lib
+from keras_autoshuffle.finetuning.report import file_latency
+
+# Validation images each exported file is run on (every one, up to this many).
+MAX_CHECKED_IMAGES = 10_000
+
+
+def _runner(fmt, path):
+    """`run(batch) -> outputs` for one file, one image at a time (any batch file)."""
+    if fmt in ("litert", "int8"):
+        interpreter = export_lib.litert_interpreter(path, batch=1, num_threads=1)
+        return lambda image: export_lib.litert_run(interpreter, image)
+    if fmt == "onnx":
+        session = export_lib.onnx_session(path, num_threads=1)
+        return lambda image: export_lib.onnx_run(session, image)
+    compiled = export_lib.openvino_model(path, num_threads=1, batch=1)
+    return lambda image: export_lib.openvino_run(compiled, image)
+
+
+def _size(path):
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(path, n)) for n in sorted(os.listdir(path)))
+    return os.path.getsize(path)
+
+
+def measure_files(files: dict, val_data, keras_probabilities: np.ndarray, input_shape) -> dict:
+    """{format: {"path", "size_bytes", "accuracy", "top1_agreement", "examples",
+    "latency"}} for `files` ({format: path}, "int8" for the full-integer `.tflite`), run on
+    `val_data`'s evaluation images (the first MAX_CHECKED_IMAGES), against the Keras
+    model's `keras_probabilities` on them."""
+    runners = {fmt: _runner(fmt, path) for fmt, path in files.items()}
+    predictions = {fmt: [] for fmt in files}
+    labels, count = [], 0
+    for images, batch_labels in val_data.eval_dataset(64):
+        images = keras.ops.convert_to_numpy(images)[: MAX_CHECKED_IMAGES - count]
+        for fmt, run in runners.items():
+            outputs = [run(np.ascontiguousarray(image[None])) for image in images]
+            predictions[fmt].extend(int(np.argmax(out)) for out in outputs)
+        labels.extend(keras.ops.convert_to_numpy(batch_labels)[: len(images)])
+        count += len(images)
+        if count >= MAX_CHECKED_IMAGES:
+            break
+    labels = np.asarray(labels)
+    reference = np.argmax(keras_probabilities[:count], axis=-1)
+    results = {}
+    for fmt, path in files.items():
+        predicted = np.asarray(predictions[fmt])
+        results[fmt] = {
+            "path": path,
+            "size_bytes": _size(path),
+            "accuracy": float(np.mean(predicted == labels)),
+            "top1_agreement": float(np.mean(predicted == reference)),
+            "examples": int(count),
+            "latency": file_latency(path, fmt, (1, *input_shape), num_threads=1),
+        }
+    return results

@@ -1,0 +1,149 @@
+"""The fine-tuned network: ShuffleNet v2 with a new head on a pretrained base, and what each
+phase of the recipe trains.
+
+The new head is the builder's own (`predictions`, a Dense with softmax), so the network is
+an `applications` ShuffleNet v2 like any other: it folds, exports and loads as they do.
+"""
+
+import hashlib
+import os
+
+import keras
+
+from keras_autoshuffle.applications import ShuffleNetV2, architecture
+
+# The classifier's layer: the only one trained in the head phase, the only one not copied
+# from the starting weights.
+HEAD = "predictions"
+# What the phases freeze: the head phase everything but the head; the whole-net phase the
+# BatchNormalization layers of a pretrained base (kept in inference mode, with the
+# statistics of the data they were trained on, as keras.io's transfer-learning guide does:
+# a small data set's batch statistics would overwrite them).
+FROZEN_BASE, FROZEN_BATCH_NORM = "base", "batch_norm"
+MAX_WEIGHTS_BYTES = 1 << 30
+
+
+def weights_source(weights: str | os.PathLike | None) -> str | None:
+    """The record of the starting weights in a run's settings: "imagenet", None, or
+    "sha256:<hex>" of a `.keras` file (a rerun with another file is refused by it).
+
+    Raises:
+        ValueError: `weights` is none of these, or names no readable `.keras` file.
+    """
+    if weights is None or weights == "imagenet":
+        return weights
+    if not isinstance(weights, (str, os.PathLike)):
+        raise ValueError(
+            '`weights` must be "imagenet", None or the path of a .keras model. '
+            f"Received: weights={weights!r}"
+        )
+    path = os.fspath(weights)
+    if not path.endswith(".keras"):
+        raise ValueError(
+            "`weights` must be the path of a .keras model (e.g. the model.keras of "
+            'autoshuffle-train or autoshuffle-finetune), "imagenet" or None. '
+            f"Received: weights={path!r}"
+        )
+    if not os.path.isfile(path):
+        raise ValueError(f"The `weights` file does not exist. Received: weights={path!r}")
+    size = os.path.getsize(path)
+    if size > MAX_WEIGHTS_BYTES:
+        raise ValueError(
+            f"The `weights` file is {size} bytes, more than any ShuffleNet v2 "
+            f"({MAX_WEIGHTS_BYTES} at most). Received: weights={path!r}"
+        )
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def build_classifier(
+    width: float,
+    classes: int,
+    image_size: int,
+    weights: str | os.PathLike | None,
+    with_head: bool = False,
+) -> keras.Model:
+    """ShuffleNet v2 with manual shuffles and a new `classes`-way head, its other layers
+    from `weights`.
+
+    Args:
+        width: 0.5, 1.0, 1.5 or 2.0.
+        classes: the head's classes.
+        image_size: the input side (square RGB images, normalised as ImageNet's).
+        weights: "imagenet" (torchvision's checkpoint, the ImageNet stem), the path of a
+            `.keras` ShuffleNet v2 of this width (any head: it is replaced; its stem is
+            kept), or None (random weights, the stem `stem="auto"` picks).
+        with_head: also the head from the `.keras` file (a phase resumed from the last).
+
+    Returns:
+        The uncompiled model, every layer trainable.
+
+    Raises:
+        ValueError: a `.keras` file that is not a manual-shuffle ShuffleNet v2 of `width`
+            (the layer and shapes that differ are named).
+    """
+    shape = (image_size, image_size, 3)
+    if weights is None:
+        return ShuffleNetV2(width, input_shape=shape, classes=classes)
+    if weights == "imagenet":
+        stem = "imagenet"
+        source = ShuffleNetV2(
+            width, include_top=False, weights="imagenet", input_shape=shape, stem=stem
+        )
+    else:
+        path = os.fspath(weights)
+        source = keras.saving.load_model(path, compile=False, safe_mode=True)
+        layers = {layer.name for layer in source.layers}
+        stem = "imagenet" if architecture.IMAGENET_STEM[-1] in layers else "cifar"
+    model = ShuffleNetV2(width, input_shape=shape, classes=classes, stem=stem)
+    copy_weights(source, model, weights, width, with_head)
+    return model
+
+
+def copy_weights(
+    source: keras.Model, model: keras.Model, weights, width: float, with_head: bool = False
+) -> None:
+    """Assigns every variable of `model` (but the head's, unless `with_head`) from the
+    variable of the same path in `source` (`stem_conv/kernel`, ...), checking the layer
+    types and shapes."""
+    layers = {layer.name: layer for layer in source.layers}
+    variables = {v.path: v for v in source.weights}
+    for layer in model.layers:
+        if (layer.name == HEAD and not with_head) or not layer.weights:
+            continue
+        other = layers.get(layer.name)
+        if other is None or type(other) is not type(layer):
+            found = "no such layer" if other is None else f"a {type(other).__name__}"
+            raise ValueError(
+                f"The `weights` model is not a ShuffleNet v2 with manual shuffles: its layer "
+                f"{layer.name!r} is {found}, where the network has a {type(layer).__name__}. "
+                f"Received: weights={os.fspath(weights)!r}"
+            )
+        for variable in layer.weights:
+            given = variables.get(variable.path)
+            if given is None or tuple(given.shape) != tuple(variable.shape):
+                shape = None if given is None else tuple(given.shape)
+                raise ValueError(
+                    f"The `weights` model is not a ShuffleNet v2 of width {width}: "
+                    f"{variable.path} has shape {shape}, the network needs "
+                    f"{tuple(variable.shape)}. Pass the width it was trained with. "
+                    f"Received: width={width}, weights={os.fspath(weights)!r}"
+                )
+            variable.assign(given)
+
+
+def freeze(model: keras.Model, frozen: str | None) -> keras.Model:
+    """Sets what trains: `FROZEN_BASE` the head only; `FROZEN_BATCH_NORM` every layer but
+    the BatchNormalization ones (in inference mode, as a frozen BatchNormalization is in
+    Keras 3); None every layer. Returns `model`."""
+    for layer in model.layers:
+        if frozen == FROZEN_BASE:
+            layer.trainable = layer.name == HEAD
+        elif frozen == FROZEN_BATCH_NORM:
+            layer.trainable = not isinstance(layer, keras.layers.BatchNormalization)
+        else:
+            layer.trainable = True
+    return model

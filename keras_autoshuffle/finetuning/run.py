@@ -1,0 +1,446 @@
+"""`finetune()`: a pretrained ShuffleNet v2 fine-tuned on a folder of labelled images,
+exported for phones and servers, and reported.
+
+The recipe (keras.io's transfer-learning guide, with timm's label smoothing):
+
+1. the head phase: the new classifier alone, the base frozen (BatchNormalization in
+   inference mode), `head_epochs` epochs at ten times the learning rate;
+2. the whole-net phase: every layer but BatchNormalization, `epochs` epochs at
+   `learning_rate`.
+
+Both are SGD with momentum 0.9, the rate decaying linearly to 0 over the phase, with
+label smoothing and, for folders whose classes differ in size, class weights. Each phase is
+a `training.train()` run in a folder of its own, with its guarantees: a kill at any instant
+loses no finished epoch and a rerun resumes it; a rerun with other settings is refused by
+name.
+
+What `output_dir` holds, in the order it is written:
+
+    split.json, labels.txt, preprocessing.json    the images used, the classes, the inputs
+    train_head/, train_all/                       the phases' runs (history.csv, logs/)
+    model.keras, model.tflite, model_int8.tflite, model.onnx, openvino/
+    confusion_matrix.png, report.md, report.json  report.json last: the run is finished
+"""
+
+import datetime
+import hashlib
+import json
+import os
+
+import keras
+import numpy as np
+
+from keras_autoshuffle import _atomic, _validation
+from keras_autoshuffle import export as export_lib
+from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, V2_WIDTHS
+from keras_autoshuffle.data.image_folder import image_folder
+from keras_autoshuffle.finetuning import evaluation, network
+from keras_autoshuffle.finetuning.report import classification_metrics, cpu_name, write_report
+from keras_autoshuffle.training import exports as training_exports
+from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, read_json
+from keras_autoshuffle.training.identity import differences, recipe_fields
+from keras_autoshuffle.training.loops import train
+from keras_autoshuffle.training.recipes import Recipe
+
+SPLIT_FILE, LABELS_FILE, PREPROCESSING_FILE = "split.json", "labels.txt", "preprocessing.json"
+HEAD_DIR, ALL_DIR = "train_head", "train_all"
+REPORT_FILE = "report.json"
+# Every file and folder a run writes (`overwrite` removes them all, nothing else).
+RUN_FILES = (
+    REPORT_FILE,
+    "report.md",
+    "confusion_matrix.png",
+    *export_lib.FILENAMES.values(),
+    export_lib.INT8_FILENAME,
+    HEAD_DIR,
+    ALL_DIR,
+    PREPROCESSING_FILE,
+    LABELS_FILE,
+    SPLIT_FILE,
+)
+MOMENTUM, WEIGHT_DECAY, HEAD_RATE_FACTOR = 0.9, 4e-5, 10
+CLASS_WEIGHTS = ("balanced", None)
+# The resize before the centre crop: torchvision's 256 for 224.
+RESIZE_RATIO = 256 / 224
+
+
+def finetune(
+    images: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    *,
+    width: float = 1.0,
+    weights: str | os.PathLike | None = "imagenet",
+    image_size: int = 224,
+    epochs: int = 10,
+    head_epochs: int | None = None,
+    batch_size: int = 32,
+    learning_rate: float | None = None,
+    label_smoothing: float = 0.1,
+    class_weights: str | None = "balanced",
+    val_fraction: float = 0.2,
+    split_seed: int = 0,
+    flip: bool = True,
+    seed: int = 0,
+    export_formats: tuple[str, ...] | None = None,
+    int8: bool = False,
+    skip_damaged: bool = False,
+    overwrite: bool = False,
+    verbose: int = 1,
+) -> dict:
+    """Fine-tunes ShuffleNet v2 on a folder of labelled images; exports and reports it.
+
+    Args:
+        images: one subfolder per class (`root/<class>/*.jpg`, split into training and
+            validation images by `val_fraction`), or `root/train/<class>` and
+            `root/val/<class>`. JPEG, PNG, BMP, GIF; any size; gray and RGBA made RGB.
+        output_dir: the run's folder (see the module's docstring for what it holds).
+        width: 0.5, 1.0, 1.5 or 2.0.
+        weights: "imagenet" (torchvision's checkpoint), the path of a `.keras`
+            ShuffleNet v2 of `width` (its head is replaced: any class count), or None
+            (random weights: training from scratch, no head phase).
+        image_size: the network's input side; images are resized and cropped to it.
+        epochs: epochs of the whole-net phase.
+        head_epochs: epochs of the head phase (default 3 with pretrained weights, 0
+            without: there is no base to freeze).
+        batch_size: images per step, at most the training images.
+        learning_rate: the whole-net phase's initial rate (default 0.01 with pretrained
+            weights, 0.1 without); the head phase's is ten times it.
+        label_smoothing: in [0, 1).
+        class_weights: "balanced" (each class weighs `images / (classes * its images)`,
+            scikit-learn's rule: 1 for a balanced folder) or None.
+        val_fraction: the share of each class held out for validation, where the folder
+            has no `train/` and `val/`; the split is seeded by `split_seed` and recorded
+            in `split.json`, so a rerun uses the same images.
+        split_seed: the validation split's seed.
+        flip: random horizontal flips in training (False for text, digits, ...).
+        seed: the initial head's, the data order's and the augmentation's seed.
+        export_formats: of "litert", "onnx", "openvino" (default: LiteRT, and ONNX and
+            OpenVINO where their extras are installed); `model.keras` is always written.
+            The exports are folded (`folding.fold_model`) and each checked against Keras.
+        int8: also `model_int8.tflite`, full-integer, calibrated on training images and
+            checked against the float model on the validation images (refused, with the
+            float files kept, past `export_model`'s limits).
+        skip_damaged: skip (and count in the report) damaged images instead of stopping.
+        overwrite: replace a finished run in `output_dir`.
+        verbose: 0 silent, 1 progress bars, 2 one line per epoch.
+
+    Returns:
+        The report, also written to `report.json` (and `report.md`): the data, the
+        settings, validation accuracy overall and per class with the confusion matrix,
+        and each exported file's accuracy, size and latency.
+
+    Raises:
+        ValueError: a bad argument, image folder or `weights` file, before any training.
+        RunDirectoryError: `output_dir` holds a finished run (without `overwrite`) or a
+            run with other settings.
+    """
+    pretrained = weights is not None
+    options = _check_arguments(
+        width=width,
+        image_size=image_size,
+        epochs=epochs,
+        head_epochs=head_epochs,
+        batch_size=batch_size,
+        learning_rate=learning_rate,
+        label_smoothing=label_smoothing,
+        class_weights=class_weights,
+        flip=flip,
+        int8=int8,
+        verbose=verbose,
+        pretrained=pretrained,
+    )
+    source = network.weights_source(weights)
+    formats = _check_formats(export_formats, int8)
+    output_dir = os.fspath(output_dir)
+    _prepare_folder(output_dir, overwrite)
+    train_data, val_data, split = image_folder(
+        images,
+        image_size=options["image_size"],
+        val_fraction=val_fraction,
+        split_seed=split_seed,
+        seed=seed,
+        flip=options["flip"],
+        skip_damaged=skip_damaged,
+        record=os.path.join(output_dir, SPLIT_FILE),
+    )
+    _check_split(split, images, val_fraction, split_seed, output_dir)
+    _write_inputs(output_dir, split.class_names, options["image_size"])
+    weighting = _class_weight(options["class_weights"], split.train_labels, len(split.class_names))
+    settings = dict(
+        model="v2",
+        width=options["width"],
+        base_weights=source,
+        image_size=options["image_size"],
+        flip=options["flip"],
+        images=_digest(split.to_json()),
+    )
+    phase = dict(
+        train_data=train_data,
+        val_data=val_data,
+        seed=seed,
+        verbose=verbose,
+        label_smoothing=options["label_smoothing"],
+        class_weight=weighting,
+    )
+    build = dict(width=options["width"], classes=len(split.class_names), size=image_size)
+    start = weights
+    if options["head_epochs"]:
+        _run_phase(
+            lambda: network.freeze(_classifier(build, weights), network.FROZEN_BASE),
+            _recipe(options, HEAD_RATE_FACTOR * options["learning_rate"], "head_epochs"),
+            os.path.join(output_dir, HEAD_DIR),
+            {**settings, "frozen": network.FROZEN_BASE},
+            **phase,
+        )
+        start = os.path.join(output_dir, HEAD_DIR, "model.keras")
+    frozen = network.FROZEN_BATCH_NORM if pretrained else None
+    head_trained = bool(options["head_epochs"])
+    _run_phase(
+        lambda: network.freeze(_classifier(build, start, with_head=head_trained), frozen),
+        _recipe(options, options["learning_rate"], "epochs"),
+        os.path.join(output_dir, ALL_DIR),
+        {**settings, "frozen": frozen},
+        **phase,
+    )
+    model = keras.saving.load_model(
+        os.path.join(output_dir, ALL_DIR, "model.keras"), compile=False, safe_mode=True
+    )
+    report = {
+        "data": {
+            "images": os.path.abspath(os.fspath(images)),
+            "classes": list(split.class_names),
+            "train_examples": train_data.num_examples,
+            "val_examples": val_data.num_examples,
+            "source": split.source,
+            "skipped": [list(entry) for entry in split.skipped],
+            "ignored_files": split.ignored,
+        },
+        "settings": {
+            **settings,
+            "weights": weights if weights is None else os.fspath(weights),
+            "epochs": options["epochs"],
+            "head_epochs": options["head_epochs"],
+            "batch_size": options["batch_size"],
+            "learning_rate": options["learning_rate"],
+            "label_smoothing": options["label_smoothing"],
+            "class_weights": options["class_weights"],
+            "val_fraction": split.val_fraction,
+            "split_seed": split.split_seed,
+            "seed": seed,
+        },
+    }
+    probabilities = model.predict(val_data.eval_dataset(options["batch_size"]), verbose=0)
+    report["validation"] = classification_metrics(val_data.labels, probabilities, split.class_names)
+    report.update(_export(model, output_dir, train_data, val_data, formats, int8, probabilities))
+    report["cpu"] = cpu_name()  # the latencies' machine
+    report["written"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+    write_report(output_dir, report)
+    return report
+
+
+def _check_arguments(pretrained, **given):
+    """The arguments, checked and filled with their defaults, before any work."""
+    options = dict(given)
+    options["width"] = _validation.choice(given["width"], V2_WIDTHS, "width")
+    options["image_size"] = _validation.positive_int(given["image_size"], "image_size")
+    options["epochs"] = _validation.positive_int(given["epochs"], "epochs")
+    head_epochs = given["head_epochs"]
+    if head_epochs is None:
+        head_epochs = 3 if pretrained else 0
+    options["head_epochs"] = _validation.non_negative_int(head_epochs, "head_epochs")
+    if options["head_epochs"] and not pretrained:
+        raise ValueError(
+            "`head_epochs` trains the head of a pretrained base; with weights=None there is "
+            f"none (pass head_epochs=0). Received: head_epochs={head_epochs!r}"
+        )
+    options["batch_size"] = _validation.positive_int(given["batch_size"], "batch_size")
+    rate = given["learning_rate"]
+    rate = (0.01 if pretrained else 0.1) if rate is None else rate
+    options["learning_rate"] = _validation.positive_float(rate, "learning_rate")
+    options["label_smoothing"] = _validation.fraction_below_one(
+        given["label_smoothing"], "label_smoothing"
+    )
+    options["class_weights"] = _validation.choice(
+        given["class_weights"], CLASS_WEIGHTS, "class_weights"
+    )
+    _validation.choice(given["flip"], (True, False), "flip")
+    _validation.choice(given["int8"], (True, False), "int8")
+    _validation.choice(given["verbose"], (0, 1, 2), "verbose")
+    return options
+
+
+def _check_formats(export_formats, int8):
+    """The export formats: the given ones (each refused by name here where it cannot be
+    written), or LiteRT and the installed ones of ONNX and OpenVINO."""
+    if export_formats is None:
+        candidates = ("litert", "onnx", "openvino")
+        unsupported = export_lib.unsupported_formats(candidates)
+        formats = tuple(f for f in candidates if f not in unsupported)
+    else:
+        if isinstance(export_formats, str) or not all(isinstance(f, str) for f in export_formats):
+            raise ValueError(
+                '`export_formats` must be a sequence of "litert", "onnx", "openvino". '
+                f"Received: export_formats={export_formats!r}"
+            )
+        formats = tuple(dict.fromkeys(export_formats))
+        for fmt in formats:
+            _validation.choice(fmt, ("litert", "onnx", "openvino"), "export_formats")
+        unsupported = export_lib.unsupported_formats(formats)
+        if unsupported:
+            fmt, why = next(iter(unsupported.items()))
+            raise ValueError(f"Cannot export {fmt}: {why}. Received: export_formats={formats}")
+    if int8 and "litert" not in formats:
+        raise ValueError(
+            "`int8` makes a full-integer LiteRT file and checks it against the float one: "
+            f"export LiteRT too. Received: int8=True, export_formats={formats}"
+        )
+    return formats
+
+
+def _prepare_folder(output_dir, overwrite):
+    """Refuses a finished run (its `report.json`), or with `overwrite` removes its files."""
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise RunDirectoryError(f"The output folder is a file. Received: output_dir={output_dir!r}")
+    if not os.path.exists(os.path.join(output_dir, REPORT_FILE)):
+        return
+    if not overwrite:
+        raise RunDirectoryError(
+            f"{output_dir} holds a finished fine-tuning (report.json); it is not overwritten. "
+            "Use another output folder, or pass overwrite=True (--overwrite) to replace it."
+        )
+    for name in RUN_FILES:
+        _atomic.remove(os.path.join(output_dir, name))
+
+
+def _check_split(split, images, val_fraction, split_seed, output_dir):
+    """A recorded split is reused only for the same images and split settings."""
+    given = dict(
+        images=os.path.abspath(os.fspath(images)), val_fraction=val_fraction, split_seed=split_seed
+    )
+    recorded = dict(
+        images=os.path.abspath(split.root),
+        val_fraction=split.val_fraction,
+        split_seed=split.split_seed,
+    )
+    if split.source == "folders":  # train/ and val/ given: the split settings mean nothing
+        given.pop("val_fraction"), given.pop("split_seed")
+    differ = [f"{k}={given[k]!r} ({SPLIT_FILE}: {recorded[k]!r})" for k in given]
+    differ = [d for k, d in zip(given, differ, strict=True) if given[k] != recorded[k]]
+    if differ:
+        raise RunDirectoryError(
+            f"{output_dir} holds the split of a run on other images or split settings; "
+            "resuming would mix two runs. Rerun with the same arguments, or use another "
+            f"output folder. Received: {', '.join(differ)}"
+        )
+
+
+def _write_inputs(output_dir, class_names, image_size):
+    """labels.txt (a class name per line, in output order) and preprocessing.json (what the
+    exported files' inputs are), for `autoshuffle-predict` and apps."""
+    names = "".join(f"{name}\n" for name in class_names)
+    _atomic.write_atomically(
+        os.path.join(output_dir, LABELS_FILE),
+        lambda path: open(path, "w", encoding="utf-8").write(names),
+    )
+    _atomic.write_json(
+        os.path.join(output_dir, PREPROCESSING_FILE),
+        {
+            "image_size": image_size,
+            "resize_size": round(image_size * RESIZE_RATIO),
+            "mean": list(IMAGENET_MEAN),
+            "std": list(IMAGENET_STD),
+            "exports_include_preprocessing": False,
+        },
+    )
+
+
+def _class_weight(rule, labels, classes):
+    """None, or scikit-learn's balanced weights: `n / (classes * count)` per class."""
+    if rule is None:
+        return None
+    counts = np.bincount(labels, minlength=classes)
+    return tuple(float(len(labels) / (classes * count)) for count in counts)
+
+
+def _digest(record):
+    text = json.dumps(record, sort_keys=True, ensure_ascii=False)
+    return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _recipe(options, rate, epochs):
+    return Recipe(
+        penalty=0.0,
+        learning_rates=(rate,),
+        cycle_epochs=(options[epochs],),
+        momentum=MOMENTUM,
+        weight_decay=WEIGHT_DECAY,
+        batch_size=options["batch_size"],
+        description="fine-tuning, " + epochs.replace("_", " "),
+    )
+
+
+def _classifier(build, weights, with_head=False):
+    return network.build_classifier(
+        build["width"], build["classes"], build["size"], weights, with_head=with_head
+    )
+
+
+def _run_phase(model_fn, recipe, run_dir, settings, train_data, val_data, seed, **train_kwargs):
+    """One phase: `train()` into `run_dir`; a phase finished before (its report.json) is
+    not trained again if its settings are this run's, and refused by name otherwise."""
+    report_path = os.path.join(run_dir, REPORT_FILE)
+    if os.path.exists(report_path):
+        saved = read_json(report_path, "fine-tuning phase report").get("settings", {})
+        expected = {
+            **settings,
+            **recipe_fields(recipe),
+            "seed": seed,
+            "label_smoothing": train_kwargs["label_smoothing"],
+            "class_weights": train_kwargs["class_weight"],
+        }
+        differ = differences(saved, expected, keys=sorted(expected), label="finished phase")
+        if differ:
+            raise RunDirectoryError(
+                f"{run_dir} holds a finished phase with other settings; resuming would mix "
+                "two runs. Rerun with the same arguments, or use another output folder. "
+                f"Received: {differ}"
+            )
+        return
+    train(
+        model_fn,
+        train_data,
+        val_data,
+        recipe,
+        run_dir,
+        seed=seed,
+        export=False,
+        settings=settings,
+        **train_kwargs,
+    )
+
+
+def _export(model, output_dir, train_data, val_data, formats, int8, probabilities):
+    """`model.keras` and the folded exports with their checks (`training.exports`), then
+    each file's accuracy on the validation images, agreement with Keras, size, latency."""
+    sample = training_exports.check_savable(model, val_data, formats)
+    int8_arrays = training_exports.int8_data(train_data, val_data) if int8 else None
+    written = training_exports.export_run(model, output_dir, sample, formats, int8_arrays)
+    entries = {}
+    int8_entry = written.pop("int8", None)
+    files = {name: entry["path"] for name, entry in written.items() if name != "keras"}
+    if int8_entry is not None and int8_entry.get("path"):
+        files["int8"] = int8_entry["path"]
+    entries["files"] = evaluation.measure_files(
+        files, val_data, probabilities, model.input_shape[1:]
+    )
+    entries["files"]["keras"] = {
+        "path": written["keras"]["path"],
+        "size_bytes": os.path.getsize(written["keras"]["path"]),
+        "accuracy": float(np.mean(np.argmax(probabilities, -1) == val_data.labels)),
+        "top1_agreement": 1.0,
+    }
+    if int8_entry is not None:
+        # In points, as `export_model`'s `max_accuracy_drop` is.
+        drop = 100 * (int8_entry["float_accuracy"] - int8_entry["accuracy"])
+        entries["int8"] = {**int8_entry, "accuracy_drop": drop}
+    return entries

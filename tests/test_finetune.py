@@ -1,0 +1,212 @@
+"""`finetune()` and `autoshuffle-finetune` end to end on a folder of real image files.
+
+One run with every export is shared by the tests of what it writes; the resume test kills a
+run of the command with SIGKILL mid-training (a real kill, in a child process) and checks
+the rerun ends with the weights of an uninterrupted run.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+from helpers import needs_extra
+from PIL import Image
+
+from keras_autoshuffle.finetuning import finetune
+from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
+
+CLASSES = ("cat", "chien", "émeu")
+SIDE = 32
+TINY = dict(width=0.5, image_size=SIDE, batch_size=4, verbose=0)
+
+
+def write_folder(root, per_class=8, val_per_class=4, seed=0):
+    """train/ and val/ with one folder per class: noisy images whose colour says the class
+    (red, green, blue), as PNG, JPEG and BMP files of different sizes."""
+    rng = np.random.default_rng(seed)
+    for split, count in (("train", per_class), ("val", val_per_class)):
+        for label, name in enumerate(CLASSES):
+            folder = root / split / name
+            folder.mkdir(parents=True)
+            for i in range(count):
+                side = int(rng.integers(30, 60))
+                pixels = rng.integers(0, 90, size=(side, side + 3, 3))
+                pixels[..., label] += 160
+                suffix = (".png", ".jpg", ".bmp")[i % 3]
+                Image.fromarray(pixels.astype(np.uint8)).save(folder / f"{i}{suffix}")
+    return root
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory):
+    return write_folder(tmp_path_factory.mktemp("images"))
+
+
+@pytest.fixture(scope="module")
+def run(images, tmp_path_factory):
+    """A from-scratch run with every export and int8: (its folder, its report)."""
+    output = tmp_path_factory.mktemp("run")
+    report = finetune(
+        images,
+        output,
+        weights=None,
+        epochs=2,
+        learning_rate=0.05,
+        export_formats=("litert", "onnx", "openvino"),
+        int8=True,
+        **TINY,
+    )
+    return output, report
+
+
+@needs_extra("onnx")
+@needs_extra("openvino")
+def test_a_run_writes_the_model_its_labels_exports_and_report(run):
+    output, report = run
+    names = set(os.listdir(output))
+    expected = {"model.keras", "labels.txt", "preprocessing.json", "split.json", "report.json"}
+    expected |= {"report.md", "confusion_matrix.png", "model.tflite", "model_int8.tflite"}
+    expected |= {"model.onnx", "openvino", "train_all"}
+    assert expected <= names, names
+    assert (output / "labels.txt").read_text(encoding="utf-8").splitlines() == list(CLASSES)
+    assert json.loads((output / "report.json").read_text()) == json.loads(json.dumps(report))
+    assert report["data"]["train_examples"] == 24 and report["data"]["val_examples"] == 12
+    matrix = np.array(report["validation"]["confusion_matrix"])
+    assert matrix.sum() == 12 and matrix.shape == (3, 3)
+    # The report's accuracy is the Keras model's, recomputed here from the confusion matrix.
+    assert report["validation"]["accuracy"] == pytest.approx(np.trace(matrix) / 12)
+    model = keras.saving.load_model(output / "model.keras", safe_mode=True)
+    assert model.output_shape == (None, 3) and model.input_shape == (None, SIDE, SIDE, 3)
+
+
+@needs_extra("onnx")
+@needs_extra("openvino")
+def test_every_float_export_agrees_with_keras_on_the_validation_images(run):
+    _, report = run
+    for fmt in ("litert", "onnx", "openvino"):
+        entry = report["files"][fmt]
+        assert entry["examples"] == 12 and entry["size_bytes"] > 0
+        assert entry["top1_agreement"] == 1.0, (fmt, entry)
+        assert entry["accuracy"] == pytest.approx(report["validation"]["accuracy"])
+        assert entry["latency"]["median_ms"] > 0
+    int8 = report["files"]["int8"]
+    assert int8["size_bytes"] < report["files"]["litert"]["size_bytes"]
+    assert 0 <= report["int8"]["top1_agreement"] <= 1
+
+
+def test_the_split_and_preprocessing_records_describe_the_inputs(run, images):
+    output, _ = run
+    preprocessing = json.loads((output / "preprocessing.json").read_text())
+    assert preprocessing["image_size"] == SIDE
+    assert preprocessing["resize_size"] == round(SIDE * 256 / 224)
+    split = json.loads((output / "split.json").read_text())
+    assert split["source"] == "folders"
+
+
+def test_a_finished_run_is_refused_then_replaced_with_overwrite(run, images):
+    output, _ = run
+    with pytest.raises(RunDirectoryError, match="finished fine-tuning"):
+        finetune(images, output, weights=None, epochs=2, **TINY)
+
+
+def test_bad_arguments_are_refused_by_name_before_any_work(images, tmp_path):
+    cases = [
+        (dict(width=0.7), "width=0.7"),
+        (dict(weights=None, head_epochs=2), "head_epochs=2"),
+        (dict(weights="imagenet", label_smoothing=1.0), "label_smoothing=1.0"),
+        (dict(weights="imagenet", class_weights="inverse"), "class_weights='inverse'"),
+        (dict(weights=str(tmp_path / "missing.keras")), "missing.keras"),
+        (dict(weights=str(tmp_path / "model.h5")), "model.h5"),
+        (dict(weights="imagenet", export_formats=("tflite",)), "tflite"),
+        (dict(weights="imagenet", export_formats=("onnx",), int8=True), "int8=True"),
+    ]
+    for overrides, named in cases:
+        options = {**dict(width=0.5, image_size=SIDE, verbose=0), **overrides}
+        with pytest.raises(ValueError, match=named.replace("(", r"\(").replace(")", r"\)")):
+            finetune(images, tmp_path / "out", **options)
+        assert not (tmp_path / "out").exists(), overrides
+
+
+def test_a_weights_file_of_another_width_is_refused_naming_it(run, images, tmp_path):
+    output, _ = run
+    with pytest.raises(ValueError, match="width 1.0.*Received: width=1.0"):
+        finetune(images, tmp_path / "out", weights=str(output / "model.keras"), width=1.0)
+
+
+def _command(images, output, weights):
+    return [
+        sys.executable,
+        "-m",
+        "keras_autoshuffle.commands.finetune",
+        str(images),
+        "--output",
+        str(output),
+        "--weights",
+        str(weights),
+        "--width",
+        "0.5",
+        "--image-size",
+        str(SIDE),
+        "--batch-size",
+        "4",
+        "--head-epochs",
+        "1",
+        "--epochs",
+        "3",
+        "--export-formats",
+        "none",
+        "--verbose",
+        "0",
+    ]
+
+
+# The child: the command, killed (SIGKILL) right after the whole-net phase logged its
+# second epoch, before that epoch's backup (the package holds no test hook: the child wraps
+# the history logger).
+CHILD = r"""
+import os, signal, sys
+from keras_autoshuffle.commands import finetune
+from keras_autoshuffle.training import fault_tolerance
+
+log = fault_tolerance.HistoryLog.on_epoch_end
+
+
+def log_then_die(self, epoch, logs=None):
+    log(self, epoch, logs)
+    if "train_all" in self.path and epoch == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+fault_tolerance.HistoryLog.on_epoch_end = log_then_die
+sys.exit(finetune.main(sys.argv[1:]))
+"""
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_weights(run, images, tmp_path):
+    """SIGKILL in the whole-net phase; the rerun finishes it and ends with the weights of
+    a run never killed (same arguments); a rerun with another setting is refused by name."""
+    weights = run[0] / "model.keras"  # the shared run's model: a pretrained base here
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    subprocess.run(_command(images, whole, weights), check=True, capture_output=True, env=env)
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    child = [sys.executable, str(script), *_command(images, killed, weights)[3:]]
+    result = subprocess.run(child, capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
+    assert not (killed / "report.json").exists()
+    subprocess.run(_command(images, killed, weights), check=True, capture_output=True, env=env)
+    a = keras.saving.load_model(whole / "model.keras", safe_mode=True).get_weights()
+    b = keras.saving.load_model(killed / "model.keras", safe_mode=True).get_weights()
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    # A rerun with another setting is refused by name: the finished phases' records refuse
+    # it (the finished run's report removed, as a kill just before it would leave it).
+    os.remove(killed / "report.json")
+    other = _command(images, killed, weights) + ["--label-smoothing", "0.2"]
+    result = subprocess.run(other, capture_output=True, text=True, env=env)
+    assert result.returncode == 2 and "label_smoothing=0.2" in result.stderr, result.stderr
