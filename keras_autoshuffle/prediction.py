@@ -401,7 +401,7 @@ def image_paths(paths: Sequence[str | os.PathLike]) -> list[str]:
         raise ValueError("`paths` must name at least one image or folder. Received: paths=[]")
     found = []
     for path in paths:
-        path = _check_path(path, "paths")
+        path = _check_path(path, "path")
         if not os.path.isdir(path):
             found.append(path)
             continue
@@ -415,7 +415,7 @@ def image_paths(paths: Sequence[str | os.PathLike]) -> list[str]:
             raise ValueError(
                 f"The folder {path} holds no images (files ending in "
                 f"{', '.join(sorted(IMAGE_EXTENSIONS))}; subfolders are not read). "
-                f"Received: paths[...]={path!r}"
+                f"Received: path={path!r}"
             )
         found += [os.path.join(path, name) for name in names]
     return found
@@ -529,11 +529,14 @@ def _positive_int(value, name):
 
 
 def _check_path(path, name):
-    if not isinstance(path, (str, os.PathLike)):
-        raise ValueError(f"`{name}` must hold paths (str). Received: {name}={path!r}")
-    path = os.fspath(path)
-    if not isinstance(path, str):
-        raise ValueError(f"`{name}` must hold str paths, not bytes. Received: {name}={path!r}")
+    """`path` as a str if it is a str or os.PathLike path that exists; else an error naming
+    `name`."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    if not isinstance(text, str):  # bytes paths too: the results hold str paths
+        raise ValueError(
+            f"`{name}` must be a path, a str or os.PathLike. Received: {name}={path!r}"
+        )
+    path = text
     if not os.path.lexists(path):
         raise FileNotFoundError(f"{path} does not exist. Received: {name}={path!r}")
     return path

@@ -379,6 +379,10 @@ def test_arguments_are_checked(exported, photos):
         prediction.predict_files(classifier, str(photos[0]))
     with pytest.raises(ValueError, match="Received: paths=\\[\\]"):
         prediction.predict_files(classifier, [])
+    with pytest.raises(ValueError, match="must be a path, a str or os.PathLike. Received: path=3"):
+        prediction.predict_files(classifier, [3])
+    with pytest.raises(ValueError, match="Received: path=b'model.keras'"):
+        prediction.Classifier.from_file(b"model.keras")
 
 
 def test_the_pretrained_imagenet_classifier(tmp_path, monkeypatch, photos):
