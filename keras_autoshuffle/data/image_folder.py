@@ -23,6 +23,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -602,12 +603,21 @@ class ImageFolderData(EpochData):
         training: whether this is a training split; a validation split (False) has
             evaluation epochs only.
         seed: the run's data seed.
+
+    Attributes:
+        labels: the examples' labels, int32.
+        num_classes: as given.
+        input_shape: (image_size, image_size, 3).
+        resize_size: the evaluation resize's shorter side before the central crop.
+
+    Raises:
+        ValueError: an argument out of range, or a label outside [0, num_classes).
     """
 
     def __init__(
         self,
         root: str | os.PathLike,
-        examples,
+        examples: Sequence[tuple[str, int]],
         num_classes: int,
         image_size: int = 224,
         flip: bool = True,

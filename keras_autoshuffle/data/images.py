@@ -19,7 +19,9 @@ to return the first: `max_pixels` bounds the frames' pixels together.
 
 import io
 import os
+import stat
 import struct
+import threading
 import warnings
 
 import numpy as np
@@ -31,6 +33,8 @@ IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 MAX_PIXELS = 50_000_000
 MAX_FILE_BYTES = 256 * 2**20
 MAX_GIF_FRAMES = 10_000
+
+_HEADER_LOCK = threading.Lock()
 
 # Pillow's format names of the four formats (a camera's multi-picture JPEG is "MPO").
 _FORMATS = {"JPEG": "JPEG", "MPO": "JPEG", "PNG": "PNG", "BMP": "BMP", "GIF": "GIF"}
@@ -154,22 +158,31 @@ def _error(path, problem, advice="Replace it with an intact JPEG or PNG, or remo
 
 def _read_bytes(path):
     try:
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size > MAX_FILE_BYTES:
-                raise _error(
-                    path,
-                    f"The file has {size} bytes, more than MAX_FILE_BYTES "
-                    f"({MAX_FILE_BYTES}), the most an image file is read with",
-                    "Resize or recompress it.",
-                )
-            contents = f.read(MAX_FILE_BYTES + 1)  # the file may grow after the stat
+        # Non-blocking: opening a named pipe must not wait for a writer.
+        descriptor = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise _error(path, "The file does not exist", "Check the path.") from None
-    except IsADirectoryError:
-        raise _error(path, "This is a folder, not an image file", "Pass a file.") from None
     except OSError as error:
         raise _error(path, f"The file cannot be read ({error.strerror})", "Check it.") from None
+    try:
+        status = os.fstat(descriptor)
+        if stat.S_ISDIR(status.st_mode):
+            raise _error(path, "This is a folder, not an image file", "Pass a file.")
+        if not stat.S_ISREG(status.st_mode):  # a device or a pipe: endless, or never ends
+            raise _error(path, "This is not a regular file", "Pass an image file.")
+        if status.st_size > MAX_FILE_BYTES:
+            raise _error(
+                path,
+                f"The file has {status.st_size} bytes, more than MAX_FILE_BYTES "
+                f"({MAX_FILE_BYTES}), the most an image file is read with",
+                "Resize or recompress it.",
+            )
+        with os.fdopen(descriptor, "rb", closefd=False) as f:
+            contents = f.read(MAX_FILE_BYTES + 1)  # the file may grow after the stat
+    except OSError as error:
+        raise _error(path, f"The file cannot be read ({error.strerror})", "Check it.") from None
+    finally:
+        os.close(descriptor)
     if len(contents) > MAX_FILE_BYTES:
         raise _error(path, f"The file has more than {MAX_FILE_BYTES} bytes", "Resize it.")
     if not contents:
@@ -181,7 +194,8 @@ def _open_header(contents, path, max_pixels):
     """The file opened by Pillow (its header read, no pixel decoded), checked."""
     from PIL import Image, UnidentifiedImageError
 
-    with warnings.catch_warnings():
+    # catch_warnings changes process-wide filters: one header at a time (they are quick).
+    with _HEADER_LOCK, warnings.catch_warnings():
         # Our own limit decides below; Pillow's warning would only add noise.
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
         try:

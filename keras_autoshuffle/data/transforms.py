@@ -26,10 +26,29 @@ def pad_crop_flip(image, seed, padding=4, flip=True):
     return image
 
 
-def random_resized_crop(image, seed, size=224, area=(0.08, 1.0), ratio=(3 / 4, 4 / 3), flip=True):
+def random_resized_crop(
+    image: tf.Tensor,
+    seed: tf.Tensor,
+    size: int = 224,
+    area: tuple[float, float] = (0.08, 1.0),
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+    flip: bool = True,
+) -> tf.Tensor:
     """ImageNet augmentation: Inception-style random-resized crop to `size`, then a random
-    horizontal flip unless `flip` is False (images whose mirror is another thing: text,
-    digits). The crop is the same either way."""
+    horizontal flip unless `flip` is False.
+
+    Args:
+        image: one image (height, width, channels).
+        seed: a stateless seed, shape [2] (`pipeline.example_seed`).
+        size: the side of the square output.
+        area: the range of the crop's area, as fractions of the image's.
+        ratio: the range of the crop's width / height.
+        flip: False for images whose mirror image is another thing (text, digits); the
+            crop is the same either way.
+
+    Returns:
+        The float32 image (size, size, channels).
+    """
     seeds = tf.random.experimental.stateless_split(seed, 2)
     begin, crop_size, _ = tf.image.stateless_sample_distorted_bounding_box(
         tf.shape(image),
