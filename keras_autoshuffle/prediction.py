@@ -669,6 +669,8 @@ def _load_onnx(path):
     if len(inputs) != 1:
         raise ValueError(f"{len(inputs)} inputs, not one")
     batch = _side(inputs[0].shape[0])  # a fixed batch (1): one image per call
+    if batch not in (None, 1):
+        raise ValueError(f"a fixed batch of {batch} images; an export takes 1, or any number")
     shape = tuple(_side(v) for v in inputs[0].shape[1:])
 
     def run(images):
