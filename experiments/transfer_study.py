@@ -70,7 +70,7 @@ class Settings:
     width: float = 0.5
     image_size: int = 32
     batch_size: int = 32
-    backbone_epochs: int = 3
+    backbone_epochs: int = 2
     # None: every training image of the backbone's classes (6,000 each).
     backbone_train_per_class: int | None = None
     backbone_val_per_class: int | None = 300
@@ -79,7 +79,7 @@ class Settings:
     per_class: tuple = (20, 100)
     # The transfer arm's whole-net epochs at each size of `per_class`; the scratch arm
     # trains `head_epochs` more (the same total).
-    epochs: tuple = (30, 12)
+    epochs: tuple = (17, 7)
     head_epochs: int = 3
     # finetune's defaults: pretrained (the head phase 10x), and from scratch.
     transfer_learning_rate: float = 0.01
@@ -87,7 +87,7 @@ class Settings:
     label_smoothing: float = 0.1
     class_weights: str | None = "balanced"
     flip: bool = True
-    val_per_class: int | None = 300
+    val_per_class: int | None = 100
     # Picks the validation images, the same for every run.
     val_seed: int = 0
     # The size whose transfer runs also export int8 (None: none), and the end-to-end run's.
@@ -317,9 +317,9 @@ def finetune_arguments(settings, spec, work):
     int8 = spec["arm"] == "end_to_end" or (
         spec["arm"] == "transfer" and spec["per_class"] == settings.int8_per_class
     )
-    formats = ("litert", "onnx", "openvino") if spec["arm"] == "end_to_end" else ()
-    if int8 and not formats:
-        formats = ("litert",)
+    # Every run writes its LiteRT file (finetune checks it against Keras and measures its
+    # accuracy; export_formats=() fails in finetune at this commit); the end-to-end run all.
+    formats = ("litert", "onnx", "openvino") if spec["arm"] == "end_to_end" else ("litert",)
     return dict(
         width=settings.width,
         weights=os.path.abspath(backbone_path(work)) if pretrained else None,
@@ -411,6 +411,7 @@ def run(settings, spec, work):
         "started": started,
         "ended": _now(),
         "cpu": cpu_name(),
+        "code": code_version(),
         "load_average": list(os.getloadavg()),
         "command": "autoshuffle-finetune " + " ".join(_relative(a) for a in argv),
     }
@@ -419,10 +420,38 @@ def run(settings, spec, work):
     return row
 
 
+def code_version():
+    """The commit of the code that ran: $TRANSFER_STUDY_CODE (a snapshot's, set by whoever
+    ran the study from one), else this checkout's HEAD, "+dirty" with uncommitted changes."""
+    if os.environ.get("TRANSFER_STUDY_CODE"):
+        return os.environ["TRANSFER_STUDY_CODE"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        head = subprocess.run(
+            ["git", "-C", here, "rev-parse", "HEAD"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", here, "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (head + ("+dirty" if dirty else "")) or None
+
+
+def _root():
+    """Where the page's paths are relative to: $TRANSFER_STUDY_ROOT, else the working
+    directory."""
+    return os.environ.get("TRANSFER_STUDY_ROOT") or os.getcwd()
+
+
 def _relative(argument):
-    """Paths under the working directory as relative ones (the page's commands)."""
-    if os.path.isabs(argument) and argument.startswith(os.getcwd() + os.sep):
-        return os.path.relpath(argument)
+    """Paths under the root (`_root`) as relative ones (the page's commands)."""
+    root = _root()
+    if os.path.isabs(argument) and argument.startswith(root + os.sep):
+        return os.path.relpath(argument, root)
     return argument
 
 
@@ -513,11 +542,13 @@ def git_commit(paths, message, log=print, attempts=5):
     """`git add` and `git commit -- paths`; retried while another git holds the index lock,
     never fatal (the rows stay on disk)."""
     error = ""
+    paths = [os.path.abspath(path) for path in paths]
+    git = ["git", "-C", os.path.dirname(paths[0])]  # the repository of the rows
     for attempt in range(attempts):
-        add = subprocess.run(["git", "add", "--", *paths], capture_output=True, text=True)
+        add = subprocess.run([*git, "add", "--", *paths], capture_output=True, text=True)
         if add.returncode == 0:
             commit = subprocess.run(
-                ["git", "commit", "-q", "-m", message, "--", *paths],
+                [*git, "commit", "-q", "-m", message, "--", *paths],
                 capture_output=True,
                 text=True,
             )
@@ -532,14 +563,17 @@ def git_commit(paths, message, log=print, attempts=5):
     return False
 
 
-def study(settings, results, work, page, commit=False, log=print, command=None):
-    """Runs every run without a row, one process at a time, and rewrites the page after
-    each; returns 0, or the exit status of a failed run (the study stops there)."""
+def study(settings, results, work, page, commit=False, log=print, command=None, only=None):
+    """Runs every run without a row (of `only`, names or arms, where given), one process
+    at a time, and rewrites the page after each; returns 0, or the exit status of a failed
+    run (the study stops there)."""
     settings = check_plan(settings, results)
     plan = record_plan(settings, results, command)
     rows_path = os.path.join(results, ROWS_FILE)
     check_backbone(read_rows(rows_path, plan["plan"]), work)
     todo = runs_to_do(settings, read_rows(rows_path, plan["plan"]))
+    if only:
+        todo = [spec for spec in todo if spec["name"] in only or spec["arm"] in only]
     log(f"{len(todo)} of {len(specs(settings))} runs to do")
     for spec in todo:
         log(f"{_now()} {spec['name']}")
@@ -920,6 +954,7 @@ def main(argv=None):
     parser.add_argument("--val-per-class", type=int, default=defaults.val_per_class)
     parser.add_argument("--int8-per-class", type=int, default=defaults.int8_per_class)
     parser.add_argument("--no-end-to-end", action="store_true")
+    parser.add_argument("--only", nargs="+", help="only these runs (names or arms) this time")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
@@ -941,8 +976,12 @@ def main(argv=None):
             end_to_end=not args.no_end_to_end,
         )
         command = "python -m experiments.transfer_study " + " ".join(
-            a for a in (argv if argv is not None else sys.argv[1:]) if a != "--git-commit"
+            _relative(os.path.abspath(a)) if os.path.exists(a) else a
+            for a in (argv if argv is not None else sys.argv[1:])
+            if a != "--git-commit"
         )
+        if args.only:  # a part of the study: not the command that reproduces it
+            command = None
         return study(
             settings,
             args.results,
@@ -951,6 +990,7 @@ def main(argv=None):
             commit=args.git_commit,
             log=lambda m: print(m, flush=True),
             command=command.strip(),
+            only=args.only,
         )
     except (PlanError, ValueError, FileExistsError) as error:
         parser.error(str(error))
