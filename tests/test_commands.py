@@ -37,6 +37,8 @@ def test_the_commands_are_the_documented_ones():
         "autoshuffle-train",
         "autoshuffle-train-imagenet",
         "autoshuffle-convert-weights",
+        "autoshuffle-finetune",
+        "autoshuffle-predict",
     }
 
 

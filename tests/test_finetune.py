@@ -16,7 +16,12 @@ import numpy as np
 import pytest
 from helpers import needs_extra
 from PIL import Image
+from test_pretrained_weights import CHECKPOINT, register
+from test_pretrained_weights import cache as cache  # noqa: F401 (fixtures: the weights server)
+from test_pretrained_weights import server as server  # noqa: F401
 
+from keras_autoshuffle import prediction
+from keras_autoshuffle.applications import ShuffleNetV2
 from keras_autoshuffle.finetuning import finetune
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 
@@ -99,6 +104,23 @@ def test_every_float_export_agrees_with_keras_on_the_validation_images(run):
     assert 0 <= report["int8"]["top1_agreement"] <= 1
 
 
+@needs_extra("onnx")
+@needs_extra("openvino")
+def test_every_file_of_a_run_gives_the_same_top1_through_predict(run, images):
+    """`prediction.Classifier` on each file the run wrote, on the validation image files
+    themselves: one top-1 per image, whatever the format."""
+    output, _ = run
+    paths = sorted(str(p) for p in (images / "val").rglob("*.*"))
+    pictures = [np.asarray(Image.open(p).convert("RGB")) for p in paths]
+    files = ["model.keras", "model.tflite", "model.onnx", "openvino"]
+    top1 = {
+        name: np.argmax(prediction.Classifier.from_file(output / name).predict(pictures), -1)
+        for name in files
+    }
+    for name in files[1:]:
+        np.testing.assert_array_equal(top1[name], top1["model.keras"], err_msg=name)
+
+
 def test_the_split_and_preprocessing_records_describe_the_inputs(run, images):
     output, _ = run
     preprocessing = json.loads((output / "preprocessing.json").read_text())
@@ -136,6 +158,44 @@ def test_a_weights_file_of_another_width_is_refused_naming_it(run, images, tmp_p
     output, _ = run
     with pytest.raises(ValueError, match="width 1.0.*Received: width=1.0"):
         finetune(images, tmp_path / "out", weights=str(output / "model.keras"), width=1.0)
+
+
+@pytest.mark.usefixtures("cache")
+def test_imagenet_weights_through_the_download_code(images, tmp_path, server, monkeypatch):
+    """`weights="imagenet"` downloads torchvision's file from a server on 127.0.0.1 (the
+    x0.5 test checkpoint); the head phase leaves the base exactly the checkpoint's, the
+    whole-net phase leaves its BatchNormalization statistics so (frozen)."""
+    register(monkeypatch)
+    server.serve(CHECKPOINT)
+    report = finetune(
+        images,
+        tmp_path / "out",
+        weights="imagenet",
+        head_epochs=1,
+        epochs=1,
+        export_formats=(),
+        **TINY,
+    )
+    assert report["settings"]["base_weights"] == "imagenet" and server.requests
+    pretrained = ShuffleNetV2(
+        0.5, include_top=False, weights="imagenet", input_shape=(SIDE, SIDE, 3), stem="imagenet"
+    )
+    head = keras.saving.load_model(tmp_path / "out" / "train_head" / "model.keras")
+    final = keras.saving.load_model(tmp_path / "out" / "model.keras")
+    for layer in (layer for layer in pretrained.layers if layer.weights):
+        for a, b, c in zip(
+            layer.weights,
+            head.get_layer(layer.name).weights,
+            final.get_layer(layer.name).weights,
+            strict=True,
+        ):
+            np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+            if isinstance(layer, keras.layers.BatchNormalization):
+                np.testing.assert_array_equal(a.numpy(), c.numpy(), err_msg=a.path)
+    assert not np.array_equal(
+        pretrained.get_layer("stem_conv").kernel.numpy(),
+        final.get_layer("stem_conv").kernel.numpy(),
+    ), "the whole-net phase trained the convolutions"
 
 
 def _command(images, output, weights):

@@ -173,3 +173,7 @@ def summary(report: dict) -> str:
     if report.get("int8", {}).get("refused"):
         lines.append(f"  int8 refused: {report['int8']['refused']}")
     return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

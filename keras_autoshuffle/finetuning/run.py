@@ -423,8 +423,13 @@ def _export(model, output_dir, train_data, val_data, formats, int8, probabilitie
     """`model.keras` and the folded exports with their checks (`training.exports`), then
     each file's accuracy on the validation images, agreement with Keras, size, latency."""
     sample = training_exports.check_savable(model, val_data, formats)
-    int8_arrays = training_exports.int8_data(train_data, val_data) if int8 else None
-    written = training_exports.export_run(model, output_dir, sample, formats, int8_arrays)
+    if formats:
+        int8_arrays = training_exports.int8_data(train_data, val_data) if int8 else None
+        written = training_exports.export_run(model, output_dir, sample, formats, int8_arrays)
+    else:  # model.keras alone
+        path = os.path.join(output_dir, export_lib.FILENAMES["keras"])
+        export_lib.save_keras(model, path)
+        written = {"keras": {"path": path}}
     entries = {}
     int8_entry = written.pop("int8", None)
     files = {name: entry["path"] for name, entry in written.items() if name != "keras"}
