@@ -989,7 +989,7 @@ def main(argv=None):
             args.page,
             commit=args.git_commit,
             log=lambda m: print(m, flush=True),
-            command=command.strip(),
+            command=command and command.strip(),
             only=args.only,
         )
     except (PlanError, ValueError, FileExistsError) as error:
