@@ -856,8 +856,10 @@ def render_page(summary, plan, rows_link):
     lines += [
         "## Setup",
         "",
-        f"- ShuffleNet v2 {s.width}x, {s.image_size}x{s.image_size} RGB inputs (the 28x28 "
-        f"grey PNGs resized and centre-cropped by the folder reader), batch {s.batch_size}, "
+        f"- ShuffleNet v2 {s.width}x, {s.image_size}x{s.image_size} RGB inputs made from the "
+        "28x28 grey PNGs by finetune's folder reader: in training an Inception-style "
+        "random-resized crop (8-100% of the area) and a random flip, in evaluation a resize "
+        f"to {round(s.image_size * 256 / 224)} and a centre crop; batch {s.batch_size}, "
         f"label smoothing {s.label_smoothing}, class weights {s.class_weights}, horizontal "
         f"flips {'on' if s.flip else 'off'}; SGD with momentum 0.9, the rate decaying "
         "linearly to 0 in each phase (finetune's recipe).",
@@ -892,6 +894,12 @@ def render_page(summary, plan, rows_link):
         f"- Validation: {s.val_per_class or 'all'} test images per class, one fixed choice "
         f"(seed {s.val_seed}) for every run; no run sees them in training.",
         f"- CPU: {plan.get('cpu', 'unknown')}, shared with other work (load averages in the rows).",
+        "- Code: "
+        + "; ".join(
+            f"{code or 'not recorded'} ({count} run{'s' if count > 1 else ''})"
+            for code, count in summary.get("code", {}).items()
+        )
+        + ".",
         f"- Time: {_duration(summary['run_seconds'])} of runs in all"
         + (
             f", from {summary['first_start']} to {summary['last_end']} (UTC)"
@@ -928,6 +936,10 @@ def write_page(results, page):
     rows = read_rows(os.path.join(results, ROWS_FILE), plan["plan"])
     summary = summarize(rows, settings)
     summary["transfer_rows"] = [r for r in rows if r["arm"] == "transfer"]
+    summary["code"] = {}
+    for row in rows:
+        code = row.get("code")
+        summary["code"][code] = summary["code"].get(code, 0) + 1
     link = os.path.relpath(os.path.join(results, ROWS_FILE), os.path.dirname(page) or ".")
     os.makedirs(os.path.dirname(page) or ".", exist_ok=True)
     temporary = page + ".partial"
