@@ -553,7 +553,7 @@ def git_commit(paths, message, log=print, attempts=5):
                 text=True,
             )
             said = commit.stdout + commit.stderr
-            if commit.returncode == 0 or "nothing to commit" in said or "no changes" in said:
+            if commit.returncode == 0 or "nothing" in said or "no changes" in said:
                 return True
             error = said
         else:

@@ -379,3 +379,29 @@ def test_a_lost_backbone_stops_the_transfer_runs(tmp_path):
         f.write(b"another")
     with pytest.raises(ts.PlanError, match="not .*backbone"):
         ts.check_backbone(rows, work)
+
+
+def test_rows_are_committed_from_any_working_directory(tmp_path, monkeypatch):
+    import subprocess
+
+    repo = tmp_path / "repo"
+    results = repo / "docs" / "results"
+    results.mkdir(parents=True)
+    git = ["git", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "config", "user.email", "t@example.com"], check=True)
+    subprocess.run([*git, "config", "user.name", "t"], check=True)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "start"], check=True)
+    (repo / "other.txt").write_text("someone else's, staged")
+    subprocess.run([*git, "add", "other.txt"], check=True)
+    rows = results / ts.ROWS_FILE
+    ts.append_row(rows, {"name": "backbone"})
+    monkeypatch.chdir(tmp_path)  # not the repository
+    assert ts.git_commit([str(rows)], "rows", log=pytest.fail)
+    committed = subprocess.run(
+        [*git, "show", "--name-only", "--format=%s"], capture_output=True, text=True
+    ).stdout.split()
+    assert committed == ["rows", "docs/results/rows.jsonl"]  # the staged file left staged
+    status = subprocess.run([*git, "status", "--porcelain"], capture_output=True, text=True)
+    assert status.stdout.splitlines() == ["A  other.txt"]
+    assert ts.git_commit([str(rows)], "nothing new", log=pytest.fail, attempts=1)
