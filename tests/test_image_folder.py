@@ -584,3 +584,71 @@ def test_flip_false_never_mirrors(tmp_path):
             for x in batch
         ]
         assert all(rising) if not flip else not all(rising)
+
+
+def _photo(height, width, seed=0):
+    """Photo-like pixels: smooth gradients, a few sharp-edged patches, noise."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width] / max(height, width)
+    image = np.stack([128 + 90 * np.sin(rng.uniform(2, 6) * (x + y) + c) for c in range(3)], -1)
+    for _ in range(4):
+        top, left = rng.integers(0, height // 2), rng.integers(0, width // 2)
+        image[top : top + height // 3, left : left + width // 3] += rng.uniform(-60, 60, 3)
+    image += rng.normal(0, 6, image.shape)
+    return Image.fromarray(np.clip(image, 0, 255).astype(np.uint8))
+
+
+# image_size 16: a training JPEG decodes at 1/r, r the largest of 2, 4, 8 keeping its
+# shorter side ceil(side / r) >= 32 pixels. (width, height) and the r expected:
+# 249 -> ceil(249 / 8) = 32 (a floor would give 31, r = 4); 200 -> 50 at r = 4, 25 at 8;
+# 70 -> 35 at r = 2; 62 -> 31 at r = 2, so full size; a PNG is never scaled.
+SCALED = {
+    "a/tall.jpg": ((249, 300), 8),
+    "a/wide.jpg": ((260, 200), 4),
+    "b/half.jpg": ((90, 70), 2),
+    "b/small.jpg": ((80, 62), 1),
+    "b/big.png": ((300, 300), 1),
+}
+
+
+def test_training_decodes_large_jpegs_smaller_and_evaluation_does_not(tmp_path):
+    for name, (size, _) in SCALED.items():
+        image = _photo(size[1], size[0], seed=len(name))
+        _save(tmp_path / name, image, **({"quality": 90} if name.endswith(".jpg") else {}))
+    decoded = {}
+    for name, ((width, height), ratio) in SCALED.items():
+        contents = (tmp_path / name).read_bytes()
+        if name.endswith(".jpg"):  # libjpeg's scaled decode, called directly
+            expected = tf.io.decode_jpeg(
+                contents, channels=3, ratio=ratio, dct_method="INTEGER_ACCURATE"
+            ).numpy()
+        else:
+            expected = _pillow_rgb(tmp_path / name)
+        assert expected.shape == (-(-height // ratio), -(-width // ratio), 3)
+        decoded[name] = data.decode_rgb(tf.constant(contents), min_side=32).numpy()
+        np.testing.assert_array_equal(decoded[name], expected)
+        np.testing.assert_array_equal(
+            data.decode_rgb(tf.constant(contents)), data.read_image(tmp_path / name)
+        )
+    # The training pipeline crops those pixels: each image is the random-resized crop of
+    # its example's seed, normalised (computed here without the pipeline).
+    examples = [(name, i % 2) for i, name in enumerate(SCALED)]
+    train = data.ImageFolderData(tmp_path, examples, 2, image_size=16, seed=5)
+    assert train.decode_min_side == 32
+    for epoch in (0, 1):
+        (images, labels), *more = list(train.epoch_dataset(epoch, batch_size=len(SCALED)))
+        assert not more
+        order = data.epoch_permutation(len(SCALED), 5, epoch).numpy()
+        np.testing.assert_array_equal(labels, [examples[i][1] for i in order])
+        for image, index in zip(images.numpy(), order, strict=True):
+            seed = data.example_seed(5, epoch, index)
+            crop = data.random_resized_crop(tf.constant(decoded[examples[index][0]]), seed, 16)
+            np.testing.assert_allclose(image, (crop.numpy() / 255 - MEAN) / STD, atol=1e-5)
+    # Evaluation decodes the full image: evaluation_preprocessing's pixels.
+    (images, _), *more = list(train.epoch_dataset(0, batch_size=len(SCALED), training=False))
+    preprocess = applications.evaluation_preprocessing(16)
+    for image, (name, _) in zip(images.numpy(), examples, strict=True):
+        expected = preprocess(data.read_image(tmp_path / name)[None])[0]
+        np.testing.assert_allclose(image, expected, atol=2e-5)
+    with pytest.raises(ValueError, match="min_side"):
+        data.decode_rgb(tf.constant(b""), min_side=0)

@@ -15,6 +15,9 @@ high byte of each value (`x >> 8`); the EXIF orientation of a JPEG is not applie
 decoder reads a palette BMP as gray without an error, and cannot read 1-bit BMPs: BMPs are
 therefore also decoded by Pillow and must match exactly. It decodes every frame of a GIF
 to return the first: `max_pixels` bounds the frames' pixels together.
+
+Training pipelines may decode a large JPEG smaller, with libjpeg's DCT-domain scaling
+(`decode_rgb(contents, min_side)`); the checks decode every file at full size.
 """
 
 import io
@@ -33,6 +36,8 @@ IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 MAX_PIXELS = 50_000_000
 MAX_FILE_BYTES = 256 * 2**20
 MAX_GIF_FRAMES = 10_000
+# The scales libjpeg decodes a JPEG at with `tf.io.decode_jpeg(..., ratio=r)`: 1 / r.
+JPEG_RATIOS = (1, 2, 4, 8)
 
 _HEADER_LOCK = threading.Lock()
 
@@ -65,27 +70,61 @@ def has_image_extension(path: str | os.PathLike) -> bool:
     return os.fspath(path).lower().endswith(IMAGE_EXTENSIONS)
 
 
-def decode_rgb(contents: tf.Tensor) -> tf.Tensor:
+def decode_rgb(contents: tf.Tensor, min_side: int | None = None) -> tf.Tensor:
     """Decodes an encoded JPEG, PNG, BMP or GIF to RGB pixels; graph-safe (`tf.data` maps).
 
     Gray is repeated to three channels, alpha dropped, a GIF's first frame kept; a JPEG is
     decoded with the accurate inverse DCT (Pillow's, not `decode_image`'s fast one). Decode
     untrusted files only after `check_image_file`: this op bounds nothing.
 
+    With `min_side`, a JPEG is decoded smaller, by libjpeg's DCT-domain scaling
+    (`tf.io.decode_jpeg(..., ratio=r)`, each side `ceil(side / r)`): `r` is the largest of
+    `JPEG_RATIOS` (1, 2, 4, 8) that keeps the shorter side at `min_side` pixels or more,
+    read from the file's header (`tf.image.extract_jpeg_shape`). A camera photo then
+    decodes faster (the inverse DCT, chroma upsampling and colour conversion shrink with
+    the output; the entropy decoding does not), each pixel from an r x r block (a filtered
+    downscale). Other formats, and
+    JPEGs too small for r = 2 (a shorter side under `2 * min_side - 1`), decode at full
+    size.
+
     Args:
         contents: a scalar string tensor, the file's bytes.
+        min_side: None (full size, the default) or the least shorter side, a positive
+            Python int, of a downscaled JPEG.
 
     Returns:
         A uint8 tensor (height, width, 3), its static shape [None, None, 3].
     """
+    min_side = _validation.optional_positive_int(min_side, "min_side")
+
+    def jpeg():
+        if min_side is None:
+            return _decode_jpeg(contents, 1)
+        shape = tf.image.extract_jpeg_shape(contents)
+        index = _ratio_index(shape[0], shape[1], min_side)
+        return tf.switch_case(index, [lambda r=r: _decode_jpeg(contents, r) for r in JPEG_RATIOS])
+
     image = tf.cond(
         tf.io.is_jpeg(contents),
-        # decode_image's JPEG default is libjpeg's fast, inexact inverse DCT (pixels up to
-        # 8 off Pillow's); the accurate one gives Pillow's pixels, and is no slower.
-        lambda: tf.io.decode_jpeg(contents, channels=3, dct_method="INTEGER_ACCURATE"),
+        jpeg,
         lambda: tf.io.decode_image(contents, channels=3, expand_animations=False),
     )
     return tf.ensure_shape(image, [None, None, 3])
+
+
+def _decode_jpeg(contents, ratio):
+    # decode_image's JPEG default is libjpeg's fast, inexact inverse DCT (pixels up to 8
+    # off Pillow's); the accurate one gives Pillow's pixels, and is no slower. With a
+    # ratio, libjpeg's scaled accurate inverse DCTs.
+    return tf.io.decode_jpeg(contents, channels=3, ratio=ratio, dct_method="INTEGER_ACCURATE")
+
+
+def _ratio_index(height, width, min_side):
+    """The index in JPEG_RATIOS of the largest ratio r with ceil(shorter / r) >= min_side
+    (a scalar int32 tensor); 0 (r = 1) when none larger keeps it."""
+    shorter = tf.minimum(tf.cast(height, tf.int32), tf.cast(width, tf.int32))
+    keeps = [(shorter + r - 1) // r >= min_side for r in JPEG_RATIOS[1:]]  # nested: 2, 4, 8
+    return tf.add_n([tf.cast(keep, tf.int32) for keep in keeps])
 
 
 def check_image_file(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> tuple[int, int]:
