@@ -23,11 +23,14 @@ from test_pretrained_weights import server as server  # noqa: F401
 from keras_autoshuffle import prediction
 from keras_autoshuffle.applications import ShuffleNetV2
 from keras_autoshuffle.finetuning import finetune
+from keras_autoshuffle.finetuning import run as run_module
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 
 CLASSES = ("cat", "chien", "émeu")
 SIDE = 32
 TINY = dict(width=0.5, image_size=SIDE, batch_size=4, verbose=0)
+# The shared run's training settings (the killed run's too).
+RUN_ARGUMENTS = dict(weights=None, epochs=2, learning_rate=0.05, **TINY)
 
 
 def write_folder(root, per_class=8, val_per_class=4, seed=0):
@@ -57,14 +60,7 @@ def run(images, tmp_path_factory):
     """A from-scratch run with every export and int8: (its folder, its report)."""
     output = tmp_path_factory.mktemp("run")
     report = finetune(
-        images,
-        output,
-        weights=None,
-        epochs=2,
-        learning_rate=0.05,
-        export_formats=("litert", "onnx", "openvino"),
-        int8=True,
-        **TINY,
+        images, output, export_formats=("litert", "onnx", "openvino"), int8=True, **RUN_ARGUMENTS
     )
     return output, report
 
@@ -130,10 +126,28 @@ def test_the_split_and_preprocessing_records_describe_the_inputs(run, images):
     assert split["source"] == "folders"
 
 
-def test_a_finished_run_is_refused_then_replaced_with_overwrite(run, images):
+def test_a_finished_run_is_refused_without_overwrite(run, images):
     output, _ = run
     with pytest.raises(RunDirectoryError, match="finished fine-tuning"):
-        finetune(images, output, weights=None, epochs=2, **TINY)
+        finetune(images, output, **RUN_ARGUMENTS)
+
+
+def test_overwrite_checks_the_images_first_then_removes_the_runs_files_only(tmp_path):
+    """With overwrite, a bad image folder leaves the finished run as it was; clearing it
+    removes every file a run writes (a stale one would sit beside the new run's), and
+    nothing else."""
+    output = tmp_path / "out"
+    (output / "train_all").mkdir(parents=True)
+    for name in ("report.json", "model.tflite", "labels.txt", "split.json", "notes.txt"):
+        (output / name).write_text("{}")
+    before = sorted(os.listdir(output))
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match="empty"):
+        finetune(empty, output, overwrite=True, **RUN_ARGUMENTS)
+    assert sorted(os.listdir(output)) == before
+    run_module.clear_run(str(output))
+    assert sorted(os.listdir(output)) == ["notes.txt"]
 
 
 def test_bad_arguments_are_refused_by_name_before_any_work(images, tmp_path):
@@ -198,36 +212,9 @@ def test_imagenet_weights_through_the_download_code(images, tmp_path, server, mo
     ), "the whole-net phase trained the convolutions"
 
 
-def _command(images, output, weights):
-    return [
-        sys.executable,
-        "-m",
-        "keras_autoshuffle.commands.finetune",
-        str(images),
-        "--output",
-        str(output),
-        "--weights",
-        str(weights),
-        "--width",
-        "0.5",
-        "--image-size",
-        str(SIDE),
-        "--batch-size",
-        "4",
-        "--head-epochs",
-        "1",
-        "--epochs",
-        "3",
-        "--export-formats",
-        "none",
-        "--verbose",
-        "0",
-    ]
-
-
 # The child: the command, killed (SIGKILL) right after the whole-net phase logged its
-# second epoch, before that epoch's backup (the package holds no test hook: the child wraps
-# the history logger).
+# second epoch, before that epoch's backup (the first one's is done); the package holds no
+# test hook: the child wraps the history logger. Its arguments: the shared run's settings.
 CHILD = r"""
 import os, signal, sys
 from keras_autoshuffle.commands import finetune
@@ -248,25 +235,25 @@ sys.exit(finetune.main(sys.argv[1:]))
 
 
 def test_a_killed_run_resumes_to_the_uninterrupted_weights(run, images, tmp_path):
-    """SIGKILL in the whole-net phase; the rerun finishes it and ends with the weights of
-    a run never killed (same arguments); a rerun with another setting is refused by name."""
-    weights = run[0] / "model.keras"  # the shared run's model: a pretrained base here
-    whole, killed = tmp_path / "whole", tmp_path / "killed"
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    subprocess.run(_command(images, whole, weights), check=True, capture_output=True, env=env)
+    """SIGKILL in the whole-net phase of the shared run's settings; the rerun finishes it
+    with the weights of the shared run (never killed); a rerun with another setting is
+    refused by name."""
+    killed = tmp_path / "killed"
     script = tmp_path / "child.py"
     script.write_text(CHILD)
-    child = [sys.executable, str(script), *_command(images, killed, weights)[3:]]
-    result = subprocess.run(child, capture_output=True, text=True, env=env, timeout=600)
+    command = [sys.executable, str(script), str(images), "--output", str(killed)]
+    command += ["--weights", "none", "--epochs", "2", "--learning-rate", "0.05"]
+    command += ["--width", "0.5", "--image-size", str(SIDE), "--batch-size", "4"]
+    command += ["--export-formats", "none", "--verbose", "0"]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
     assert not (killed / "report.json").exists()
-    subprocess.run(_command(images, killed, weights), check=True, capture_output=True, env=env)
-    a = keras.saving.load_model(whole / "model.keras", safe_mode=True).get_weights()
-    b = keras.saving.load_model(killed / "model.keras", safe_mode=True).get_weights()
-    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
-    # A rerun with another setting is refused by name: the finished phases' records refuse
-    # it (the finished run's report removed, as a kill just before it would leave it).
-    os.remove(killed / "report.json")
-    other = _command(images, killed, weights) + ["--label-smoothing", "0.2"]
-    result = subprocess.run(other, capture_output=True, text=True, env=env)
-    assert result.returncode == 2 and "label_smoothing=0.2" in result.stderr, result.stderr
+    with pytest.raises(RunDirectoryError, match="label_smoothing=0.2"):
+        finetune(images, killed, **{**RUN_ARGUMENTS, "label_smoothing": 0.2}, export_formats=())
+    finetune(images, killed, **RUN_ARGUMENTS, export_formats=())
+    history = (killed / "train_all" / "history.csv").read_text().splitlines()
+    assert [row.split(",")[0] for row in history[1:]] == ["0", "1"]
+    resumed = keras.saving.load_model(killed / "model.keras", safe_mode=True).get_weights()
+    whole = keras.saving.load_model(run[0] / "model.keras", safe_mode=True).get_weights()
+    assert all(np.array_equal(x, y) for x, y in zip(resumed, whole, strict=True))

@@ -152,7 +152,8 @@ def finetune(
     source = network.weights_source(weights)
     formats = _check_formats(export_formats, int8)
     output_dir = os.fspath(output_dir)
-    _prepare_folder(output_dir, overwrite)
+    replace = _finished(output_dir, overwrite)
+    record = os.path.join(output_dir, SPLIT_FILE)
     train_data, val_data, split = image_folder(
         images,
         image_size=options["image_size"],
@@ -161,8 +162,11 @@ def finetune(
         seed=seed,
         flip=options["flip"],
         skip_damaged=skip_damaged,
-        record=os.path.join(output_dir, SPLIT_FILE),
+        record=None if replace else record,  # a finished run's split is not reused
     )
+    if replace:  # only now: a bad folder leaves the finished run as it was
+        clear_run(output_dir)
+        split.save(record)
     _check_split(split, images, val_fraction, split_seed, output_dir)
     _write_inputs(output_dir, split.class_names, options["image_size"])
     weighting = _class_weight(options["class_weights"], split.train_labels, len(split.class_names))
@@ -297,17 +301,24 @@ def _check_formats(export_formats, int8):
     return formats
 
 
-def _prepare_folder(output_dir, overwrite):
-    """Refuses a finished run (its `report.json`), or with `overwrite` removes its files."""
+def _finished(output_dir, overwrite):
+    """Whether `output_dir` holds a finished run (its `report.json`) to replace: refused
+    without `overwrite`."""
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise RunDirectoryError(f"The output folder is a file. Received: output_dir={output_dir!r}")
     if not os.path.exists(os.path.join(output_dir, REPORT_FILE)):
-        return
+        return False
     if not overwrite:
         raise RunDirectoryError(
             f"{output_dir} holds a finished fine-tuning (report.json); it is not overwritten. "
             "Use another output folder, or pass overwrite=True (--overwrite) to replace it."
         )
+    return True
+
+
+def clear_run(output_dir: str) -> None:
+    """Removes every file and folder a run writes in `output_dir` (`RUN_FILES`), nothing
+    else: no stale file of a replaced run stays beside the new one's."""
     for name in RUN_FILES:
         _atomic.remove(os.path.join(output_dir, name))
 
