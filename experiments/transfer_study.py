@@ -730,6 +730,14 @@ def _duration(seconds):
     return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
+# The code of rows written before they recorded it: the backbone's, run from this
+# checkout's working tree while finetune was being committed.
+NOT_RECORDED = (
+    "not recorded (the backbone, run before rows recorded their code: this checkout at "
+    "aaf5bf4 with the fine-tuning modules' uncommitted changes of 12:37 UTC)"
+)
+
+
 def render_page(summary, plan, rows_link):
     """The evidence page (Markdown) of a study's summary and plan."""
     s = settings_from_json(plan["settings"])
@@ -745,7 +753,8 @@ def render_page(summary, plan, rows_link):
             continue
         verdicts.append(
             f"**{e['per_class']} images per class: transfer - scratch {mean} points, 95% CI "
-            f"{ci} over {len(e['seeds'])} paired seeds ({e['wins']}/{e['losses']} "
+            f"{ci} over {len(e['seeds'])} paired seed{'s' if len(e['seeds']) > 1 else ''} "
+            f"({e['wins']}/{e['losses']} "
             f"wins/losses): {verdict(e)}.**"
         )
     lines += [
@@ -839,6 +848,17 @@ def render_page(summary, plan, rows_link):
             lines.append(
                 f"| {fmt} | {100 * f['accuracy']:.2f} | {100 * f['top1_agreement']:.2f} | {size} |"
             )
+        refused = (e2e.get("int8") or {}).get("refused")
+        if refused:
+            i8 = e2e["int8"]
+            lines += [
+                "",
+                f"`--int8`: the full-integer file was refused by finetune's check and not "
+                f"written (top-1 agreement with the float model {100 * i8['top1_agreement']:.1f}%, "
+                f"under the 99% minimum; accuracy {100 * i8['accuracy']:.2f}% against "
+                f"{100 * i8['float_accuracy']:.2f}% float, a drop of "
+                f"{i8['accuracy_drop_points']:.2f} points); the float files are kept.",
+            ]
         same = next(
             (
                 r
@@ -903,7 +923,7 @@ def render_page(summary, plan, rows_link):
         f"- CPU: {plan.get('cpu', 'unknown')}, shared with other work (load averages in the rows).",
         "- Code: "
         + "; ".join(
-            f"{code or 'not recorded'} ({count} run{'s' if count > 1 else ''})"
+            f"{code or NOT_RECORDED} ({count} run{'s' if count > 1 else ''})"
             for code, count in summary.get("code", {}).items()
         )
         + ".",
