@@ -136,13 +136,7 @@ class ResizeCenterCrop(keras.layers.Layer):
 
     def __init__(self, resize_size, crop_size, data_format=None, **kwargs):
         super().__init__(**kwargs)
-        self.resize_size = _validation.positive_int(resize_size, "resize_size")
-        self.crop_size = _validation.positive_int(crop_size, "crop_size")
-        if self.crop_size > self.resize_size:
-            raise ValueError(
-                f"`crop_size` must be at most `resize_size` ({self.resize_size}). "
-                f"Received: crop_size={crop_size!r}"
-            )
+        self.resize_size, self.crop_size = resize_crop_sizes(resize_size, crop_size)
         self.data_format = _validation.data_format(data_format)
 
     def call(self, images):
@@ -263,6 +257,34 @@ def _default_resize_size(image_size):
     return round(image_size * 256 / 224)
 
 
+def evaluation_sizes(image_size, resize_size=None):
+    """`(image_size, resize_size)` of the evaluation transform, checked: `resize_size`
+    (default `round(image_size * 256 / 224)`) from `image_size` to twice it."""
+    image_size = _check_image_size(image_size)
+    if resize_size is None:
+        resize_size = _default_resize_size(image_size)
+    if not _validation.is_integer(resize_size) or not (image_size <= resize_size <= 2 * image_size):
+        raise ValueError(
+            f"`resize_size` (the shorter side before the central crop) must be an integer "
+            f"from image_size ({image_size}) to 2 * image_size, or None for "
+            f"{_default_resize_size(image_size)}. Received: resize_size={resize_size!r}"
+        )
+    return image_size, int(resize_size)
+
+
+def resize_crop_sizes(resize_size, crop_size):
+    """`(resize_size, crop_size)` of a resize and centre crop, checked: positive integers,
+    the crop at most the resized shorter side."""
+    resize_size = _validation.positive_int(resize_size, "resize_size")
+    crop_size = _validation.positive_int(crop_size, "crop_size")
+    if crop_size > resize_size:
+        raise ValueError(
+            f"`crop_size` must be at most `resize_size` ({resize_size}). "
+            f"Received: crop_size={crop_size!r}"
+        )
+    return resize_size, crop_size
+
+
 def evaluation_preprocessing(
     image_size: int = 224, resize_size: int | None = None, data_format: str | None = None
 ) -> keras.Sequential:
@@ -293,15 +315,7 @@ def evaluation_preprocessing(
         >>> preprocess(data.read_image("cat.jpg")[None]).shape
         TensorShape([1, 160, 160, 3])
     """
-    image_size = _check_image_size(image_size)
-    if resize_size is None:
-        resize_size = _default_resize_size(image_size)
-    if not _validation.is_integer(resize_size) or not (image_size <= resize_size <= 2 * image_size):
-        raise ValueError(
-            f"`resize_size` (the shorter side before the central crop) must be an integer "
-            f"from image_size ({image_size}) to 2 * image_size, or None for "
-            f"{_default_resize_size(image_size)}. Received: resize_size={resize_size!r}"
-        )
+    image_size, resize_size = evaluation_sizes(image_size, resize_size)
     return _evaluation_model(
         image_size,
         int(resize_size),

@@ -15,6 +15,8 @@ import argparse
 import os
 import sys
 
+from keras_autoshuffle._validation import positive_int_argument
+
 EXAMPLE = """example:
   autoshuffle-finetune photos/ --output runs/photos --width 0.5 --int8
   autoshuffle-predict runs/photos/model.tflite photos/cat/1.jpg"""
@@ -22,17 +24,6 @@ EXAMPLE = """example:
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     """Defaults shown, the description and the example kept as written."""
-
-
-def positive_int_argument(text):
-    """argparse's type for an integer >= 1 (here, not imported: `--help` loads no Keras)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
 
 
 def _formats(given):

@@ -19,10 +19,7 @@ import numpy as np
 from keras_autoshuffle import _validation
 from keras_autoshuffle._resize_crop import crop_start, resized_size
 from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD
-from keras_autoshuffle.applications.preprocessing import (
-    _check_image_size,
-    _default_resize_size,
-)
+from keras_autoshuffle.applications.preprocessing import evaluation_sizes, resize_crop_sizes
 
 # The export formats whose files keep the image sides unknown, so that one file takes
 # images of any size, each checked against Keras in tests/test_raw_inputs.py.
@@ -89,13 +86,7 @@ class RawImagePreprocessing(keras.layers.Layer):
         **kwargs,
     ) -> None:
         super().__init__(**kwargs)
-        self.resize_size = _validation.positive_int(resize_size, "resize_size")
-        self.crop_size = _validation.positive_int(crop_size, "crop_size")
-        if self.crop_size > self.resize_size:
-            raise ValueError(
-                f"`crop_size` must be at most `resize_size` ({self.resize_size}). "
-                f"Received: crop_size={crop_size!r}"
-            )
+        self.resize_size, self.crop_size = resize_crop_sizes(resize_size, crop_size)
         self.mean = _channel_values(mean, "mean", positive=False)
         self.std = _channel_values(std, "std", positive=True)
 
@@ -277,15 +268,7 @@ def raw_input_model(
         >>> interpreter = export.litert_interpreter("model.tflite", shape=(1, 480, 640, 3))
         >>> export.litert_run(interpreter, pixels[None])  # pixels: uint8 (480, 640, 3)
     """
-    image_size = _check_image_size(image_size)
-    if resize_size is None:
-        resize_size = _default_resize_size(image_size)
-    if not _validation.is_integer(resize_size) or not (image_size <= resize_size <= 2 * image_size):
-        raise ValueError(
-            f"`resize_size` (the shorter side before the central crop) must be an integer "
-            f"from image_size ({image_size}) to 2 * image_size, or None for "
-            f"{_default_resize_size(image_size)}. Received: resize_size={resize_size!r}"
-        )
+    image_size, resize_size = evaluation_sizes(image_size, resize_size)
     _check_classifier(classifier, image_size)
     images = keras.Input(shape=(None, None, 3), dtype="uint8", name="images")
     normalised = RawImagePreprocessing(int(resize_size), image_size, name="preprocessing")(images)
