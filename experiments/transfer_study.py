@@ -413,11 +413,31 @@ def run(settings, spec, work):
         "cpu": cpu_name(),
         "code": code_version(),
         "load_average": list(os.getloadavg()),
+        "history": phase_histories(output),
         "command": "autoshuffle-finetune " + " ".join(_relative(a) for a in argv),
     }
     if spec["arm"] == "backbone":
         row["model_sha256"] = file_digest(backbone_path(work))
     return row
+
+
+def phase_histories(output):
+    """Each phase's per-epoch training loss, validation loss and accuracy, from its
+    history.csv: `{"train_head"|"train_all": {"loss": [...], ...}}` (phases found)."""
+    import csv
+
+    histories = {}
+    for phase in ("train_head", "train_all"):
+        path = os.path.join(output, phase, "history.csv")
+        if not os.path.exists(path):
+            continue
+        with open(path, newline="") as f:
+            epochs = list(csv.DictReader(f))
+        histories[phase] = {
+            key: [float(epoch[key]) for epoch in epochs if epoch.get(key)]
+            for key in ("loss", "val_loss", "val_accuracy")
+        }
+    return histories
 
 
 def code_version():
@@ -585,14 +605,14 @@ def study(settings, results, work, page, commit=False, log=print, command=None, 
             return code or 1
         row = next(r for r in rows if r["name"] == spec["name"])
         log(f"  val accuracy {row['val_accuracy']:.4f}, {row['seconds']:.0f} s")
-        write_page(results, page)
+        write_page(results, page, work)
         if commit:
             git_commit(
                 [rows_path, os.path.join(results, PLAN_FILE), page],
                 f"transfer study: row {spec['name']} (val accuracy {row['val_accuracy']:.4f})",
                 log,
             )
-    write_page(results, page)
+    write_page(results, page, work)
     return 0
 
 
@@ -875,6 +895,37 @@ def render_page(summary, plan, rows_link):
                 f"{100 * e2e['val_accuracy']:.2f}%).",
                 "",
             ]
+    chance = [
+        r
+        for r in summary.get("all_rows", [])
+        if r["arm"] in ("transfer", "scratch")
+        and r["val_accuracy"] <= 1 / len(s.target_classes) + 0.02
+    ]
+    if chance:
+        notes = []
+        for r in chance:
+            history = (r.get("history") or {}).get("train_all")
+            note = f"{r['name']} ({100 * r['val_accuracy']:.1f}%"
+            if history and history.get("loss"):
+                note += (
+                    f"; training loss up to {max(history['loss']):.1f}, validation loss up "
+                    f"to {max(history['val_loss']):.3g}"
+                )
+            notes.append(note + ")")
+        lines += [
+            "**Runs that ended at chance** (validation accuracy within 2 points of "
+            f"{100 / len(s.target_classes):.0f}%): " + "; ".join(notes) + ". They stay in "
+            "the comparison: they are what the recipe gave."
+            + (
+                " Scratch runs like these are finetune's default learning rate from scratch "
+                f"({s.scratch_learning_rate}) blowing up on a handful of batches an epoch (the "
+                "loss spikes, and BatchNormalization's statistics with it); a lower rate for "
+                "scratch was not measured."
+                if all(r["arm"] == "scratch" for r in chance)
+                else ""
+            ),
+            "",
+        ]
     backbone = summary["backbone"]
     lines += [
         "## Setup",
@@ -956,13 +1007,19 @@ def render_page(summary, plan, rows_link):
     return "\n".join(lines)
 
 
-def write_page(results, page):
-    """Writes the evidence page from `results`' plan and rows; returns the summary."""
+def write_page(results, page, work=None):
+    """Writes the evidence page from `results`' plan and rows; returns the summary. Rows
+    written before they kept their phase histories get them from `work`'s runs, where
+    those still are."""
     plan = read_plan(results)
     settings = settings_from_json(plan["settings"])
     rows = read_rows(os.path.join(results, ROWS_FILE), plan["plan"])
+    for row in rows:
+        if "history" not in row and work and os.path.isdir(os.path.join(work, "runs")):
+            row["history"] = phase_histories(os.path.join(work, "runs", row["name"]))
     summary = summarize(rows, settings)
     summary["transfer_rows"] = [r for r in rows if r["arm"] == "transfer"]
+    summary["all_rows"] = rows
     summary["code"] = {}
     for row in rows:
         code = row.get("code")
@@ -1000,7 +1057,7 @@ def main(argv=None):
         if args.worker:
             return worker(args.worker, args.results, args.work)
         if args.summary:
-            write_page(args.results, args.page)
+            write_page(args.results, args.page, args.work)
             print(f"wrote {args.page}")
             return 0
         settings = Settings(

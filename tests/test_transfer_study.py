@@ -296,6 +296,12 @@ def test_the_page_shows_the_intervals_and_the_verdict(tmp_path):
     assert "transfer helps" in text and "transfer is not shown to help" in text
     assert "21 of 22 planned runs finished" in text
     assert "(../results/rows.jsonl)" in text
+    assert "ended at chance" not in text
+    ts.append_row(results / ts.ROWS_FILE, {**_row("scratch", 20, 5, 0.21), "plan": plan["plan"]})
+    ts.write_page(str(results), str(page))
+    assert "ended at chance** (validation accuracy within 2 points of 20%): scratch_20_seed5" in (
+        page.read_text()
+    )
 
 
 # -- resuming ---------------------------------------------------------------------------
