@@ -180,16 +180,21 @@ def load_script(name):
     return module
 
 
-def use_tiny_builders(monkeypatch):
-    """For one test, `keras_autoshuffle.applications.ShuffleNetV1/V2` (the builders the
-    training command line's model functions call, by width) build `tiny_v1` / `tiny_v2`
-    with one unit per stage: trainings set up by width (the reproduction, the study) run
-    on tiny nets in this process. Processes started by the test build the real nets."""
+def use_tiny_builders(monkeypatch, repeats=(1, 1, 1)):
+    """For one test (or a module's fixture, with `pytest.MonkeyPatch.context()`),
+    `keras_autoshuffle.applications.ShuffleNetV1/V2` (the builders the training command
+    line's model functions, the scripts and the experiments call, by width) build
+    `tiny_v1` / `tiny_v2` with `repeats` units per stage: trainings set up by width (the
+    reproduction, the study, the training scripts) run on tiny nets in this process.
+    Processes started by the test build the real nets.
+
+    One unit per stage by default: a training's time is mostly tracing, layer by layer.
+    A unit after the first of a stage is a basic unit (v2: its channel split), e.g.
+    `repeats=(1, 2, 1)`."""
     from keras_autoshuffle import applications
 
-    # One unit per stage: a training's time is mostly tracing, layer by layer.
-    monkeypatch.setattr(applications, "ShuffleNetV1", functools.partial(tiny_v1, repeats=(1, 1, 1)))
-    monkeypatch.setattr(applications, "ShuffleNetV2", functools.partial(tiny_v2, repeats=(1, 1, 1)))
+    monkeypatch.setattr(applications, "ShuffleNetV1", functools.partial(tiny_v1, repeats=repeats))
+    monkeypatch.setattr(applications, "ShuffleNetV2", functools.partial(tiny_v2, repeats=repeats))
 
 
 def saved_form(cls, config):

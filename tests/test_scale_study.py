@@ -1,5 +1,7 @@
 """experiments.scale_study: its augmentation, one real run of each arm on a few images, and
-the paired summary (the full study runs on a GPU machine, outside CI)."""
+the paired summary (the full study runs on a GPU machine, outside CI). The runs and nets
+here are tiny v2s (tests/helpers.py: `use_tiny_builders`; the study's code is the same for
+every net size: the 0.5x net took 50-66 s a run of CI's time, mostly tracing)."""
 
 import argparse
 import json
@@ -7,6 +9,7 @@ import json
 import keras
 import numpy as np
 import pytest
+from helpers import use_tiny_builders
 
 from experiments import scale_study
 
@@ -52,7 +55,11 @@ def test_the_paired_interval_is_a_t_interval_over_seeds():
 )
 @pytest.mark.parametrize("arm", ["paper", "search_retrain"])  # manual: the same path, less
 def test_a_learned_arm_trains_and_appends_its_row(tmp_path, monkeypatch, arm):
-    # A real run on 64 images (random ones: only the row's story is checked).
+    # A real run of a tiny v2 on 64 images (random ones: only the row's story is checked).
+    # Two or three units a stage: a stage of one unit sends every channel to the stage's
+    # end, as manual does, whatever its permutation (routing difference 0 for (1, 1, 1));
+    # with more, a learned routing equals manual's only where every count matches by chance.
+    use_tiny_builders(monkeypatch, repeats=(2, 3, 2))
     rng = np.random.default_rng(0)
     x = rng.normal(size=(64, 28, 28, 1)).astype(np.float32)
     y = rng.integers(0, 10, 64).astype(np.int32)
@@ -143,9 +150,11 @@ def test_rows_of_other_settings_are_refused_and_finished_runs_not_redone(tmp_pat
     assert f"Received: rows={str(path)!r}" in capsys.readouterr().err
 
 
-def test_the_retrained_net_starts_from_the_manual_runs_weights():
+def test_the_retrained_net_starts_from_the_manual_runs_weights(monkeypatch):
     from keras_autoshuffle import RelaxedShuffle, harden_model, shuffle_layers
 
+    # A basic unit in stage 3 besides the down-sampling units: both kinds of shuffle.
+    use_tiny_builders(monkeypatch, repeats=(1, 2, 1))
     args = argparse.Namespace(width=0.5, penalty=1e-2)
     searched = scale_study.build(3, args, "auto")
     harden_model(searched)

@@ -2,7 +2,9 @@
 
 The scripts' `main(argv)` runs in the test process (a fresh interpreter would add its
 imports, ~10 s, to every call); a run's refusals end in SystemExit as on the command
-line. The digits job below is the real 0.5x net, trained once for the module.
+line. The trainings build tiny nets (tests/helpers.py: `use_tiny_builders`; the real 0.5x
+net took 90-160 s of CI's time, mostly tracing): the scripts' code is the same for every
+net size. The digits job below is trained once for the module.
 """
 
 import contextlib
@@ -15,7 +17,7 @@ import shutil
 import keras
 import numpy as np
 import pytest
-from helpers import load_script
+from helpers import load_script, use_tiny_builders
 
 from keras_autoshuffle import RelaxedShuffle, data
 
@@ -24,6 +26,10 @@ DIGITS_JOB = [
     "--epochs", "2", "--batch-size", "32", "--max-train-examples", "96",
     "--harden-at-epoch", "1", "--balanced", "--verbose", "0", "--sinkhorn-iterations", "3",
 ]  # fmt: skip
+# Units per stage of the digits job's tiny v2: a down-sampling unit in each stage, a basic
+# unit after it in stage 3. One learned shuffle per unit.
+DIGITS_JOB_REPEATS = (1, 2, 1)
+DIGITS_JOB_SHUFFLES = sum(DIGITS_JOB_REPEATS)
 
 
 def _main(name, *args):
@@ -43,10 +49,13 @@ def _main(name, *args):
 
 @pytest.fixture(scope="module")
 def digits_job(tmp_path_factory):
-    """scripts/train_cifar10.py's digits job, run once: (output folder, exit, printed)."""
+    """scripts/train_cifar10.py's digits job, run once: (output folder, exit, printed).
+    The tiny v2 has a basic unit in stage 3 (its channel split: SPLIT in the LiteRT file)."""
     keras.backend.clear_session()
     out = tmp_path_factory.mktemp("digits_job") / "run"
-    code, output = _main("train_cifar10", *DIGITS_JOB, "--output", str(out))
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        use_tiny_builders(monkeypatch, repeats=DIGITS_JOB_REPEATS)
+        code, output = _main("train_cifar10", *DIGITS_JOB, "--output", str(out))
     return out, code, output
 
 
@@ -75,8 +84,8 @@ def test_train_cifar10_script_on_digits_writes_everything(digits_job):
     assert report["settings"]["penalty"] == 5e-2 and report["settings"]["epochs"] == 2
     assert report["epoch"] == 1 and report["settings"]["balanced"] is True
     assert report["settings"]["shuffle"] == "auto" and report["settings"]["train_examples"] == 96
-    # v2 0.5x: 4 + 8 + 4 units, each with one learned shuffle, all hardened (balanced).
-    assert len(report["layers"]) == 16
+    # One learned shuffle per unit, all hardened (balanced), each in the report.
+    assert len(report["layers"]) == DIGITS_JOB_SHUFFLES
     assert all(layer["groups"] == 2 for layer in report["layers"])
     # .keras, SavedModel and LiteRT agree with the in-memory hardened model; the latter
     # two hold the folded network: SPLIT and CONCATENATION, no GATHER.
@@ -95,7 +104,7 @@ def test_train_cifar10_script_on_digits_writes_everything(digits_job):
 
     model = keras.saving.load_model(out / "model.keras", safe_mode=True)
     shuffles = [layer for layer in model.layers if isinstance(layer, RelaxedShuffle)]
-    assert len(shuffles) == 16 and all(layer.is_hardened for layer in shuffles)
+    assert len(shuffles) == DIGITS_JOB_SHUFFLES and all(layer.is_hardened for layer in shuffles)
     # --sinkhorn-iterations reached every learned shuffle, and the run's settings.
     assert {layer.sinkhorn_iterations for layer in shuffles} == {3}
     assert report["settings"]["sinkhorn_iterations"] == 3
@@ -164,9 +173,10 @@ def test_train_cifar10_refuses_contradicting_options_as_argparse_does(tmp_path, 
 
 
 @pytest.mark.slow
-def test_a_killed_balanced_search_run_resumes(tmp_path):
+def test_a_killed_balanced_search_run_resumes(tmp_path, monkeypatch):
     # The retraining records balanced=False and the recipe's lambda (the flags: --balanced,
     # no --penalty): its backup is this run's all the same, not refused before the search.
+    use_tiny_builders(monkeypatch)
     out = tmp_path / "run"
     args = [*TINY_RUN, "--search-epochs", "0", "--balanced", "--output", str(out)]
     code, output = _main("train_cifar10", *args)
@@ -182,8 +192,9 @@ def test_a_killed_balanced_search_run_resumes(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_cifar10_reruns_into_a_used_output_directory(digits_job, tmp_path):
+def test_train_cifar10_reruns_into_a_used_output_directory(digits_job, tmp_path, monkeypatch):
     # The digits job's finished run, copied: the reruns below must not train or write.
+    use_tiny_builders(monkeypatch, repeats=DIGITS_JOB_REPEATS)  # the nets the job built
     finished, code, output = digits_job
     assert code == 0, output[-3000:]
     out = tmp_path / "run"
