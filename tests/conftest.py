@@ -83,6 +83,31 @@ def pytest_xdist_auto_num_workers(config):
     return max(1, min(4, len(cpus)))
 
 
+def pytest_configure(config):
+    """`--dist loadfile` (pyproject.toml) hands the workers whole files in a queue, which
+    xdist orders by the number of tests per file, most first: files of a few long tests
+    (test_reproducible_training.py's two, some 2.5 minutes of CI; test_durability_kill.py's
+    seven children) came last, where one worker may run them alone after the other has
+    finished. The queue's order is then `pytest_collection_modifyitems`'s below."""
+    if getattr(config.option, "dist", "no") == "loadfile":
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items):
+    """Files holding a test marked `slow` first, then xdist's order (the most tests
+    first); a file's tests keep their order. The long files start early, so the last
+    ones handed out are short and both workers end at about the same time."""
+    files = {}
+    for item in items:
+        files.setdefault(item.path, []).append(item)
+
+    def key(path):
+        tests = files[path]
+        return (not any(item.get_closest_marker("slow") for item in tests), -len(tests))
+
+    items[:] = [item for path in sorted(files, key=key) for item in files[path]]
+
+
 def pytest_collection_finish(session):
     """Moves every object alive after collection (TensorFlow's, Keras's, the modules':
     some 400,000) out of the garbage collector's sight. `clear_session`, called before

@@ -31,6 +31,9 @@ from keras_autoshuffle import RelaxedShuffle, data, training
 from keras_autoshuffle.applications import ShuffleNetV2, shufflenet_v2
 from keras_autoshuffle.training import fault_tolerance as ft
 
+# Each test: a child (a fresh interpreter) and a rerun with the exports, most of a minute.
+pytestmark = pytest.mark.slow
+
 EPOCHS = 2
 
 

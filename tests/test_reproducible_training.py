@@ -9,7 +9,10 @@ from helpers import Interrupt
 
 from keras_autoshuffle import data, training
 
-pytestmark = pytest.mark.tensorflow_only(reason="Grappler is TensorFlow's graph optimizer")
+pytestmark = [
+    pytest.mark.tensorflow_only(reason="Grappler is TensorFlow's graph optimizer"),
+    pytest.mark.slow,  # the real 0.5x net: tracing it takes most of a minute
+]
 
 
 def _learned_digits_run(out, epochs=2, callbacks=None):
