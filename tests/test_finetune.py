@@ -26,6 +26,9 @@ from keras_autoshuffle.finetuning import finetune
 from keras_autoshuffle.finetuning import run as run_module
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 
+# Whole trainings and exports: started first under xdist (conftest.py orders files by it).
+pytestmark = pytest.mark.slow
+
 CLASSES = ("cat", "chien", "émeu")
 SIDE = 32
 TINY = dict(width=0.5, image_size=SIDE, batch_size=4, verbose=0)
