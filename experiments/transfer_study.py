@@ -39,7 +39,6 @@ git). `--git-commit` commits the rows and the page after every run.
 import argparse
 import dataclasses
 import datetime
-import fcntl
 import hashlib
 import json
 import os
@@ -51,6 +50,7 @@ import time
 import numpy as np
 
 from experiments import fashion_mnist_folder as folders
+from experiments.scale_study import append_row  # one JSON line, locked and flushed
 
 RESULTS = os.path.join("docs", "results", "transfer")
 WORK = os.path.join("runs", "transfer")
@@ -491,15 +491,6 @@ def int8_fields(entry):
 
 
 # -- rows -------------------------------------------------------------------------------
-
-
-def append_row(path, row):
-    """Appends one JSON line under an exclusive lock, flushed to disk."""
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        f.write(json.dumps(row) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def read_rows(path, plan=None):
