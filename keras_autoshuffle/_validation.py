@@ -83,6 +83,14 @@ def choice(value, allowed, name):
     return next(a for a in allowed if a is value or a == value)
 
 
+def boolean(value, name):
+    """`value` as a bool: True or False (NumPy's too), never 1, 0 or "yes"; ValueError
+    naming `name` otherwise."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
+    return bool(value)
+
+
 def data_format(value):
     """`value` or Keras's `image_data_format()`, checked."""
     return choice(value or keras.config.image_data_format(), DATA_FORMATS, "data_format")

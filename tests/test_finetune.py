@@ -20,7 +20,7 @@ from test_pretrained_weights import CHECKPOINT, register
 from test_pretrained_weights import cache as cache  # noqa: F401 (fixtures: the weights server)
 from test_pretrained_weights import server as server  # noqa: F401
 
-from keras_autoshuffle import prediction
+from keras_autoshuffle import export, prediction
 from keras_autoshuffle.applications import ShuffleNetV2
 from keras_autoshuffle.finetuning import finetune
 from keras_autoshuffle.finetuning import run as run_module
@@ -163,6 +163,9 @@ def test_bad_arguments_are_refused_by_name_before_any_work(images, tmp_path):
         (dict(weights=str(tmp_path / "model.h5")), "model.h5"),
         (dict(weights="imagenet", export_formats=("tflite",)), "tflite"),
         (dict(weights="imagenet", export_formats=("onnx",), int8=True), "int8=True"),
+        (dict(weights="imagenet", int8=True, include_preprocessing=True), "int8=True"),
+        (dict(weights="imagenet", export_formats=(), include_preprocessing=True), "export_f"),
+        (dict(weights="imagenet", include_preprocessing=1), "include_preprocessing=1"),
     ]
     for overrides, named in cases:
         options = {**dict(width=0.5, image_size=SIDE, verbose=0), **overrides}
@@ -181,7 +184,8 @@ def test_a_weights_file_of_another_width_is_refused_naming_it(run, images, tmp_p
 def test_imagenet_weights_through_the_download_code(images, tmp_path, server, monkeypatch):
     """`weights="imagenet"` downloads torchvision's file from a server on 127.0.0.1 (the
     x0.5 test checkpoint); the head phase leaves the base exactly the checkpoint's, the
-    whole-net phase leaves its BatchNormalization statistics so (frozen)."""
+    whole-net phase leaves its BatchNormalization statistics so (frozen). The run's
+    exports hold their preprocessing (`test_raw_input_exports_...` checks them)."""
     register(monkeypatch)
     server.serve(CHECKPOINT)
     report = finetune(
@@ -190,9 +194,11 @@ def test_imagenet_weights_through_the_download_code(images, tmp_path, server, mo
         weights="imagenet",
         head_epochs=1,
         epochs=1,
-        export_formats=(),
+        export_formats=("litert", "onnx"),
+        include_preprocessing=True,
         **TINY,
     )
+    check_raw_input_exports(tmp_path / "out", report, images)
     assert report["settings"]["base_weights"] == "imagenet" and server.requests
     pretrained = ShuffleNetV2(
         0.5, include_top=False, weights="imagenet", input_shape=(SIDE, SIDE, 3), stem="imagenet"
@@ -213,6 +219,29 @@ def test_imagenet_weights_through_the_download_code(images, tmp_path, server, mo
         pretrained.get_layer("stem_conv").kernel.numpy(),
         final.get_layer("stem_conv").kernel.numpy(),
     ), "the whole-net phase trained the convolutions"
+
+
+def check_raw_input_exports(output, report, images):
+    """With `include_preprocessing`: preprocessing.json says so; the LiteRT and ONNX files
+    take uint8 pixels of any size, and on the validation files as decoded give the
+    probabilities `model.keras` gives after `evaluation_preprocessing` (prediction's two
+    paths: the exact transform outside the file, the builtin-op one inside)."""
+    assert json.loads((output / "preprocessing.json").read_text())["exports_include_preprocessing"]
+    for fmt in ("litert", "onnx"):
+        entry = report["files"][fmt]
+        assert entry["top1_agreement"] == 1.0 and entry["examples"] == 12, (fmt, entry)
+        assert entry["latency_input_shape"][0] == 1 and entry["latency"]["median_ms"] > 0
+    interpreter = export.litert_interpreter(str(output / "model.tflite"))
+    detail = interpreter.get_input_details()[0]
+    assert detail["dtype"] == np.uint8 and list(detail["shape_signature"])[1:] == [-1, -1, 3]
+    paths = sorted(str(p) for p in (images / "val").rglob("*.*"))
+    pictures = [np.asarray(Image.open(p).convert("RGB")) for p in paths]
+    assert len({picture.shape for picture in pictures}) > 1  # sizes differ
+    expected = prediction.Classifier.from_file(output / "model.keras").predict(pictures)
+    for name in ("model.tflite", "model.onnx"):
+        outputs = prediction.Classifier.from_file(output / name).predict(pictures)
+        np.testing.assert_allclose(outputs, expected, rtol=0, atol=1e-4, err_msg=name)
+    assert "raw RGB pixels" in (output / "report.md").read_text(encoding="utf-8")
 
 
 # The child: the command, killed (SIGKILL) right after the whole-net phase logged its

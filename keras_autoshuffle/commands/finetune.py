@@ -2,6 +2,7 @@
 
     autoshuffle-finetune photos/ --output runs/photos
     autoshuffle-finetune photos/ --output runs/photos --width 0.5 --int8
+    autoshuffle-finetune photos/ --output runs/photos --include-preprocessing
 
 `photos/` holds one subfolder per class (or train/ and val/, each with one per class).
 Writes into --output: model.keras, labels.txt, preprocessing.json, model.tflite (and
@@ -105,6 +106,12 @@ def parser() -> argparse.ArgumentParser:
         "--int8", action="store_true", help="also a full-integer model_int8.tflite, checked"
     )
     p.add_argument(
+        "--include-preprocessing",
+        action="store_true",
+        help="exported files take raw uint8 RGB pixels of any size (resize, crop, normalise "
+        "inside); not with --int8",
+    )
+    p.add_argument(
         "--skip-damaged", action="store_true", help="skip damaged images (counted) instead"
     )
     p.add_argument("--overwrite", action="store_true", help="replace a finished run")
@@ -139,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             export_formats=_formats(args.export_formats),
             int8=args.int8,
+            include_preprocessing=args.include_preprocessing,
             skip_damaged=args.skip_damaged,
             overwrite=args.overwrite,
             verbose=args.verbose,

@@ -667,6 +667,10 @@ class ImageFolderData(EpochData):
         """The number of examples."""
         return len(self.examples)
 
+    def path(self, index: int) -> str:
+        """The file of example `index` (an index into `examples`), as an absolute path."""
+        return os.path.join(self.root, *self.examples[index][0].split("/"))
+
     def subset(self, count: int) -> "ImageFolderData":
         """The first `count` examples (smoke tests).
 
@@ -694,9 +698,7 @@ class ImageFolderData(EpochData):
                 "only. Use eval_dataset, or epoch_dataset(..., training=False). "
                 "Received: training=True"
             )
-        paths = tf.constant(
-            [os.path.join(self.root, *path.split("/")) for path, _ in self.examples]
-        )
+        paths = tf.constant([self.path(i) for i in range(self.num_examples)])
         labels = tf.constant(self.labels)
         if training:
             order = epoch_permutation(self.num_examples, self.seed, epoch)

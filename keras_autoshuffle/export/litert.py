@@ -25,8 +25,11 @@ def litert_interpreter(path, batch=1, num_threads=None, shape=None):
 
 
 def litert_run(interpreter, inputs):
-    """Runs a single-input, single-output LiteRT interpreter on `inputs`."""
-    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], inputs)
+    """Runs a single-input, single-output LiteRT interpreter on `inputs`, cast to the
+    input's dtype (float32 pixel values to a raw-pixel file's uint8: exact for whole
+    numbers in [0, 255])."""
+    detail = interpreter.get_input_details()[0]
+    interpreter.set_tensor(detail["index"], np.asarray(inputs, dtype=detail["dtype"]))
     interpreter.invoke()
     return interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
 

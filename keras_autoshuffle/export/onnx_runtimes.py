@@ -74,8 +74,12 @@ def onnx_session(path, num_threads=None):
 
 
 def onnx_run(session, inputs):
-    """Runs a single-input, single-output ONNX Runtime session on `inputs`."""
-    return session.run(None, {session.get_inputs()[0].name: inputs})[0]
+    """Runs a single-input, single-output ONNX Runtime session on `inputs`, cast to the
+    input's dtype where it is uint8 (a raw-pixel file)."""
+    first = session.get_inputs()[0]
+    if first.type == "tensor(uint8)":
+        inputs = np.asarray(inputs, dtype="uint8")
+    return session.run(None, {first.name: inputs})[0]
 
 
 def onnx_outputs(path, inputs, num_threads=None):
@@ -139,7 +143,9 @@ def openvino_model(path, num_threads=None, batch=1, precision=OPENVINO_PRECISION
 
 
 def openvino_run(compiled, inputs):
-    """Runs a single-input, single-output compiled OpenVINO model on `inputs`."""
+    """Runs a single-input, single-output compiled OpenVINO model on `inputs`, cast to the
+    input's dtype (float32 pixel values to a raw-pixel file's uint8)."""
+    inputs = np.asarray(inputs, dtype=compiled.inputs[0].element_type.to_dtype())
     return compiled(inputs)[compiled.outputs[0]]
 
 

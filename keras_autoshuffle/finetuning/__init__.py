@@ -5,11 +5,18 @@ exported for phones (LiteRT, int8), ONNX Runtime and OpenVINO, and reported.
 - `network.py`: the network with its new head, the starting weights, what each phase
   freezes;
 - `evaluation.py`: each exported file measured on the validation images;
+- `raw_inputs.py`: the exported network with its preprocessing inside, for raw pixels of
+  any size;
 - `report.py`: the metrics, the confusion matrix, `report.json` and `report.md`.
 
 The `autoshuffle-finetune` command is `finetune()` on the command line.
 """
 
+from keras_autoshuffle.finetuning.raw_inputs import (
+    RawImagePreprocessing,
+    raw_input_formats,
+    raw_input_model,
+)
 from keras_autoshuffle.finetuning.run import finetune
 
-__all__ = ["finetune"]
+__all__ = ["RawImagePreprocessing", "finetune", "raw_input_formats", "raw_input_model"]

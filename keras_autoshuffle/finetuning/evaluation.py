@@ -1,5 +1,9 @@
 """Each exported file of a fine-tuning run measured on its validation images: accuracy,
-top-1 agreement with the Keras model, size and latency per image on this machine."""
+top-1 agreement with the Keras model, size and latency per image on this machine.
+
+`measure_files` runs files that take the network's normalised input on the validation
+pipeline's images; `measure_raw_files` runs files holding their preprocessing on the
+validation image files as decoded, through `prediction.Classifier` (as an app would)."""
 
 import os
 
@@ -60,5 +64,41 @@ def measure_files(files: dict, val_data, keras_probabilities: np.ndarray, input_
             "top1_agreement": float(np.mean(predicted == reference)),
             "examples": int(count),
             "latency": file_latency(path, fmt, (1, *input_shape), num_threads=1),
+        }
+    return results
+
+
+def measure_raw_files(
+    files: dict, val_data, keras_probabilities: np.ndarray, latency_shape: tuple[int, ...]
+) -> dict:
+    """As `measure_files`, for files that take raw pixels (`finetuning.raw_input_model`):
+    each is loaded with `prediction.Classifier.from_file` (its side files beside it) and
+    run on the validation image files themselves, one decoded image of its own size at a
+    time (the first MAX_CHECKED_IMAGES); the latency is of one uint8 image of
+    `latency_shape` (height, width, 3), recorded as the entry's "latency_input_shape"."""
+    from keras_autoshuffle.data.images import read_image
+    from keras_autoshuffle.prediction import Classifier
+
+    classifiers = {fmt: Classifier.from_file(path) for fmt, path in files.items()}
+    count = min(val_data.num_examples, MAX_CHECKED_IMAGES)
+    predictions = {fmt: [] for fmt in files}
+    for index in range(count):
+        image = read_image(val_data.path(index))
+        for fmt, classifier in classifiers.items():
+            predictions[fmt].append(int(np.argmax(classifier.predict([image])[0])))
+    labels = val_data.labels[:count]
+    reference = np.argmax(keras_probabilities[:count], axis=-1)
+    shape = (1, *(int(side) for side in latency_shape))
+    results = {}
+    for fmt, path in files.items():
+        predicted = np.asarray(predictions[fmt])
+        results[fmt] = {
+            "path": path,
+            "size_bytes": _size(path),
+            "accuracy": float(np.mean(predicted == labels)),
+            "top1_agreement": float(np.mean(predicted == reference)),
+            "examples": int(count),
+            "latency": file_latency(path, fmt, shape, num_threads=1, pixels=True),
+            "latency_input_shape": list(shape),
         }
     return results

@@ -287,13 +287,15 @@ def file_latency(
     num_threads: int = 1,
     warmup: int = 5,
     runs: int = 30,
+    pixels: bool = False,
 ) -> dict:
     """Milliseconds per image of an exported file on this machine, batch 1, with its runtime.
 
     The file is loaded with the package's runner of its format (LiteRT for "litert" and
     "int8", ONNX Runtime, OpenVINO's CPU plugin in float32), called `warmup` times untimed
     (allocation, and the thread pools of an earlier runtime settle), then `runs` times,
-    each call timed alone (wall clock), on one random float32 input (seed 0).
+    each call timed alone (wall clock), on one random input (seed 0): standard normal
+    float32 values, or with `pixels` uint8 values in [0, 255] (a file taking raw pixels).
 
     Args:
         path: the file: a `.tflite` ("litert", "int8"), a `.onnx` ("onnx"), an OpenVINO
@@ -304,6 +306,7 @@ def file_latency(
         num_threads: the runtime's threads (intra-op threads), >= 1.
         warmup: untimed calls before the timed ones, >= 0.
         runs: timed calls, >= 1.
+        pixels: the input is raw pixels (uint8) rather than a normalised image.
 
     Returns:
         `{"median_ms", "p90_ms"` (of the `runs` calls), `"runs", "num_threads"}`.
@@ -324,7 +327,12 @@ def file_latency(
     num_threads = _validation.positive_int(num_threads, "num_threads")
     warmup = _validation.non_negative_int(warmup, "warmup")
     runs = _validation.positive_int(runs, "runs")
-    x = np.random.default_rng(0).normal(size=shape).astype("float32")
+    _validation.choice(pixels, (False, True), "pixels")
+    rng = np.random.default_rng(0)
+    if pixels:
+        x = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    else:
+        x = rng.normal(size=shape).astype("float32")
     call = _runner(os.fspath(path), fmt, num_threads, shape)
     for _ in range(warmup):
         call(x)
@@ -530,6 +538,17 @@ def _files_lines(files: dict, output_dir: str, cpu: str) -> list[str]:
     if any(entry.get("latency") for entry in files.values()):
         lines += [
             f"Latency: one image (batch 1) at a time, on {_md(cpu)}; p90 in brackets.",
+            "",
+        ]
+    raw = [
+        entry["latency_input_shape"] for entry in files.values() if "latency_input_shape" in entry
+    ]
+    if raw:
+        height, width = raw[0][1:3]
+        lines += [
+            "The exported files take raw RGB pixels (uint8) of any size, their preprocessing "
+            f"inside: each latency is of one {height} x {width} image (the first validation "
+            "image), the preprocessing included.",
             "",
         ]
     return lines

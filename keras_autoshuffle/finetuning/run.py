@@ -34,7 +34,9 @@ from keras_autoshuffle import _atomic, _validation
 from keras_autoshuffle import export as export_lib
 from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, V2_WIDTHS
 from keras_autoshuffle.data.image_folder import image_folder
+from keras_autoshuffle.data.images import read_image
 from keras_autoshuffle.finetuning import evaluation, network
+from keras_autoshuffle.finetuning.raw_inputs import raw_input_model
 from keras_autoshuffle.finetuning.report import classification_metrics, cpu_name, write_report
 from keras_autoshuffle.training import exports as training_exports
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, read_json
@@ -83,6 +85,7 @@ def finetune(
     seed: int = 0,
     export_formats: tuple[str, ...] | None = None,
     int8: bool = False,
+    include_preprocessing: bool = False,
     skip_damaged: bool = False,
     overwrite: bool = False,
     verbose: int = 1,
@@ -120,6 +123,12 @@ def finetune(
         int8: also `model_int8.tflite`, full-integer, calibrated on training images and
             checked against the float model on the validation images (refused, with the
             float files kept, past `export_model`'s limits).
+        include_preprocessing: the exported files (LiteRT, ONNX, OpenVINO) take raw RGB
+            pixels, uint8 (1, height, width, 3) of any size, and resize, crop and
+            normalise inside (`finetuning.raw_input_model`), so an app feeds decoded
+            camera or gallery images as they are; `preprocessing.json` says so.
+            `model.keras` still takes normalised images. Not with `int8`: the int8 file
+            quantizes the classifier alone.
         skip_damaged: skip (and count in the report) damaged images instead of stopping.
         overwrite: replace a finished run in `output_dir`.
         verbose: 0 silent, 1 progress bars, 2 one line per epoch.
@@ -146,11 +155,13 @@ def finetune(
         class_weights=class_weights,
         flip=flip,
         int8=int8,
+        include_preprocessing=include_preprocessing,
         verbose=verbose,
         pretrained=pretrained,
     )
     source = network.weights_source(weights)
-    formats = _check_formats(export_formats, int8)
+    include_preprocessing = options["include_preprocessing"]
+    formats = _check_formats(export_formats, options["int8"], include_preprocessing)
     output_dir = os.fspath(output_dir)
     replace = _finished(output_dir, overwrite)
     record = os.path.join(output_dir, SPLIT_FILE)
@@ -168,7 +179,7 @@ def finetune(
         clear_run(output_dir)
         split.save(record)
     _check_split(split, images, val_fraction, split_seed, output_dir)
-    _write_inputs(output_dir, split.class_names, options["image_size"])
+    _write_inputs(output_dir, split.class_names, options["image_size"], include_preprocessing)
     weighting = _class_weight(options["class_weights"], split.train_labels, len(split.class_names))
     settings = dict(
         model="v2",
@@ -231,11 +242,16 @@ def finetune(
             "val_fraction": split.val_fraction,
             "split_seed": split.split_seed,
             "seed": seed,
+            "include_preprocessing": include_preprocessing,
         },
     }
     probabilities = model.predict(val_data.eval_dataset(options["batch_size"]), verbose=0)
     report["validation"] = classification_metrics(val_data.labels, probabilities, split.class_names)
-    report.update(_export(model, output_dir, train_data, val_data, formats, int8, probabilities))
+    exported = (model, output_dir, train_data, val_data, formats, probabilities)
+    if include_preprocessing:
+        report.update(_export_raw_input(*exported))
+    else:
+        report.update(_export(*exported, options["int8"]))
     report["cpu"] = cpu_name()  # the latencies' machine
     report["written"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     write_report(output_dir, report)
@@ -267,13 +283,20 @@ def _check_arguments(pretrained, **given):
     options["class_weights"] = _validation.choice(
         given["class_weights"], CLASS_WEIGHTS, "class_weights"
     )
-    _validation.choice(given["flip"], (True, False), "flip")
-    _validation.choice(given["int8"], (True, False), "int8")
+    for name in ("flip", "int8", "include_preprocessing"):
+        options[name] = _validation.boolean(given[name], name)
+    if given["int8"] and given["include_preprocessing"]:
+        raise ValueError(
+            "The int8 file quantizes the classifier alone; with its preprocessing inside, the "
+            "resize itself would be quantized. Pass one of them (int8 with normalised inputs, "
+            "or float files that take raw pixels). Received: int8=True, "
+            "include_preprocessing=True"
+        )
     _validation.choice(given["verbose"], (0, 1, 2), "verbose")
     return options
 
 
-def _check_formats(export_formats, int8):
+def _check_formats(export_formats, int8, include_preprocessing=False):
     """The export formats: the given ones (each refused by name here where it cannot be
     written), or LiteRT and the installed ones of ONNX and OpenVINO."""
     if export_formats is None:
@@ -297,6 +320,12 @@ def _check_formats(export_formats, int8):
         raise ValueError(
             "`int8` makes a full-integer LiteRT file and checks it against the float one: "
             f"export LiteRT too. Received: int8=True, export_formats={formats}"
+        )
+    if include_preprocessing and not formats:
+        raise ValueError(
+            "`include_preprocessing` puts the preprocessing inside the exported files, and "
+            "none is exported (model.keras takes normalised images). Export LiteRT, ONNX or "
+            f"OpenVINO. Received: include_preprocessing=True, export_formats={formats}"
         )
     return formats
 
@@ -345,7 +374,7 @@ def _check_split(split, images, val_fraction, split_seed, output_dir):
         )
 
 
-def _write_inputs(output_dir, class_names, image_size):
+def _write_inputs(output_dir, class_names, image_size, include_preprocessing):
     """labels.txt (a class name per line, in output order) and preprocessing.json (what the
     exported files' inputs are), for `autoshuffle-predict` and apps."""
     names = "".join(f"{name}\n" for name in class_names)
@@ -360,7 +389,7 @@ def _write_inputs(output_dir, class_names, image_size):
             "resize_size": round(image_size * RESIZE_RATIO),
             "mean": list(IMAGENET_MEAN),
             "std": list(IMAGENET_STD),
-            "exports_include_preprocessing": False,
+            "exports_include_preprocessing": include_preprocessing,
         },
     )
 
@@ -430,7 +459,7 @@ def _run_phase(model_fn, recipe, run_dir, settings, train_data, val_data, seed, 
     )
 
 
-def _export(model, output_dir, train_data, val_data, formats, int8, probabilities):
+def _export(model, output_dir, train_data, val_data, formats, probabilities, int8):
     """`model.keras` and the folded exports with their checks (`training.exports`), then
     each file's accuracy on the validation images, agreement with Keras, size, latency."""
     sample = training_exports.check_savable(model, val_data, formats)
@@ -449,14 +478,45 @@ def _export(model, output_dir, train_data, val_data, formats, int8, probabilitie
     entries["files"] = evaluation.measure_files(
         files, val_data, probabilities, model.input_shape[1:]
     )
-    entries["files"]["keras"] = {
-        "path": written["keras"]["path"],
-        "size_bytes": os.path.getsize(written["keras"]["path"]),
-        "accuracy": float(np.mean(np.argmax(probabilities, -1) == val_data.labels)),
-        "top1_agreement": 1.0,
-    }
+    entries["files"]["keras"] = _keras_entry(written["keras"]["path"], probabilities, val_data)
     if int8_entry is not None:
         # In points, as `export_model`'s `max_accuracy_drop` is.
         drop = 100 * (int8_entry["float_accuracy"] - int8_entry["accuracy"])
         entries["int8"] = {**int8_entry, "accuracy_drop": drop}
     return entries
+
+
+def _keras_entry(path, probabilities, val_data):
+    """model.keras's entry: its accuracy is the run's validation accuracy."""
+    return {
+        "path": path,
+        "size_bytes": os.path.getsize(path),
+        "accuracy": float(np.mean(np.argmax(probabilities, -1) == val_data.labels)),
+        "top1_agreement": 1.0,
+    }
+
+
+def _export_raw_input(model, output_dir, train_data, val_data, formats, probabilities):
+    """The folded network with its preprocessing inside (`raw_input_model`) in `formats`,
+    each checked against the unfolded one's on a validation image as it is; `model.keras`
+    (normalised inputs); then each file run on the validation image files."""
+    del train_data  # no int8 calibration here
+    from keras_autoshuffle import folding
+
+    size = model.input_shape[1]
+    image = read_image(val_data.path(0))
+    inference = folding.fold_model(model, name=model.name) if folding.is_foldable(model) else model
+    export_lib.export_model(
+        raw_input_model(inference, size),
+        output_dir,
+        image[None],
+        formats=formats,
+        reference=raw_input_model(model, size),
+    )
+    # After the raw files: `export_model` keeps no earlier file of other inputs beside them.
+    keras_path = os.path.join(output_dir, export_lib.FILENAMES["keras"])
+    export_lib.save_keras(model, keras_path)
+    files = {fmt: os.path.join(output_dir, export_lib.FILENAMES[fmt]) for fmt in formats}
+    measured = evaluation.measure_raw_files(files, val_data, probabilities, image.shape)
+    measured["keras"] = _keras_entry(keras_path, probabilities, val_data)
+    return {"files": measured}
