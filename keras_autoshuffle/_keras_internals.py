@@ -37,6 +37,17 @@ def initial_epoch(model):
     return getattr(model, "_initial_epoch", None) or 0
 
 
+def build_before_fit(model, element_spec):
+    """Builds a compiled `model`'s metrics, loss state and optimizer for batches of
+    `element_spec` (a dataset's `(inputs, labels)` specs) before `fit`, as
+    `Trainer._symbolic_build` does. Without a distribution strategy, Keras's TensorFlow
+    trainer leaves this to the train function's first trace, whose creation of the
+    metrics' variables makes `tf.function` trace the step a second time: one more trace of
+    the whole network per `fit` (seconds for a ShuffleNet). No public API builds the
+    compiled metrics."""
+    model._symbolic_build(data_batch=tuple(element_spec))
+
+
 def drop_optimizer_variables(optimizer, kept):
     """Removes from a built optimizer the trainable variables whose id is not in `kept`.
 

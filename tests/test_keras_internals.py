@@ -63,6 +63,32 @@ def test_optimizer_variable_lists():
     assert inner in multi._inner_optimizers, "_inner_optimizers"
 
 
+def test_build_before_fit_traces_the_train_step_once():
+    """`_symbolic_build` builds the compiled metrics and the optimizer from a dataset's
+    specs, so `fit` traces the step once: without it, Keras's TensorFlow trainer traces it
+    twice (the first trace creates the metrics' variables)."""
+    import tensorflow as tf
+
+    def traces(build):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        count = []
+        step = model.train_step
+        model.train_step = lambda *args: count.append(1) or step(*args)
+        data = tf.data.Dataset.from_tensor_slices((np.ones((8, 3), "float32"), np.zeros(8)))
+        data = data.batch(4)
+        if build:
+            _require(model, "_symbolic_build")
+            internals.build_before_fit(model, data.element_spec)
+            assert model.optimizer.built and len(model.metrics_variables) == 4  # loss, accuracy
+        model.fit(data, epochs=2, verbose=0)
+        return len(count)
+
+    assert traces(build=True) == 1
+    if keras.backend.backend() == "tensorflow":  # what the helper is for
+        assert traces(build=False) == 2
+
+
 def test_initial_epoch_internal(tmp_path):
     def model():
         net = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])

@@ -15,6 +15,7 @@ import keras
 from keras_autoshuffle import _validation
 from keras_autoshuffle import export as export_lib
 from keras_autoshuffle._atomic import write_json
+from keras_autoshuffle._keras_internals import build_before_fit
 from keras_autoshuffle.callbacks import HardenShuffles, evaluate_accuracy
 from keras_autoshuffle.data import EpochCounter
 from keras_autoshuffle.losses import SmoothedSparseCrossentropy
@@ -358,6 +359,9 @@ def _fit(job):
             jit_compile=job.jit_compile,
         )
     counter = EpochCounter()
+    train_data = job.train_data.fit_dataset(recipe.batch_size, counter)
+    with job.strategy.scope():
+        build_before_fit(model, train_data.element_spec)  # the step traced once, not twice
     test = job.test_data.eval_dataset(recipe.batch_size)
     hardening = HardenShuffles(
         validation_data=test,
@@ -367,7 +371,7 @@ def _fit(job):
         time_limit=job.time_limit,
     )
     model.fit(
-        job.train_data.fit_dataset(recipe.batch_size, counter),
+        train_data,
         epochs=recipe.epochs,
         validation_data=test,
         callbacks=[counter.callback(), *job.callbacks(hardening)],
