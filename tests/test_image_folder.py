@@ -652,3 +652,80 @@ def test_training_decodes_large_jpegs_smaller_and_evaluation_does_not(tmp_path):
         np.testing.assert_allclose(image, expected, atol=2e-5)
     with pytest.raises(ValueError, match="min_side"):
         data.decode_rgb(tf.constant(b""), min_side=0)
+
+
+# -- the decoded-image cache ----------------------------------------------------------
+
+
+def test_cached_training_images_are_the_decoded_ones_shrunk(tmp_path):
+    """Each cached image is the training decode shrunk to a shorter side of
+    `decode_min_side` (32 here): Pillow's antialiased bilinear resize of it (the same
+    triangle filter) within 2 levels; an image no larger is cached as decoded, exactly; a
+    training epoch from the cache is the random-resized crops of those pixels."""
+    for name, (size, _) in SCALED.items():
+        image = _photo(size[1], size[0], seed=len(name))
+        _save(tmp_path / name, image, **({"quality": 90} if name.endswith(".jpg") else {}))
+    _save(tmp_path / "b" / "tiny.png", Image.fromarray(_pixels(20, 30, seed=3)))
+    names = [*SCALED, "b/tiny.png"]
+    examples = [(name, i % 2) for i, name in enumerate(names)]
+    train = data.ImageFolderData(tmp_path, examples, 2, image_size=16, seed=5)
+    train.cache_images(tmp_path / "cache")
+    assert train.cached
+    files = sorted(os.listdir(tmp_path / "cache"))
+    assert len(files) == len(names)
+    cached, shrunk = {}, {}
+    for name in names:
+        decoded = data.decode_rgb(tf.constant((tmp_path / name).read_bytes()), min_side=32)
+        decoded = decoded.numpy()
+        height, width = decoded.shape[:2]
+        scale = min(1.0, 32 / min(height, width))
+        size = (round(width * scale), round(height * scale))
+        expected = np.asarray(Image.fromarray(decoded).resize(size, Image.BILINEAR))
+        cached[name] = expected if scale < 1 else decoded
+        shrunk[name] = scale < 1
+    epoch = list(train.epoch_dataset(0, batch_size=len(names)))[0][0].numpy()
+    order = data.epoch_permutation(len(names), 5, 0).numpy()
+    for image, index in zip(epoch, order, strict=True):
+        name = examples[index][0]
+        # The crop's box depends on the image's shape only: the cached shape is Pillow's.
+        seed = data.example_seed(5, 0, index)
+        crop = data.random_resized_crop(tf.constant(cached[name]), seed, 16).numpy()
+        tolerance = 2.5 / 255 / STD.min() if shrunk[name] else 1e-5  # 2 levels, or exact
+        np.testing.assert_allclose(image, (crop / 255 - MEAN) / STD, atol=tolerance, err_msg=name)
+
+
+def test_the_cache_is_reused_and_a_damaged_file_rewritten(tmp_path, monkeypatch):
+    train, _ = _train_data(tmp_path / "images")
+    uncached = _epoch(train, 1)
+    cache = tmp_path / "cache"
+    train.cache_images(cache)
+    # Images no larger than decode_min_side: the cached epoch is the uncached one.
+    for (x, y), (x2, y2) in zip(uncached, _epoch(train, 1), strict=True):
+        np.testing.assert_array_equal(x, x2)
+        np.testing.assert_array_equal(y, y2)
+    files = sorted(cache.iterdir())
+    stamps = {f: f.stat().st_mtime_ns for f in files}
+    damaged = files[0]
+    damaged.write_bytes(damaged.read_bytes()[:-5])  # a kill mid-write, say
+    again = data.ImageFolderData(*_same(train))
+    again.cache_images(cache)
+    assert [f.stat().st_mtime_ns == stamps[f] for f in files] == [False] + [True] * (len(files) - 1)
+    for (x, _), (x2, _) in zip(uncached, _epoch(again, 1), strict=True):
+        np.testing.assert_array_equal(x, x2)
+    # An edited image gets a new cache file.
+    path = train.path(0)
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 10**9))
+    again.cache_images(cache)
+    assert len(list(cache.iterdir())) == len(files) + 1
+    # No room: refused up front, naming the folder and what to do; nothing written.
+    monkeypatch.setattr(data.image_cache, "DISK_MARGIN_BYTES", 2**62)
+    with pytest.raises(data.image_cache.ImageCacheError, match="cache_images=False") as caught:
+        data.ImageFolderData(*_same(train)).cache_images(tmp_path / "other")
+    assert str(tmp_path / "other") in str(caught.value)
+    assert not any((tmp_path / "other").iterdir())
+    with pytest.raises(ValueError, match="training=False"):
+        data.ImageFolderData(train.root, train.examples, 2, 16, training=False).cache_images(cache)
+
+
+def _same(train):
+    return train.root, train.examples, train.num_classes, train.image_size, train.flip, True, 7

@@ -112,6 +112,11 @@ def parser() -> argparse.ArgumentParser:
         "inside); not with --int8",
     )
     p.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="decode every image every epoch instead of once into OUTPUT/image_cache/",
+    )
+    p.add_argument(
         "--skip-damaged", action="store_true", help="skip damaged images (counted) instead"
     )
     p.add_argument("--overwrite", action="store_true", help="replace a finished run")
@@ -124,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     exits with status 2 and a one-line error on bad input."""
     args = parser().parse_args(argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
+    from keras_autoshuffle.data.image_cache import ImageCacheError
     from keras_autoshuffle.finetuning import finetune
     from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 
@@ -147,11 +153,12 @@ def main(argv: list[str] | None = None) -> int:
             export_formats=_formats(args.export_formats),
             int8=args.int8,
             include_preprocessing=args.include_preprocessing,
+            cache_images=not args.no_cache,
             skip_damaged=args.skip_damaged,
             overwrite=args.overwrite,
             verbose=args.verbose,
         )
-    except (ValueError, RunDirectoryError) as error:
+    except (ValueError, RunDirectoryError, ImageCacheError) as error:
         print(f"autoshuffle-finetune: error: {error}", file=sys.stderr)
         return 2
     print(summary(report))

@@ -31,6 +31,7 @@ import tensorflow as tf
 from keras_autoshuffle import _atomic, _validation, applications
 from keras_autoshuffle._resize_crop import MAX_ASPECT_RATIO
 from keras_autoshuffle.data import transforms
+from keras_autoshuffle.data.image_cache import build_image_cache, read_cached
 from keras_autoshuffle.data.images import (
     IMAGE_EXTENSIONS,
     MAX_PIXELS,
@@ -601,8 +602,10 @@ class ImageFolderData(EpochData):
     Training: the files in `epoch_permutation(seed, epoch)`'s order, each decoded (a large
     JPEG at 1/2, 1/4 or 1/8 scale, by libjpeg, its shorter side kept at
     `TRAINING_DECODE_FACTOR * image_size` pixels or more: `decode_rgb(..., min_side)`),
-    then a random-resized crop to `image_size` (and a random horizontal flip unless `flip`
-    is False), scaled to [0, 1] and normalised with ImageNet's mean and standard deviation.
+    or, after `cache_images`, its pixels read from the cache (decoded once, the shorter
+    side shrunk to `decode_min_side` at most); then a random-resized crop to `image_size`
+    (and a random horizontal flip unless `flip` is False), scaled to [0, 1] and
+    normalised with ImageNet's mean and standard deviation.
     Evaluation: the files in order, `applications.evaluation_preprocessing(image_size)`'s
     transform (resize the shorter side, crop the centre, normalise): the same pixels.
     Files are read and decoded in parallel, in a deterministic order, and the batches
@@ -651,6 +654,7 @@ class ImageFolderData(EpochData):
             if not isinstance(value, bool):
                 raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
         self.flip, self.training = flip, training
+        self._cached = None  # (cache file, height, width) per example, by cache_images
         self.root = os.path.abspath(root)  # read later, wherever the working folder is
         self.examples = tuple((str(path), int(label)) for path, label in examples)
         if not self.examples:
@@ -667,6 +671,33 @@ class ImageFolderData(EpochData):
         """The number of examples."""
         return len(self.examples)
 
+    def cache_images(self, folder: str | os.PathLike) -> None:
+        """Decodes the training images once into `folder` (`data.image_cache`), each
+        shrunk to a shorter side of at most `decode_min_side`; training epochs then read
+        the cached pixels instead of decoding the files. A cache left by a killed run is
+        completed, not rebuilt. Evaluation still decodes the files (the exact pixels of
+        `evaluation_preprocessing`).
+
+        Args:
+            folder: the cache folder (created).
+
+        Raises:
+            ValueError: a validation split (training=False).
+            image_cache.ImageCacheError: `folder` is a file, or the disk lacks room.
+        """
+        if not self.training:
+            raise ValueError(
+                "Only training images are cached (evaluation decodes the files). "
+                "Received: training=False"
+            )
+        paths = [self.path(i) for i in range(self.num_examples)]
+        self._cached = build_image_cache(paths, folder, self.decode_min_side)
+
+    @property
+    def cached(self) -> bool:
+        """Whether training epochs read cached pixels (`cache_images`)."""
+        return self._cached is not None
+
     def path(self, index: int) -> str:
         """The file of example `index` (an index into `examples`), as an absolute path."""
         return os.path.join(self.root, *self.examples[index][0].split("/"))
@@ -681,7 +712,7 @@ class ImageFolderData(EpochData):
             An `ImageFolderData` with the same settings.
         """
         count = _validation.positive_int(count, "count")
-        return ImageFolderData(
+        subset = ImageFolderData(
             self.root,
             self.examples[:count],
             self.num_classes,
@@ -690,6 +721,8 @@ class ImageFolderData(EpochData):
             self.training,
             self.seed,
         )
+        subset._cached = None if self._cached is None else self._cached[:count]
+        return subset
 
     def _examples(self, epoch, training):
         if training and not self.training:
@@ -705,7 +738,15 @@ class ImageFolderData(EpochData):
         else:
             order = tf.range(self.num_examples)
 
+        if training and self._cached is not None:
+            files = tf.constant([file for file, _, _ in self._cached])
+            shapes = tf.constant([[h, w] for _, h, w in self._cached], tf.int32)
+
         def load(index):
+            if training and self._cached is not None:
+                contents = tf.io.read_file(tf.gather(files, index))
+                image = read_cached(contents, tf.gather(shapes, index))
+                return image, tf.gather(labels, index), index
             contents = tf.io.read_file(tf.gather(paths, index))
             # Evaluation: the full image, for evaluation_preprocessing's exact pixels.
             image = decode_rgb(contents, self.decode_min_side if training else None)

@@ -45,7 +45,7 @@ from keras_autoshuffle.training.loops import train
 from keras_autoshuffle.training.recipes import Recipe
 
 SPLIT_FILE, LABELS_FILE, PREPROCESSING_FILE = "split.json", "labels.txt", "preprocessing.json"
-HEAD_DIR, ALL_DIR = "train_head", "train_all"
+HEAD_DIR, ALL_DIR, CACHE_DIR = "train_head", "train_all", "image_cache"
 REPORT_FILE = "report.json"
 # Every file and folder a run writes (`overwrite` removes them all, nothing else).
 RUN_FILES = (
@@ -56,6 +56,7 @@ RUN_FILES = (
     export_lib.INT8_FILENAME,
     HEAD_DIR,
     ALL_DIR,
+    CACHE_DIR,
     PREPROCESSING_FILE,
     LABELS_FILE,
     SPLIT_FILE,
@@ -86,6 +87,7 @@ def finetune(
     export_formats: tuple[str, ...] | None = None,
     int8: bool = False,
     include_preprocessing: bool = False,
+    cache_images: bool = True,
     skip_damaged: bool = False,
     overwrite: bool = False,
     verbose: int = 1,
@@ -129,6 +131,10 @@ def finetune(
             camera or gallery images as they are; `preprocessing.json` says so.
             `model.keras` still takes normalised images. Not with `int8`: the int8 file
             quantizes the classifier alone.
+        cache_images: decode the training images once into `image_cache/` in
+            `output_dir` (`data.image_cache`: raw pixels, the shorter side at most twice
+            `image_size`; refused up front if the disk lacks room) and train from it;
+            removed when the run finishes. False decodes every file every epoch.
         skip_damaged: skip (and count in the report) damaged images instead of stopping.
         overwrite: replace a finished run in `output_dir`.
         verbose: 0 silent, 1 progress bars, 2 one line per epoch.
@@ -156,6 +162,7 @@ def finetune(
         flip=flip,
         int8=int8,
         include_preprocessing=include_preprocessing,
+        cache_images=cache_images,
         verbose=verbose,
         pretrained=pretrained,
     )
@@ -188,7 +195,10 @@ def finetune(
         image_size=options["image_size"],
         flip=options["flip"],
         images=_digest(split.to_json()),
+        image_cache=options["cache_images"],
     )
+    if options["cache_images"] and not _finished_phases(output_dir, options["head_epochs"]):
+        train_data.cache_images(os.path.join(output_dir, CACHE_DIR))
     phase = dict(
         train_data=train_data,
         val_data=val_data,
@@ -255,6 +265,7 @@ def finetune(
     report["cpu"] = cpu_name()  # the latencies' machine
     report["written"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     write_report(output_dir, report)
+    _atomic.remove(os.path.join(output_dir, CACHE_DIR))  # a speed-up of training only
     return report
 
 
@@ -283,7 +294,7 @@ def _check_arguments(pretrained, **given):
     options["class_weights"] = _validation.choice(
         given["class_weights"], CLASS_WEIGHTS, "class_weights"
     )
-    for name in ("flip", "int8", "include_preprocessing"):
+    for name in ("flip", "int8", "include_preprocessing", "cache_images"):
         options[name] = _validation.boolean(given[name], name)
     if given["int8"] and given["include_preprocessing"]:
         raise ValueError(
@@ -392,6 +403,12 @@ def _write_inputs(output_dir, class_names, image_size, include_preprocessing):
             "exports_include_preprocessing": include_preprocessing,
         },
     )
+
+
+def _finished_phases(output_dir, head_epochs):
+    """Whether every phase of the run in `output_dir` is finished (nothing to cache for)."""
+    phases = [ALL_DIR] + ([HEAD_DIR] if head_epochs else [])
+    return all(os.path.exists(os.path.join(output_dir, d, REPORT_FILE)) for d in phases)
 
 
 def _class_weight(rule, labels, classes):

@@ -44,10 +44,10 @@ class RunIdentity:
         sinkhorn_iterations, shuffle_initializer, shuffle_forward, max_train_examples: the
             command line's too.
         label_smoothing, class_weights: the loss (`train()`'s).
-        base_weights, frozen, image_size, flip, images: a fine-tuning's (`finetuning`):
-            the starting weights (their SHA-256 for a file), what is frozen ("base",
-            "batch_norm" or None), the input side, the flips, the SHA-256 of the image
-            split's record.
+        base_weights, frozen, image_size, flip, images, image_cache: a fine-tuning's
+            (`finetuning`): the starting weights (their SHA-256 for a file), what is
+            frozen ("base", "batch_norm" or None), the input side, the flips, the SHA-256
+            of the image split's record, whether training reads cached decoded images.
     """
 
     learning_rates: tuple = ()
@@ -87,6 +87,7 @@ class RunIdentity:
     image_size: int | None = None
     flip: bool | None = None
     images: str | None = None
+    image_cache: bool | None = None
 
     @classmethod
     def make(cls, settings, **fields):
