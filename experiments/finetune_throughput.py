@@ -12,8 +12,11 @@ slow spell of the machine reaches every measurement):
   (smooth gradients, sharp-edged patches and noise, JPEG quality 90, written with Pillow)
   of each `--photos` size; each with the training decode ("scaled": libjpeg's DCT
   scaling, `data.image_folder.TRAINING_DECODE_FACTOR`) and the full decode it replaced
-  ("full", the decode before issue 40's change: `decode_min_side = None`). The files are
-  in the page cache after the warm-up (a first epoch reads them from disk);
+  ("full", the decode before issue 40's change: `decode_min_side = None`), and from the
+  decoded-image cache `autoshuffle-finetune` trains from ("cached":
+  `ImageFolderData.cache_images`, built once before the rounds, its build time
+  recorded). The files are in the page cache after the warm-up (a first epoch reads
+  them from disk);
 - the training steps of `autoshuffle-finetune` on one in-memory batch (the step without
   the pipeline): phase 1 (`network.FROZEN_BASE`: the head trains) and phase 2
   (`network.FROZEN_BATCH_NORM`: all but BatchNormalization) of ShuffleNet v2 of each
@@ -27,12 +30,14 @@ slow spell of the machine reaches every measurement):
 Rows (JSON, rewritten after every round, so a killed run leaves its rounds so far): the
 median images/s of each measurement with its per-round values, the paired ratios (per
 round, median and 95% bootstrap interval, `experiments.timing.paired_ratio`): scaled over
-full decode, and pipeline over step for each width, phase and photo size, with whether it
-reaches the issue's 3x; and the machine (lscpu's CPU model, cores, TensorFlow and Keras
-versions, oneDNN, the load average at each round: the machine is shared).
+full decode, cached over scaled, and pipeline over step for each width, phase, photo size
+and decode (scaled, cached), with whether it reaches the issue's 3x; and the machine
+(lscpu's CPU model, cores, TensorFlow and Keras versions, oneDNN, the load average at
+each round: the machine is shared).
 """
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -44,6 +49,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
 
+DECODES = ("cached", "scaled", "full")
 TARGET = 3.0  # the issue: the pipeline delivers at least 3x the step's images/s
 CLASSES = 10
 DEFAULT_PHOTOS = ("1600x1200:200", "640x480:200", "4000x3000:64")
@@ -201,7 +207,7 @@ def summarise(samples, counts, photos, widths, min_side):
     per_image = {name: [s / counts[name] for s in seconds] for name, seconds in samples.items()}
     rows = []
     for width, height, _ in photos:
-        for decode in ("scaled", "full"):
+        for decode in DECODES:
             name = ("pipeline", f"{width}x{height}", decode)
             ratio = expected_ratio(width, height, min_side) if decode == "scaled" else 1
             rows.append(
@@ -209,7 +215,7 @@ def summarise(samples, counts, photos, widths, min_side):
                     "measure": "pipeline",
                     "photo": f"{width}x{height}",
                     "decode": decode,
-                    "jpeg_scale": f"1/{ratio}",
+                    "jpeg_scale": None if decode == "cached" else f"1/{ratio}",
                     "images_per_round": counts[name],
                     "images_per_s": median_summary(rate[name]),
                 }
@@ -237,10 +243,20 @@ def summarise(samples, counts, photos, widths, min_side):
                 "ratio": _rounded(found),
             }
         )
+        cached = per_image[("pipeline", f"{width}x{height}", "cached")]
+        rows.append(
+            {
+                "measure": "cached_over_scaled_decode",
+                "photo": f"{width}x{height}",
+                "ratio": _rounded(paired_ratio(scaled, cached)),
+            }
+        )
     for width in widths:
         for phase in (1, 2):
-            for photo_width, photo_height, _ in photos:
-                pipeline = per_image[("pipeline", f"{photo_width}x{photo_height}", "scaled")]
+            for (photo_width, photo_height, _), decode in itertools.product(
+                photos, ("scaled", "cached")
+            ):
+                pipeline = per_image[("pipeline", f"{photo_width}x{photo_height}", decode)]
                 found = paired_ratio(per_image[("step", width, phase)], pipeline)
                 rows.append(
                     {
@@ -248,7 +264,7 @@ def summarise(samples, counts, photos, widths, min_side):
                         "width": width,
                         "phase": phase,
                         "photo": f"{photo_width}x{photo_height}",
-                        "decode": "scaled",
+                        "decode": decode,
                         "ratio": _rounded(found),
                         "meets_target": None if found is None else bool(found[0] >= TARGET),
                     }
@@ -334,10 +350,16 @@ def main(argv=None):
 
     with reproducible_steps():  # as training.train runs the steps and the pipeline
         for key, (root, examples) in folders.items():
-            for decode in ("scaled", "full"):
+            for decode in DECODES:
                 train = data.ImageFolderData(root, examples, 2, image_size=args.size, seed=1)
                 if decode == "full":
                     train.decode_min_side = None  # the decode before issue 40's change
+                if decode == "cached":
+                    cache = os.path.join(args.folder, f"cache_{key}_{args.size}")
+                    start = time.perf_counter()
+                    train.cache_images(cache)
+                    seconds = time.perf_counter() - start
+                    document.setdefault("cache_build_s", {})[key] = round(seconds, 2)
                 name = ("pipeline", key, decode)
                 functions[name] = pipeline(name, train)
                 counts[name] = train.steps(args.batch) * args.batch

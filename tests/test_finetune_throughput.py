@@ -72,11 +72,13 @@ def test_photos_are_written_once_in_two_classes(tmp_path):
 def test_rows_hold_images_per_second_and_paired_ratios(tmp_path):
     photos, widths = [(1600, 1200, 64)], [0.5]
     pipe_full, pipe_scaled = ("pipeline", "1600x1200", "full"), ("pipeline", "1600x1200", "scaled")
+    pipe_cached = ("pipeline", "1600x1200", "cached")
     step1, step2 = ("step", 0.5, 1), ("step", 0.5, 2)
-    counts = {pipe_full: 64, pipe_scaled: 64, step1: 32, step2: 32}
+    counts = {pipe_full: 64, pipe_scaled: 64, pipe_cached: 64, step1: 32, step2: 32}
     samples = {  # seconds per round, three rounds
         pipe_full: [4.0, 2.0, 8.0],
         pipe_scaled: [1.0, 1.0, 2.0],
+        pipe_cached: [0.25, 0.5, 0.5],
         step1: [0.5, 0.25, 1.0],
         step2: [2.0, 1.0, 4.0],
     }
@@ -93,6 +95,11 @@ def test_rows_hold_images_per_second_and_paired_ratios(tmp_path):
     phase1, phase2 = (by[("pipeline_over_step", "scaled", p)] for p in (1, 2))
     assert phase1["ratio"]["median"] == 1.0 and phase1["meets_target"] is False
     assert phase2["ratio"]["median"] == 4.0 and phase2["meets_target"] is True
+    # Cached: 256, 128, 128 images/s; over scaled 4, 2, 4; over the phase 1 step 4, 2, 4.
+    assert by[("pipeline", "cached", None)]["jpeg_scale"] is None
+    assert by[("cached_over_scaled_decode", None, None)]["ratio"]["median"] == 4.0
+    cached1 = by[("pipeline_over_step", "cached", 1)]
+    assert cached1["ratio"]["median"] == 4.0 and cached1["meets_target"] is True
     path = tmp_path / "rows" / "out.json"
     bench.write_rows(str(path), {"rows": rows})
     assert json.loads(path.read_text()) == {"rows": rows}
