@@ -5,8 +5,9 @@ The job: a tiny ShuffleNet v2 (16x16 inputs), 32 training and 16 test images, tw
 epochs of two steps, SavedModel and LiteRT export. A child process runs it and sends
 itself SIGKILL at a named instant (CHILD's kill points: the child wraps a package function,
 the package holds no test hook): in an epoch, between the two moves of a backup write, in
-the hardening, before each export file moves into place, and after `report.json`, the
-last file. The rerun then runs in the test process.
+the hardening, before each export file moves into place (these four in turn, each child
+resuming the run the one before left), and after `report.json`, the last file. The rerun
+then runs in the test process.
 
 A child starts from scratch or from a copy of the uninterrupted run's folder at the end
 of an epoch (`reference`'s snapshots; a run killed after its training left that folder),
@@ -235,15 +236,21 @@ def test_killed_between_the_moves_of_a_backup_resumes_after_that_epoch(tmp_path,
     _finish_and_compare(tmp_path, out, reference, resumes_at=EPOCHS)
 
 
-@pytest.mark.parametrize(
-    "point", ["hardening", "export:keras", "export:saved_model", "export:litert"]
-)
-def test_killed_after_training_redoes_only_what_came_after(tmp_path, reference, point):
+# The instants after training, in the order a run reaches them: the shuffles hardened in
+# memory, then each export file written but not yet moved into place.
+AFTER_TRAINING = ("hardening", "export:keras", "export:saved_model", "export:litert")
+
+
+def test_killed_after_training_at_each_instant_redoes_only_what_came_after(tmp_path, reference):
+    """A child killed at each instant after training in turn, each resuming from what the
+    one before left (a kill at one instant, then at the next): none trains an epoch again,
+    and the last rerun ends as the uninterrupted run."""
     out = _from_snapshot(tmp_path, reference, EPOCHS)
-    _kill_at(tmp_path, out, point)
-    assert _epochs_trained(tmp_path) == []  # the child trained nothing
-    assert (out / ft.BACKUP / ft.WEIGHTS_FILE).exists()
-    assert not (out / "report.json").exists()
+    for point in AFTER_TRAINING:
+        _kill_at(tmp_path, out, point)
+        assert _epochs_trained(tmp_path) == [], point  # the children trained nothing
+        assert (out / ft.BACKUP / ft.WEIGHTS_FILE).exists(), point
+        assert not (out / "report.json").exists(), point
     _finish_and_compare(tmp_path, out, reference, resumes_at=EPOCHS)
 
 

@@ -100,6 +100,25 @@ def test_rows_hold_images_per_second_and_paired_ratios(tmp_path):
     assert by[("cached_over_scaled_decode", None, None)]["ratio"]["median"] == 4.0
     cached1 = by[("pipeline_over_step", "cached", 1)]
     assert cached1["ratio"]["median"] == 4.0 and cached1["meets_target"] is True
+    document = {
+        "rows": rows,
+        "command": "python -m experiments.finetune_throughput",
+        "rounds_done": 3,
+        "environment": {"cpu": "x", "cores": 2, "tensorflow": "2", "onednn": "off"},
+        "settings": {
+            "target": 3.0,
+            "photos": ["1600x1200:64"],
+            "widths": [0.5],
+            "size": 224,
+            "batch": 32,
+            "jpeg_quality": 90,
+        },
+    }
+    text = bench.page(document)
+    # Cached over the steps: phase 1 4x [2, 4], phase 2 16x: both by the median, one by
+    # the interval's lower end.
+    assert "in 2 of 2 cases (widths, phases, photo sizes) by the median ratio, 1 by" in text
+    assert "| 1600x1200 | 128.0 | 64.0 | 16.0 |" in text
     path = tmp_path / "rows" / "out.json"
     bench.write_rows(str(path), {"rows": rows})
     assert json.loads(path.read_text()) == {"rows": rows}
