@@ -208,6 +208,7 @@ def _real(builder):
     return lambda **kwargs: builder(0.5, **kwargs)
 
 
+@pytest.mark.tensorflow_only(reason="layer names and graph: one functional model on every backend")
 @pytest.mark.parametrize(
     "build, repeats, family, stem, kwargs",
     [
@@ -489,6 +490,7 @@ def test_public_builders_are_written_out_defs_sharing_their_common_arguments():
     assert RelaxedShuffle().constraint.sinkhorn_iterations == 10
 
 
+@pytest.mark.tensorflow_only(reason="model names: the same on every backend")
 def test_default_model_names():
     assert tiny_v1().name == "shufflenet_v1_g3_x1_0"
     assert tiny_v1(shuffle="auto", groups=8).name == "autoshufflenet_v1_g8_x1_0"
@@ -755,6 +757,7 @@ def layer_configs(model):
     return [json.dumps(layer.get_config()) for layer in model.layers[1:]]
 
 
+@pytest.mark.tensorflow_only(reason="argument checks, not computation")
 def test_numpy_numbers_are_accepted_as_python_ones():
     # A value read from an array or a config (`np.int64(3)`) is an integer too.
     i = np.int64
