@@ -77,6 +77,7 @@ def test_a_run_writes_the_model_its_labels_exports_and_report(run):
     expected |= {"report.md", "confusion_matrix.png", "model.tflite", "model_int8.tflite"}
     expected |= {"model.onnx", "openvino", "train_all"}
     assert expected <= names, names
+    assert "image_cache" not in names  # training's only, removed before the exports
     assert (output / "labels.txt").read_text(encoding="utf-8").splitlines() == list(CLASSES)
     assert json.loads((output / "report.json").read_text()) == json.loads(json.dumps(report))
     assert report["data"]["train_examples"] == 24 and report["data"]["val_examples"] == 12

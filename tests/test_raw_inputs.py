@@ -111,6 +111,9 @@ def test_litert_file_takes_any_size(model, tmp_path):
         outputs = export.litert_run(interpreter, images)
         expected = keras.ops.convert_to_numpy(model(images))
         np.testing.assert_allclose(outputs, expected, rtol=0, atol=FILE_TOLERANCE)
+    # Normalised floats are not pixels: refused, not wrapped into uint8.
+    with pytest.raises(ValueError, match="raw pixels.*Received: inputs from"):
+        export.litert_run(interpreter, images.astype("float32") / 255 - 0.5)
     ops = operators(path)
     assert {"WHILE", "GATHER"} <= ops and "CUSTOM" not in ops, ops  # Flex ops are CUSTOM
 

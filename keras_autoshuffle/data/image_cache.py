@@ -9,8 +9,10 @@ most `min_side` pixels (the training decode's least side, twice the network's in
 random-resized crop then reads a few hundred kilobytes of pixels, no decoding.
 
 A cache file is `MAGIC`, the height and width (two native int32) and the RGB pixels
-(uint8, row-major). Its name is a hash of the image file's path, size and modification
-time and of `min_side`, so an edited image gets a new file. Each file is written
+(uint8, row-major). Its name is a hash of the image file's path, size, inode, modification
+and change times and of `min_side`, so an image edited or replaced in place gets a new
+file (an edit that restores all of them is not seen: the cache is the run's own, not a
+user's file). Each file is written
 atomically; a cache killed while it was being built is completed by the next build,
 which checks every existing file's header and size and rewrites a damaged one.
 """
@@ -54,7 +56,11 @@ def _shrink(image, min_side):
 
 def _name(path, min_side):
     status = os.stat(path)
-    identity = f"{os.path.abspath(path)}\0{status.st_size}\0{status.st_mtime_ns}\0{min_side}"
+    # The inode's change time too: a copy that keeps the modification time (cp -p) has a new one.
+    identity = (
+        f"{os.path.abspath(path)}\0{status.st_size}\0{status.st_mtime_ns}\0"
+        f"{status.st_ino}\0{status.st_ctime_ns}\0{min_side}"
+    )
     return hashlib.sha256(identity.encode("utf-8", "surrogateescape")).hexdigest()[:40] + SUFFIX
 
 

@@ -24,12 +24,31 @@ def litert_interpreter(path, batch=1, num_threads=None, shape=None):
     return interpreter
 
 
+def cast_inputs(inputs, dtype):
+    """`inputs` as `dtype`, the input dtype of a file: for an integer dtype (a raw-pixel
+    file's uint8) only where every value survives the cast (whole numbers in its range),
+    else ValueError naming both dtypes: normalised floats fed to a raw-pixel file would wrap
+    into wrong predictions."""
+    inputs = np.asarray(inputs)
+    dtype = np.dtype(dtype)
+    if inputs.dtype == dtype or dtype.kind == "f":
+        return inputs.astype(dtype, copy=False)
+    cast = inputs.astype(dtype)
+    if not np.array_equal(cast, inputs):
+        raise ValueError(
+            f"The model file takes {dtype} values (raw pixels); these {inputs.dtype} inputs "
+            f"are not all whole numbers in its range. Feed decoded pixel values. Received: "
+            f"inputs from {inputs.min()} to {inputs.max()}"
+        )
+    return cast
+
+
 def litert_run(interpreter, inputs):
     """Runs a single-input, single-output LiteRT interpreter on `inputs`, cast to the
     input's dtype (float32 pixel values to a raw-pixel file's uint8: exact for whole
     numbers in [0, 255])."""
     detail = interpreter.get_input_details()[0]
-    interpreter.set_tensor(detail["index"], np.asarray(inputs, dtype=detail["dtype"]))
+    interpreter.set_tensor(detail["index"], cast_inputs(inputs, detail["dtype"]))
     interpreter.invoke()
     return interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
 

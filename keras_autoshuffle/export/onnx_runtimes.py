@@ -15,6 +15,7 @@ import numpy as np
 from keras_autoshuffle._atomic import write_atomically
 from keras_autoshuffle._keras_internals import is_called
 from keras_autoshuffle.export.files import check_no_hard_forward
+from keras_autoshuffle.export.litert import cast_inputs
 from keras_autoshuffle.export.onnx_graph import onnx_graph, unsupported_layers
 from keras_autoshuffle.export.onnx_input import read_input_as_columns
 
@@ -78,7 +79,7 @@ def onnx_run(session, inputs):
     input's dtype where it is uint8 (a raw-pixel file)."""
     first = session.get_inputs()[0]
     if first.type == "tensor(uint8)":
-        inputs = np.asarray(inputs, dtype="uint8")
+        inputs = cast_inputs(inputs, "uint8")
     return session.run(None, {first.name: inputs})[0]
 
 
@@ -145,7 +146,7 @@ def openvino_model(path, num_threads=None, batch=1, precision=OPENVINO_PRECISION
 def openvino_run(compiled, inputs):
     """Runs a single-input, single-output compiled OpenVINO model on `inputs`, cast to the
     input's dtype (float32 pixel values to a raw-pixel file's uint8)."""
-    inputs = np.asarray(inputs, dtype=compiled.inputs[0].element_type.to_dtype())
+    inputs = cast_inputs(inputs, compiled.inputs[0].element_type.to_dtype())
     return compiled(inputs)[compiled.outputs[0]]
 
 

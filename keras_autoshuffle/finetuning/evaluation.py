@@ -15,6 +15,9 @@ from keras_autoshuffle.finetuning.report import file_latency
 
 # Validation images each exported file is run on (every one, up to this many).
 MAX_CHECKED_IMAGES = 10_000
+# Files holding their preprocessing run on full-size decoded images (a 12-megapixel photo
+# takes about a second in LiteRT): the first this many validation files.
+MAX_RAW_CHECKED_IMAGES = 500
 
 
 def _runner(fmt, path):
@@ -74,13 +77,13 @@ def measure_raw_files(
     """As `measure_files`, for files that take raw pixels (`finetuning.raw_input_model`):
     each is loaded with `prediction.Classifier.from_file` (its side files beside it) and
     run on the validation image files themselves, one decoded image of its own size at a
-    time (the first MAX_CHECKED_IMAGES); the latency is of one uint8 image of
+    time (the first MAX_RAW_CHECKED_IMAGES); the latency is of one uint8 image of
     `latency_shape` (height, width, 3), recorded as the entry's "latency_input_shape"."""
     from keras_autoshuffle.data.images import read_image
     from keras_autoshuffle.prediction import Classifier
 
     classifiers = {fmt: Classifier.from_file(path) for fmt, path in files.items()}
-    count = min(val_data.num_examples, MAX_CHECKED_IMAGES)
+    count = min(val_data.num_examples, MAX_RAW_CHECKED_IMAGES)
     predictions = {fmt: [] for fmt in files}
     for index in range(count):
         image = read_image(val_data.path(index))

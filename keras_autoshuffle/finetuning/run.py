@@ -227,6 +227,7 @@ def finetune(
         {**settings, "frozen": frozen},
         **phase,
     )
+    _atomic.remove(os.path.join(output_dir, CACHE_DIR))  # training's only: gone before exports
     model = keras.saving.load_model(
         os.path.join(output_dir, ALL_DIR, "model.keras"), compile=False, safe_mode=True
     )
@@ -265,7 +266,6 @@ def finetune(
     report["cpu"] = cpu_name()  # the latencies' machine
     report["written"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     write_report(output_dir, report)
-    _atomic.remove(os.path.join(output_dir, CACHE_DIR))  # a speed-up of training only
     return report
 
 
