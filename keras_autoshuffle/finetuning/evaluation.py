@@ -55,20 +55,26 @@ def measure_files(files: dict, val_data, keras_probabilities: np.ndarray, input_
         count += len(images)
         if count >= MAX_CHECKED_IMAGES:
             break
-    labels = np.asarray(labels)
-    reference = np.argmax(keras_probabilities[:count], axis=-1)
-    results = {}
-    for fmt, path in files.items():
-        predicted = np.asarray(predictions[fmt])
-        results[fmt] = {
-            "path": path,
-            "size_bytes": _size(path),
-            "accuracy": float(np.mean(predicted == labels)),
-            "top1_agreement": float(np.mean(predicted == reference)),
-            "examples": int(count),
+    return {
+        fmt: {
+            **_entry(path, predictions[fmt], np.asarray(labels), keras_probabilities),
             "latency": file_latency(path, fmt, (1, *input_shape), num_threads=1),
         }
-    return results
+        for fmt, path in files.items()
+    }
+
+
+def _entry(path, predicted, labels, keras_probabilities):
+    """A file's entry from its top-1 `predicted` on the first `len(labels)` images."""
+    predicted, count = np.asarray(predicted), len(labels)
+    reference = np.argmax(keras_probabilities[:count], axis=-1)
+    return {
+        "path": path,
+        "size_bytes": _size(path),
+        "accuracy": float(np.mean(predicted == labels)),
+        "top1_agreement": float(np.mean(predicted == reference)),
+        "examples": int(count),
+    }
 
 
 def measure_raw_files(
@@ -89,19 +95,12 @@ def measure_raw_files(
         image = read_image(val_data.path(index))
         for fmt, classifier in classifiers.items():
             predictions[fmt].append(int(np.argmax(classifier.predict([image])[0])))
-    labels = val_data.labels[:count]
-    reference = np.argmax(keras_probabilities[:count], axis=-1)
     shape = (1, *(int(side) for side in latency_shape))
-    results = {}
-    for fmt, path in files.items():
-        predicted = np.asarray(predictions[fmt])
-        results[fmt] = {
-            "path": path,
-            "size_bytes": _size(path),
-            "accuracy": float(np.mean(predicted == labels)),
-            "top1_agreement": float(np.mean(predicted == reference)),
-            "examples": int(count),
+    return {
+        fmt: {
+            **_entry(path, predictions[fmt], val_data.labels[:count], keras_probabilities),
             "latency": file_latency(path, fmt, shape, num_threads=1, pixels=True),
             "latency_input_shape": list(shape),
         }
-    return results
+        for fmt, path in files.items()
+    }
