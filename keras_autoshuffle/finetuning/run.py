@@ -258,10 +258,10 @@ def finetune(
     }
     probabilities = model.predict(val_data.eval_dataset(options["batch_size"]), verbose=0)
     report["validation"] = classification_metrics(val_data.labels, probabilities, split.class_names)
-    exported = (model, output_dir, train_data, val_data, formats, probabilities)
     if include_preprocessing:
-        report.update(_export_raw_input(*exported))
+        report.update(_export_raw_input(model, output_dir, val_data, formats, probabilities))
     else:
+        exported = (model, output_dir, train_data, val_data, formats, probabilities)
         report.update(_export(*exported, options["int8"]))
     report["cpu"] = cpu_name()  # the latencies' machine
     report["written"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -513,11 +513,10 @@ def _keras_entry(path, probabilities, val_data):
     }
 
 
-def _export_raw_input(model, output_dir, train_data, val_data, formats, probabilities):
+def _export_raw_input(model, output_dir, val_data, formats, probabilities):
     """The folded network with its preprocessing inside (`raw_input_model`) in `formats`,
     each checked against the unfolded one's on a validation image as it is; `model.keras`
     (normalised inputs); then each file run on the validation image files."""
-    del train_data  # no int8 calibration here
     from keras_autoshuffle import folding
 
     size = model.input_shape[1]
