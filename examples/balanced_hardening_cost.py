@@ -3,7 +3,7 @@
 Trains an AutoShuffleNet (CIFAR stem) with the digits preset, then, from the same relaxed
 weights, rounds its shuffles two ways: plain hardening (nearest permutations) and balanced
 hardening (nearest permutations that fold into the manual net's routing cost, see
-docs/inference.md). Each is evaluated as rounded and after a short fine-tuning with the
+docs/lab-notes/inference.md). Each is evaluated as rounded and after a short fine-tuning with the
 permutations fixed (SGD, lr 0.02 decaying linearly to 0, momentum 0.9).
 
 Run: python examples/balanced_hardening_cost.py --model v2 [--epochs 10] [--finetune 3]

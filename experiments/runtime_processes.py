@@ -10,12 +10,12 @@ more than within one: here a sample is a process. Each child imports only the ru
 (onnxruntime or openvino; with litert, ai-edge-litert and onnxruntime) and numpy (no
 TensorFlow), times the files in rounds of a new random order (`--pause` idle seconds before
 each block: with ONNX Runtime alone, 0.1 s made every file about 25% faster and moved folded /
-torchvision's graph from 0.90 to 0.83, docs/inference.md), and gives the median of its
+torchvision's graph from 0.90 to 0.83, docs/lab-notes/inference.md), and gives the median of its
 per-round ratios. The summary is the mean of those over `--processes` children with a 95%
 t interval. Before each timed block, `--warmup` untimed calls of the same file (default: as
 many as the block): ONNX Runtime's worker threads spin on after a call, and a block timed
 right after another session's block ran 1.18x and 1.61x slower in two runs of
-`experiments/ort_spinning.py` (docs/inference.md), which no single-session user sees.
+`experiments/ort_spinning.py` (docs/lab-notes/inference.md), which no single-session user sees.
 Runs 1-9 of docs/results/runtime_processes_onnxruntime_cpu.json had no warm-up calls.
 
 The files are `export.export_onnx`'s (the padded NCHW graph) or `export.export_openvino`'s

@@ -39,7 +39,7 @@ class StudySettings:
     seeds: tuple = (0, 1, 2)
     harden_at_epoch: int = 8
     # The fix tried for the rounding loss: this many constraint passes per step (the
-    # paper: 1) ends on exact permutations where one pass stalls (docs/training.md).
+    # paper: 1) ends on exact permutations where one pass stalls (docs/lab-notes/training.md).
     sinkhorn_iterations: int = 10
     data_dir: str | None = None
     # Keras's 'same': the graph the study's first runs were trained with, before the
@@ -90,7 +90,7 @@ class StudySettings:
 
 
 # The arms that end on exact permutations, beside the paper's (one pass, random start,
-# rounded at the end), measured against the manual shuffle by seed (docs/training.md):
+# rounded at the end), measured against the manual shuffle by seed (docs/lab-notes/training.md):
 ARMS = {
     # the manual permutation as the starting matrix, trained relaxed
     "warm": {"shuffle_initializer": "manual"},

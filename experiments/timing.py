@@ -22,7 +22,7 @@ def measure(
     round calls a function `number` times in a row (by default as often as `min_seconds`
     takes, from one timed call after a warm-up), after `pause` idle seconds and `warmup`
     calls of the same function (both untimed: the thread pools of the function before stop
-    spinning, docs/inference.md)."""
+    spinning, docs/lab-notes/inference.md)."""
     numbers = {}
     for name, fn in functions.items():
         fn()  # warm-up (tracing, allocation)
@@ -33,7 +33,7 @@ def measure(
     samples = {name: [] for name in functions}
     # A new random order each round, so that no variant always follows the same one: with a
     # fixed order, rotated, ONNX Runtime's folded / manual read 1.28-1.34x beside the other
-    # runtimes, 0.93-0.98x in random orders (docs/inference.md).
+    # runtimes, 0.93-0.98x in random orders (docs/lab-notes/inference.md).
     names, order = list(functions), np.random.default_rng(seed)
     for _ in range(repeats):
         for name in (names[i] for i in order.permutation(len(names))):

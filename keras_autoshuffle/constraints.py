@@ -12,7 +12,7 @@ from keras_autoshuffle import _validation
 MAX_ITERATIONS = 1000
 """The largest `sinkhorn_iterations` accepted (more only burns time)."""
 # The default passes per step of `DoublyStochastic`, `RelaxedShuffle` and the builders.
-# One pass is the paper's Algorithm 1; in docs/training.md's runs its matrices stalled on
+# One pass is the paper's Algorithm 1; in docs/lab-notes/training.md's runs its matrices stalled on
 # fixed points that are not permutations, and ten ended on permutations.
 SINKHORN_ITERATIONS = 10
 """The default passes per step of `DoublyStochastic`, `RelaxedShuffle` and the builders."""
@@ -92,7 +92,7 @@ class DoublyStochastic(keras.constraints.Constraint):
     sum, then each row by its sum; exactly so unless the clip would empty a whole row
     or column, which is refilled instead of staying 0 for good (`_revive_dead_lines`).
     More iterations are Sinkhorn (RAS) scaling. The paper found one per SGD step
-    enough for validation accuracy; in this package's measurements (docs/training.md)
+    enough for validation accuracy; in this package's measurements (docs/lab-notes/training.md)
     one pass stalled on fixed points that are not permutations, so rounding changed the
     net, and ten ended on permutations: the default is ten (`SINKHORN_ITERATIONS`), as in
     `RelaxedShuffle` and the builders; pass 1 for Algorithm 1. The optimizer applies the

@@ -213,7 +213,7 @@ def _penalty_and_gradient(m):
 def test_ten_passes_end_on_a_permutation_where_one_pass_stalls(seed):
     # Penalty-only Algorithm 1 (SGD with momentum 0.9, lr 0.1 linearly decayed, lambda
     # 0.1, 200 steps) from the paper's |N(0, 1)| start. With one pass these seeds stall on
-    # the rational tie blocks of docs/training.md (P = 0.88 or 1.35, e.g. rows of
+    # the rational tie blocks of docs/lab-notes/training.md (P = 0.88 or 1.35, e.g. rows of
     # (1/2, 1/2)); with ten passes the column sums stay near 1 between steps and every
     # seed ends on an exact permutation (P = 0). Seen in NumPy (float64 and float32) first.
     ends = {}

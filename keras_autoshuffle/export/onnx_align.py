@@ -13,7 +13,7 @@ such a concatenation takes as many of the zero channels a Split of one of its in
 aside (the conv reads them with zero weights). The outputs of the graph do not change.
 
 Measured on a 2-core AVX2 machine, ShuffleNet v2 1.0x folded, ONNX Runtime 1.32: about 10%
-faster (docs/inference.md). OpenVINO's CPU plugin was slower on the padded graph, so the
+faster (docs/lab-notes/inference.md). OpenVINO's CPU plugin was slower on the padded graph, so the
 OpenVINO export does not pad.
 """
 

@@ -8,7 +8,7 @@ sums the same products as a one-channel conv with kernel (kh, kw * C), stride s 
 pads (left * C, right * C) on the (H, W * C) image, which a Reshape gives without moving
 any data. Measured with ONNX Runtime 1.32 on ShuffleNet v2 1.0x at 224:
 the Transpose was about 2% of the run and the rewritten stem conv as fast as before
-(docs/inference.md).
+(docs/lab-notes/inference.md).
 """
 
 import numpy as np

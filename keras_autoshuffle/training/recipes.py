@@ -81,7 +81,7 @@ RECIPES = {
     "digits": Recipe(5e-2, (0.1,), (10,), 0.9, 1e-4, 64, "quick digits preset"),
     # The Fashion-MNIST study (docs/fashion_mnist): 10 epochs at batch 128, the digits
     # preset's optimizer; lambda x (sum of lr) = 0.78 on the study's 20,000 images (see
-    # docs/training.md on choosing lambda).
+    # docs/lab-notes/training.md on choosing lambda).
     "fashion_mnist": Recipe(1e-2, (0.1,), (10,), 0.9, 1e-4, 128, "Fashion-MNIST study preset"),
 }
 
