@@ -6,6 +6,11 @@ optimizer pieces), so `.keras` files load with `safe_mode=True`. TensorFlow-only
 docs' numbers live outside the package, in the repository's `experiments/`.
 """
 
+# First: it imports Keras (and with it TensorFlow) without TensorFlow's start-up lines in the
+# installed commands, whose scripts import this package before any of their own code runs.
+from keras_autoshuffle import _startup
+
+# isort: split
 from keras_autoshuffle import applications, hardening, optimizers
 from keras_autoshuffle.callbacks import HardenShuffles, RoundingMonitor, ShufflePenaltyLogger
 from keras_autoshuffle.constraints import DoublyStochastic

@@ -186,7 +186,7 @@ class HardenShuffles(keras.callbacks.Callback):
                 time_limit=self.time_limit,
                 epoch=epoch,
             )
-        if self.verbose:
+        if self.verbose and self.report["layers"]:  # a manual net: nothing was hardened
             print(format_hardening_report(self.report))
 
 

@@ -6,6 +6,7 @@ site-packages through a `.pth` file; nothing is downloaded) and runs an installe
 command there.
 """
 
+import argparse
 import contextlib
 import importlib
 import io
@@ -49,6 +50,117 @@ def test_each_command_answers_help(command):
         _entry_point(command)(["--help"])
     assert exit.value.code == 0
     assert printed.getvalue().startswith("usage: ") and "--" in printed.getvalue()
+
+
+def _parser(command):
+    """The argument parser of `command` (its module's `parser()`)."""
+    return importlib.import_module(COMMANDS[command].split(":")[0]).parser()
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_option_of_each_command_has_a_help_text(command):
+    # Read from the parser's actions, not from the printed text (issue 41).
+    parser = _parser(command)
+    assert parser.prog == command
+    for action in parser._actions:
+        assert action.help and action.help.strip(), (command, action.option_strings)
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_each_commands_help_shows_its_defaults_and_ends_with_an_example(command):
+    parser = _parser(command)
+    text = parser.format_help()
+    formatter = parser._get_formatter()
+    shown = 0
+    for action in parser._actions:
+        if not action.option_strings or action.default in (None, False, argparse.SUPPRESS):
+            continue  # their help texts say what happens without them
+        expanded = formatter._expand_help(action)
+        assert f"default: {action.default}" in expanded, (command, action.option_strings)
+        assert re.sub(r"\s", "", expanded) in re.sub(r"\s", "", text)  # wrapped in the text
+        shown += 1
+    assert shown or command == "autoshuffle-convert-weights"  # it has flags only
+    # The last lines: one example of the command itself.
+    assert text.rstrip().splitlines()[-2:][0] == "example:", text[-500:]
+    assert text.rstrip().splitlines()[-1].startswith(f"  {command} "), text[-500:]
+
+
+def test_the_training_commands_default_to_the_manual_shuffle():
+    # As the builders and the README advise; the learned one stays --shuffle auto.
+    for command in ("autoshuffle-train", "autoshuffle-train-imagenet"):
+        parser = _parser(command)
+        assert parser.parse_args(["--output", "o"]).shuffle == "manual"
+        assert parser.parse_args(["--output", "o", "--shuffle", "auto"]).shuffle == "auto"
+
+
+# A C++ log record (absl's or TensorFlow's format) or a line naming what prints them.
+TF_LOG_LINE = re.compile(
+    r"^([IWEF]\d{4} |\d{4}-\d\d-\d\d .*: [IWEF] )|tensorflow|cuda|absl|onednn",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+@pytest.mark.slow
+@pytest.mark.tensorflow_only(reason="the commands' start-up lines are TensorFlow's")
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_each_installed_command_answers_help_without_tensorflow_lines(command):
+    # A fresh process, as from a shell, with TF_CPP_MIN_LOG_LEVEL unset (the command sets
+    # it). The installed script where there is one, else the same import it does.
+    installed = pathlib.Path(sys.executable).parent / command
+    module, function = COMMANDS[command].split(":")
+    if installed.exists():
+        argv = [sys.executable, str(installed), "--help"]
+    else:
+        code = f"import sys; sys.argv[0] = {command!r}; from {module} import {function}; "
+        argv = [sys.executable, "-c", code + f"sys.exit({function}(['--help']))"]
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not TF_LOG_LINE.search(result.stderr), result.stderr[-3000:]
+    assert result.stdout.startswith(f"usage: {command} ") and "\nexample:\n" in result.stdout
+
+
+def test_tensorflow_start_up_lines_are_filtered_by_level():
+    from keras_autoshuffle import _startup
+
+    text = (
+        "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+        "I0000 00:00:1795890570.622023   17712 cudart_stub.cc:31] Could not find cuda drivers\n"
+        "I0000 00:00:1795890570.715188   17712 cpu_feature_guard.cc:227] This TensorFlow ...\n"
+        "To enable the following instructions: AVX2 FMA, in other operations, rebuild ...\n"
+        "2025-09-17 14:44:05.157831: W external/local_xla/xla/tsl/cuda/cudart_stub.cc:32] w\n"
+        "E0000 00:00:1795890959.805583   20055 cuda_platform.cc:52] failed call to cuInit\n"
+        "/x/y.py:3: UserWarning: a Python warning\n"
+        "  warnings.warn('a Python warning')\n"
+    )
+    kept = _startup.filter_log_lines(text, 2)
+    assert kept.splitlines() == [
+        "E0000 00:00:1795890959.805583   20055 cuda_platform.cc:52] failed call to cuInit",
+        "/x/y.py:3: UserWarning: a Python warning",
+        "  warnings.warn('a Python warning')",
+    ]
+    assert "cudart_stub.cc:32] w" in _startup.filter_log_lines(text, 1)
+    assert "cuInit" not in _startup.filter_log_lines(text, 3)
+    assert _startup.running_as_command("/venv/bin/autoshuffle-train")
+    assert _startup.running_as_command("C:\\venv\\Scripts\\autoshuffle-predict.exe")
+    assert not _startup.running_as_command("/usr/bin/python3")
+    assert not _startup.running_as_command("")
+
+
+def test_quiet_stderr_filters_the_file_descriptor_and_keeps_a_failures_lines(capfd):
+    from keras_autoshuffle._startup import quiet_stderr
+
+    noise = b"I0000 00:00:1795890570.622023   17712 cudart_stub.cc:31] noise\n"
+    with quiet_stderr(level=2):
+        os.write(2, noise + b"kept\n")  # as C++ writes: past Python's sys.stderr
+    assert capfd.readouterr().err == "kept\n"
+    with pytest.raises(RuntimeError), quiet_stderr(level=2):
+        os.write(2, noise)
+        raise RuntimeError
+    assert capfd.readouterr().err == noise.decode()  # a failure shows everything
+    with quiet_stderr(level=0):
+        os.write(2, noise)
+    assert capfd.readouterr().err == noise.decode()
 
 
 def test_messages_of_the_package_name_installed_commands_only():

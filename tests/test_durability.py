@@ -238,19 +238,18 @@ def test_litert_with_mixed_precision_is_left_out_when_not_asked_for(tmp_path):
 
 JAX_CHILD = r"""
 import sys
-sys.path.insert(0, {scripts!r})
-import train_cifar10
-train_cifar10.main(sys.argv[1:])
+from keras_autoshuffle.commands.train import main
+main(sys.argv[1:])
 """
 
 
 def test_the_cli_on_jax_refuses_litert_before_training(tmp_path):
     script = tmp_path / "child.py"
-    script.write_text(JAX_CHILD.format(scripts=os.path.join(ROOT, "scripts")))
+    script.write_text(JAX_CHILD)
     out = tmp_path / "run"
     args = [sys.executable, str(script), "--dataset", "digits", "--epochs", "1"]
     args += ["--max-train-examples", "64", "--export-formats", "saved_model,litert"]
-    # PYTHONPATH: the wrapper imports this checkout's package, not another install's.
+    # PYTHONPATH: the child imports this checkout's package, not another install's.
     env = {**os.environ, "KERAS_BACKEND": "jax", "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": ROOT}
     result = subprocess.run(
         [*args, "--output", str(out)], env=env, capture_output=True, timeout=240

@@ -9,7 +9,7 @@ from collections import Counter
 import keras
 import numpy as np
 import pytest
-from helpers import load_script, needs_extra
+from helpers import needs_extra
 from keras import layers
 
 from keras_autoshuffle import RelaxedShuffle, export, folding, harden_model
@@ -172,10 +172,11 @@ def test_float32_only(monkeypatch):
 
 def test_the_cli_refuses_a_missing_extra_before_training(monkeypatch, tmp_path):
     _without(monkeypatch, "onnxruntime")
-    script = load_script("train_cifar10")
+    from keras_autoshuffle.commands import train
+
     out = tmp_path / "run"
     with pytest.raises(SystemExit) as exit:
-        script.main(["--dataset", "digits", "--output", str(out), "--export-formats", "onnx"])
+        train.main(["--dataset", "digits", "--output", str(out), "--export-formats", "onnx"])
     assert "pip install 'keras-autoshuffle[onnx]'" in str(exit.value.code)
     assert "Received: --export-formats onnx" in str(exit.value.code)
     assert not out.exists()

@@ -1,9 +1,10 @@
-"""The training scripts end to end on the embedded digits, with tiny settings.
+"""The training commands end to end on the embedded digits, with tiny settings.
 
-The scripts' `main(argv)` runs in the test process (a fresh interpreter would add its
+`autoshuffle-train`'s `main(argv)` (keras_autoshuffle/commands/train.py) and
+scripts/train_imagenet.py's run in the test process (a fresh interpreter would add its
 imports, ~10 s, to every call); a run's refusals end in SystemExit as on the command
 line. The trainings build tiny nets (tests/helpers.py: `use_tiny_builders`; the real 0.5x
-net took 90-160 s of CI's time, mostly tracing): the scripts' code is the same for every
+net took 90-160 s of CI's time, mostly tracing): the commands' code is the same for every
 net size. The digits job below is trained once for the module.
 """
 
@@ -33,8 +34,12 @@ DIGITS_JOB_SHUFFLES = sum(DIGITS_JOB_REPEATS)
 
 
 def _main(name, *args):
-    """scripts/<name>.py's main(args): (exit status, what it printed or exited with)."""
-    script = load_script(name)
+    """main(args) of scripts/<name>.py, or of the `autoshuffle-train` command for "train":
+    (exit status, what it printed or exited with)."""
+    if name == "train":
+        from keras_autoshuffle.commands import train as script
+    else:
+        script = load_script(name)
     printed = io.StringIO()
     try:
         with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
@@ -49,18 +54,18 @@ def _main(name, *args):
 
 @pytest.fixture(scope="module")
 def digits_job(tmp_path_factory):
-    """scripts/train_cifar10.py's digits job, run once: (output folder, exit, printed).
+    """`autoshuffle-train`'s digits job, run once: (output folder, exit, printed).
     The tiny v2 has a basic unit in stage 3 (its channel split: SPLIT in the LiteRT file)."""
     keras.backend.clear_session()
     out = tmp_path_factory.mktemp("digits_job") / "run"
     with pytest.MonkeyPatch.context() as monkeypatch:
         use_tiny_builders(monkeypatch, repeats=DIGITS_JOB_REPEATS)
-        code, output = _main("train_cifar10", *DIGITS_JOB, "--output", str(out))
+        code, output = _main("train", *DIGITS_JOB, "--output", str(out))
     return out, code, output
 
 
 @pytest.mark.slow
-def test_train_cifar10_script_on_digits_writes_everything(digits_job):
+def test_train_command_on_digits_writes_everything(digits_job):
     out, code, output = digits_job
     assert code == 0, output[-3000:]
     for name in ("model.keras", "saved_model", "model.tflite", "report.json", "history.csv"):
@@ -69,7 +74,7 @@ def test_train_cifar10_script_on_digits_writes_everything(digits_job):
     # No model chosen on the test split (the split the report quotes): no best.keras.
     assert not (out / "best.keras").exists() and not (out / "backup").exists()
     assert "best" not in json.loads((out / "report.json").read_text())["files"]
-    # The script prints where everything is.
+    # The command prints where everything is.
     assert str(out / "model.tflite") in output and "rounded" in output
 
     report = json.loads((out / "report.json").read_text())
@@ -126,14 +131,12 @@ def test_train_imagenet_without_data_fails_fast_with_instructions(tmp_path):
     assert "ILSVRC2012_img_train.tar" in output and "Traceback" not in output
 
 
-def test_train_cifar10_rejects_bad_arguments(tmp_path):
-    code, output = _main("train_cifar10", "--epochs", "0", "--output", str(tmp_path))
+def test_train_command_rejects_bad_arguments(tmp_path):
+    code, output = _main("train", "--epochs", "0", "--output", str(tmp_path))
     assert code != 0 and "--epochs: must be a positive integer, got '0'" in output
-    code, output = _main("train_cifar10", "--max-train-examples", "-5", "--output", str(tmp_path))
+    code, output = _main("train", "--max-train-examples", "-5", "--output", str(tmp_path))
     assert code != 0 and "--max-train-examples: must be a positive integer, got '-5'" in output
-    code, output = _main(
-        "train_cifar10", "--sinkhorn-iterations", "1001", "--output", str(tmp_path)
-    )
+    code, output = _main("train", "--sinkhorn-iterations", "1001", "--output", str(tmp_path))
     assert code != 0 and "Received: sinkhorn_iterations=1001" in output
 
 
@@ -152,7 +155,7 @@ TINY_RUN = [
         (["--width", "nan"], "argument --width: must be one of .*, got nan"),
         (["--model", "v1", "--groups", "5"], "argument --groups: must be one of 1, 2, 3, 4, 8"),
         (["--penalty", "1e31"], "argument --penalty/--lambda: must be at most 1e\\+30"),
-        (["--shuffle", "manual", "--balanced"], "argument --balanced: needs learned shuffles"),
+        (["--balanced"], "argument --balanced: needs learned shuffles \\(--shuffle auto\\)"),
         (["--shuffle", "manual", "--shuffle-forward", "hard"], "--shuffle-forward hard: needs"),
         (["--shuffle", "manual", "--shuffle-initializer", "manual"], "initializer manual: needs"),
         (["--shuffle", "manual", "--search-epochs", "0"], "--search-epochs: needs learned"),
@@ -162,10 +165,10 @@ TINY_RUN = [
         (["--download"], "argument --download: only CIFAR-10 downloads, got --dataset digits"),
     ],
 )
-def test_train_cifar10_refuses_contradicting_options_as_argparse_does(tmp_path, args, message):
+def test_train_command_refuses_contradicting_options_as_argparse_does(tmp_path, args, message):
     # Checked after parsing, before anything runs: argparse's usage, error and status 2.
     out = tmp_path / "run"
-    code, output = _main("train_cifar10", *TINY_RUN, "--output", str(out), *args)
+    code, output = _main("train", *TINY_RUN, "--output", str(out), *args)
     assert code == 2 and "Traceback" not in output, output[-3000:]
     assert "usage: " in output and "error: argument --" in output, output[-3000:]
     assert re.search(message, output), output[-3000:]
@@ -178,8 +181,9 @@ def test_a_killed_balanced_search_run_resumes(tmp_path, monkeypatch):
     # no --penalty): its backup is this run's all the same, not refused before the search.
     use_tiny_builders(monkeypatch)
     out = tmp_path / "run"
-    args = [*TINY_RUN, "--search-epochs", "0", "--balanced", "--output", str(out)]
-    code, output = _main("train_cifar10", *args)
+    args = [*TINY_RUN, "--shuffle", "auto", "--search-epochs", "0", "--balanced"]
+    args += ["--output", str(out)]
+    code, output = _main("train", *args)
     assert code == 0, output[-3000:]
     settings = json.loads((out / "report.json").read_text())["settings"]
     for key in ("strategy", "replicas", "jit_compile"):
@@ -187,12 +191,12 @@ def test_a_killed_balanced_search_run_resumes(tmp_path, monkeypatch):
     (out / "report.json").unlink()
     (out / "backup").mkdir()
     (out / "backup" / "settings.json").write_text(json.dumps(settings))
-    code, output = _main("train_cifar10", *args)
+    code, output = _main("train", *args)
     assert code == 0 and "Traceback" not in output, output[-3000:]
 
 
 @pytest.mark.slow
-def test_train_cifar10_reruns_into_a_used_output_directory(digits_job, tmp_path, monkeypatch):
+def test_train_command_reruns_into_a_used_output_directory(digits_job, tmp_path, monkeypatch):
     # The digits job's finished run, copied: the reruns below must not train or write.
     use_tiny_builders(monkeypatch, repeats=DIGITS_JOB_REPEATS)  # the nets the job built
     finished, code, output = digits_job
@@ -202,7 +206,7 @@ def test_train_cifar10_reruns_into_a_used_output_directory(digits_job, tmp_path,
     args = [*DIGITS_JOB, "--output", str(out)]
     # A finished run is not overwritten (--overwrite's removal of every old file is
     # tests/test_fault_tolerance.py's).
-    code, output = _main("train_cifar10", *args)
+    code, output = _main("train", *args)
     assert code != 0 and "Traceback" not in output, output[-3000:]
     assert "holds a finished run" in output and "--overwrite" in output
     assert (out / "model.keras").exists() and (out / "report.json").exists()
@@ -213,6 +217,6 @@ def test_train_cifar10_reruns_into_a_used_output_directory(digits_job, tmp_path,
     (out / "report.json").unlink()
     (out / "backup").mkdir()
     (out / "backup" / "settings.json").write_text(json.dumps(settings))
-    code, output = _main("train_cifar10", *args, "--width", "1.0")
+    code, output = _main("train", *args, "--width", "1.0")
     assert code != 0 and "Traceback" not in output, output[-3000:]
     assert "width=1.0 (backup: 0.5)" in output

@@ -26,7 +26,7 @@ import sys
 
 import numpy as np
 
-from keras_autoshuffle import _atomic
+from keras_autoshuffle import _atomic, _startup
 from keras_autoshuffle.applications import (
     CheckpointError,
     ShuffleNetV2,
@@ -36,6 +36,7 @@ from keras_autoshuffle.applications import (
 from keras_autoshuffle.applications.architecture import V2_CONFIGS
 from keras_autoshuffle.applications.torchvision_weights import torchvision_width
 from keras_autoshuffle.applications.weights_files import mark_padding
+from keras_autoshuffle.commands._help import command_parser
 
 
 def read_checkpoint(path):
@@ -134,16 +135,26 @@ def write_weights(model, output):
         )
 
 
-def main(argv=None):
-    """Runs the `autoshuffle-convert-weights` command on `argv` (default: the command line)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("checkpoint", help="torchvision .pth file")
-    parser.add_argument("output", help="Keras weights file to write (.weights.h5)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    parser.add_argument(
+EXAMPLE = "autoshuffle-convert-weights shufflenetv2_x1-5666bf0f80.pth x1_0.weights.h5"
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command's argument parser (its `--help` shows an example)."""
+    p = command_parser("autoshuffle-convert-weights", __doc__.split("\n\n")[0], EXAMPLE)
+    p.add_argument("checkpoint", help="torchvision ShuffleNetV2 checkpoint (.pth)")
+    p.add_argument("output", help="Keras weights file to write (.weights.h5)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
+    p.add_argument(
         "--no-top", action="store_true", help="leave the classifier out (include_top=False)"
     )
-    args = parser.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the `autoshuffle-convert-weights` command on `argv` (default: the command line);
+    returns 0, or exits with a one-line message (status 1) on a refused file."""
+    args = parser().parse_args(argv)
+    _startup.find_devices_quietly()  # before TensorFlow first looks for them, noisily
     check_output(args.output, args.overwrite)
     state_dict = read_checkpoint(args.checkpoint)
     model = model_for(state_dict, include_top=not args.no_top, path=args.checkpoint)

@@ -13,18 +13,12 @@ resumes from its last finished epoch.
 """
 
 import argparse
-import os
 import sys
 
 from keras_autoshuffle._validation import positive_int_argument
+from keras_autoshuffle.commands._help import command_parser
 
-EXAMPLE = """example:
-  autoshuffle-finetune photos/ --output runs/photos --width 0.5 --int8
-  autoshuffle-predict runs/photos/model.tflite photos/cat/1.jpg"""
-
-
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown, the description and the example kept as written."""
+EXAMPLE = "autoshuffle-finetune photos/ --output runs/photos --width 0.5 --int8"
 
 
 def _formats(given):
@@ -43,12 +37,7 @@ def _class_weights(text):
 
 def parser() -> argparse.ArgumentParser:
     """The command's argument parser (its `--help` shows every default)."""
-    p = argparse.ArgumentParser(
-        prog="autoshuffle-finetune",
-        description=__doc__.split("\n\n")[0],
-        epilog=EXAMPLE,
-        formatter_class=_HelpFormatter,
-    )
+    p = command_parser("autoshuffle-finetune", __doc__.split("\n\n")[0], EXAMPLE)
     p.add_argument("images", help="the image folder: one subfolder per class")
     p.add_argument("--output", required=True, help="the run's folder")
     p.add_argument(
@@ -128,11 +117,12 @@ def main(argv: list[str] | None = None) -> int:
     """Runs `autoshuffle-finetune` on `argv` (default: the command line); returns 0, or
     exits with status 2 and a one-line error on bad input."""
     args = parser().parse_args(argv)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
+    from keras_autoshuffle import _startup
     from keras_autoshuffle.data.image_cache import ImageCacheError
     from keras_autoshuffle.finetuning import finetune
     from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 
+    _startup.find_devices_quietly()  # before TensorFlow first looks for them, noisily
     try:
         report = finetune(
             args.images,

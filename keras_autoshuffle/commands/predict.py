@@ -9,49 +9,38 @@ command with a one-line error and exit status 1 (2 for a wrong command line).
 """
 
 import argparse
-import os
 import sys
 
-EPILOG = """examples:
-  autoshuffle-predict runs/pets/model.tflite photos/cat.jpg photos/dogs/
-  autoshuffle-predict runs/pets/openvino --top 3 --json photos/ > predictions.json
-  autoshuffle-predict --imagenet 1.0 photos/cat.jpg
-"""
+from keras_autoshuffle.commands._help import command_parser
+
+EXAMPLE = "autoshuffle-predict runs/photos/model.tflite photos/cat.jpg photos/dogs/ --top 3"
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults shown, the examples kept as written."""
-
-
-def _parser():
-    parser = argparse.ArgumentParser(
-        prog="autoshuffle-predict",
-        usage="%(prog)s [options] (MODEL | --imagenet WIDTH) IMAGE [IMAGE ...]",
-        description=__doc__.split("\n\n")[0],
-        epilog=EPILOG,
-        formatter_class=_Formatter,
-    )
-    parser.add_argument(
+def parser() -> argparse.ArgumentParser:
+    """The command's argument parser (its `--help` shows every default and an example)."""
+    p = command_parser("autoshuffle-predict", __doc__.split("\n\n")[0], EXAMPLE)
+    p.usage = "%(prog)s [options] (MODEL | --imagenet WIDTH) IMAGE [IMAGE ...]"
+    p.add_argument(
         "inputs",
         nargs="+",
         metavar="PATH",
         help="the model (not with --imagenet), then image files or folders",
     )
-    parser.add_argument(
+    p.add_argument(
         "--imagenet",
         type=float,
         metavar="WIDTH",
         help="use torchvision's pretrained ImageNet ShuffleNetV2 of this width "
-        "(0.5, 1.0, 1.5, 2.0; downloaded once) instead of a MODEL",
+        "(0.5, 1.0, 1.5, 2.0; downloaded once) instead of a MODEL (default: a MODEL)",
     )
-    parser.add_argument("--top", type=int, default=5, metavar="K", help="classes printed per image")
-    parser.add_argument("--json", action="store_true", help="print a JSON list for scripts")
-    parser.add_argument(
+    p.add_argument("--top", type=int, default=5, metavar="K", help="classes printed per image")
+    p.add_argument("--json", action="store_true", help="print a JSON list for scripts")
+    p.add_argument(
         "--skip-damaged",
         action="store_true",
         help="report an unreadable image and go on with the others (exit status 1 at the end)",
     )
-    return parser
+    return p
 
 
 def _format(results):
@@ -77,21 +66,21 @@ def main(argv: list[str] | None = None) -> int:
     Raises:
         SystemExit: with a one-line message for a refused model, image or argument.
     """
-    parser = _parser()
-    args = parser.parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
     if args.top < 1:
-        parser.error(f"--top must be a positive integer. Received: --top={args.top}")
+        p.error(f"--top must be a positive integer. Received: --top={args.top}")
     if args.imagenet is None and len(args.inputs) < 2:
-        parser.error(
+        p.error(
             "give a MODEL and at least one IMAGE (or --imagenet WIDTH and images). "
             f"Received: {args.inputs}"
         )
-    # The runtimes are imported only now. TensorFlow's C++ logs are quieted for the imports
-    # that follow (the package's own `import keras`, before this module, has loaded it).
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    # The runtimes are imported only now (TensorFlow's start-up lines: `_startup`).
     import json
 
-    from keras_autoshuffle import prediction
+    from keras_autoshuffle import _startup, prediction
+
+    _startup.find_devices_quietly()  # before TensorFlow first looks for them, noisily
 
     imagenet = args.imagenet is not None
     images = args.inputs if imagenet else args.inputs[1:]

@@ -21,13 +21,21 @@ def format_run_summary(report):
     """Human-readable lines: time, accuracies, penalty and where every file is."""
     lines = [
         f"Trained in {report['time']:.1f} s ({report['settings']['epochs']} epochs, "
-        f"{report['settings']['strategy']}, {report['settings']['replicas']} replicas)",
-        f"  test accuracy relaxed {report['relaxed_accuracy']:.4f}, rounded "
-        f"{report['rounded_accuracy']:.4f} (relative change {report['relative_change']:+.3e})",
-        f"  sum of P(M) at hardening = {report['l12_penalty_at_hardening']:.4g} over "
-        f"{len(report['layers'])} learned shuffles",
+        f"{report['settings']['strategy']}, {report['settings']['replicas']} replicas)"
     ]
-    if report.get("epoch"):
+    if report["layers"]:
+        lines += [
+            f"  test accuracy relaxed {report['relaxed_accuracy']:.4f}, rounded "
+            f"{report['rounded_accuracy']:.4f} (relative change "
+            f"{report['relative_change']:+.3e})",
+            f"  sum of P(M) at hardening = {report['l12_penalty_at_hardening']:.4g} over "
+            f"{len(report['layers'])} learned shuffles",
+        ]
+    else:  # manual shuffles: rounding changes nothing, so one accuracy
+        lines.append(
+            f"  test accuracy {report['final_accuracy']:.4f} (manual shuffles: nothing to harden)"
+        )
+    if report.get("epoch") and report["layers"]:
         lines.insert(
             2,
             f"  (hardened after epoch {report['epoch']}; final test accuracy "
@@ -133,11 +141,25 @@ def add_arguments(parser, datasets, default_dataset):
 
 def _add_network_arguments(parser, datasets, default_dataset):
     """The data, the network and its shuffles."""
-    parser.add_argument("--dataset", choices=datasets, default=default_dataset)
+    parser.add_argument("--dataset", choices=datasets, default=default_dataset, help="data set")
     parser.add_argument("--model", choices=("v1", "v2"), default="v2", help="ShuffleNet version")
-    parser.add_argument("--width", type=float, default=None, help="width multiplier")
-    parser.add_argument("--groups", type=_positive_int, default=3, help="v1 group count")
-    parser.add_argument("--shuffle", choices=("manual", "auto"), default="auto")
+    parser.add_argument(
+        "--width",
+        type=float,
+        default=None,
+        help="width multiplier (default: 1.0 on cifar10 and imagenet2012, 0.5 on digits and "
+        "fashion_mnist)",
+    )
+    parser.add_argument(
+        "--groups", type=_positive_int, default=3, help="group count of ShuffleNet v1"
+    )
+    parser.add_argument(
+        "--shuffle",
+        choices=("manual", "auto"),
+        default="manual",
+        help="the channel shuffle: ShuffleNet's fixed one (manual, recommended) or "
+        "AutoShuffleNet's learned one (auto, a study: it tied or lost in this project's runs)",
+    )
     parser.add_argument(
         "--padding",
         choices=("torch", "same"),
@@ -150,20 +172,22 @@ def _add_network_arguments(parser, datasets, default_dataset):
         type=_sinkhorn_iterations,
         default=10,
         help="constraint passes per step of each learned shuffle (1: the paper's Algorithm 1, "
-        "which stalled short of permutations in docs/training.md's runs; 10 ended on them)",
+        "which stalled short of permutations in docs/training.md's runs; 10 ended on them); "
+        "--shuffle auto only",
     )
     parser.add_argument(
         "--shuffle-initializer",
         choices=("random", "manual"),
         default="random",
-        help="where learned shuffles start: the paper's random matrix or the manual shuffle",
+        help="where learned shuffles start: the paper's random matrix or the manual shuffle; "
+        "--shuffle auto only",
     )
     parser.add_argument(
         "--shuffle-forward",
         choices=("relaxed", "hard"),
         default="relaxed",
         help="learned shuffles compute M x (relaxed) or the nearest permutation of M, with a "
-        "straight-through gradient (hard)",
+        "straight-through gradient (hard); --shuffle auto only",
     )
 
 
@@ -175,7 +199,8 @@ def _add_training_arguments(parser):
         default=None,
         help="search, then retrain: learn the shuffles this many epochs (0: harden the fresh "
         "net's matrices; with --balanced, balanced hardening), then train the net with them "
-        "fixed from fresh weights for the whole recipe",
+        "fixed from fresh weights for the whole recipe (default: no search; --shuffle auto "
+        "only)",
     )
     parser.add_argument(
         "--penalty",
@@ -183,17 +208,42 @@ def _add_training_arguments(parser):
         dest="penalty",
         type=_penalty,
         default=None,
-        help="lambda, the weight of the l1-2 penalty (recipe default)",
+        help="lambda, the weight of the learned shuffles' l1-2 penalty (default: the "
+        "--dataset recipe's)",
     )
-    parser.add_argument("--epochs", type=_positive_int, default=None, help="epochs (per cycle)")
-    parser.add_argument("--batch-size", type=_positive_int, default=None, help="global batch")
     parser.add_argument(
-        "--learning-rate", type=_positive_float, default=None, help="first cycle's lr"
+        "--epochs",
+        type=_positive_int,
+        default=None,
+        help="epochs (per cycle; default: the --dataset recipe's)",
     )
-    parser.add_argument("--strategy", choices=STRATEGIES, default="auto")
+    parser.add_argument(
+        "--batch-size",
+        type=_positive_int,
+        default=None,
+        help="global batch, over all replicas (default: the --dataset recipe's)",
+    )
+    parser.add_argument(
+        "--learning-rate",
+        type=_positive_float,
+        default=None,
+        help="the first cycle's initial learning rate (default: the --dataset recipe's)",
+    )
+    parser.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        default="auto",
+        help="distribution strategy (auto: multi-worker when TF_CONFIG lists several "
+        "workers, mirrored over several local GPUs, else one device)",
+    )
     parser.add_argument("--mixed-precision", action="store_true", help="fp16 GPU / bf16 CPU")
     parser.add_argument("--jit-compile", action="store_true", help="XLA (slower on CPU)")
-    parser.add_argument("--data-dir", default=None, help="TFDS data directory")
+    parser.add_argument(
+        "--data-dir",
+        default=None,
+        help="TFDS data directory (default: TFDS's, ~/tensorflow_datasets; Fashion-MNIST is "
+        "also looked for in Debian's folder)",
+    )
     parser.add_argument(
         "--download",
         action="store_true",
@@ -203,18 +253,24 @@ def _add_training_arguments(parser):
 
 def _add_run_arguments(parser):
     """The output, the seed, the exports, the hardening, what is shown."""
-    parser.add_argument("--output", required=True, help="output directory")
-    parser.add_argument("--seed", type=_seed, default=0)
+    parser.add_argument(
+        "--output", required=True, help="the run's folder (created; a killed run resumes there)"
+    )
+    parser.add_argument(
+        "--seed", type=_seed, default=0, help="seed of the weights, data order and augmentation"
+    )
     parser.add_argument(
         "--max-train-examples",
         type=_positive_int,
         default=None,
-        help="use only the first N training examples",
+        help="use only the first N training examples (default: all)",
     )
     parser.add_argument(
         "--overwrite", action="store_true", help="replace a finished run in --output"
     )
-    parser.add_argument("--no-export", action="store_true", help="skip SavedModel and LiteRT")
+    parser.add_argument(
+        "--no-export", action="store_true", help="write model.keras only: no SavedModel, LiteRT"
+    )
     parser.add_argument(
         "--export-formats",
         type=_export_formats,
@@ -236,7 +292,8 @@ def _add_run_arguments(parser):
     parser.add_argument(
         "--balanced",
         action="store_true",
-        help="balanced hardening: permutations that fold as cheaply as the manual shuffle",
+        help="balanced hardening: permutations that fold as cheaply as the manual shuffle "
+        "(--shuffle auto only)",
     )
     parser.add_argument(
         "--harden-at-epoch",
@@ -244,7 +301,13 @@ def _add_run_arguments(parser):
         default=None,
         help="harden after this many epochs and fine-tune the rest (default: at the end)",
     )
-    parser.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2))
+    parser.add_argument(
+        "--verbose",
+        type=int,
+        default=1,
+        choices=(0, 1, 2),
+        help="Keras's verbose: 0 silent, 1 progress bar, 2 one line per epoch",
+    )
 
 
 def make_model_fn(
