@@ -162,6 +162,16 @@ def gpu_training_cost(root=ROOT):
     return f"{low}%" if low == high else f"{low}-{high}%"
 
 
+def ten_passes_rounding(root=ROOT):
+    """The largest rounding change (points) of the study's ten-passes arm, v1 and v2."""
+    changes = [
+        abs(run["rounded_accuracy"] - run["relaxed_accuracy"]) * 100
+        for run in load("study", root)["runs"]
+        if run.get("arm") == "ten_passes"
+    ]
+    return f"{max(changes):.2f} points"
+
+
 def _difference(entry):
     """The mean paired difference and its 95% interval in points: -0.50 [-0.86, -0.15]."""
     return f"{entry['diff_mean']:.2f} [{entry['ci_low']:+.2f}, {entry['ci_high']:+.2f}]"
@@ -200,6 +210,7 @@ def figures(root=ROOT):
         "study v2 balanced_fixed interval": _difference(balanced).split(" ", 1)[1],
         "study v2 paper": f"{paper['diff_mean']:.2f}",
         "study v2 paper rounding": f"{-paper['rounding_change']:.1f} points",
+        "study ten passes rounding": ten_passes_rounding(root),
         "study v2 seeds": len(search["seeds"]),
     }
 

@@ -97,6 +97,7 @@ def test_evidence_summary_states_the_rows_figures():
         f"({f['study v2 search_retrain']} and {f['study v2 balanced_fixed']})",
         f"loses {f['study v2 paper'].lstrip('-')} points on v2",
         f"on v2 {f['study v2 paper rounding']}",
+        f"within {f['study ten passes rounding']} on every seed",
     ]
     for phrase in expected:
         assert phrase in text, phrase
