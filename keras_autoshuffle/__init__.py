@@ -1,9 +1,11 @@
-"""keras-autoshuffle: learned channel permutations (AutoShuffleNet) for Keras.
+"""keras-autoshuffle: ShuffleNet v1/v2 for Keras 3; AutoShuffleNet's learned shuffle as a study.
 
-Importing the package registers every custom object (layers, constraint, regularizer,
-optimizer pieces), so `.keras` files load with `safe_mode=True`. TensorFlow-only parts
-(`data`, `training`, `export`, `prediction`) are imported on use. The experiments that produced the
-docs' numbers live outside the package, in the repository's `experiments/`.
+torchvision's ImageNet weights for ShuffleNet v2, shuffles folded away for inference, LiteRT,
+ONNX and OpenVINO export, fine-tuning on a folder of images. Importing the package registers
+every custom object (layers, constraint, regularizer, optimizer pieces), so `.keras` files
+load with `safe_mode=True`. TensorFlow-only parts (`data`, `training`, `export`,
+`prediction`) are imported on use. The experiments that produced the docs' numbers live
+outside the package, in the repository's `experiments/`.
 """
 
 # First: it imports Keras (and with it TensorFlow) without TensorFlow's start-up lines in the

@@ -1,12 +1,18 @@
 """The package's shell commands (`[project.scripts]` in pyproject.toml), one module each:
 
-- `autoshuffle-train` (`train`): train, harden and export a (Auto)ShuffleNet on the
-  embedded digits, Fashion-MNIST or CIFAR-10;
+- `autoshuffle-finetune` (`finetune`): a pretrained ShuffleNet v2 fine-tuned on a folder of
+  labelled images, exported and reported;
+- `autoshuffle-predict` (`predict`): the top classes of images, with any file
+  `autoshuffle-finetune` wrote or the pretrained ImageNet nets;
+- `autoshuffle-train` (`train`): train and export a ShuffleNet (the manual shuffle unless
+  `--shuffle auto`) on the embedded digits, Fashion-MNIST or CIFAR-10;
 - `autoshuffle-train-imagenet` (`train_imagenet`): the same on ImageNet (ILSVRC 2012);
 - `autoshuffle-convert-weights` (`convert_weights`): a torchvision ShuffleNetV2
   checkpoint (`.pth`) to a Keras weights file, without torch.
 
-Each module's `main(argv=None)` parses `argv` (default: the command line) and returns 0;
-a refusal ends in SystemExit with the reason. The repository's wrapper scripts call the same
-functions.
+Each module's `parser()` is its argument parser (`_help.command_parser`: every option with a
+help text, the defaults shown, one example in the epilog), and `main(argv=None)` parses
+`argv` (default: the command line), then imports what the work needs, and returns 0 (1 from
+`autoshuffle-predict` when it skipped a damaged image); a refusal ends in SystemExit with
+the reason. TensorFlow's start-up lines are kept off the screen (`keras_autoshuffle._startup`).
 """
