@@ -12,6 +12,7 @@ Every test has its own Keras cache (KERAS_HOME in a temporary folder): none writ
 """
 
 import contextlib
+import dataclasses
 import functools
 import http.server
 import importlib.util
@@ -119,14 +120,17 @@ def parity():
 
 
 def register(monkeypatch, path=CHECKPOINT, sha256=None, name=None):
-    """Registers `path` as the x0.5 checkpoint (a 10-class net), under `name`."""
-    entry = checkpoints.Checkpoint(
+    """Registers `path` as the x0.5 checkpoint (a 10-class net), under the file name
+    `name`; the entry keeps the registry name `shufflenet_v2_x0_5.imagenet`."""
+    entry = dataclasses.replace(
+        pretrained.CHECKPOINTS[0.5],
         file_name=name or os.path.basename(path),
         sha256=sha256 or sha256_of(path),
         num_params=PARAMS_10_CLASSES,
         acc1=0.0,
         acc5=0.0,
         classes=10,
+        file_size=os.path.getsize(path),
     )
     monkeypatch.setitem(pretrained.CHECKPOINTS, 0.5, entry)
     return entry
@@ -164,6 +168,44 @@ def test_download_convert_then_the_cache_alone(cache, server, monkeypatch, parit
     again = imagenet_v2(stem="imagenet", input_shape=(64, 64, 3))
     np.testing.assert_array_equal(logits(again, small), logits(model, small))
     assert server.requests == [f"/models/{NAME}"]
+
+
+def test_weights_by_name_load_the_same_checkpoint(cache, server, monkeypatch, parity):
+    # weights=<registry name> goes through the same download, hash and conversion as
+    # weights="imagenet": the same file, served once, and torchvision's logits.
+    entry = register(monkeypatch)
+    assert entry.name == "shufflenet_v2_x0_5.imagenet"
+    server.serve(CHECKPOINT)
+    model = imagenet_v2(weights=entry.name, stem="imagenet", input_shape=(None, None, 3))
+    x = parity["inputs_224"]
+    np.testing.assert_allclose(logits(model, x), parity["logits_224"], rtol=0, atol=1e-4)
+    assert server.requests == [f"/models/{NAME}"]
+    auto = imagenet_v2(AutoShuffleNetV2, weights=entry.name, stem="imagenet")
+    np.testing.assert_allclose(logits(auto, x), parity["logits_224"], rtol=0, atol=1e-4)
+    assert server.requests == [f"/models/{NAME}"]  # the converted file, from the cache
+
+
+def test_weights_by_name_refuse_another_width(cache, monkeypatch):
+    # Nothing is downloaded: the width is checked first.
+    small = dict(input_shape=(64, 64, 3), stem="imagenet")
+    message = (
+        r"weights='shufflenet_v2_x1_0.imagenet' are the weights of ShuffleNetV2 width 1.0, "
+        r"but this model has width 0.5.*'shufflenet_v2_x0_5.imagenet'.*"
+        r"Received: weights='shufflenet_v2_x1_0.imagenet', width=0.5$"
+    )
+    with pytest.raises(ValueError, match=message):
+        ShuffleNetV2(0.5, weights="shufflenet_v2_x1_0.imagenet", **small)
+    with pytest.raises(ValueError, match="width 2.0, but this model has width 1.5"):
+        AutoShuffleNetV2(1.5, weights="shufflenet_v2_x2_0.imagenet", **small)
+    with pytest.raises(ValueError, match="ShuffleNet v2 only"):
+        ShuffleNetV1(0.5, 3, weights="shufflenet_v2_x0_5.imagenet", **small)
+    with pytest.raises(ValueError, match="Received: padding='same'"):
+        ShuffleNetV2(0.5, weights="shufflenet_v2_x0_5.imagenet", padding="same", **small)
+    # An unknown name is neither published weights nor a file: the names are listed.
+    unknown = r"shufflenet_v2_x0_5.imagenet', .*Received: weights='shufflenet_v2_x3_0.imagenet'"
+    with pytest.raises(ValueError, match=unknown):
+        ShuffleNetV2(0.5, weights="shufflenet_v2_x3_0.imagenet", **small)
+    assert not cache.exists() or os.listdir(cache) == []
 
 
 def place_in_cache(cache):
@@ -630,7 +672,10 @@ def test_the_download_timeout_has_a_documented_maximum(monkeypatch):
 _KILLED_DOWNLOAD = """
 import os, sys
 from keras_autoshuffle.applications import checkpoints, pretrained
-entry = checkpoints.Checkpoint(sys.argv[1], "0" * 64, 1, 0.0, 0.0, classes=10)
+import dataclasses
+entry = dataclasses.replace(
+    checkpoints.CHECKPOINTS[0.5], file_name=sys.argv[1], sha256="0" * 64, classes=10
+)
 pretrained.CHECKPOINTS[0.5] = entry
 pretrained.download_checkpoint(0.5)
 """

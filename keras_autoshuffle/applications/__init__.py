@@ -9,7 +9,7 @@ from keras_autoshuffle.applications.architecture import (
     Architecture,
     describe,
 )
-from keras_autoshuffle.applications.checkpoints import CHECKPOINTS
+from keras_autoshuffle.applications.checkpoints import CHECKPOINTS, Checkpoint
 from keras_autoshuffle.applications.common import count_macs
 from keras_autoshuffle.applications.preprocessing import (
     ResizeCenterCrop,
@@ -18,6 +18,7 @@ from keras_autoshuffle.applications.preprocessing import (
     preprocess_input,
 )
 from keras_autoshuffle.applications.pretrained import decode_predictions
+from keras_autoshuffle.applications.registry import get_weights, list_models, list_weights
 from keras_autoshuffle.applications.shufflenet_v1 import AutoShuffleNetV1, ShuffleNetV1
 from keras_autoshuffle.applications.shufflenet_v2 import AutoShuffleNetV2, ShuffleNetV2
 from keras_autoshuffle.applications.torch_checkpoint import CheckpointError, read_torch_checkpoint
@@ -29,6 +30,7 @@ __all__ = [
     "AutoShuffleNetV1",
     "AutoShuffleNetV2",
     "CHECKPOINTS",
+    "Checkpoint",
     "CheckpointError",
     "ChannelSplit",
     "GroupedConv2D",
@@ -44,7 +46,10 @@ __all__ = [
     "decode_predictions",
     "describe",
     "evaluation_preprocessing",
+    "get_weights",
     "imagenet_preprocessing",
+    "list_models",
+    "list_weights",
     "load_torchvision_weights",
     "preprocess_input",
     "read_torch_checkpoint",

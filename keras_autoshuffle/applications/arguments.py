@@ -11,7 +11,7 @@ import keras
 from keras import layers, ops
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle.applications import common, weights_files
+from keras_autoshuffle.applications import common, registry, weights_files
 from keras_autoshuffle.constraints import check_iterations
 from keras_autoshuffle.hard_forward import FORWARDS
 from keras_autoshuffle.layers import SHUFFLE_INITIALIZERS
@@ -140,19 +140,20 @@ def check_common_args(
 
 
 def _check_weights(weights, padding, stem, shuffle_initializer):
-    """`(weights file or None, shuffle_initializer)`: "imagenet" needs torchvision's
-    padding and stem and starts learned shuffles at the manual one; a path must exist."""
-    if isinstance(weights, str) and weights == "imagenet":
+    """`(weights file or None, shuffle_initializer)`: "imagenet" or a registry name
+    (`registry.list_weights()`) needs torchvision's padding and stem and starts learned
+    shuffles at the manual one; a path must exist."""
+    if registry.is_pretrained(weights):
         # torchvision's network: the width, stem and classes are checked by `finish`
         # (`pretrained.imagenet_weights_file`), once the model is built.
         if padding != "torch":
             raise ValueError(
-                "weights='imagenet' are torchvision's network, which pads as PyTorch: build "
+                f"weights={weights!r} are torchvision's network, which pads as PyTorch: build "
                 f"it with padding='torch' (the default). Received: padding={padding!r}"
             )
         if stem == "cifar":
             raise ValueError(
-                "weights='imagenet' are torchvision's network, which has the ImageNet stem: "
+                f"weights={weights!r} are torchvision's network, which has the ImageNet stem: "
                 f"build it with stem='imagenet' or 'auto'. Received: stem={stem!r}"
             )
         # Learned shuffles always start at the manual shuffle: the pretrained net.
@@ -164,7 +165,8 @@ def _check_weights(weights, padding, stem, shuffle_initializer):
     ):
         raise ValueError(
             "`weights` must be None (random initialization), 'imagenet' (torchvision's "
-            "ImageNet weights, ShuffleNet v2 only) or the path to an existing weights file. "
+            "ImageNet weights, ShuffleNet v2 only), the name of published weights (one of "
+            f"{registry.list_weights()}) or the path to an existing weights file. "
             f"Received: weights={weights!r}"
         )
     return weights, shuffle_initializer

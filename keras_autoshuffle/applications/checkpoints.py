@@ -1,26 +1,43 @@
 """torchvision's ImageNet ShuffleNetV2 checkpoints: the registry `CHECKPOINTS` (data only:
-where each file is, its hash, what torchvision reports of it) and the download URL rule.
-`pretrained` downloads, checks and converts them; `preprocessing` reads their sizes.
+each entry's name, where its file is, its hash and size, what torchvision reports of it,
+its multiply-adds) and the download URL rule. `pretrained` downloads, checks and converts
+them; `preprocessing` reads their sizes; `registry` looks them up by name
+(`get_weights("shufflenet_v2_x1_0.imagenet")`, `list_weights()`).
 
 Test seam: `CHECKPOINTS` is a plain dict {width: Checkpoint}; a test may replace an entry
-(e.g. `monkeypatch.setitem(CHECKPOINTS, 0.5, Checkpoint(...))`) to serve a small
-checkpoint of its own through the same download, hash and conversion code.
+(e.g. `monkeypatch.setitem(CHECKPOINTS, 0.5, dataclasses.replace(CHECKPOINTS[0.5], ...))`)
+to serve a small checkpoint of its own through the same download, hash and conversion
+code, by width (`weights="imagenet"`) or by name (`weights=entry.name`).
 """
 
 import dataclasses
 import os
 import pathlib
 import urllib.parse
+from typing import TYPE_CHECKING
 
-from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD
+from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD, width_name
+
+if TYPE_CHECKING:
+    import keras
 
 BASE_URL = "https://download.pytorch.org/models/"
 URL_VARIABLE = "KERAS_AUTOSHUFFLE_WEIGHTS_URL"
 
 
+# torchvision's `Weights.meta["recipe"]` of each checkpoint.
+PORTED_RECIPE = "https://github.com/ericsun99/Shufflenet-v2-Pytorch"
+NEW_RECIPE = "https://github.com/pytorch/vision/pull/5906"
+
+
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
-    """One published ShuffleNetV2 ImageNet checkpoint and what torchvision says of it.
+    """One published ShuffleNetV2 ImageNet checkpoint and what torchvision says of it:
+    an entry of the weights registry (`applications.get_weights(name)`).
+
+    The fields are data a program can read (`to_dict()` gives them all, with `url`);
+    `preprocessing()` is the evaluation transform, `class_names()` the classifier's
+    classes, in its order.
 
     Attributes:
         file_name: the file's name (the download URL's last part).
@@ -28,15 +45,32 @@ class Checkpoint:
             else the prefix torchvision puts in the file name, which is what
             `torch.hub.load_state_dict_from_url(check_hash=True)` checks too. The
             download must start with it.
-        num_params: trainable parameters with the 1000-class classifier.
-        acc1, acc5: ImageNet-1K validation accuracy (%) that torchvision reports.
-        resize_size, crop_size: torchvision's evaluation transform
-            (`ImageClassification`): resize the shorter side to `resize_size`
-            (bilinear), center-crop `crop_size`, then `preprocess_input` (scale to [0, 1],
-            normalise with `mean` / `std`); `imagenet_preprocessing(width)` is this
+        num_params: trainable parameters with the 1000-class classifier (torchvision's
+            `meta["num_params"]`; BatchNorm's moving statistics not counted).
+        acc1: ImageNet-1K validation top-1 accuracy (%) that torchvision reports.
+        acc5: the same, top-5.
+        resize_size: the side torchvision's evaluation transform (`ImageClassification`)
+            resizes the shorter side to (bilinear), before the crop.
+        crop_size: the side of its center crop, after which `preprocess_input` scales to
+            [0, 1] and normalises with `mean` / `std`; `preprocessing()` is this
             transform as Keras layers.
         classes: the classifier's class count.
-        mean, std: the normalisation, per RGB channel.
+        mean: the normalisation's mean, per RGB channel.
+        std: its standard deviation, per RGB channel.
+        name: the registry name, `<model>_<width>.<dataset>` (`shufflenet_v2_x1_0.imagenet`),
+            what builders take as `weights=`.
+        builder: the builder whose network the weights are (`"ShuffleNetV2"`; the
+            learned-shuffle `"AutoShuffleNetV2"` loads them too, its shuffles starting at
+            the manual one).
+        width: the builder's `width` the weights fit.
+        file_size: the file's size in bytes. Exact for x1.0 (OpenVINO's model zoo); for the
+            others torchvision's `meta["_file_size"]` (MiB, 3 decimals) times 2**20, so
+            within 525 bytes; informative only (the hash is what is checked).
+        macs: multiply-adds per 224x224 image, as `count_macs` counts them (torchvision's
+            `meta["_ops"]` is the same in GFLOPs, rounded).
+        torchvision_name: the torchvision weights enum member that is this file.
+        recipe: how the weights were trained (torchvision's `meta["recipe"]`).
+        dataset: the dataset the accuracy is measured on.
     """
 
     file_name: str
@@ -47,41 +81,159 @@ class Checkpoint:
     resize_size: int = 256
     crop_size: int = 224
     classes: int = 1000
-    mean: tuple = IMAGENET_MEAN
-    std: tuple = IMAGENET_STD
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    # Keyword-only: the fields above keep their positions.
+    _: dataclasses.KW_ONLY
+    name: str
+    builder: str
+    width: float
+    file_size: int
+    macs: int
+    torchvision_name: str
+    recipe: str = PORTED_RECIPE
+    dataset: str = "ImageNet-1K"
 
     @property
-    def url(self):
+    def url(self) -> str:
         """Where the file is downloaded from (`KERAS_AUTOSHUFFLE_WEIGHTS_URL` applied)."""
         return checkpoint_url(self.file_name)
 
     @property
-    def stem(self):
+    def stem(self) -> str:
         """The file name without `.pth`: the converted files are named after it."""
         return self.file_name.removesuffix(".pth")
 
+    @property
+    def metrics(self) -> dict[str, dict[str, float]]:
+        """The reported accuracy as torchvision's `meta["_metrics"]`:
+        `{"ImageNet-1K": {"acc@1": ..., "acc@5": ...}}` (%)."""
+        return {self.dataset: {"acc@1": self.acc1, "acc@5": self.acc5}}
+
+    def preprocessing(self, data_format: str | None = None) -> "keras.Sequential":
+        """The evaluation transform of these weights, as Keras layers: the same model as
+        `applications.imagenet_preprocessing(self.width)`.
+
+        Args:
+            data_format: "channels_last" or "channels_first" (default: Keras's).
+
+        Returns:
+            A `keras.Sequential` from pixel values in [0, 255] (a batch of any size and
+            sides) to the model's input (batch, crop_size, crop_size, 3): RGB, shorter side
+            resized to `resize_size`, center crop, scaled and normalised.
+        """
+        # Imported here: `preprocessing` imports this module.
+        from keras_autoshuffle.applications import preprocessing
+
+        return preprocessing._evaluation_model(
+            self.crop_size,
+            self.resize_size,
+            self.mean,
+            self.std,
+            data_format,
+            f"shufflenet_v2_{width_name(self.width)}_preprocessing",
+        )
+
+    def class_names(self) -> list[str]:
+        """The classifier's class names, in its output order (1000 ImageNet-1K classes):
+        the class index `decode_predictions` uses (Keras's `imagenet_class_index.json`,
+        fetched once, MD5-checked, into Keras's cache).
+
+        Returns:
+            A list of `classes` names, output `i`'s name at index `i`.
+
+        Raises:
+            OSError: the class index is not cached and cannot be downloaded (the message
+                says where to put it offline).
+        """
+        from keras_autoshuffle.applications import pretrained
+
+        index = pretrained.imagenet_class_index(f"weights={self.name!r}")
+        return [index[str(i)][1] for i in range(self.classes)]
+
+    def to_dict(self) -> dict:
+        """Every field, plus `url` and `metrics`, as JSON-ready values (tuples as lists).
+
+        Returns:
+            A dict from field name to value.
+        """
+        data = dataclasses.asdict(self)
+        data.update(url=self.url, metrics=self.metrics)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in data.items()}
+
+
+def _entry(width, file_name, sha256, num_params, acc1, acc5, file_size, macs, **kwargs):
+    """The registry entry of torchvision's ShuffleNetV2 checkpoint at `width`."""
+    suffix = width_name(width)  # "x1_0", torchvision's builder suffix
+    return Checkpoint(
+        file_name,
+        sha256,
+        num_params,
+        acc1,
+        acc5,
+        name=f"shufflenet_v2_{suffix}.imagenet",
+        builder="ShuffleNetV2",
+        width=width,
+        file_size=file_size,
+        macs=macs,
+        torchvision_name=f"ShuffleNet_V2_{suffix.upper()}_Weights.IMAGENET1K_V1",
+        **kwargs,
+    )
+
 
 # torchvision 0.2x `ShuffleNet_V2_X*_Weights.IMAGENET1K_V1` (torchvision/models/
-# shufflenetv2.py): URL, num_params, acc@1 / acc@5, transforms. x0.5 and x1.0 were ported
-# from ericsun99/Shufflenet-v2-Pytorch (legacy torch format, resize 256); x1.5 and x2.0
-# were trained with torchvision's new recipe (resize 232). Only the x1.0 file's full
-# SHA-256 was found published (OpenVINO Open Model Zoo, models/public/
-# shufflenet-v2-x1.0/model.yml: 9,218,294 bytes; it starts with torchvision's prefix);
-# for the other three the prefix in torchvision's file name is all that is checked.
+# shufflenetv2.py): URL, num_params, acc@1 / acc@5, transforms, _file_size (MiB). x0.5 and
+# x1.0 were ported from ericsun99/Shufflenet-v2-Pytorch (legacy torch format, resize 256);
+# x1.5 and x2.0 were trained with torchvision's new recipe (resize 232). Only the x1.0
+# file's full SHA-256 and byte size were found published (OpenVINO Open Model Zoo,
+# models/public/shufflenet-v2-x1.0/model.yml: 9,218,294 bytes; its hash starts with
+# torchvision's prefix); for the other three the prefix in torchvision's file name is all
+# that is checked. The multiply-adds are `count_macs` of the built net at 224x224
+# (tests/test_weights_registry.py recomputes them).
 CHECKPOINTS = {
-    0.5: Checkpoint("shufflenetv2_x0.5-f707e7126e.pth", "f707e7126e", 1_366_792, 60.552, 81.746),
-    1.0: Checkpoint(
+    0.5: _entry(
+        0.5,
+        "shufflenetv2_x0.5-f707e7126e.pth",
+        "f707e7126e",
+        1_366_792,
+        60.552,
+        81.746,
+        file_size=round(5.282 * 2**20),
+        macs=40_476_448,
+    ),
+    1.0: _entry(
+        1.0,
         "shufflenetv2_x1-5666bf0f80.pth",
         "5666bf0f80d1e7f8fb61f6a65742b9c27c37f3208c1f087cdcd7c1ec1aa8b848",
         2_278_604,
         69.362,
         88.316,
+        file_size=9_218_294,
+        macs=144_907_992,
     ),
-    1.5: Checkpoint(
-        "shufflenetv2_x1_5-3c479a10.pth", "3c479a10", 3_503_624, 72.996, 91.086, resize_size=232
+    1.5: _entry(
+        1.5,
+        "shufflenetv2_x1_5-3c479a10.pth",
+        "3c479a10",
+        3_503_624,
+        72.996,
+        91.086,
+        file_size=round(13.557 * 2**20),
+        macs=295_759_392,
+        resize_size=232,
+        recipe=NEW_RECIPE,
     ),
-    2.0: Checkpoint(
-        "shufflenetv2_x2_0-8be3c8ee.pth", "8be3c8ee", 7_393_996, 76.230, 93.006, resize_size=232
+    2.0: _entry(
+        2.0,
+        "shufflenetv2_x2_0-8be3c8ee.pth",
+        "8be3c8ee",
+        7_393_996,
+        76.230,
+        93.006,
+        file_size=round(28.433 * 2**20),
+        macs=583_253_464,
+        resize_size=232,
+        recipe=NEW_RECIPE,
     ),
 }
 

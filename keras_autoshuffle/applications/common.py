@@ -13,7 +13,7 @@ from keras import layers
 
 from keras_autoshuffle import _validation
 from keras_autoshuffle.applications import architecture as arch
-from keras_autoshuffle.applications import pretrained, weights_files
+from keras_autoshuffle.applications import pretrained, registry, weights_files
 from keras_autoshuffle.layers import ChannelShuffle, GroupedConv2D, RelaxedShuffle
 
 
@@ -215,8 +215,9 @@ def finish(inputs, x, name, rebuild, shared, options, image_shape):
     `classifier_activation` and `weights` are read from it), `options` their checked form;
     `rebuild` and `image_shape` make the manual twin (`manual_twin`).
 
-    `weights="imagenet"` is torchvision's checkpoint for the model's width, converted
-    into the manual twin and cached once (`pretrained.imagenet_weights_file`), then
+    `weights="imagenet"` (or the registry name of the model's width, e.g.
+    "shufflenet_v2_x1_0.imagenet") is torchvision's checkpoint for the model's width,
+    converted into the manual twin and cached once (`pretrained.imagenet_weights_file`), then
     loaded as a file. A weights file without learned shuffles (a manual net's, e.g.
     converted from torchvision) given to a learned-shuffle model is loaded into its
     manual twin and copied layer by layer by name; Keras's `load_weights` cannot take
@@ -226,9 +227,10 @@ def finish(inputs, x, name, rebuild, shared, options, image_shape):
     model = keras.Model(inputs, _top(x, shared), name=name)
     weights = shared["weights"]
     twin = manual_twin(rebuild, shared, image_shape)
-    if isinstance(weights, str) and weights == "imagenet":
+    if registry.is_pretrained(weights):
+        build = functools.partial(twin, weights=None)
         weights = pretrained.imagenet_weights_file(
-            model, shared["include_top"], shared["classes"], functools.partial(twin, weights=None)
+            model, shared["include_top"], shared["classes"], build, weights
         )
     learned = options.shuffle == "auto"
     if weights is not None and learned and not weights_files.learned_shuffles_in_file(weights):

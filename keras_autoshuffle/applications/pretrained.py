@@ -1,9 +1,11 @@
-"""torchvision's ImageNet ShuffleNetV2 checkpoints behind `weights="imagenet"`.
+"""torchvision's ImageNet ShuffleNetV2 checkpoints behind `weights="imagenet"` and
+`weights="shufflenet_v2_x1_0.imagenet"` (a registry name, `registry.list_weights()`).
 
 `CHECKPOINTS` (`applications.checkpoints`) is the registry: for each width, torchvision's
-published file (`ShuffleNet_V2_X*_Weights.IMAGENET1K_V1`), its SHA-256, parameter count,
-the ImageNet-1K accuracy torchvision reports and its evaluation preprocessing.
-`ShuffleNetV2(width, weights="imagenet")` then:
+published file (`ShuffleNet_V2_X*_Weights.IMAGENET1K_V1`), its name, SHA-256, size,
+parameter count, multiply-adds, the ImageNet-1K accuracy torchvision reports and its
+evaluation preprocessing. `ShuffleNetV2(width, weights="imagenet")` (or the name of the
+width's entry) then:
 
 1. uses `<cache>/models/<checkpoint>.weights.h5` (or `..._notop.weights.h5`) if it is
    there: no network, no torch;
@@ -44,6 +46,7 @@ import numpy as np
 
 from keras_autoshuffle._files import sha256_of
 from keras_autoshuffle.applications import architecture as arch
+from keras_autoshuffle.applications import registry
 from keras_autoshuffle.applications.architecture import REPEATS, V2_CONFIGS
 from keras_autoshuffle.applications.checkpoints import CHECKPOINTS, URL_VARIABLE
 from keras_autoshuffle.applications.torch_checkpoint import read_torch_checkpoint
@@ -339,7 +342,7 @@ def _fetch(url, target, timeout):
                 raise _Stalled(f"under 64 KiB sent in {timeout:g} s after {received} bytes")
 
 
-def download_checkpoint(width):
+def download_checkpoint(width, weights="imagenet"):
     """The path of torchvision's checkpoint for `width` in Keras's cache, downloaded if it
     is not there, its SHA-256 checked.
 
@@ -348,6 +351,8 @@ def download_checkpoint(width):
 
     Args:
         width: a key of `CHECKPOINTS`.
+        weights: what the builder was given ("imagenet" or the entry's name), for the
+            errors' `Received: weights=...`.
 
     Returns:
         The path of the checked `.pth` file under `<cache>/models`.
@@ -361,7 +366,7 @@ def download_checkpoint(width):
         raise ValueError(
             f"{path}, where torchvision's checkpoint is cached, is not a regular file (a "
             "folder, FIFO or broken link): delete it, or replace it with torchvision's "
-            f"file {entry.file_name}. Received: weights='imagenet'"
+            f"file {entry.file_name}. Received: weights={weights!r}"
         )
     if os.path.isfile(path):
         digest = sha256_of(path)
@@ -399,7 +404,7 @@ def download_checkpoint(width):
         raise OSError(
             f"Could not download torchvision's ImageNet ShuffleNetV2 x{width:g} weights from "
             f"{url}: {cause} {rejected}{_convert_by_hand(entry, width)} "
-            "Received: weights='imagenet'"
+            f"Received: weights={weights!r}"
         ) from None
     digest = sha256_of(download)
     if not digest.startswith(expected):
@@ -466,7 +471,7 @@ def _declared_values(handle, entry):
         raise ValueError(f"the attribute {PADDING_ATTRIBUTE} of shape {padding.shape}")
 
 
-def _check_cached(path, entry):
+def _check_cached(path, entry, weights="imagenet"):
     """Refuses a converted weights file in the cache that cannot be read whole (empty,
     truncated, damaged, not HDF5, a folder) or that declares more than the net it holds
     (checked before reading anything), naming it: it would fail every later call."""
@@ -489,11 +494,11 @@ def _check_cached(path, entry):
             f"The cached ImageNet weights file {path} cannot be read ({type(error).__name__}: "
             f"{error}): it is damaged (e.g. truncated by a full disk) or not this package's. "
             "Delete it, and it is converted again from torchvision's checkpoint at the next "
-            "call (or replace it with a good copy). Received: weights='imagenet'"
+            f"call (or replace it with a good copy). Received: weights={weights!r}"
         ) from None
 
 
-def converted_weights(width, include_top, build):
+def converted_weights(width, include_top, build, weights="imagenet"):
     """The Keras weights file of torchvision's ImageNet ShuffleNetV2 at `width`, from the
     cache, or downloaded, read (no torch), converted and cached once.
 
@@ -503,6 +508,8 @@ def converted_weights(width, include_top, build):
         build: a function of no arguments building the ShuffleNetV2 with manual shuffles
             at `width` (ImageNet stem, PyTorch's padding, `include_top`, the checkpoint's
             classes) the checkpoint is converted into; called only on a cache miss.
+        weights: what the builder was given ("imagenet" or the entry's name), for the
+            errors' `Received: weights=...`.
 
     Returns:
         The path of `<cache>/models/<checkpoint>[_notop].weights.h5`, marked as fitting
@@ -512,9 +519,9 @@ def converted_weights(width, include_top, build):
     suffix = "" if include_top else "_notop"
     path = os.path.join(cache_dir(), CACHE_SUBDIR, f"{entry.stem}{suffix}.weights.h5")
     if os.path.lexists(path):
-        _check_cached(path, entry)
+        _check_cached(path, entry, weights)
         return path
-    checkpoint = download_checkpoint(width)
+    checkpoint = download_checkpoint(width, weights)
     state_dict = read_torch_checkpoint(checkpoint)
     model = build()
     try:
@@ -536,9 +543,10 @@ def converted_weights(width, include_top, build):
     return path
 
 
-def imagenet_weights_file(model, include_top, classes, build):
-    """For a builder's `weights="imagenet"`: checks that `model` is the network the
-    checkpoints fit and returns the converted weights file (`converted_weights`).
+def imagenet_weights_file(model, include_top, classes, build, weights="imagenet"):
+    """For a builder's `weights="imagenet"` or `weights=<entry name>`: checks that `model`
+    is the network the checkpoint fits and returns the converted weights file
+    (`converted_weights`).
 
     Args:
         model: the ShuffleNetV2 / AutoShuffleNetV2 just built (ImageNet stem, PyTorch's
@@ -546,50 +554,61 @@ def imagenet_weights_file(model, include_top, classes, build):
         include_top: whether the model has the classifier.
         classes: its class count; with `include_top`, the checkpoint's (1000).
         build: builds the same net with manual shuffles, for `converted_weights`.
+        weights: "imagenet" (the checkpoint of the model's width) or a registry name
+            (`registry.list_weights()`), which must be of the model's width.
 
     Returns:
         The path of the Keras weights file to load.
     """
+    named = None if weights == registry.IMAGENET else registry.get_weights(weights)
     shape = tuple(model.inputs[0].shape[1:])
     channels = shape[0] if keras.config.image_data_format() == "channels_first" else shape[-1]
     if channels != 3:
         raise ValueError(
-            "weights='imagenet' are torchvision's network for RGB images: the input must "
+            f"weights={weights!r} are torchvision's network for RGB images: the input must "
             f"have 3 channels. Received: input_shape={shape}"
         )
     found = arch.describe(model)
     if found is None or found.family != "v2":
         raise ValueError(
-            "weights='imagenet' exists for ShuffleNet v2 only (torchvision's checkpoints); "
+            f"weights={weights!r} exist for ShuffleNet v2 only (torchvision's checkpoints); "
             "no ImageNet weights are published for ShuffleNet v1 in this layout. Use "
             "ShuffleNetV2 / AutoShuffleNetV2, or weights=None or a weights file. "
-            "Received: weights='imagenet'"
+            f"Received: weights={weights!r}"
         )
     names = {layer.name for layer in model.layers}
     head = model.get_layer(arch.HEAD_CONV).weights[0].shape
     width = {config[3:]: w for w, config in V2_CONFIGS.items()}.get((head[-2], head[-1]))
     if found.repeats != REPEATS or width not in CHECKPOINTS:
         raise ValueError(
-            "weights='imagenet' needs torchvision's ShuffleNetV2 layout: one of the widths "
+            f"weights={weights!r} need torchvision's ShuffleNetV2 layout: one of the widths "
             f"{sorted(CHECKPOINTS)} with stage repeats {REPEATS} (no `channels` / `repeats` "
             f"overrides). Received: repeats={found.repeats}, head {head[-2]} -> {head[-1]}"
         )
+    if named is not None and named.width != width:
+        # A name fixes the width: loading it into another width cannot work.
+        raise ValueError(
+            f"weights={weights!r} are the weights of ShuffleNetV2 width {named.width}, but "
+            f"this model has width {width}. Build it with width={named.width}, or pass "
+            f"weights={CHECKPOINTS[width].name!r} (or 'imagenet') for width {width}. "
+            f"Received: weights={weights!r}, width={width}"
+        )
     if arch.STEM_POOL not in names:
         raise ValueError(
-            "weights='imagenet' are torchvision's network, which has the ImageNet stem; "
+            f"weights={weights!r} are torchvision's network, which has the ImageNet stem; "
             "stem='auto' picks the CIFAR stem when both input sides are at most 64. Build "
-            "it with stem='imagenet'. Received: weights='imagenet' with the CIFAR stem "
+            f"it with stem='imagenet'. Received: weights={weights!r} with the CIFAR stem "
             f"(input shape {tuple(model.inputs[0].shape[1:])})"
         )
     entry = CHECKPOINTS[width]
     if include_top and classes != entry.classes:
         raise ValueError(
-            f"With weights='imagenet' and include_top=True, `classes` must be "
+            f"With weights={weights!r} and include_top=True, `classes` must be "
             f"{entry.classes} (torchvision's ImageNet classifier). For another classifier "
             "build with include_top=False (and pooling='avg') and add your own head. "
             f"Received: classes={classes}"
         )
-    return converted_weights(width, include_top, build)
+    return converted_weights(width, include_top, build, weights)
 
 
 def decode_predictions(preds, top=5):
