@@ -17,17 +17,19 @@ network for torchvision's files). Each row also holds the parameter count, the
 multiply-adds (`count_macs`), the machine, its load average at the start and the end, and
 the library versions.
 
-`render` makes the markdown table from the rows and torchvision's accuracies (the
-registry's, torchvision's report, not measured here); `--readme` replaces the table
-between the README's `model-table` markers, `--check` fails if the README's table differs
-from the rows (the test suite runs that check).
+`render` makes the markdown table from the weights registry (`applications.list_weights()`:
+names, parameters, multiply-adds, torchvision's accuracies, not measured here) and the rows'
+times and file sizes, refusing a row whose counts differ from its entry's; `--readme`
+replaces the table between the README's `model-table` markers, `--guide` the registry's
+table between docs/guide/pretrained.md's `weights-table` markers (`render_weights`), and
+`--check` fails if either differs (the test suite runs that check).
 
 Usage:
     python -m experiments.model_table measure --json docs/results/model_table_cpu.json \
         [--note "machine busy with ..."] [--widths 0.5 1.0] [--threads 2] [--repeats 27] \
         [--processes 3]
     python -m experiments.model_table render --json docs/results/model_table_cpu.json \
-        [--readme README.md] [--check]
+        [--readme README.md] [--guide docs/guide/pretrained.md] [--check]
 """
 
 import argparse
@@ -44,6 +46,13 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 ROWS = os.path.join("docs", "results", "model_table_cpu.json")
 BEGIN = "<!-- model-table: python -m experiments.model_table render --readme README.md -->"
 END = "<!-- /model-table -->"
+# The guide's table of the registry (`render_weights`), between these markers.
+GUIDE = os.path.join("docs", "guide", "pretrained.md")
+WEIGHTS_BEGIN = (
+    "<!-- weights-table: python -m experiments.model_table render --guide "
+    "docs/guide/pretrained.md -->"
+)
+WEIGHTS_END = "<!-- /weights-table -->"
 SIDE = 224
 # The export format -> its task in experiments.benchmark (the row's key: "<task>_ms").
 RUNTIMES = {"onnx": "ort_infer", "openvino": "openvino_infer"}
@@ -175,21 +184,49 @@ def _load(row):
     return f"load average {start:.1f} at the start, {end:.1f} at the end"
 
 
-def render(rows, checkpoints):
-    """The markdown table (and a line naming the machine) from the measured rows."""
+def _entries():
+    """The registry's entries (`applications.list_weights()`), by width."""
+    from keras_autoshuffle import applications
+
+    return [applications.get_weights(name) for name in applications.list_weights()]
+
+
+def render(rows):
+    """The README's markdown table (and a line naming the machine): one line per registry
+    entry, its parameters, multiply-adds and accuracy from the registry, its times and file
+    size from the measured row of its width ("-" where none was measured). A row whose
+    parameters or multiply-adds differ from its entry's is refused: one number per claim."""
+    by_width = {row["width"]: row for row in rows}
+    entries = _entries()
+    for row in rows:
+        entry = next((e for e in entries if e.width == row["width"]), None)
+        if entry is None:
+            raise ValueError(f"No registry entry has width {row['width']}. Received: {row}")
+        # The registry's multiply-adds are at 224x224; a row at another side has others.
+        at_224 = row.get("input", SIDE) == 224
+        if row["parameters"] != entry.num_params or (at_224 and row["macs"] != entry.macs):
+            raise ValueError(
+                f"The row of width {row['width']} counts {row['parameters']} parameters and "
+                f"{row['macs']} multiply-adds; the registry's {entry.name} holds "
+                f"{entry.num_params} and {entry.macs}. Measure again or fix the registry. "
+                f"Received: parameters={row['parameters']}, macs={row['macs']}"
+            )
     extra = [key for key in COLUMNS if all(key in row for row in rows)]
     lines = [
-        "| model | parameters | multiply-adds | top-1 / top-5 (%) | LiteRT ms | LiteRT MB |"
-        + "".join(f" {COLUMNS[key]} |" for key in extra),
-        "|---|---|---|---|---|---|" + "---|" * len(extra),
+        "| model | weights | parameters | multiply-adds | top-1 / top-5 (%) | LiteRT ms "
+        "| LiteRT MB |" + "".join(f" {COLUMNS[key]} |" for key in extra),
+        "|---|---|---|---|---|---|---|" + "---|" * len(extra),
     ]
-    for row in sorted(rows, key=lambda r: r["width"]):
-        entry = checkpoints[row["width"]]
+    for entry in entries:
+        row = by_width.get(entry.width)
+        measured = ["-"] * (2 + len(extra))
+        if row is not None:
+            measured = [f"{row['litert_ms']:.2f}", f"{row['litert_bytes'] / 1e6:.1f}"]
+            measured += [f"{row[key]:.2f}" for key in extra]
         lines.append(
-            f"| `ShuffleNetV2({row['width']})` | {row['parameters'] / 1e6:.2f}M "
-            f"| {row['macs'] / 1e6:.0f}M | {entry.acc1:.1f} / {entry.acc5:.1f} "
-            f"| {row['litert_ms']:.2f} | {row['litert_bytes'] / 1e6:.1f} |"
-            + "".join(f" {row[key]:.2f} |" for key in extra)
+            f"| `{entry.builder}({entry.width})` | `{entry.name}` "
+            f"| {entry.num_params / 1e6:.2f}M | {entry.macs / 1e6:.0f}M "
+            f"| {entry.acc1:.1f} / {entry.acc5:.1f} | " + " | ".join(measured) + " |"
         )
     settings = {
         (r["machine"], r["threads"], r["date"], r.get("tensorflow"), _load(r), r.get("note"))
@@ -206,7 +243,9 @@ def render(rows, checkpoints):
         lines.append("")
         details = "; ".join(x for x in (load, note) if x)
         lines.append(
-            f"Top-1/top-5: torchvision's ImageNet-1K report for its weights, not measured here. "
+            "Parameters, multiply-adds and top-1/top-5: the weights registry "
+            "(`applications.get_weights(name)`); top-1/top-5 are torchvision's ImageNet-1K "
+            "report for its weights, not measured here. "
             f"Latency: the folded float32 net at {SIDE}x{SIDE}, batch 1, {threads} threads, "
             f"median ms (LiteRT with XNNPACK"
             + (", and the ONNX file in ONNX Runtime and OpenVINO" if extra else "")
@@ -216,13 +255,33 @@ def render(rows, checkpoints):
     return "\n".join(lines)
 
 
-def replace_block(text, table, path):
-    """`text` with the block between BEGIN and END replaced by `table`."""
-    if BEGIN not in text or END not in text:
-        raise ValueError(f"{path} has no model-table markers ({BEGIN!r} ... {END!r}).")
-    head, rest = text.split(BEGIN, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{BEGIN}\n{table}\n{END}{tail}"
+def render_weights():
+    """The guide's table of the registry alone (docs/guide/pretrained.md): each entry's
+    name, file, size, parameters, multiply-adds, accuracy, evaluation sizes and hash."""
+    lines = [
+        "| weights | torchvision's file | size | parameters | multiply-adds "
+        "| acc@1 / acc@5 (%) | resize / crop | SHA-256 checked |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for entry in _entries():
+        checked = "all 64 digits" if len(entry.sha256) == 64 else f"prefix `{entry.sha256}`"
+        lines.append(
+            f"| `{entry.name}` | `{entry.file_name}` | {entry.file_size / 2**20:.1f} MiB "
+            f"| {entry.num_params:,} | {entry.macs / 1e6:.0f}M "
+            f"| {entry.acc1:.3f} / {entry.acc5:.3f} | {entry.resize_size} / {entry.crop_size} "
+            f"| {checked} |"
+        )
+    return "\n".join(lines)
+
+
+def replace_block(text, table, path, begin=BEGIN, end=END):
+    """`text` with the block between `begin` and `end` replaced by `table`."""
+    if begin not in text or end not in text:
+        kind = "model-table" if begin == BEGIN else "weights-table"
+        raise ValueError(f"{path} has no {kind} markers ({begin!r} ... {end!r}).")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{begin}\n{table}\n{end}{tail}"
 
 
 def parse_args(argv=None):
@@ -238,7 +297,10 @@ def parse_args(argv=None):
     show = commands.add_parser("render", help="the markdown table from the rows")
     show.add_argument("--json", default=ROWS, help="the measured rows")
     show.add_argument("--readme", help="replace the table between this file's markers")
-    show.add_argument("--check", action="store_true", help="fail if --readme's table differs")
+    show.add_argument("--guide", help="replace the registry table between this file's markers")
+    show.add_argument(
+        "--check", action="store_true", help="fail if --readme's or --guide's table differs"
+    )
     args = parser.parse_args(argv)
     if args.command == "measure":
         if args.threads < 1:
@@ -247,8 +309,8 @@ def parse_args(argv=None):
             parser.error(f"--repeats must be >= 1. Received: repeats={args.repeats}")
         if args.processes < 1:
             parser.error(f"--processes must be >= 1. Received: processes={args.processes}")
-    if args.command == "render" and args.check and not args.readme:
-        parser.error("--check needs --readme.")
+    if args.command == "render" and args.check and not (args.readme or args.guide):
+        parser.error("--check needs --readme or --guide.")
     return args
 
 
@@ -264,25 +326,32 @@ def main(argv=None):
         rows = measure(widths, args.threads, args.repeats, args.note, args.processes)
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
-        print(render(rows, CHECKPOINTS))
+        print(render(rows))
         return 0
     with open(args.json) as f:
         rows = json.load(f)
-    table = render(rows, CHECKPOINTS)
-    if not args.readme:
-        print(table)
+    pages = [
+        (args.readme, render(rows), BEGIN, END),
+        (args.guide, render_weights(), WEIGHTS_BEGIN, WEIGHTS_END),
+    ]
+    if not args.readme and not args.guide:
+        print(pages[0][1])
         return 0
-    with open(args.readme) as f:
-        text = f.read()
-    new = replace_block(text, table, args.readme)
-    if args.check:
-        if new != text:
-            print(f"{args.readme}'s model table differs from {args.json}: rerun render.")
-            return 1
-        return 0
-    with open(args.readme, "w") as f:
-        f.write(new)
-    return 0
+    status = 0
+    for path, table, begin, end in pages:
+        if not path:
+            continue
+        with open(path) as f:
+            text = f.read()
+        new = replace_block(text, table, path, begin, end)
+        if args.check:
+            if new != text:
+                print(f"{path}'s table differs from the registry and {args.json}: rerun render.")
+                status = 1
+            continue
+        with open(path, "w") as f:
+            f.write(new)
+    return status
 
 
 if __name__ == "__main__":
