@@ -119,8 +119,8 @@ class Checkpoint:
 
         Returns:
             A `keras.Sequential` from pixel values in [0, 255] (a batch of any size and
-            sides) to the model's input (batch, crop_size, crop_size, 3): RGB, shorter side
-            resized to `resize_size`, center crop, scaled and normalised.
+                sides) to the model's input (batch, crop_size, crop_size, 3): RGB, shorter side
+                resized to `resize_size`, center crop, scaled and normalised.
         """
         # Imported here: `preprocessing` imports this module.
         from keras_autoshuffle.applications import preprocessing

@@ -55,7 +55,7 @@ def list_weights(model: str | None = None) -> list[str]:
 
     Returns:
         The entry names, e.g. `["shufflenet_v2_x0_5.imagenet", ...]`; empty for a builder
-        with none (ShuffleNet v1).
+            with none (ShuffleNet v1).
 
     Raises:
         ValueError: `model` is not a builder name.
@@ -77,8 +77,8 @@ def get_weights(name: str) -> Checkpoint:
 
     Returns:
         Its `Checkpoint`: URL, SHA-256, file name and size, class count and names, the
-        evaluation transform (`preprocessing()`), accuracy (`metrics`), parameter count
-        and multiply-adds.
+            evaluation transform (`preprocessing()`), accuracy (`metrics`), parameter count
+            and multiply-adds.
 
     Raises:
         ValueError: no entry has that name; the message lists the names.

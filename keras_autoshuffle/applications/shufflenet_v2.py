@@ -48,11 +48,13 @@ DESCRIPTION = """Stage repeats 4, 8, 4; channels per width (stem, stages 2-4, he
 
 # The Args texts of the builders' docstring that are v2's own (`docstrings.BASE_DOCSTRING`).
 OWN_ARGUMENTS = """        width: width multiplier, one of 0.5, 1.0, 1.5, 2.0 (default 1.0)."""
-WEIGHTS = """None (random initialization), "imagenet" or the path to a Keras weights
-            file (`.weights.h5`). "imagenet": torchvision's ImageNet-1K checkpoint for
-            `width` (`applications.CHECKPOINTS`: URL, SHA-256, accuracy, preprocessing;
+WEIGHTS = """None (random initialization), "imagenet", the name of published weights
+            (`applications.list_weights()`, e.g. "shufflenet_v2_x1_0.imagenet"; it must be
+            of `width`) or the path to a Keras weights file (`.weights.h5`). "imagenet"
+            (or the name): torchvision's ImageNet-1K checkpoint for `width`
+            (`applications.get_weights(name)`: URL, SHA-256, accuracy, preprocessing;
             `applications.imagenet_preprocessing(width)` is its evaluation transform),
-            downloaded once with `keras.utils.get_file` into Keras's cache
+            downloaded once (urllib, with a timeout and a size cap) into Keras's cache
             (`$KERAS_HOME/models`; `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` replaces the download
             location's base, `file://` included), its hash checked, read without torch,
             converted and cached as a `.weights.h5`: later calls need no network. It
