@@ -14,11 +14,15 @@ from keras_autoshuffle.applications.common import count_macs
 from keras_autoshuffle.applications.preprocessing import (
     ResizeCenterCrop,
     evaluation_preprocessing,
-    imagenet_preprocessing,
     preprocess_input,
 )
 from keras_autoshuffle.applications.pretrained import decode_predictions
-from keras_autoshuffle.applications.registry import get_weights, list_models, list_weights
+from keras_autoshuffle.applications.registry import (
+    get_weights,
+    imagenet_preprocessing,
+    list_models,
+    list_weights,
+)
 from keras_autoshuffle.applications.shufflenet_v1 import AutoShuffleNetV1, ShuffleNetV1
 from keras_autoshuffle.applications.shufflenet_v2 import AutoShuffleNetV2, ShuffleNetV2
 from keras_autoshuffle.applications.torch_checkpoint import CheckpointError, read_torch_checkpoint

@@ -1,8 +1,10 @@
-"""torchvision's ImageNet ShuffleNetV2 checkpoints: the registry `CHECKPOINTS` (data only:
-each entry's name, where its file is, its hash and size, what torchvision reports of it,
-its multiply-adds) and the download URL rule. `pretrained` downloads, checks and converts
-them; `preprocessing` reads their sizes; `registry` looks them up by name
-(`get_weights("shufflenet_v2_x1_0.imagenet")`, `list_weights()`).
+"""torchvision's ImageNet ShuffleNetV2 checkpoints: the registry `CHECKPOINTS` (each
+entry's name, where its file is, its hash and size, what torchvision reports of it, its
+multiply-adds, its evaluation transform and class names) and where the files are: the
+download URL rule, Keras's cache folder (`cache_dir`), ImageNet's class index
+(`imagenet_class_index`). `pretrained` downloads, checks and converts the checkpoints;
+`registry` looks them up by name (`get_weights("shufflenet_v2_x1_0.imagenet")`,
+`list_weights()`) and by width (`imagenet_preprocessing(width)`).
 
 Test seam: `CHECKPOINTS` is a plain dict {width: Checkpoint}; a test may replace an entry
 (e.g. `monkeypatch.setitem(CHECKPOINTS, 0.5, dataclasses.replace(CHECKPOINTS[0.5], ...))`)
@@ -11,18 +13,26 @@ code, by width (`weights="imagenet"`) or by name (`weights=entry.name`).
 """
 
 import dataclasses
+import json
 import os
 import pathlib
+import tempfile
 import urllib.parse
-from typing import TYPE_CHECKING
 
+import keras
+
+from keras_autoshuffle.applications import preprocessing
 from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD, width_name
-
-if TYPE_CHECKING:
-    import keras
 
 BASE_URL = "https://download.pytorch.org/models/"
 URL_VARIABLE = "KERAS_AUTOSHUFFLE_WEIGHTS_URL"
+# The checkpoints and their converted files go to `<cache>/models` (`cache_dir`).
+CACHE_SUBDIR = "models"
+# Keras's ImageNet class index (keras.applications.imagenet_utils), the same file, URL
+# and MD5, so both share one cached copy.
+CLASS_INDEX_FILE = "imagenet_class_index.json"
+CLASS_INDEX_URL = "https://storage.googleapis.com/download.tensorflow.org/data/" + CLASS_INDEX_FILE
+CLASS_INDEX_MD5 = "c2c37ea517e94d9795004a39431a14cb"
 
 
 # torchvision's `Weights.meta["recipe"]` of each checkpoint.
@@ -110,7 +120,7 @@ class Checkpoint:
         `{"ImageNet-1K": {"acc@1": ..., "acc@5": ...}}` (%)."""
         return {self.dataset: {"acc@1": self.acc1, "acc@5": self.acc5}}
 
-    def preprocessing(self, data_format: str | None = None) -> "keras.Sequential":
+    def preprocessing(self, data_format: str | None = None) -> keras.Sequential:
         """The evaluation transform of these weights, as Keras layers: the same model as
         `applications.imagenet_preprocessing(self.width)`.
 
@@ -122,9 +132,6 @@ class Checkpoint:
                 sides) to the model's input (batch, crop_size, crop_size, 3): RGB, shorter side
                 resized to `resize_size`, center crop, scaled and normalised.
         """
-        # Imported here: `preprocessing` imports this module.
-        from keras_autoshuffle.applications import preprocessing
-
         return preprocessing._evaluation_model(
             self.crop_size,
             self.resize_size,
@@ -146,9 +153,7 @@ class Checkpoint:
             OSError: the class index is not cached and cannot be downloaded (the message
                 says where to put it offline).
         """
-        from keras_autoshuffle.applications import pretrained
-
-        index = pretrained.imagenet_class_index(f"weights={self.name!r}")
+        index = imagenet_class_index(f"weights={self.name!r}")
         return [index[str(i)][1] for i in range(self.classes)]
 
     def to_dict(self) -> dict:
@@ -267,3 +272,53 @@ def _is_folder_url(parts):
         and bool(parts.netloc)
         and (absolute or not parts.path)
     )
+
+
+def cache_dir():
+    """Keras's cache folder: `$KERAS_HOME` at the time of the call, else `~/.keras`
+    (`/tmp/.keras` when that cannot be written, as `keras.utils.get_file` does)."""
+    base = os.path.expanduser(
+        os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    )
+    try:
+        os.makedirs(os.path.join(base, CACHE_SUBDIR), exist_ok=True)
+    except OSError:
+        base = None
+    if base is None or not os.access(base, os.W_OK):
+        base = os.path.join(tempfile.gettempdir(), ".keras")
+        os.makedirs(os.path.join(base, CACHE_SUBDIR), exist_ok=True)
+    return base
+
+
+def imagenet_class_index(received: str) -> dict:
+    """ImageNet's class index, `{"0": [wnid, name], ..., "999": [...]}`: Keras's
+    `imagenet_class_index.json`, fetched once with `keras.utils.get_file` (MD5-checked)
+    into Keras's cache folder (`cache_dir()`, read at each call).
+
+    Args:
+        received: what the caller was given, for the error's `Received: ...` ending.
+
+    Returns:
+        The index as a dict from the class number (a string) to `[wnid, name]`.
+
+    Raises:
+        OSError: the file is not in the cache and cannot be downloaded; the message says
+            where to put it offline.
+    """
+    try:
+        path = keras.utils.get_file(
+            CLASS_INDEX_FILE,
+            CLASS_INDEX_URL,
+            cache_subdir=CACHE_SUBDIR,
+            file_hash=CLASS_INDEX_MD5,
+            cache_dir=cache_dir(),
+        )
+    except Exception as error:  # get_file raises a bare Exception on network errors
+        where = os.path.join(cache_dir(), CACHE_SUBDIR, CLASS_INDEX_FILE)
+        raise OSError(
+            f"Could not get ImageNet's class names from {CLASS_INDEX_URL} ({type(error).__name__}"
+            f": {error}). Offline: download it elsewhere and put it at {where}. "
+            f"Received: {received}"
+        ) from None
+    with open(path) as handle:
+        return json.load(handle)

@@ -1,5 +1,6 @@
 """The images the ImageNet weights expect: torchvision's evaluation transform as Keras
-layers (`imagenet_preprocessing`, `ToRGB`, `ResizeCenterCrop`) and `preprocess_input`;
+layers (`ToRGB`, `ResizeCenterCrop`; `registry.imagenet_preprocessing(width)` and each
+registry entry's `preprocessing()` are built here) and `preprocess_input`;
 `evaluation_preprocessing`, the same transform for square inputs of any size.
 
 torchvision evaluates its ShuffleNetV2 checkpoints with `ImageClassification`: resize the
@@ -21,8 +22,7 @@ from keras_autoshuffle._resize_crop import (
     tf_check_sides,
     tf_resize_center_crop,
 )
-from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD, width_name
-from keras_autoshuffle.applications.checkpoints import CHECKPOINTS
+from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD
 
 
 def _pixels(images, layer):
@@ -184,53 +184,6 @@ class ResizeCenterCrop(keras.layers.Layer):
             }
         )
         return config
-
-
-def imagenet_preprocessing(width=1.0, data_format=None):
-    """torchvision's evaluation transform for the ImageNet weights of `ShuffleNetV2(width)`,
-    as a `keras.Sequential`: `ToRGB`, `ResizeCenterCrop` (the checkpoint's resize and crop
-    sizes), `Rescaling(1 / 255)`, `Normalization` with ImageNet's mean and variance:
-    `evaluation_preprocessing(crop_size, resize_size)` of the checkpoint, named after it.
-
-    Built-in layers and this module's only (no Lambda): it saves and loads with
-    `safe_mode=True`, and runs in a `tf.data` pipeline or as the first part of a model.
-    It is built when made, for batches of any size, sides and channel count, so no call
-    (a wrong one included) fixes the shape later calls must have.
-
-    Limits (each a ValueError naming `images` and the shape received, before any work; in
-    a `tf.data` map with sides unknown when traced, an InvalidArgumentError when run):
-    a batch (rank 4) only, so a single image needs a batch axis (`image[None]`); 1 to 4
-    channels, made RGB as PIL's `convert("RGB")` does (gray repeated, alpha dropped); at
-    least 1 pixel per side and a longer side at most 100 times the shorter
-    (`MAX_ASPECT_RATIO`: resizing the shorter side to 256 would make a 1 x 100000 image
-    25.6 million pixels long). Inputs are cast to float32 by the model's input, as any
-    Keras model's (bools become 0 and 1). Pixel values are not checked: NaN or inf pixels
-    give NaN or inf outputs, and images in [0, 1] rather than [0, 255] are silently wrong.
-
-    Args:
-        width: a key of `applications.CHECKPOINTS` (0.5, 1.0, 1.5, 2.0).
-        data_format: "channels_last" or "channels_first" (default: Keras's).
-
-    Returns:
-        A `keras.Sequential` from pixel values in [0, 255], a batch of any size
-        (batch, height, width, channels), to the model's input (batch, 224, 224, 3).
-
-    Example:
-        >>> preprocess = applications.imagenet_preprocessing(1.0)
-        >>> model = applications.ShuffleNetV2(1.0, weights="imagenet")
-        >>> image = keras.utils.load_img("cat.jpg")  # needs Pillow
-        >>> batch = keras.ops.expand_dims(keras.utils.img_to_array(image), 0)
-        >>> applications.decode_predictions(model.predict(preprocess(batch)), top=3)
-    """
-    entry = CHECKPOINTS[_validation.choice(width, tuple(CHECKPOINTS), "width")]
-    return _evaluation_model(
-        entry.crop_size,
-        entry.resize_size,
-        entry.mean,
-        entry.std,
-        data_format,
-        f"shufflenet_v2_{width_name(width)}_preprocessing",
-    )
 
 
 # The square sides `evaluation_preprocessing` accepts: below 16 a ShuffleNet's stride-32

@@ -20,13 +20,16 @@ width's entry) then:
 
 `<cache>` is Keras's cache folder, `$KERAS_HOME` (read at each call) or `~/.keras`.
 
+`cache_dir`, `imagenet_class_index` (what `decode_predictions` reads) and the class index's
+file, URL and MD5 live in `checkpoints` (an entry's `class_names()` reads them there) and
+are names of this module too.
+
 Test seam: `CHECKPOINTS` is a plain dict {width: Checkpoint}, the same object here and in
 `checkpoints` (see there).
 """
 
 import contextlib
 import http.client
-import json
 import math
 import os
 import re
@@ -34,7 +37,6 @@ import secrets
 import socket
 import ssl
 import stat
-import tempfile
 import threading
 import time
 import urllib.error
@@ -48,7 +50,16 @@ from keras_autoshuffle._files import sha256_of
 from keras_autoshuffle.applications import architecture as arch
 from keras_autoshuffle.applications import registry
 from keras_autoshuffle.applications.architecture import REPEATS, V2_CONFIGS
-from keras_autoshuffle.applications.checkpoints import CHECKPOINTS, URL_VARIABLE
+from keras_autoshuffle.applications.checkpoints import (  # noqa: F401 (re-exported)
+    CACHE_SUBDIR,
+    CHECKPOINTS,
+    CLASS_INDEX_FILE,
+    CLASS_INDEX_MD5,
+    CLASS_INDEX_URL,
+    URL_VARIABLE,
+    cache_dir,
+    imagenet_class_index,
+)
 from keras_autoshuffle.applications.torch_checkpoint import read_torch_checkpoint
 from keras_autoshuffle.applications.torchvision_weights import load_torchvision_weights
 from keras_autoshuffle.applications.weights_files import PADDING_ATTRIBUTE, mark_padding
@@ -74,12 +85,6 @@ _OLD_PARTIAL = re.compile(r"\..+\.[0-9]+\.(?:download|partial\.weights\.h5)")
 # torchvision's largest ShuffleNetV2 checkpoint (x2.0) has 29 MB; a server sending more is
 # not sending it.
 MAX_DOWNLOAD_BYTES = 256 * 2**20
-CACHE_SUBDIR = "models"
-# Keras's ImageNet class index (keras.applications.imagenet_utils), the same file, URL
-# and MD5, so both share one cached copy.
-CLASS_INDEX_FILE = "imagenet_class_index.json"
-CLASS_INDEX_URL = "https://storage.googleapis.com/download.tensorflow.org/data/" + CLASS_INDEX_FILE
-CLASS_INDEX_MD5 = "c2c37ea517e94d9795004a39431a14cb"
 
 
 def download_timeout():
@@ -99,22 +104,6 @@ def download_timeout():
             f"Received: {TIMEOUT_VARIABLE}={text!r}"
         )
     return value
-
-
-def cache_dir():
-    """Keras's cache folder: `$KERAS_HOME` at the time of the call, else `~/.keras`
-    (`/tmp/.keras` when that cannot be written, as `keras.utils.get_file` does)."""
-    base = os.path.expanduser(
-        os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
-    )
-    try:
-        os.makedirs(os.path.join(base, CACHE_SUBDIR), exist_ok=True)
-    except OSError:
-        base = None
-    if base is None or not os.access(base, os.W_OK):
-        base = os.path.join(tempfile.gettempdir(), ".keras")
-        os.makedirs(os.path.join(base, CACHE_SUBDIR), exist_ok=True)
-    return base
 
 
 def _convert_by_hand(entry, width):
@@ -654,37 +643,3 @@ def decode_predictions(preds, top=5):
         best = np.argsort(row)[::-1][:top]
         results.append([(*index[str(i)], row[i]) for i in best])
     return results
-
-
-def imagenet_class_index(received: str) -> dict:
-    """ImageNet's class index, `{"0": [wnid, name], ..., "999": [...]}`: Keras's
-    `imagenet_class_index.json`, fetched once with `keras.utils.get_file` (MD5-checked)
-    into Keras's cache folder (`cache_dir()`, read at each call).
-
-    Args:
-        received: what the caller was given, for the error's `Received: ...` ending.
-
-    Returns:
-        The index as a dict from the class number (a string) to `[wnid, name]`.
-
-    Raises:
-        OSError: the file is not in the cache and cannot be downloaded; the message says
-            where to put it offline.
-    """
-    try:
-        path = keras.utils.get_file(
-            CLASS_INDEX_FILE,
-            CLASS_INDEX_URL,
-            cache_subdir=CACHE_SUBDIR,
-            file_hash=CLASS_INDEX_MD5,
-            cache_dir=cache_dir(),
-        )
-    except Exception as error:  # get_file raises a bare Exception on network errors
-        where = os.path.join(cache_dir(), CACHE_SUBDIR, CLASS_INDEX_FILE)
-        raise OSError(
-            f"Could not get ImageNet's class names from {CLASS_INDEX_URL} ({type(error).__name__}"
-            f": {error}). Offline: download it elsewhere and put it at {where}. "
-            f"Received: {received}"
-        ) from None
-    with open(path) as handle:
-        return json.load(handle)

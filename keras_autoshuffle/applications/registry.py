@@ -1,5 +1,6 @@
 """The named weights registry: the builders (`list_models`), the published checkpoints by
-name (`list_weights`, `get_weights`), and what a builder's `weights=` means.
+name (`list_weights`, `get_weights`), what a builder's `weights=` means, and the evaluation
+transform by width (`imagenet_preprocessing`).
 
 An entry's name is `<model>_<width>.<dataset>` (`shufflenet_v2_x1_0.imagenet`, torchvision's
 builder names); the entry is the `Checkpoint` of `applications.CHECKPOINTS` (read at each
@@ -16,6 +17,9 @@ Example:
     >>> preprocess = entry.preprocessing()
 """
 
+import keras
+
+from keras_autoshuffle import _validation
 from keras_autoshuffle.applications.checkpoints import CHECKPOINTS, Checkpoint
 
 # The public builders and the network family each builds (a checkpoint's `builder` is the
@@ -96,3 +100,44 @@ def is_pretrained(weights: object) -> bool:
     """Whether a builder's `weights` asks for published weights: "imagenet" or an entry
     name (which wins over a file of the same name)."""
     return isinstance(weights, str) and (weights == IMAGENET or weights in list_weights())
+
+
+def imagenet_preprocessing(width: float = 1.0, data_format: str | None = None) -> keras.Sequential:
+    """torchvision's evaluation transform for the ImageNet weights of `ShuffleNetV2(width)`,
+    as a `keras.Sequential`: `ToRGB`, `ResizeCenterCrop` (the checkpoint's resize and crop
+    sizes), `Rescaling(1 / 255)`, `Normalization` with ImageNet's mean and variance:
+    `evaluation_preprocessing(crop_size, resize_size)` of the checkpoint, named after it.
+
+    Built-in layers and this module's only (no Lambda): it saves and loads with
+    `safe_mode=True`, and runs in a `tf.data` pipeline or as the first part of a model.
+    It is built when made, for batches of any size, sides and channel count, so no call
+    (a wrong one included) fixes the shape later calls must have.
+
+    Limits (each a ValueError naming `images` and the shape received, before any work; in
+    a `tf.data` map with sides unknown when traced, an InvalidArgumentError when run):
+    a batch (rank 4) only, so a single image needs a batch axis (`image[None]`); 1 to 4
+    channels, made RGB as PIL's `convert("RGB")` does (gray repeated, alpha dropped); at
+    least 1 pixel per side and a longer side at most 100 times the shorter
+    (`MAX_ASPECT_RATIO`: resizing the shorter side to 256 would make a 1 x 100000 image
+    25.6 million pixels long). Inputs are cast to float32 by the model's input, as any
+    Keras model's (bools become 0 and 1). Pixel values are not checked: NaN or inf pixels
+    give NaN or inf outputs, and images in [0, 1] rather than [0, 255] are silently wrong.
+
+    Args:
+        width: a key of `applications.CHECKPOINTS` (0.5, 1.0, 1.5, 2.0).
+        data_format: "channels_last" or "channels_first" (default: Keras's).
+
+    Returns:
+        A `keras.Sequential` from pixel values in [0, 255], a batch of any size
+        (batch, height, width, channels), to the model's input (batch, 224, 224, 3).
+
+    Example:
+        >>> preprocess = applications.imagenet_preprocessing(1.0)
+        >>> model = applications.ShuffleNetV2(1.0, weights="imagenet")
+        >>> image = keras.utils.load_img("cat.jpg")  # needs Pillow
+        >>> batch = keras.ops.expand_dims(keras.utils.img_to_array(image), 0)
+        >>> applications.decode_predictions(model.predict(preprocess(batch)), top=3)
+    """
+    return CHECKPOINTS[_validation.choice(width, tuple(CHECKPOINTS), "width")].preprocessing(
+        data_format
+    )
