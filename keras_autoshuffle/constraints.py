@@ -1,5 +1,7 @@
 """The doubly stochastic constraint of Algorithm 1 (steps 4-6)."""
 
+from typing import Any
+
 import keras
 from keras import ops
 
@@ -18,7 +20,7 @@ SINKHORN_ITERATIONS = 10
 """The default passes per step of `DoublyStochastic`, `RelaxedShuffle` and the builders."""
 
 
-def check_iterations(value, name="sinkhorn_iterations"):
+def check_iterations(value: Any, name: str = "sinkhorn_iterations") -> int:
     """`value` as an int in [1, MAX_ITERATIONS] (Sinkhorn passes per step); ValueError naming
     `name` otherwise."""
     value = _validation.positive_int(value, name)
@@ -116,10 +118,10 @@ class DoublyStochastic(keras.constraints.Constraint):
         Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
     """
 
-    def __init__(self, sinkhorn_iterations=SINKHORN_ITERATIONS):
+    def __init__(self, sinkhorn_iterations: int = SINKHORN_ITERATIONS) -> None:
         self.sinkhorn_iterations = check_iterations(sinkhorn_iterations)
 
-    def __call__(self, w):
+    def __call__(self, w: Any) -> Any:
         w = ops.convert_to_tensor(w)
         if len(w.shape) != 2 or (None not in w.shape and w.shape[0] != w.shape[1]):
             raise ValueError(
@@ -132,5 +134,6 @@ class DoublyStochastic(keras.constraints.Constraint):
             w = _normalize(w, axis=1)
         return w
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
+
         return {"sinkhorn_iterations": self.sinkhorn_iterations}

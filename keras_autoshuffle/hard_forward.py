@@ -5,6 +5,8 @@ inside a traced (compiled) step too, and the matrix's own gradient in the backwa
 (straight-through).
 """
 
+from typing import Any
+
 import keras
 import numpy as np
 from keras import ops
@@ -19,7 +21,7 @@ def _assignment_int32(matrix):
     return permutations.nearest_permutation(np.asarray(matrix, np.float64)).astype(np.int32)
 
 
-def nearest_permutation_op(matrix):
+def nearest_permutation_op(matrix: Any) -> Any:
     """The nearest permutation of a square `matrix` as an int32 tensor, inside a traced
     (compiled) step too: SciPy's linear assignment runs on the host, through
     `tf.numpy_function` on TensorFlow (so not under XLA, `jit_compile=True`) and
@@ -40,7 +42,7 @@ def nearest_permutation_op(matrix):
     return ops.convert_to_tensor(_assignment_int32(ops.convert_to_numpy(matrix)), "int32")
 
 
-def straight_through(matrix):
+def straight_through(matrix: Any) -> Any:
     """The permutation matrix nearest to `matrix` in the forward pass (exactly: P + (M - M)),
     the identity map to `matrix` in the backward pass."""
     hard = ops.one_hot(nearest_permutation_op(ops.stop_gradient(matrix)), matrix.shape[0])

@@ -6,6 +6,9 @@ Every custom layer is importable from here: the fixed layers of ShuffleNet units
 `keras_autoshuffle.unit_layers`, the hard forward pass in `keras_autoshuffle.hard_forward`.
 """
 
+from collections.abc import Sequence
+from typing import Any, Literal
+
 import keras
 import numpy as np
 from keras import ops
@@ -54,7 +57,7 @@ def _permute_channels(x, perm, channel_axis):
     return ops.take(x, ops.convert_to_tensor(perm, dtype="int32"), axis=channel_axis)
 
 
-def checked_permutation(value, name="permutation"):
+def checked_permutation(value: Any, name: str = "permutation") -> np.ndarray:
     """`value` as an int64 permutation vector of 0..n-1: integers, not booleans (which
     NumPy sorts as 0 and 1) nor fractions; ValueError naming `name` otherwise."""
     array = np.asarray(None if isinstance(value, (str, bytes, dict)) else value)
@@ -116,16 +119,16 @@ class RelaxedShuffle(keras.layers.Layer):
 
     def __init__(
         self,
-        penalty=1e-3,
-        sinkhorn_iterations=SINKHORN_ITERATIONS,
-        permutation=None,
-        data_format=None,
-        seed=None,
-        shuffle_initializer="random",
-        groups=None,
-        forward="relaxed",
-        **kwargs,
-    ):
+        penalty: float = 1e-3,
+        sinkhorn_iterations: int = SINKHORN_ITERATIONS,
+        permutation: Sequence[int] | np.ndarray | None = None,
+        data_format: Literal["channels_last", "channels_first"] | None = None,
+        seed: int | None = None,
+        shuffle_initializer: Literal["random", "manual"] = "random",
+        groups: int | None = None,
+        forward: Literal["relaxed", "hard"] = "relaxed",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         # Not `self.forward`: on the torch backend that name is torch.nn.Module.forward.
         self.forward_pass = _validation.choice(forward, FORWARDS, "forward")
@@ -151,7 +154,7 @@ class RelaxedShuffle(keras.layers.Layer):
             None if permutation is None else checked_permutation(permutation, "permutation")
         )
 
-    def build(self, input_shape):
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
         channels = input_shape[self._channel_axis]
         if channels is None or channels < 1:
             raise ValueError(
@@ -189,7 +192,7 @@ class RelaxedShuffle(keras.layers.Layer):
         sample = ops.abs(keras.random.normal(shape, dtype="float32", seed=self.seed))
         return self.constraint(sample)
 
-    def call(self, inputs):
+    def call(self, inputs: Any) -> Any:
         if self._permutation is not None:
             _check_channels(self, inputs, self._permutation.size)
             return _permute_channels(inputs, self._permutation, self._channel_axis)
@@ -209,19 +212,19 @@ class RelaxedShuffle(keras.layers.Layer):
             return ops.tensordot(inputs, matrix, axes=[[-1], [1]])
         return ops.moveaxis(ops.tensordot(matrix, inputs, axes=[[1], [1]]), 0, 1)
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape: tuple[int | None, ...]) -> tuple[int | None, ...]:
         return input_shape
 
     @property
-    def is_hardened(self):
+    def is_hardened(self) -> bool:
         return self._permutation is not None
 
     @property
-    def permutation(self):
+    def permutation(self) -> np.ndarray | None:
         """The hardened permutation (int vector), or None while relaxed."""
         return None if self._permutation is None else self._permutation.copy()
 
-    def l12_penalty(self):
+    def l12_penalty(self) -> float:
         """P(M), the l1-2 penalty of the current matrix without lambda (0.0 once hardened)."""
         if self.is_hardened:
             return 0.0
@@ -240,7 +243,7 @@ class RelaxedShuffle(keras.layers.Layer):
             )
         return ops.convert_to_numpy(self.matrix)
 
-    def harden(self, permutation=None):
+    def harden(self, permutation: Sequence[int] | np.ndarray | None = None) -> np.ndarray:
         """Replaces M by an exact permutation and returns it.
 
         In a compiled model use `harden_model`, which also keeps the model's optimizer
@@ -269,7 +272,7 @@ class RelaxedShuffle(keras.layers.Layer):
         self._permutation = permutation
         return permutation.copy()
 
-    def save_own_variables(self, store):
+    def save_own_variables(self, store: Any) -> None:
         """A hardened layer writes its permutation (int64) where a relaxed one writes M,
         so weights files and backups carry it, not only the `.keras` config."""
         if self.is_hardened:
@@ -277,7 +280,7 @@ class RelaxedShuffle(keras.layers.Layer):
         else:
             super().save_own_variables(store)
 
-    def load_own_variables(self, store):
+    def load_own_variables(self, store: Any) -> None:
         """Reads M, or a permutation: a relaxed layer given a hardened layer's entry is
         hardened at that permutation (a fresh builder takes a hardened net's weights)."""
         if "permutation" not in store.keys():
@@ -303,7 +306,7 @@ class RelaxedShuffle(keras.layers.Layer):
         else:
             self.harden(permutation)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update(
             {
@@ -320,7 +323,7 @@ class RelaxedShuffle(keras.layers.Layer):
         return config
 
 
-def shuffle_layers(model):
+def shuffle_layers(model: keras.Model) -> list[RelaxedShuffle | ChannelShuffle]:
     """The model's RelaxedShuffle and ChannelShuffle layers in order, nested models included."""
     found = []
     for layer in model.layers if hasattr(model, "layers") else []:
@@ -331,7 +334,7 @@ def shuffle_layers(model):
     return found
 
 
-def shuffle_permutation(layer):
+def shuffle_permutation(layer: RelaxedShuffle | ChannelShuffle) -> np.ndarray:
     """The permutation of a ChannelShuffle or a hardened RelaxedShuffle (int64 vector)."""
     if isinstance(layer, RelaxedShuffle) and not layer.is_hardened:
         raise ValueError(
@@ -343,7 +346,7 @@ def shuffle_permutation(layer):
     return np.asarray(layer.permutation, dtype=np.int64)
 
 
-def relaxed_shuffles(model):
+def relaxed_shuffles(model: keras.Model) -> list[RelaxedShuffle]:
     """The model's RelaxedShuffle layers that are still relaxed, in order."""
     return [
         layer
@@ -352,7 +355,7 @@ def relaxed_shuffles(model):
     ]
 
 
-def total_l12_penalty(model):
+def total_l12_penalty(model: keras.Model) -> float:
     """sum_j P(M_j), the l1-2 penalties of the model's relaxed shuffles without lambda.
 
     Works between the steps of a `fit` on every backend (e.g. from a callback).
@@ -361,7 +364,7 @@ def total_l12_penalty(model):
     return float(np.sum([layer.l12_penalty() for layer in relaxed_shuffles(model)] or [0.0]))
 
 
-def attach_state(model):
+def attach_state(model: keras.Model) -> None:
     """Puts the values Keras's JAX trainer holds outside the variables during `fit` back
     into them (no-op elsewhere), so the model's weights can be read between steps."""
     sync = getattr(model, "jax_state_sync", None)

@@ -5,6 +5,8 @@ the labels are made one-hot inside the loss, so the data stay integer labels and
 `accuracy` metric stays the sparse one.
 """
 
+from typing import Any
+
 import keras
 from keras import ops
 
@@ -26,12 +28,12 @@ class SmoothedSparseCrossentropy(keras.losses.Loss):
         self,
         label_smoothing: float = 0.1,
         name: str = "smoothed_sparse_crossentropy",
-        **kwargs,
-    ):
+        **kwargs: Any,
+    ) -> None:
         super().__init__(name=name, **kwargs)
         self.label_smoothing = _validation.fraction_below_one(label_smoothing, "label_smoothing")
 
-    def call(self, y_true, y_pred):
+    def call(self, y_true: Any, y_pred: Any) -> Any:
         classes = ops.shape(y_pred)[-1]
         labels = ops.cast(ops.reshape(y_true, (-1,)), "int32")
         targets = ops.one_hot(labels, classes, dtype=y_pred.dtype)
@@ -39,5 +41,6 @@ class SmoothedSparseCrossentropy(keras.losses.Loss):
             targets, y_pred, label_smoothing=self.label_smoothing
         )
 
-    def get_config(self) -> dict:
+    def get_config(self) -> dict[str, Any]:
+
         return {**super().get_config(), "label_smoothing": self.label_smoothing}

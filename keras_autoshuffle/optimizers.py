@@ -1,5 +1,8 @@
 """Backend-neutral optimizer pieces of the paper's recipes: linear LR cycles, coupled L2 SGD."""
 
+from collections.abc import Sequence
+from typing import Any
+
 import keras
 from keras import ops
 
@@ -18,7 +21,7 @@ class LinearCycles(keras.optimizers.schedules.LearningRateSchedule):
         cycle_steps: optimizer steps in each cycle, positive integers.
     """
 
-    def __init__(self, learning_rates, cycle_steps):
+    def __init__(self, learning_rates: Sequence[float], cycle_steps: Sequence[int]) -> None:
         if (
             isinstance(learning_rates, (str, bytes))
             or not hasattr(learning_rates, "__len__")
@@ -37,7 +40,7 @@ class LinearCycles(keras.optimizers.schedules.LearningRateSchedule):
         self.learning_rates = [float(lr) for lr in learning_rates]
         self.cycle_steps = [int(s) for s in cycle_steps]
 
-    def __call__(self, step):
+    def __call__(self, step: Any) -> Any:
         step = ops.cast(step, "float32")
         lr = ops.zeros((), "float32")
         start = 0
@@ -48,7 +51,7 @@ class LinearCycles(keras.optimizers.schedules.LearningRateSchedule):
             start += steps
         return lr
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {"learning_rates": self.learning_rates, "cycle_steps": self.cycle_steps}
 
 
@@ -66,7 +69,14 @@ class CoupledSGD(keras.optimizers.SGD):
         l2: the coupled weight-decay factor (>= 0).
     """
 
-    def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, l2=0.0, **kwargs):
+    def __init__(
+        self,
+        learning_rate: float | keras.optimizers.schedules.LearningRateSchedule = 0.01,
+        momentum: float = 0.0,
+        nesterov: bool = False,
+        l2: float = 0.0,
+        **kwargs: Any,
+    ) -> None:
         if not _validation.is_number(l2) or not 0 <= l2 < float("inf"):
             raise ValueError(f"`l2` must be a finite number >= 0. Received: l2={l2!r}")
         super().__init__(
@@ -74,10 +84,10 @@ class CoupledSGD(keras.optimizers.SGD):
         )
         self.l2 = float(l2)
 
-    def update_step(self, gradient, variable, learning_rate):
+    def update_step(self, gradient: Any, variable: keras.Variable, learning_rate: Any) -> None:
         if self.l2 and _keras_internals.uses_weight_decay(self, variable):
             gradient = ops.add(ops.cast(gradient, variable.dtype), ops.multiply(self.l2, variable))
         super().update_step(gradient, variable, learning_rate)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "l2": self.l2}

@@ -7,6 +7,7 @@ Convention used throughout the package: a permutation is an integer vector
 """
 
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 from scipy import optimize
 
 from keras_autoshuffle import _validation
@@ -31,7 +32,7 @@ def _as_permutation(perm, name="perm"):
     return perm.astype(np.int64)
 
 
-def nearest_permutation(matrix, allowed=None):
+def nearest_permutation(matrix: ArrayLike, allowed: ArrayLike | None = None) -> np.ndarray:
     """Returns the permutation nearest to `matrix` in Frobenius norm.
 
     For permutation matrices `||M - P||^2 = ||M||^2 + N - 2 trace(P^T M)`, so the
@@ -73,7 +74,7 @@ def nearest_permutation(matrix, allowed=None):
     return perm
 
 
-def permutation_matrix(perm, dtype="float32"):
+def permutation_matrix(perm: ArrayLike, dtype: DTypeLike = "float32") -> np.ndarray:
     """The 0/1 matrix `P` of `perm`: `P[i, perm[i]] = 1`."""
     perm = _as_permutation(perm)
     matrix = np.zeros((perm.size, perm.size), dtype=dtype)
@@ -81,7 +82,7 @@ def permutation_matrix(perm, dtype="float32"):
     return matrix
 
 
-def invert_permutation(perm):
+def invert_permutation(perm: ArrayLike) -> np.ndarray:
     """The inverse permutation: `inv[perm[i]] = i`."""
     perm = _as_permutation(perm)
     inverse = np.empty_like(perm)
@@ -89,7 +90,7 @@ def invert_permutation(perm):
     return inverse
 
 
-def is_permutation_matrix(matrix, atol=1e-6):
+def is_permutation_matrix(matrix: ArrayLike, atol: float = 1e-6) -> bool:
     """Whether `matrix` is a permutation matrix up to `atol` entrywise."""
     matrix = np.asarray(matrix, dtype=np.float64)
     if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
@@ -104,7 +105,7 @@ def is_permutation_matrix(matrix, atol=1e-6):
     )
 
 
-def distance_to_permutation(matrix, perm=None):
+def distance_to_permutation(matrix: ArrayLike, perm: ArrayLike | None = None) -> float:
     """Frobenius distance from `matrix` to `perm` (default: the nearest permutation)."""
     matrix = _as_square(matrix)
     perm = nearest_permutation(matrix) if perm is None else _as_permutation(perm)
@@ -116,17 +117,17 @@ def distance_to_permutation(matrix, perm=None):
     return float(largest * np.linalg.norm(difference / largest))
 
 
-def argmax_permutation(matrix):
+def argmax_permutation(matrix: ArrayLike) -> np.ndarray:
     """Row-wise argmax rounding; may repeat columns, so it may not be a permutation."""
     return np.argmax(_as_square(matrix), axis=1)
 
 
-def argmax_agrees(matrix):
+def argmax_agrees(matrix: ArrayLike) -> bool:
     """Whether row-wise argmax rounding gives the same permutation as the exact one."""
     return bool(np.array_equal(argmax_permutation(matrix), nearest_permutation(matrix)))
 
 
-def group_shuffle_permutation(channels, groups):
+def group_shuffle_permutation(channels: int, groups: int) -> np.ndarray:
     """ShuffleNet's channel shuffle as a permutation vector.
 
     The shuffle reshapes channels to (groups, channels // groups), transposes and
@@ -148,7 +149,7 @@ def _check_groups(channels, groups, name="groups"):
     return int(groups)
 
 
-def block_counts(perm, groups):
+def block_counts(perm: ArrayLike, groups: int) -> np.ndarray:
     """The g x g block counts of `perm` between two grouped convolutions.
 
     With `groups` equal groups on both sides, `counts[a, b]` is how many of the
@@ -172,7 +173,7 @@ def block_counts(perm, groups):
     return counts
 
 
-def matched_mass(matrix, perm):
+def matched_mass(matrix: ArrayLike, perm: ArrayLike) -> float:
     """`sum_i M[i, perm[i]]` = trace(P^T M), the quantity exact rounding maximises."""
     matrix = _as_square(matrix)
     perm = _as_permutation(perm)

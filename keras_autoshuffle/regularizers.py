@@ -1,5 +1,7 @@
 """The exact permutation penalty of the paper, Eq. (1)."""
 
+from typing import Any
+
 import keras
 from keras import ops
 
@@ -14,7 +16,7 @@ def _safe_norm(squares_sum):
     return ops.where(positive, ops.sqrt(safe), ops.zeros_like(squares_sum))
 
 
-def l12_penalty(matrix):
+def l12_penalty(matrix: Any) -> Any:
     """The l1-2 penalty P(M) of Eq. (1), over rows plus columns.
 
     `P(M) = sum_i [sum_j |m_ij| - ||m_i.||_2] + sum_j [sum_i |m_ij| - ||m_.j||_2]`.
@@ -69,15 +71,16 @@ class L12Penalty(keras.regularizers.Regularizer):
         Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
     """
 
-    def __init__(self, penalty=1e-3):
+    def __init__(self, penalty: float = 1e-3) -> None:
         self.penalty = _validation.penalty(penalty, "penalty")
 
-    def __call__(self, x):
+    def __call__(self, x: Any) -> Any:
         if len(x.shape) != 2:
             raise ValueError(
                 f"L12Penalty applies to rank-2 weights. Received: shape={tuple(x.shape)}"
             )
         return self.penalty * l12_penalty(x)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
+
         return {"penalty": self.penalty}

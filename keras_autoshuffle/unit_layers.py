@@ -7,7 +7,10 @@ is in `keras_autoshuffle.layers`, which exports these too (their registered name
 not change when they moved here: files saved before load).
 """
 
+from typing import Any, Literal
+
 import keras
+import numpy as np
 from keras import layers, ops
 
 from keras_autoshuffle import _validation, permutations
@@ -30,14 +33,19 @@ class ChannelShuffle(keras.layers.Layer):
         Zhang et al., ShuffleNet, https://arxiv.org/abs/1707.01083
     """
 
-    def __init__(self, groups, data_format=None, **kwargs):
+    def __init__(
+        self,
+        groups: int,
+        data_format: Literal["channels_last", "channels_first"] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.groups = _validation.positive_int(groups, "groups")
         self.data_format = _validation.data_format(data_format)
         self._channel_axis = _validation.channel_axis(self.data_format)
         self.channels = None
 
-    def build(self, input_shape):
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
         if len(input_shape) != 4:
             raise ValueError(
                 f"ChannelShuffle expects a rank-4 input. Received: input_shape={input_shape}"
@@ -50,7 +58,7 @@ class ChannelShuffle(keras.layers.Layer):
             )
         self.channels = channels
 
-    def call(self, inputs):
+    def call(self, inputs: Any) -> Any:
         g, c = self.groups, self.channels
         # -1 for the batch and the static spatial sides where known: LiteRT then gets
         # constant shapes and no SHAPE op, which XNNPACK cannot take (measured: a v2 1.0x
@@ -64,17 +72,17 @@ class ChannelShuffle(keras.layers.Layer):
         x = ops.transpose(x, (0, 2, 1, 3))
         return ops.reshape(x, (-1, c, shape[2], shape[3]))
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape: tuple[int | None, ...]) -> tuple[int | None, ...]:
         return input_shape
 
     @property
-    def permutation(self):
+    def permutation(self) -> np.ndarray:
         """The shuffle as `perm` with `y[..., i] = x[..., perm[i]]` (needs the layer built)."""
         if self.channels is None:
             raise ValueError(f"Layer '{self.name}' must be built to know its permutation.")
         return permutations.group_shuffle_permutation(self.channels, self.groups)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update({"groups": self.groups, "data_format": self.data_format})
         return config
@@ -94,12 +102,16 @@ class ChannelSplit(keras.layers.Layer):
         Ma et al., ShuffleNet V2, https://arxiv.org/abs/1807.11164
     """
 
-    def __init__(self, data_format=None, **kwargs):
+    def __init__(
+        self,
+        data_format: Literal["channels_last", "channels_first"] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.data_format = _validation.data_format(data_format)
         self._axis = _validation.channel_axis(self.data_format)
 
-    def build(self, input_shape):
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
         channels = input_shape[self._axis]
         if channels is None or channels % 2:
             raise ValueError(
@@ -107,15 +119,17 @@ class ChannelSplit(keras.layers.Layer):
                 f"Received: input_shape={input_shape}"
             )
 
-    def call(self, inputs):
+    def call(self, inputs: Any) -> Any:
         return ops.split(inputs, 2, axis=self._axis)
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(
+        self, input_shape: tuple[int | None, ...]
+    ) -> list[tuple[int | None, ...]]:
         half = list(input_shape)
         half[self._axis] = input_shape[self._axis] // 2
         return [tuple(half), tuple(half)]
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "data_format": self.data_format}
 
 
@@ -128,7 +142,7 @@ class ChannelSlice(keras.layers.Layer):
         stop: one past the last channel, greater than `start`.
     """
 
-    def __init__(self, start, stop, **kwargs):
+    def __init__(self, start: int, stop: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not (_validation.is_integer(start) and _validation.is_integer(stop)) or not (
             0 <= start < stop
@@ -139,20 +153,20 @@ class ChannelSlice(keras.layers.Layer):
             )
         self.start, self.stop = int(start), int(stop)
 
-    def build(self, input_shape):
+    def build(self, input_shape: tuple[int | None, ...]) -> None:
         if input_shape[-1] is None or input_shape[-1] < self.stop:
             raise ValueError(
                 f"ChannelSlice(stop={self.stop}) needs at least {self.stop} channels. "
                 f"Received: input_shape={input_shape}"
             )
 
-    def call(self, inputs):
+    def call(self, inputs: Any) -> Any:
         return inputs[..., self.start : self.stop]
 
-    def compute_output_shape(self, input_shape):
+    def compute_output_shape(self, input_shape: tuple[int | None, ...]) -> tuple[int | None, ...]:
         return (*input_shape[:-1], self.stop - self.start)
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         return {**super().get_config(), "start": self.start, "stop": self.stop}
 
 
@@ -168,7 +182,8 @@ class GroupedConv2D(layers.Conv2D):
     Same arguments, weights and config as Conv2D; other backends use Conv2D's path.
     """
 
-    def convolution_op(self, inputs, kernel):
+    def convolution_op(self, inputs: Any, kernel: Any) -> Any:
+
         if (
             self.groups == 1
             or keras.backend.backend() != "tensorflow"
