@@ -1,6 +1,8 @@
 """Callbacks: log the l1-2 penalty, harden the learned shuffles, monitor the rounding gap."""
 
 import warnings
+from collections.abc import Iterable
+from typing import Any
 
 import keras
 import numpy as np
@@ -15,7 +17,7 @@ from keras_autoshuffle.hardening import (
 from keras_autoshuffle.layers import relaxed_shuffles, total_l12_penalty
 
 
-def evaluate_accuracy(model, data):
+def evaluate_accuracy(model: keras.Model, data: tuple | Iterable) -> tuple[float, float]:
     """(loss, accuracy) of `model` on a dataset or an `(x, y)` tuple."""
     if isinstance(data, tuple):
         results = model.evaluate(*data, verbose=0, return_dict=True)
@@ -35,7 +37,9 @@ def evaluate_accuracy(model, data):
     return float(results.get("loss", float("nan"))), float(accuracy[0])
 
 
-def check_validation_data(data, name="validation_data"):
+def check_validation_data(
+    data: tuple | Iterable | None, name: str = "validation_data"
+) -> tuple | Iterable | None:
     """`data` if `model.evaluate` can read it twice (before and after rounding).
 
     Accepted: None; `(x, y)` or `(x, y, sample_weight)` whose arrays (or dicts / lists of
@@ -93,7 +97,7 @@ class ShufflePenaltyLogger(keras.callbacks.Callback):
     penalty is the paper's Fig. penaltyplot.
     """
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:
             logs["l12_penalty"] = total_l12_penalty(self.model)
 
@@ -129,8 +133,13 @@ class HardenShuffles(keras.callbacks.Callback):
     """
 
     def __init__(
-        self, validation_data=None, at_epoch=None, verbose=1, balanced=False, time_limit=None
-    ):
+        self,
+        validation_data: tuple | Iterable | None = None,
+        at_epoch: int | None = None,
+        verbose: int = 1,
+        balanced: bool | dict[str, int | None] = False,
+        time_limit: float | None = None,
+    ) -> None:
         super().__init__()
         self.at_epoch = _validation.optional_positive_int(at_epoch, "at_epoch")
         if not isinstance(balanced, (bool, dict)):
@@ -149,7 +158,7 @@ class HardenShuffles(keras.callbacks.Callback):
         # such thing: the resumed weights carry the permutations, the record sets `report`.
         self.recorded = None
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         epochs = (self.params or {}).get("epochs")
         if self.at_epoch is not None and self.report is None and epochs and self.at_epoch > epochs:
             warnings.warn(
@@ -159,15 +168,15 @@ class HardenShuffles(keras.callbacks.Callback):
                 stacklevel=2,
             )
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if self.at_epoch is not None and epoch + 1 == self.at_epoch and self.report is None:
             self.harden(epoch + 1)
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         if self.report is None:
             self.harden(None)
 
-    def harden(self, epoch):
+    def harden(self, epoch: int | None) -> None:
         """Hardens the model now; `epoch` is recorded in the report (None: at the end).
 
         With `self.recorded` set (a report of this hardening from an earlier run), its
@@ -203,7 +212,7 @@ class RoundingMonitor(keras.callbacks.Callback):
             model must be compiled with an accuracy metric.
     """
 
-    def __init__(self, validation_data):
+    def __init__(self, validation_data: tuple | Iterable) -> None:
         super().__init__()
         if validation_data is None:
             raise ValueError(
@@ -214,7 +223,7 @@ class RoundingMonitor(keras.callbacks.Callback):
     def _accuracy(self):
         return evaluate_accuracy(self.model, self.validation_data)[1]
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         shuffles = relaxed_shuffles(self.model)
         relaxed = self._accuracy()
         saved = [ops.convert_to_numpy(layer.matrix) for layer in shuffles]

@@ -28,6 +28,7 @@ other's internals.
 import keras
 import numpy as np
 from keras import layers
+from numpy.typing import ArrayLike
 
 from keras_autoshuffle import permutations
 from keras_autoshuffle.applications import architecture as arch
@@ -85,7 +86,7 @@ def _describe(model):
     return architecture
 
 
-def is_foldable(model):
+def is_foldable(model: keras.Model) -> bool:
     """Whether `fold_model` takes `model`: a channels_last ShuffleNet v1 / v2 from
     `keras_autoshuffle.applications` with no relaxed shuffle left."""
     try:
@@ -139,7 +140,7 @@ def _block_route(counts):
     return np.asarray(perm, dtype=np.int64)
 
 
-def decompose(perm, canonical, groups):
+def decompose(perm: ArrayLike, canonical: ArrayLike, groups: int) -> tuple[np.ndarray, np.ndarray]:
     """Splits `perm` into within-group permutations around `canonical`.
 
     For permutations with the same block counts, returns `(sigma, tau)`, both
@@ -398,7 +399,9 @@ def _fold_v2(model, architecture, inputs):
 # ---------------------------------------------------------------- entry point
 
 
-def fold_model(model, route_manual=True, name=None):
+def fold_model(
+    model: keras.Model, route_manual: bool = True, name: str | None = None
+) -> keras.Model:
     """An equivalent inference model with every shuffle folded into the weights.
 
     Args:
@@ -436,6 +439,6 @@ def fold_model(model, route_manual=True, name=None):
     return keras.Model(inputs, outputs, name=name or f"{model.name}_folded")
 
 
-def count_gathers(model):
+def count_gathers(model: keras.Model) -> int:
     """How many shuffle GATHERs (hardened RelaxedShuffle layers) a model holds."""
     return sum(isinstance(layer, RelaxedShuffle) and layer.is_hardened for layer in model.layers)

@@ -8,8 +8,10 @@ time limit returns the best feasible permutation found so far, never an error.
 """
 
 import time
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 from scipy import optimize, sparse
 
 from keras_autoshuffle import _validation
@@ -26,8 +28,13 @@ from keras_autoshuffle.permutations import (
 
 
 def nearest_balanced_permutation(
-    matrix, groups, counts=None, mip_rel_gap=0.0, time_limit=None, return_info=False
-):
+    matrix: ArrayLike,
+    groups: int,
+    counts: ArrayLike | None = None,
+    mip_rel_gap: float = 0.0,
+    time_limit: float | None = None,
+    return_info: bool = False,
+) -> np.ndarray | tuple[np.ndarray, dict[str, Any]]:
     """The nearest permutation to `matrix` with prescribed g x g block counts.
 
     Maximises the matched mass `sum_i M[i, perm[i]]` (equivalently minimises the

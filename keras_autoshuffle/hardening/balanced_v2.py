@@ -11,8 +11,11 @@ of that cheap family to the learned matrices.
 
 import itertools
 import time
+from typing import Any
 
+import keras
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_autoshuffle import _validation
 from keras_autoshuffle.applications import architecture as arch
@@ -20,7 +23,9 @@ from keras_autoshuffle.hardening.balanced import nearest_balanced_permutation
 from keras_autoshuffle.permutations import _as_square, matched_mass, nearest_permutation
 
 
-def nearest_balanced_v2_permutation(model, shuffle_name, matrix, time_limit=None):
+def nearest_balanced_v2_permutation(
+    model: keras.Model, shuffle_name: str, matrix: ArrayLike, time_limit: float | None = None
+) -> tuple[np.ndarray, dict[str, Any]]:
     """The nearest permutation for a v2 shuffle whose folded routing is SPLIT + CONCAT.
 
     Balanced v2 hardening keeps the folded routing as lean as the same net with no

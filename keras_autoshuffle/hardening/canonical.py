@@ -14,14 +14,21 @@ with the manual shuffle's counts (what balanced hardening returns) is the manual
 re-parametrised. `routing_difference` says how far learned shuffles are from manual.
 """
 
+from collections.abc import Sequence
+from typing import Any
+
+import keras
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_autoshuffle.applications import architecture as arch
 from keras_autoshuffle.layers import shuffle_permutation
 from keras_autoshuffle.permutations import block_counts, group_shuffle_permutation
 
 
-def v2_stage_counts(perms, half):
+def v2_stage_counts(
+    perms: Sequence[ArrayLike], half: int
+) -> tuple[list[str | int], list[int | str], np.ndarray]:
     """Producer -> consumer channel counts of one v2 stage with shuffles `perms`.
 
     Args:
@@ -46,7 +53,7 @@ def v2_stage_counts(perms, half):
     return producers, consumers, counts
 
 
-def routing_counts(model):
+def routing_counts(model: keras.Model) -> list[dict[str, Any]]:
     """The canonical form of every manual or hardened shuffle of a ShuffleNet.
 
     Returns:
@@ -95,7 +102,7 @@ def routing_counts(model):
     return entries
 
 
-def routing_difference(model):
+def routing_difference(model: keras.Model) -> float:
     """The fraction of routed channels whose route differs from the manual shuffle's.
 
     `sum |counts - manual| / (2 * sum counts)` over all entries of `routing_counts`:

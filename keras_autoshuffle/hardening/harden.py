@@ -5,6 +5,9 @@ adds the accuracy before and after rounding (the paper's Table 3), and is what t
 `HardenShuffles` callback and the multi-worker training loop both call.
 """
 
+from collections.abc import Callable, Sequence
+from typing import Any
+
 import keras
 import numpy as np
 from keras import ops
@@ -17,7 +20,7 @@ from keras_autoshuffle.hardening.balanced_v2 import nearest_balanced_v2_permutat
 from keras_autoshuffle.layers import attach_state, checked_permutation, relaxed_shuffles
 
 
-def shuffle_groups(model):
+def shuffle_groups(model: keras.Model) -> dict[str, int | None]:
     """{shuffle layer name: g} for the shuffles whose block counts matter when folding.
 
     A ShuffleNet v1 shuffle between two grouped 1x1 convs (g > 1) gets g; one after an
@@ -45,7 +48,12 @@ def _check_model(model):
         )
 
 
-def harden_model(model, balanced=False, time_limit=None, permutations=None):
+def harden_model(
+    model: keras.Model,
+    balanced: bool | dict[str, int | None] = False,
+    time_limit: float | None = None,
+    permutations: dict[str, Sequence[int] | np.ndarray] | None = None,
+) -> list[dict[str, Any]]:
     """Hardens every relaxed shuffle of `model` in place; returns a per-layer report.
 
     Each entry holds the layer name, `channels`, its `l12_penalty` P(M) and its
@@ -182,7 +190,9 @@ def _balanced(model, layer, matrix, groups, v2, time_limit):
     }
 
 
-def check_permutations(model, permutations):
+def check_permutations(
+    model: keras.Model, permutations: dict[str, Sequence[int] | np.ndarray]
+) -> dict[str, np.ndarray]:
     """`permutations` ({name: permutation}, one per relaxed shuffle of `model`) as
     {name: int64 vector}; ValueError naming the layer or entry otherwise."""
     if not isinstance(permutations, dict):
@@ -208,7 +218,7 @@ def check_permutations(model, permutations):
     return checked
 
 
-def drop_removed_variables(model):
+def drop_removed_variables(model: keras.Model) -> None:
     """Removes variables the model no longer has (hardened matrices) from its optimizer.
 
     Keras optimizers have no API for it. TensorFlow and torch pass the current variables
@@ -224,7 +234,13 @@ def drop_removed_variables(model):
     _keras_internals.drop_optimizer_variables(getattr(model, "optimizer", None), kept)
 
 
-def harden_and_evaluate(model, evaluate=None, balanced=False, time_limit=None, epoch=None):
+def harden_and_evaluate(
+    model: keras.Model,
+    evaluate: Callable[[], tuple[float, float]] | None = None,
+    balanced: bool | dict[str, int | None] = False,
+    time_limit: float | None = None,
+    epoch: int | None = None,
+) -> dict[str, Any]:
     """Hardens `model` and measures the accuracy just before and just after rounding.
 
     Args:
@@ -254,7 +270,7 @@ def harden_and_evaluate(model, evaluate=None, balanced=False, time_limit=None, e
     return report
 
 
-def format_hardening_report(report):
+def format_hardening_report(report: dict[str, Any]) -> str:
     """A few human-readable lines summarising a hardening report."""
     lines = [
         f"Hardened {len(report['layers'])} shuffles"
