@@ -643,7 +643,7 @@ class ImageFolderData(EpochData):
         flip: bool = True,
         training: bool = True,
         seed: int = 0,
-    ):
+    ) -> None:
         super().__init__(_validation.non_negative_int(seed, "seed"))
         self.resize_size = _evaluation_resize(image_size)
         self.image_size = int(image_size)

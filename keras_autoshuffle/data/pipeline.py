@@ -13,20 +13,31 @@ sees, and ends with the same weights.
 training loops, evaluation).
 """
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import numpy as np
 import tensorflow as tf
 
 from keras_autoshuffle import _validation
 
+if TYPE_CHECKING:
+    import keras
+    import tensorflow_datasets as tfds
 
-def example_seed(seed, epoch, index):
+
+def example_seed(
+    seed: int | tf.Tensor, epoch: int | tf.Tensor, index: int | tf.Tensor
+) -> tf.Tensor:
     """The stateless seed (shape [2]) of one example in one epoch."""
     key = tf.stack([tf.cast(seed, tf.int64), tf.constant(0x5EED, tf.int64)])
     key = tf.random.experimental.stateless_fold_in(key, tf.cast(epoch, tf.int64))
     return tf.random.experimental.stateless_fold_in(key, tf.cast(index, tf.int64))
 
 
-def epoch_permutation(num_examples, seed, epoch):
+def epoch_permutation(
+    num_examples: int, seed: int | tf.Tensor, epoch: int | tf.Tensor
+) -> tf.Tensor:
     """The order of the examples in `epoch`: a permutation drawn from `(seed, epoch)`."""
     key = tf.stack([tf.cast(seed, tf.int64), tf.cast(epoch, tf.int64)])
     return tf.argsort(tf.random.stateless_uniform([num_examples], seed=key))
@@ -35,11 +46,11 @@ def epoch_permutation(num_examples, seed, epoch):
 class EpochCounter:
     """A variable holding the current epoch, set by `callback()` at each epoch's start."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         with tf.init_scope():
             self.variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="data_epoch")
 
-    def callback(self):
+    def callback(self) -> "keras.callbacks.Callback":
         """A Keras callback that sets the variable to the epoch at each epoch's start."""
         import keras
 
@@ -63,14 +74,14 @@ class EpochData:
     num_classes = None
     input_shape = None
 
-    def __init__(self, seed=0):
+    def __init__(self, seed: int = 0) -> None:
         self.seed = int(seed)
 
     @property
-    def num_examples(self):
+    def num_examples(self) -> int:
         raise NotImplementedError
 
-    def steps(self, batch_size, training=True):
+    def steps(self, batch_size: int, training: bool = True) -> int:
         """Batches per epoch: training drops the last partial batch, evaluation keeps it."""
         if training:
             return self.num_examples // batch_size
@@ -85,7 +96,14 @@ class EpochData:
                 f"Received: batch_size={batch_size}"
             )
 
-    def epoch_dataset(self, epoch, batch_size, training=True, num_shards=1, shard_index=0):
+    def epoch_dataset(
+        self,
+        epoch: int | tf.Tensor,
+        batch_size: int,
+        training: bool = True,
+        num_shards: int = 1,
+        shard_index: int = 0,
+    ) -> tf.data.Dataset:
         """The batches of one epoch; `epoch` may be a Python int or a scalar tensor.
 
         With `num_shards > 1` (one shard per worker) `batch_size` is the per-shard batch:
@@ -110,7 +128,7 @@ class EpochData:
             data = data.shard(num_shards, shard_index)
         return data.prefetch(tf.data.AUTOTUNE)
 
-    def fit_dataset(self, batch_size, counter):
+    def fit_dataset(self, batch_size: int, counter: EpochCounter) -> tf.data.Dataset:
         """A dataset for `model.fit` whose epoch is `counter.variable` at iterator creation.
 
         Pass `counter.callback()` to `fit`; Keras opens a new iterator each epoch (the
@@ -121,7 +139,7 @@ class EpochData:
         data = data.flat_map(lambda epoch: self.epoch_dataset(epoch, batch_size))
         return data.apply(tf.data.experimental.assert_cardinality(steps))
 
-    def eval_dataset(self, batch_size):
+    def eval_dataset(self, batch_size: int) -> tf.data.Dataset:
         """The evaluation batches: fixed order, no augmentation, last partial batch kept."""
         return self.epoch_dataset(0, batch_size, training=False)
 
@@ -139,7 +157,14 @@ class ArrayData(EpochData):
         seed: the run's data seed.
     """
 
-    def __init__(self, images, labels, num_classes, augment=None, seed=0):
+    def __init__(
+        self,
+        images: np.ndarray,
+        labels: np.ndarray,
+        num_classes: int,
+        augment: Callable[[tf.Tensor, tf.Tensor], tf.Tensor] | None = None,
+        seed: int = 0,
+    ) -> None:
         super().__init__(seed)
         images = np.asarray(images, dtype=np.float32)
         labels = np.asarray(labels, dtype=np.int32)
@@ -154,10 +179,10 @@ class ArrayData(EpochData):
         self.augment = augment
 
     @property
-    def num_examples(self):
+    def num_examples(self) -> int:
         return len(self.labels)
 
-    def subset(self, count):
+    def subset(self, count: int) -> "ArrayData":
         """The first `count` examples (smoke tests)."""
         data = ArrayData(
             self.images[:count], self.labels[:count], self.num_classes, self.augment, self.seed
@@ -192,13 +217,13 @@ class TFDSData(EpochData):
 
     def __init__(
         self,
-        builder,
-        split,
-        train_transform,
-        eval_transform,
-        seed=0,
-        shuffle_buffer=10_000,
-    ):
+        builder: "tfds.core.DatasetBuilder",
+        split: str,
+        train_transform: Callable[[tf.Tensor, tf.Tensor], tf.Tensor],
+        eval_transform: Callable[[tf.Tensor], tf.Tensor],
+        seed: int = 0,
+        shuffle_buffer: int = 10_000,
+    ) -> None:
         super().__init__(seed)
         self.builder, self.split = builder, split
         self.train_transform, self.eval_transform = train_transform, eval_transform
@@ -210,10 +235,10 @@ class TFDSData(EpochData):
             self._num = builder.info.splits[split].num_examples
 
     @property
-    def num_examples(self):
+    def num_examples(self) -> int:
         return self._num
 
-    def subset(self, count):
+    def subset(self, count: int) -> "TFDSData":
         """The first `count` examples (smoke tests)."""
         data = TFDSData.__new__(TFDSData)
         data.__dict__.update(self.__dict__, _limit=count, _num=min(count, self._num))

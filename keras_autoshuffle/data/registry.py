@@ -1,6 +1,9 @@
 """The data sets by name: `load(name)` looks the loader up in `LOADERS`."""
 
+import os
+
 from keras_autoshuffle.data import sources
+from keras_autoshuffle.data.pipeline import EpochData
 
 # name -> loader(seed, data_dir=, manual_dir=, download=) -> (train, test). Each passes on
 # only the options its source takes (the digits are embedded; only ImageNet has manual
@@ -19,7 +22,13 @@ DATASETS = tuple(LOADERS)
 """The data set names `load` takes (the keys of `LOADERS`)."""
 
 
-def load(name, seed=0, data_dir=None, manual_dir=None, download=False):
+def load(
+    name: str,
+    seed: int = 0,
+    data_dir: str | os.PathLike | None = None,
+    manual_dir: str | os.PathLike | None = None,
+    download: bool = False,
+) -> tuple[EpochData, EpochData]:
     """`(train, test)` EpochData for `name` in DATASETS."""
     if name not in LOADERS:
         raise ValueError(f"`dataset` must be one of {DATASETS}. Received: dataset={name!r}")

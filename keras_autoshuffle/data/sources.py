@@ -7,6 +7,7 @@ import functools
 import gzip
 import os
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
 import tensorflow as tf
@@ -15,6 +16,9 @@ import tensorflow as tf
 from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD
 from keras_autoshuffle.data import transforms
 from keras_autoshuffle.data.pipeline import ArrayData, TFDSData
+
+if TYPE_CHECKING:
+    import tensorflow_datasets as tfds
 
 # Per-channel statistics of the training images (RGB, images scaled to [0, 1]).
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
@@ -57,7 +61,9 @@ def _split_digits(test_fraction=0.2, split_seed=0):
     )
 
 
-def load_digits(size=32):
+def load_digits(
+    size: int = 32,
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """scikit-learn's 8x8 handwritten digits as `size` x `size` RGB in [0, 1].
 
     A fixed stratified split (80/20, `random_state=0`): 1437 training and 360 test
@@ -80,7 +86,7 @@ def load_digits(size=32):
     return (upsample(x_train), y_train), (upsample(x_test), y_test)
 
 
-def digits(seed=0, augment=True):
+def digits(seed: int = 0, augment: bool = True) -> tuple[ArrayData, ArrayData]:
     """The embedded digits as `(train, test)` `ArrayData`, normalised to mean 0.5, std 0.5.
 
     Training augmentation (when `augment`): zero-pad by 2 and random-crop back (no
@@ -95,7 +101,7 @@ def digits(seed=0, augment=True):
     )
 
 
-def read_idx(path, shape):
+def read_idx(path: str | os.PathLike, shape: tuple[int | None, ...]) -> np.ndarray:
     """The uint8 array in an IDX file (gzip-compressed or not), checked against `shape`.
 
     `shape` gives the expected dimensions, `None` where any size is allowed (the count).
@@ -168,7 +174,9 @@ def _find_fashion_mnist(data_dir=None):
     )
 
 
-def load_fashion_mnist(data_dir=None):
+def load_fashion_mnist(
+    data_dir: str | os.PathLike | None = None,
+) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """The original Fashion-MNIST IDX files as uint8 arrays; never downloads.
 
     Looks in `data_dir` only, when given; otherwise in `FASHION_MNIST_DEBIAN_DIR` (Debian's
@@ -197,7 +205,9 @@ def load_fashion_mnist(data_dir=None):
     return tuple(splits)
 
 
-def fashion_mnist(seed=0, data_dir=None, augment=True):
+def fashion_mnist(
+    seed: int = 0, data_dir: str | os.PathLike | None = None, augment: bool = True
+) -> tuple[ArrayData, ArrayData]:
     """Fashion-MNIST (60,000 / 10,000 28x28 grey images, 10 classes) as `(train, test)`.
 
     `ArrayData` of float32 (n, 28, 28, 1), normalised with `FASHION_MNIST_MEAN` and
@@ -219,7 +229,12 @@ def fashion_mnist(seed=0, data_dir=None, augment=True):
     )
 
 
-def prepared_builder(name, data_dir=None, manual_dir=None, download=False):
+def prepared_builder(
+    name: str,
+    data_dir: str | os.PathLike | None = None,
+    manual_dir: str | os.PathLike | None = None,
+    download: bool = False,
+) -> "tfds.core.DatasetBuilder":
     """A TFDS builder whose data is on disk, preparing it only when that cannot hang.
 
     `imagenet2012` is prepared from the archives in `manual_dir` (no network needed).
@@ -260,7 +275,9 @@ def prepared_builder(name, data_dir=None, manual_dir=None, download=False):
     return builder
 
 
-def cifar10(seed=0, data_dir=None, download=False):
+def cifar10(
+    seed: int = 0, data_dir: str | os.PathLike | None = None, download: bool = False
+) -> tuple[ArrayData, ArrayData]:
     """CIFAR-10 from TFDS as `(train, test)` `ArrayData` (held in memory, ~600 MB float32).
 
     Training: pad-4 random crop and horizontal flip; both splits per-channel normalised.
@@ -281,7 +298,13 @@ def cifar10(seed=0, data_dir=None, download=False):
     )
 
 
-def imagenet(seed=0, data_dir=None, manual_dir=None, size=224, shuffle_buffer=10_000):
+def imagenet(
+    seed: int = 0,
+    data_dir: str | os.PathLike | None = None,
+    manual_dir: str | os.PathLike | None = None,
+    size: int = 224,
+    shuffle_buffer: int = 10_000,
+) -> tuple[TFDSData, TFDSData]:
     """ImageNet (ILSVRC 2012) from TFDS as `(train, validation)` `TFDSData`, streamed.
 
     Training: random-resized crop to `size` and horizontal flip; evaluation: torchvision's

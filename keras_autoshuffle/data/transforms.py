@@ -4,18 +4,24 @@ The random ones take a stateless seed (shape [2], from `pipeline.example_seed`),
 example's augmentation depends only on `(seed, epoch, example index)`.
 """
 
+from collections.abc import Sequence
+
 import tensorflow as tf
 
 from keras_autoshuffle._resize_crop import tf_resize_center_crop
 
 
-def normalize(image, mean, std):
+def normalize(
+    image: tf.Tensor, mean: float | Sequence[float], std: float | Sequence[float]
+) -> tf.Tensor:
     """Scales uint8 (or [0, 255]) images to [0, 1] and standardises each channel."""
     image = tf.cast(image, tf.float32) / 255.0
     return (image - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
 
 
-def pad_crop_flip(image, seed, padding=4, flip=True):
+def pad_crop_flip(
+    image: tf.Tensor, seed: tf.Tensor, padding: int = 4, flip: bool = True
+) -> tf.Tensor:
     """CIFAR augmentation: zero-pad by `padding`, random crop back, random horizontal flip."""
     seeds = tf.random.experimental.stateless_split(seed, 2)
     shape = tf.shape(image)
@@ -67,7 +73,7 @@ def random_resized_crop(
     return tf.image.stateless_random_flip_left_right(image, seed=seeds[1])
 
 
-def resize_center_crop(image, resize=256, size=224):
+def resize_center_crop(image: tf.Tensor, resize: int = 256, size: int = 224) -> tf.Tensor:
     """ImageNet evaluation, torchvision's `Resize(resize)` then `CenterCrop(size)`: the
     shorter side to `resize` (the longer to `int(resize * long / short)`, bilinear,
     antialiased), then the central `size` x `size` crop, its offset rounded as
