@@ -16,6 +16,7 @@ import errno
 import json
 import os
 import shutil
+from typing import Any
 
 import keras
 import numpy as np
@@ -29,7 +30,7 @@ from keras_autoshuffle.training.divergence import non_finite
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, backup_files, damaged
 
 
-def save_backup(model, backup_dir, epochs):
+def save_backup(model: keras.Model, backup_dir: str | os.PathLike, epochs: int) -> None:
     """Writes the backup of `epochs` completed epochs atomically."""
     os.makedirs(backup_dir, exist_ok=True)
     weights, metadata, weights_partial, metadata_partial = backup_files(backup_dir)
@@ -80,10 +81,10 @@ class RunBackup(keras.callbacks.BackupAndRestore):
         backup_dir: the run's backup folder.
     """
 
-    def __init__(self, backup_dir):
+    def __init__(self, backup_dir: str | os.PathLike) -> None:
         super().__init__(backup_dir, save_freq="epoch", delete_checkpoint=False)
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         path = backup_files(self.backup_dir)[0]
         relaxed = len(relaxed_shuffles(self.model))
         optimizer = self.model.optimizer
@@ -114,7 +115,7 @@ class RunBackup(keras.callbacks.BackupAndRestore):
                 )
                 raise damaged(path, "backup weights", problem, iterations)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         save_backup(self.model, self.backup_dir, epoch + 1)
 
 

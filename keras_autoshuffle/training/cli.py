@@ -6,6 +6,8 @@ import dataclasses
 import functools
 import sys
 import warnings
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
 
 from keras_autoshuffle._validation import positive_int_argument as _positive_int
 from keras_autoshuffle.training.distribution import STRATEGIES, make_strategy
@@ -16,8 +18,13 @@ from keras_autoshuffle.training.loops import train
 from keras_autoshuffle.training.recipes import get_recipe
 from keras_autoshuffle.training.search import search_then_retrain
 
+if TYPE_CHECKING:
+    import keras
 
-def format_run_summary(report):
+    from keras_autoshuffle.data import EpochData
+
+
+def format_run_summary(report: dict[str, Any]) -> str:
     """Human-readable lines: time, accuracies, penalty and where every file is."""
     lines = [
         f"Trained in {report['time']:.1f} s ({report['settings']['epochs']} epochs, "
@@ -131,7 +138,9 @@ def _positive_float(text):
     return value
 
 
-def add_arguments(parser, datasets, default_dataset):
+def add_arguments(
+    parser: argparse.ArgumentParser, datasets: Sequence[str], default_dataset: str
+) -> argparse.ArgumentParser:
     """The command-line options shared by the training commands."""
     _add_network_arguments(parser, datasets, default_dataset)
     _add_training_arguments(parser)
@@ -311,18 +320,18 @@ def _add_run_arguments(parser):
 
 
 def make_model_fn(
-    model,
-    width,
-    shuffle,
-    penalty,
-    train_data,
-    stem,
-    groups=3,
-    padding="torch",
-    sinkhorn_iterations=10,
-    shuffle_initializer="random",
-    shuffle_forward="relaxed",
-):
+    model: Literal["v1", "v2"],
+    width: float,
+    shuffle: Literal["manual", "auto"],
+    penalty: float,
+    train_data: "EpochData",
+    stem: Literal["imagenet", "cifar", "auto"],
+    groups: int = 3,
+    padding: Literal["torch", "same"] = "torch",
+    sinkhorn_iterations: int = 10,
+    shuffle_initializer: Literal["random", "manual"] = "random",
+    shuffle_forward: Literal["relaxed", "hard"] = "relaxed",
+) -> Callable[..., "keras.Model"]:
     """A function building ShuffleNet `model` ("v1" or "v2") for `train_data`'s images;
     its keyword arguments override the builder's (e.g. `shuffle_permutations`)."""
     # The builder's arguments: this function's own by name (`groups` for v1 only), and
@@ -411,7 +420,13 @@ def _error(parser, message):
     parser.error(message)
 
 
-def run_from_args(args, recipe_name, stem, manual_dir=None, parser=None):
+def run_from_args(
+    args: argparse.Namespace,
+    recipe_name: str,
+    stem: Literal["imagenet", "cifar", "auto"],
+    manual_dir: str | None = None,
+    parser: argparse.ArgumentParser | None = None,
+) -> dict[str, Any]:
     """What the training commands do: load the data, build the model, `train()`, print the summary.
 
     Options that contradict each other or the recipe end the program before anything

@@ -7,6 +7,8 @@ under that strategy: keras-team/keras#20585).
 
 import json
 import os
+from collections.abc import Sequence
+from typing import Literal
 
 import tensorflow as tf
 
@@ -15,7 +17,9 @@ from keras_autoshuffle import _validation
 STRATEGIES = ("auto", "one-device", "mirrored", "multi-worker")
 
 
-def make_strategy(name="auto"):
+def make_strategy(
+    name: Literal["auto", "one-device", "mirrored", "multi-worker"] = "auto",
+) -> tf.distribute.Strategy:
     """The tf.distribute strategy for `name` in STRATEGIES.
 
     "auto": multi-worker when TF_CONFIG lists several workers, mirrored with several
@@ -43,7 +47,7 @@ def make_strategy(name="auto"):
     return cpu_mirrored_strategy([d.name for d in tf.config.list_logical_devices("CPU")])
 
 
-def cpu_mirrored_strategy(devices):
+def cpu_mirrored_strategy(devices: Sequence[str]) -> tf.distribute.MirroredStrategy:
     """MirroredStrategy over local CPU devices, reducing on one device (no collectives)."""
     return tf.distribute.MirroredStrategy(
         devices, cross_device_ops=tf.distribute.ReductionToOneDevice()
@@ -56,12 +60,12 @@ def _num_workers_in_tf_config():
     return len(cluster.get("worker", [])) + len(cluster.get("chief", []))
 
 
-def mixed_precision_policy():
+def mixed_precision_policy() -> Literal["mixed_float16", "mixed_bfloat16"]:
     """ "mixed_float16" on GPU, "mixed_bfloat16" on CPU."""
     return "mixed_float16" if tf.config.list_logical_devices("GPU") else "mixed_bfloat16"
 
 
-def strategy_name(strategy):
+def strategy_name(strategy: tf.distribute.Strategy) -> str:
     if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
         return "multi-worker"
     if isinstance(strategy, tf.distribute.MirroredStrategy):
@@ -73,7 +77,7 @@ def strategy_name(strategy):
     return type(strategy).__name__
 
 
-def is_chief(strategy):
+def is_chief(strategy: tf.distribute.Strategy) -> bool:
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not resolver.task_type:
         return True
@@ -82,10 +86,10 @@ def is_chief(strategy):
     )
 
 
-def task_id(strategy):
+def task_id(strategy: tf.distribute.Strategy) -> int:
     resolver = getattr(strategy, "cluster_resolver", None)
     return 0 if resolver is None else resolver.task_id
 
 
-def is_multi_worker(strategy):
+def is_multi_worker(strategy: tf.distribute.Strategy) -> bool:
     return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)

@@ -11,6 +11,8 @@ resume from the last good epoch (`fault_tolerance.prepare_run_directory`).
 
 import math
 import os
+from collections.abc import Sequence
+from typing import Any
 
 import keras
 import numpy as np
@@ -24,7 +26,7 @@ class TrainingDivergedError(RuntimeError):
     """The loss or the weights of a run became non-finite (NaN or infinite)."""
 
 
-def non_finite(model, logs):
+def non_finite(model: keras.Model, logs: dict[str, Any] | None) -> list[str]:
     """What is no longer finite: the logged losses' names and the weights' paths."""
     bad = [n for n in ("loss", "val_loss") if not math.isfinite(float((logs or {}).get(n, 0)))]
     attach_state(model)  # JAX's fit holds the values outside the variables
@@ -44,22 +46,22 @@ class StopOnDivergence(keras.callbacks.TerminateOnNaN):
         learning_rates: the recipe's learning rates (recorded and quoted in the error).
     """
 
-    def __init__(self, backup_dir, learning_rates):
+    def __init__(self, backup_dir: str | os.PathLike, learning_rates: Sequence[float]) -> None:
         super().__init__(raise_error=True)
         self.backup_dir = backup_dir
         self.learning_rates = [float(lr) for lr in learning_rates]
         self.epoch = 0
 
-    def on_epoch_begin(self, epoch, logs=None):
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.epoch = epoch
 
-    def on_batch_end(self, batch, logs=None):
+    def on_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         try:
             super().on_batch_end(batch, logs)
         except RuntimeError:  # Keras's message names the batch only
             self._stop(self.epoch, ["loss"], step=batch + 1)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         bad = non_finite(self.model, logs)
         if bad:
             self._stop(epoch, bad)

@@ -23,6 +23,8 @@ import math
 import os
 import stat
 import time
+from collections.abc import Callable
+from typing import Any
 
 import h5py
 import keras
@@ -30,6 +32,7 @@ import keras
 from keras_autoshuffle import _atomic
 from keras_autoshuffle._files import sha256_of as sha256
 from keras_autoshuffle._validation import is_integer, is_number
+from keras_autoshuffle.callbacks import HardenShuffles
 from keras_autoshuffle.export import FILENAMES, INT8_FILENAME
 from keras_autoshuffle.hardening.harden import check_permutations
 from keras_autoshuffle.layers import checked_permutation
@@ -57,7 +60,7 @@ class RunDirectoryError(ValueError):
     """An output directory that cannot be used as asked (finished, other settings, damaged)."""
 
 
-def start_over(backup_dir):
+def start_over(backup_dir: str | os.PathLike) -> str:
     """What to do with a backup that cannot be resumed."""
     return (
         f"Delete the backup folder {backup_dir} to restart the run from scratch (its trained "
@@ -65,7 +68,9 @@ def start_over(backup_dir):
     )
 
 
-def damaged(path, what, problem, received, remedy=None):
+def damaged(
+    path: str | os.PathLike, what: str, problem: str, received: Any, remedy: str | None = None
+) -> RunDirectoryError:
     """The RunDirectoryError naming a damaged file of a run and what to do about it."""
     folder = os.path.dirname(path)
     if remedy is None:
@@ -75,7 +80,12 @@ def damaged(path, what, problem, received, remedy=None):
     )
 
 
-def read_json(path, what, remedy=None, fields=None):
+def read_json(
+    path: str | os.PathLike,
+    what: str,
+    remedy: str | None = None,
+    fields: dict[str, tuple[Callable[[Any], bool], str] | None] | None = None,
+) -> Any:
     """The JSON file `path` (a regular file of at most MAX_JSON_BYTES, nested as deep as
     Python's parser takes); with `fields`, an object holding each key (one ending in "?"
     may be absent) whose value passes its test. Else RunDirectoryError naming it."""
@@ -101,7 +111,7 @@ def read_json(path, what, remedy=None, fields=None):
     return record
 
 
-def epoch_field(epochs, allow_none=False):
+def epoch_field(epochs: int | None, allow_none: bool = False) -> tuple[Callable[[Any], bool], str]:
     """The (test, wording) of a `read_json` field holding an epoch count in [1, epochs]
     (`epochs` None: >= 1), or None with `allow_none`."""
     high = epochs if epochs is not None else math.inf
@@ -112,19 +122,19 @@ def epoch_field(epochs, allow_none=False):
     )
 
 
-def epochs_of(settings):
+def epochs_of(settings: dict[str, Any] | None) -> int | None:
     """The run's epochs from its settings, or None where they do not say."""
     epochs = (settings or {}).get("epochs")
     return epochs if is_integer(epochs) and epochs > 0 else None
 
 
-def backup_files(backup_dir):
+def backup_files(backup_dir: str | os.PathLike) -> tuple[str, str, str, str]:
     """(weights, metadata, their temporaries) of `backup_dir`."""
     weights, metadata = (os.path.join(backup_dir, f) for f in (WEIGHTS_FILE, METADATA_FILE))
     return weights, metadata, _atomic.sibling_path(weights), _atomic.sibling_path(metadata)
 
 
-def recover(backup_dir):
+def recover(backup_dir: str | os.PathLike) -> bool:
     """Completes or discards a backup write that a kill interrupted; returns whether
     `backup_dir` then holds a completed epoch."""
     weights, metadata, weights_partial, metadata_partial = backup_files(backup_dir)
@@ -142,7 +152,7 @@ def recover(backup_dir):
     return os.path.exists(metadata) or os.path.exists(weights)
 
 
-def backed_up_epochs(backup_dir, epochs=None):
+def backed_up_epochs(backup_dir: str | os.PathLike, epochs: int | None = None) -> int:
     """Epochs completed in `backup_dir`'s backup (0 when there is none), its metadata and
     weights checked: the epoch count within [1, epochs], the weights file present and the
     one the metadata names (its SHA-256; backups of Keras's own writer carry none)."""
@@ -163,7 +173,7 @@ def backed_up_epochs(backup_dir, epochs=None):
     return record["epoch"]
 
 
-def saved_permutations(path):
+def saved_permutations(path: str | os.PathLike) -> list[list[int]]:
     """The permutations of the hardened shuffles a weights file holds (sorted lists)."""
     found = []
 
@@ -179,7 +189,7 @@ def saved_permutations(path):
     return sorted(found)
 
 
-def elapsed_before(backup_dir):
+def elapsed_before(backup_dir: str | os.PathLike) -> float:
     """Seconds a killed run trained before this invocation (0 without a backup of it)."""
     path = os.path.join(backup_dir, ELAPSED_FILE)
     if not os.path.exists(path):
@@ -198,12 +208,12 @@ class ElapsedTime(keras.callbacks.Callback):
         start: `time.time()` when this invocation began.
     """
 
-    def __init__(self, backup_dir, start):
+    def __init__(self, backup_dir: str | os.PathLike, start: float) -> None:
         super().__init__()
         self.path = os.path.join(backup_dir, ELAPSED_FILE)
         self.start, self.before = start, elapsed_before(backup_dir)
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         _atomic.write_json(self.path, {"seconds": self.before + time.time() - self.start})
 
 
@@ -212,17 +222,17 @@ class HistoryLog(keras.callbacks.Callback):
     logs' keys sorted), keeping on resume the rows of the epochs before the one it starts
     with."""
 
-    def __init__(self, path):
+    def __init__(self, path: str | os.PathLike) -> None:
         super().__init__()
         self.path = path
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         self.rows = []
         if os.path.exists(self.path):
             with open(self.path, newline="") as f:
                 self.rows = [row for row in csv.DictReader(f) if _epoch_of(row) is not None]
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         row = {"epoch": epoch, **{k: logs[k] for k in sorted(logs or {})}}
         self.rows = [r for r in self.rows if _epoch_of(r) < epoch] + [row]
         keys = sorted({k for r in self.rows for k in r if k != "epoch"})
@@ -243,7 +253,9 @@ def _epoch_of(row):
         return None
 
 
-def read_hardening_record(path, settings=None, backed_up=None):
+def read_hardening_record(
+    path: str | os.PathLike, settings: dict[str, Any] | None = None, backed_up: int | None = None
+) -> dict[str, Any]:
     """The hardening report at `path` if it is this run's: its `epoch` (None: the end of
     training, then after the last backup) the run's `harden_at_epoch`, its `layers` each a
     shuffle's permutation, held by the backup's weights where it was backed up after."""
@@ -292,13 +304,13 @@ class HardeningRecord(keras.callbacks.Callback):
         hardening: the run's `HardenShuffles` callback.
     """
 
-    def __init__(self, backup_dir, hardening):
+    def __init__(self, backup_dir: str | os.PathLike, hardening: HardenShuffles) -> None:
         super().__init__()
         self.backup_dir = backup_dir
         self.hardening = hardening
         self.path = os.path.join(backup_dir, HARDENING_FILE)
 
-    def on_train_begin(self, logs=None):
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         if not os.path.exists(self.path):
             return
         backed_up = backed_up_epochs(self.backup_dir)
@@ -319,10 +331,10 @@ class HardeningRecord(keras.callbacks.Callback):
                 raise damaged(self.path, "hardening record", problem, error) from None
             self.hardening.recorded = report  # applied after the weights are loaded
 
-    def on_epoch_end(self, epoch, logs=None):
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.on_train_end()
 
-    def on_train_end(self, logs=None):
+    def on_train_end(self, logs: dict[str, Any] | None = None) -> None:
         report = self.hardening.report
         if report is not None and not os.path.exists(self.path):
             _atomic.write_json(self.path, report)
@@ -348,7 +360,7 @@ def _check_settings(backup_dir, settings):
         )
 
 
-def check_backup(backup_dir, settings):
+def check_backup(backup_dir: str | os.PathLike, settings: dict[str, Any]) -> int:
     """Checks every file of a killed run's backup (after `recover`) before it is resumed
     with `settings`; returns the epochs it holds."""
     _check_settings(backup_dir, settings)
@@ -371,7 +383,9 @@ def check_backup(backup_dir, settings):
     return backed_up
 
 
-def prepare_run_directory(output_dir, settings, overwrite=False):
+def prepare_run_directory(
+    output_dir: str | os.PathLike, settings: dict[str, Any], overwrite: bool = False
+) -> bool:
     """Checks `output_dir` before a run; returns True when the run resumes a backup.
 
     A backup resumes only with the same settings (after a divergence, another learning
@@ -409,7 +423,7 @@ def prepare_run_directory(output_dir, settings, overwrite=False):
         raise unusable_folder(output_dir, error) from None
 
 
-def unusable_folder(output_dir, error):
+def unusable_folder(output_dir: str | os.PathLike, error: OSError) -> RunDirectoryError:
     """The RunDirectoryError for an output folder the system refuses (`error`: an OSError,
     e.g. a file where the folder or one above it should be)."""
     return RunDirectoryError(
@@ -418,7 +432,7 @@ def unusable_folder(output_dir, error):
     )
 
 
-def clear_finished_run(output_dir, overwrite):
+def clear_finished_run(output_dir: str | os.PathLike, overwrite: bool) -> bool:
     """False where `output_dir` holds no finished run (`report.json`); else, with
     `overwrite`, removes every file of it (its `search/` too, so no stale file stays
     beside the new ones) and returns True, and without it raises RunDirectoryError."""
@@ -440,7 +454,7 @@ def clear_finished_run(output_dir, overwrite):
     return True
 
 
-def finish_run(output_dir):
+def finish_run(output_dir: str | os.PathLike) -> None:
     """Removes the run's backup: call after `report.json`, its last file, is written."""
     _atomic.remove(os.path.join(output_dir, BACKUP))
 

@@ -8,8 +8,13 @@ adds these), and where the data is read from (`data_dir`, `manual_dir`).
 """
 
 import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from keras_autoshuffle._atomic import as_json
+
+if TYPE_CHECKING:
+    from keras_autoshuffle.training.recipes import Recipe
 
 # Settings a resume may change after a divergence (the advice of TrainingDivergedError).
 CHANGEABLE_AFTER_DIVERGENCE = ("learning_rates",)
@@ -90,7 +95,7 @@ class RunIdentity:
     image_cache: bool | None = None
 
     @classmethod
-    def make(cls, settings, **fields):
+    def make(cls, settings: dict[str, Any] | None, **fields: Any) -> "RunIdentity":
         """The identity of `settings` (a dict of field values) and `fields` (which win);
         a key that is no field raises ValueError naming it."""
         names = {f.name for f in dataclasses.fields(cls)}
@@ -102,12 +107,12 @@ class RunIdentity:
             )
         return cls(**{**(settings or {}), **fields})
 
-    def record(self):
+    def record(self) -> dict[str, Any]:
         """The record as stored (JSON's types: tuples as lists)."""
         return as_json(dataclasses.asdict(self))
 
 
-def recipe_fields(recipe):
+def recipe_fields(recipe: "Recipe") -> dict[str, Any]:
     """The identity's fields a `Recipe` gives."""
     return {
         "learning_rates": tuple(recipe.learning_rates),
@@ -124,7 +129,13 @@ def recipe_fields(recipe):
 UNRECORDED = tuple(f.name for f in dataclasses.fields(RunIdentity) if f.metadata.get("unrecorded"))
 
 
-def differences(saved, expected, diverged=False, keys=None, label="backup"):
+def differences(
+    saved: dict[str, Any],
+    expected: dict[str, Any],
+    diverged: bool = False,
+    keys: Sequence[str] | None = None,
+    label: str = "backup",
+) -> str:
     """'name=value (backup: value)' for each setting of `keys` (default: all) whose
     values differ between two stored records; a field missing from either takes its
     default (one of UNRECORDED missing from `saved` is not compared), a key RunIdentity

@@ -3,10 +3,12 @@ host; `multi_worker.custom_loop` across hosts), and the run's callbacks in their
 
 import dataclasses
 import os
+from collections.abc import Callable
+from typing import Any
 
 import keras
 
-from keras_autoshuffle.callbacks import ShufflePenaltyLogger
+from keras_autoshuffle.callbacks import HardenShuffles, ShufflePenaltyLogger
 from keras_autoshuffle.training.backup import RunBackup
 from keras_autoshuffle.training.divergence import StopOnDivergence
 from keras_autoshuffle.training.fault_tolerance import (
@@ -44,7 +46,7 @@ class TrainingJob:
     label_smoothing: float = 0.0
     class_weights: tuple | None = None
 
-    def callbacks(self, hardening=None):
+    def callbacks(self, hardening: HardenShuffles | None = None) -> list[keras.callbacks.Callback]:
         """The run's callbacks: the divergence check first (a diverged epoch reaches no log
         or backup), the loggers, hardening and its record, the elapsed time, the backup
         (of the hardened weights after a hardening), then the user's (each epoch backed up)."""
@@ -63,7 +65,9 @@ class TrainingJob:
         return [c for c in callbacks if c is not None]
 
 
-def loop_report(hardening_report, evaluate):
+def loop_report(
+    hardening_report: dict[str, Any], evaluate: Callable[[], tuple[float, float]]
+) -> dict[str, Any]:
     """The hardening's report and `final_accuracy`: the rounded net's, or for a net hardened
     before the end (trained on since), `evaluate()`'s ((loss, accuracy) on the test split)."""
     report = dict(hardening_report)

@@ -9,15 +9,18 @@ import collections
 import contextlib
 import os
 import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal
 
 import keras
+import tensorflow as tf
 
 from keras_autoshuffle import _validation
 from keras_autoshuffle import export as export_lib
 from keras_autoshuffle._atomic import write_json
 from keras_autoshuffle._keras_internals import build_before_fit
 from keras_autoshuffle.callbacks import HardenShuffles, evaluate_accuracy
-from keras_autoshuffle.data import EpochCounter
+from keras_autoshuffle.data import EpochCounter, EpochData
 from keras_autoshuffle.losses import SmoothedSparseCrossentropy
 from keras_autoshuffle.training import distribution
 from keras_autoshuffle.training.exports import (
@@ -38,34 +41,35 @@ from keras_autoshuffle.training.fault_tolerance import (
 from keras_autoshuffle.training.identity import RunIdentity, recipe_fields
 from keras_autoshuffle.training.job import BALANCED_TIME_LIMIT, TrainingJob, loop_report
 from keras_autoshuffle.training.multi_worker import custom_loop
-from keras_autoshuffle.training.recipes import make_optimizer
+from keras_autoshuffle.training.recipes import Recipe, make_optimizer
 
 __all__ = ["BALANCED_TIME_LIMIT", "train"]
 
 
 def train(
-    model_fn,
-    train_data,
-    test_data,
-    recipe,
-    output_dir,
+    model_fn: Callable[[], keras.Model],
+    train_data: EpochData,
+    test_data: EpochData,
+    recipe: Recipe,
+    output_dir: str | os.PathLike,
     *,
-    strategy="auto",
-    mixed_precision=False,
-    jit_compile=False,
-    seed=0,
-    export=True,
-    settings=None,
-    callbacks=None,
-    harden_at_epoch=None,
-    balanced=False,
-    overwrite=False,
-    verbose=1,
-    report_entries=None,
-    int8=False,
-    label_smoothing=0.0,
-    class_weight=None,
-):
+    strategy: tf.distribute.Strategy
+    | Literal["auto", "one-device", "mirrored", "multi-worker"] = "auto",
+    mixed_precision: bool = False,
+    jit_compile: bool = False,
+    seed: int = 0,
+    export: bool | Sequence[str] = True,
+    settings: dict[str, Any] | None = None,
+    callbacks: Sequence[keras.callbacks.Callback] | None = None,
+    harden_at_epoch: int | None = None,
+    balanced: bool = False,
+    overwrite: bool = False,
+    verbose: Literal[0, 1, 2] = 1,
+    report_entries: dict[str, Any] | None = None,
+    int8: bool = False,
+    label_smoothing: float = 0.0,
+    class_weight: Sequence[float] | None = None,
+) -> dict[str, Any]:
     """Trains, hardens and exports a model into `output_dir`; returns the report (also
     written to `report.json`).
 
@@ -77,7 +81,8 @@ def train(
     Args:
         model_fn: builds the uncompiled model (class probabilities out), called under
             the strategy's scope and the dtype policy.
-        train_data, test_data: `keras_autoshuffle.data.EpochData` splits.
+        train_data: the training split, a `keras_autoshuffle.data.EpochData`.
+        test_data: the test split, a `keras_autoshuffle.data.EpochData`.
         recipe: a `Recipe` (see `get_recipe`).
         output_dir: the run's folder: `model.keras` (the last epoch's, hardened), the
             exports, `report.json` (last), `history.csv`, `logs/`, and `backup/` until
@@ -141,7 +146,7 @@ def train(
 
 
 @contextlib.contextmanager
-def reproducible_steps():
+def reproducible_steps() -> Iterator[None]:
     """TensorFlow's graph optimizer (Grappler) off meanwhile: one seed gives one training.
 
     With it on, learned-shuffle nets gave other gradients at every few steps of one run

@@ -7,6 +7,8 @@ gives them, and the end is the same hardening and report as `fit`'s
 (`job.loop_report`).
 """
 
+from typing import Any
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -14,10 +16,10 @@ from keras import ops
 
 from keras_autoshuffle._keras_internals import initial_epoch
 from keras_autoshuffle.hardening import harden_and_evaluate
-from keras_autoshuffle.training.job import loop_report
+from keras_autoshuffle.training.job import TrainingJob, loop_report
 
 
-def custom_loop(job):
+def custom_loop(job: TrainingJob) -> dict[str, Any]:
     """MultiWorkerMirroredStrategy with a hand-written step (fit is broken there).
 
     Each step: loss averaged over the global batch plus the penalty (`model.losses`,

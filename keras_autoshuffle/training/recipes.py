@@ -6,6 +6,8 @@ Reference:
 
 import dataclasses
 
+import keras
+
 from keras_autoshuffle import _validation
 from keras_autoshuffle.layers import relaxed_shuffles
 from keras_autoshuffle.optimizers import CoupledSGD, LinearCycles
@@ -65,7 +67,8 @@ class Recipe:
         _validation.positive_int(self.batch_size, "batch_size")
 
     @property
-    def epochs(self):
+    def epochs(self) -> int:
+        """The epochs of all cycles together."""
         return int(sum(self.cycle_epochs))
 
 
@@ -86,7 +89,13 @@ RECIPES = {
 }
 
 
-def get_recipe(name, epochs=None, batch_size=None, penalty=None, learning_rate=None):
+def get_recipe(
+    name: str,
+    epochs: int | None = None,
+    batch_size: int | None = None,
+    penalty: float | None = None,
+    learning_rate: float | None = None,
+) -> Recipe:
     """A preset from RECIPES with optional overrides.
 
     Args:
@@ -115,7 +124,7 @@ def get_recipe(name, epochs=None, batch_size=None, penalty=None, learning_rate=N
     return dataclasses.replace(recipe, **changes)
 
 
-def make_optimizer(recipe, steps_per_epoch, model):
+def make_optimizer(recipe: Recipe, steps_per_epoch: int, model: keras.Model) -> CoupledSGD:
     """CoupledSGD over LinearCycles; the shuffle matrices are excluded from the L2 decay.
 
     Why not decay M: the constraint renormalises every row and column to sum 1, so a

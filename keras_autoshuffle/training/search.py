@@ -13,12 +13,15 @@ training). Each phase is a `train()` run, so each resumes after a kill.
 
 import dataclasses
 import os
+from collections.abc import Callable
+from typing import Any
 
 import keras
 import numpy as np
 
 from keras_autoshuffle import _validation
 from keras_autoshuffle._atomic import as_json, write_json
+from keras_autoshuffle.data import EpochData
 from keras_autoshuffle.hardening import harden_model
 from keras_autoshuffle.layers import RelaxedShuffle, checked_permutation, shuffle_layers
 from keras_autoshuffle.training.divergence import DIVERGENCE_FILE
@@ -34,6 +37,7 @@ from keras_autoshuffle.training.fault_tolerance import (
 )
 from keras_autoshuffle.training.identity import differences, recipe_fields
 from keras_autoshuffle.training.loops import BALANCED_TIME_LIMIT, _check_seed, train
+from keras_autoshuffle.training.recipes import Recipe
 
 PERMUTATIONS_FILE = "permutations.json"
 # What defines the search (its settings, recipe, seed, epochs, balanced), written first.
@@ -42,35 +46,39 @@ _REDO = "Delete the search folder to search again."
 
 
 def search_then_retrain(
-    model_fn,
-    train_data,
-    test_data,
-    recipe,
-    output_dir,
+    model_fn: Callable[..., keras.Model],
+    train_data: EpochData,
+    test_data: EpochData,
+    recipe: Recipe,
+    output_dir: str | os.PathLike,
     *,
-    search_epochs,
-    balanced=False,
-    seed=0,
-    settings=None,
-    **train_kwargs,
-):
+    search_epochs: int,
+    balanced: bool = False,
+    seed: int = 0,
+    settings: dict[str, Any] | None = None,
+    **train_kwargs: Any,
+) -> dict[str, Any]:
     """Learns the shuffles, hardens them, then trains the net with them fixed.
 
     Args:
         model_fn: builds the learned-shuffle model; called with no arguments for the
             search and with `shuffle_permutations={name: permutation}` for the retraining
             (as `make_model_fn`'s functions and the builders take it).
-        train_data, test_data, recipe, output_dir, seed, settings: as `train()`; the
-            retraining uses the whole recipe, the search its first cycle's learning
-            rate decayed over `search_epochs`.
+        train_data: as `train()`'s.
+        test_data: as `train()`'s.
+        recipe: as `train()`'s: the retraining uses the whole recipe, the search its
+            first cycle's learning rate decayed over `search_epochs`.
+        output_dir: as `train()`'s.
         search_epochs: epochs of the search, an integer >= 0 (0: harden the fresh net).
         balanced: balanced hardening of the searched matrices (`harden_model`).
+        seed: as `train()`'s.
+        settings: as `train()`'s.
         **train_kwargs: passed on to the retraining's `train()` (`export`, `callbacks`,
             `overwrite`, ...); the search gets only `verbose`.
 
     Returns:
         The retraining's report, with `search`: the epochs, whether balanced, the P(M)
-        at hardening and the permutations' file.
+            at hardening and the permutations' file.
     """
     search_epochs = _validation.non_negative_int(search_epochs, "search_epochs")
     if search_epochs >= recipe.epochs:
