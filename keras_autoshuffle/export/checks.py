@@ -6,6 +6,7 @@ folder."""
 import importlib.util
 import os
 import zipfile
+from collections.abc import Collection, Sequence
 
 import keras
 import numpy as np
@@ -20,7 +21,7 @@ from keras_autoshuffle.export.files import (
 from keras_autoshuffle.layers import relaxed_shuffles
 
 
-def check_formats(formats):
+def check_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
     """`formats` as a tuple: a non-empty subset of FORMATS (a string is one format)."""
     try:
         checked = (formats,) if isinstance(formats, str) else tuple(formats)
@@ -37,7 +38,9 @@ def _installed(module):
     return importlib.util.find_spec(module) is not None
 
 
-def unsupported_formats(formats, dtypes=("float32",)):
+def unsupported_formats(
+    formats: Collection[str], dtypes: Collection[str] = ("float32",)
+) -> dict[str, str]:
     """{format: why it cannot be written and checked here} for the formats of `formats`
     this backend, these installed packages and these compute dtypes cannot export.
 
@@ -86,7 +89,7 @@ def unsupported_formats(formats, dtypes=("float32",)):
     return reasons
 
 
-def compute_dtypes(model):
+def compute_dtypes(model: keras.Model) -> set[str]:
     """The set of compute dtypes of `model`'s layers (e.g. {"float32", "bfloat16"})."""
     dtypes, layers = set(), [model]
     while layers:
@@ -96,7 +99,7 @@ def compute_dtypes(model):
     return dtypes
 
 
-def check_exportable(model, allow_relaxed=False):
+def check_exportable(model: keras.Model, allow_relaxed: bool = False) -> None:
     """Raises ValueError if `model` still holds relaxed shuffles (unless allowed)."""
     relaxed = [layer.name for layer in relaxed_shuffles(model)]
     if relaxed and not allow_relaxed:
@@ -142,7 +145,7 @@ def _single_input(model, sample_inputs, name="sample_inputs", purpose="the parit
     return x
 
 
-def make_folder(path, name):
+def make_folder(path: str | os.PathLike, name: str) -> str | os.PathLike:
     """Creates the folder `path` (and its parents); a clear error naming `name` when it is
     a file or cannot be created."""
     if os.path.exists(path) and not os.path.isdir(path):
@@ -158,7 +161,7 @@ def make_folder(path, name):
     return path
 
 
-def check_model_formats(model, formats):
+def check_model_formats(model: keras.Model, formats: Sequence[str]) -> None:
     """ValueError, before anything is written, for a format of `formats` that cannot hold
     `model`: relaxed shuffles computed with forward="hard" in SavedModel or OpenVINO
     (`files.check_no_hard_forward`)."""
@@ -195,7 +198,7 @@ _SAVED_MODEL_ENTRIES = {"saved_model.pb", "variables", "assets", "fingerprint.pb
 _OPENVINO_ENTRIES = {onnx_runtimes.OPENVINO_XML, "model.bin"}
 
 
-def foreign_files(output_dir, names):
+def foreign_files(output_dir: str | os.PathLike, names: dict[str, str]) -> list[str]:
     """The entries of `output_dir` at the names `export_model` writes (`names`: {format or
     "int8": file name}) that do not hold what it writes there: a user's own files, never
     replaced or removed."""
@@ -207,6 +210,6 @@ def foreign_files(output_dir, names):
     ]
 
 
-def export_names():
+def export_names() -> dict[str, str]:
     """{format or "int8": the name `export_model` writes it under in its folder}."""
     return {**FILENAMES, "int8": INT8_FILENAME}

@@ -1,8 +1,12 @@
 """The formats, `.keras`, SavedModel and LiteRT: writing each file, atomically
 (`_atomic`), and reading it back to run it (ONNX and OpenVINO: `onnx_runtimes.py`)."""
 
+import os
+from typing import Literal
+
 import keras
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_autoshuffle._atomic import write_atomically
 from keras_autoshuffle.layers import relaxed_shuffles
@@ -30,7 +34,7 @@ INT8_FILENAME = "model_int8.tflite"
 HARD_FORWARD_REFUSED = ("saved_model", "openvino")
 
 
-def hard_forward_shuffles(model):
+def hard_forward_shuffles(model: keras.Model) -> list[str]:
     """Names of `model`'s relaxed shuffles computed with `forward="hard"`."""
     return [
         layer.name
@@ -39,7 +43,9 @@ def hard_forward_shuffles(model):
     ]
 
 
-def check_no_hard_forward(model, name):
+def check_no_hard_forward(
+    model: keras.Model, name: Literal["keras", "saved_model", "litert", "onnx", "openvino"]
+) -> None:
     """ValueError, before anything is written, if format `name` (one of
     `HARD_FORWARD_REFUSED`) cannot hold `model`'s hard-forward relaxed shuffles."""
     hard = hard_forward_shuffles(model)
@@ -57,12 +63,12 @@ def check_no_hard_forward(model, name):
         )
 
 
-def keras_outputs(model, inputs):
+def keras_outputs(model: keras.Model, inputs: ArrayLike) -> np.ndarray:
     """The model's inference outputs as a NumPy array."""
     return keras.ops.convert_to_numpy(model(inputs, training=False))
 
 
-def save_keras(model, path):
+def save_keras(model: keras.Model, path: str | os.PathLike) -> str | os.PathLike:
     """Saves `model` as a `.keras` file for deployment, without training state.
 
     Keras 3 writes a compiled model's optimizer into `.keras` files (`include_optimizer`
@@ -75,12 +81,12 @@ def save_keras(model, path):
     return write_atomically(path, copy.save)
 
 
-def load_keras_outputs(path, inputs):
+def load_keras_outputs(path: str | os.PathLike, inputs: ArrayLike) -> np.ndarray:
     """Loads a `.keras` file with `safe_mode=True` and runs it on `inputs`."""
     return keras_outputs(keras.saving.load_model(path, safe_mode=True), inputs)
 
 
-def export_saved_model(model, path):
+def export_saved_model(model: keras.Model, path: str | os.PathLike) -> str | os.PathLike:
     """Writes a TF SavedModel (endpoint `serve`) with `model.export`; returns the path."""
     check_no_hard_forward(model, "saved_model")
     return write_atomically(
@@ -88,7 +94,7 @@ def export_saved_model(model, path):
     )
 
 
-def saved_model_outputs(path, inputs):
+def saved_model_outputs(path: str | os.PathLike, inputs: ArrayLike) -> np.ndarray:
     """Loads a SavedModel with `tf.saved_model.load` and runs its `serve` endpoint."""
     import tensorflow as tf
 
@@ -96,7 +102,7 @@ def saved_model_outputs(path, inputs):
     return np.asarray(loaded.serve(tf.constant(inputs)))
 
 
-def export_litert(model, path):
+def export_litert(model: keras.Model, path: str | os.PathLike) -> str | os.PathLike:
     """Writes a LiteRT (`.tflite`) flat buffer with `model.export(format="litert")`."""
     return write_atomically(
         path, lambda partial: model.export(partial, format="litert", verbose=False)

@@ -1,15 +1,29 @@
 """Running `.tflite` files with the LiteRT interpreter (ai-edge-litert), and predicting a
 test set in batches with it or with Keras."""
 
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import keras
 import numpy as np
+from numpy.typing import ArrayLike, DTypeLike
 
 from keras_autoshuffle.export.files import keras_outputs
+
+if TYPE_CHECKING:
+    from ai_edge_litert.interpreter import Interpreter
 
 # Examples per interpreter call and per Keras call when predicting a test set.
 _PREDICT_BATCH = 256
 
 
-def litert_interpreter(path, batch=1, num_threads=None, shape=None):
+def litert_interpreter(
+    path: str | os.PathLike,
+    batch: int = 1,
+    num_threads: int | None = None,
+    shape: Sequence[int] | None = None,
+) -> "Interpreter":
     """A LiteRT interpreter (ai-edge-litert, XNNPACK delegate) resized to `batch`, or to
     the whole input `shape` (batch first): a file of a model with unknown spatial sizes
     (`input_shape=(None, None, 3)`) holds 1 x 1 placeholders for them."""
@@ -24,7 +38,7 @@ def litert_interpreter(path, batch=1, num_threads=None, shape=None):
     return interpreter
 
 
-def cast_inputs(inputs, dtype):
+def cast_inputs(inputs: ArrayLike, dtype: DTypeLike) -> np.ndarray:
     """`inputs` as `dtype`, the input dtype of a file: for an integer dtype (a raw-pixel
     file's uint8) only where every value survives the cast (whole numbers in its range),
     else ValueError naming both dtypes: normalised floats fed to a raw-pixel file would wrap
@@ -43,7 +57,7 @@ def cast_inputs(inputs, dtype):
     return cast
 
 
-def litert_run(interpreter, inputs):
+def litert_run(interpreter: "Interpreter", inputs: ArrayLike) -> np.ndarray:
     """Runs a single-input, single-output LiteRT interpreter on `inputs`, cast to the
     input's dtype (float32 pixel values to a raw-pixel file's uint8: exact for whole
     numbers in [0, 255])."""
@@ -53,7 +67,9 @@ def litert_run(interpreter, inputs):
     return interpreter.get_tensor(interpreter.get_output_details()[0]["index"])
 
 
-def litert_outputs(path, inputs, num_threads=None):
+def litert_outputs(
+    path: str | os.PathLike, inputs: ArrayLike, num_threads: int | None = None
+) -> np.ndarray:
     """Loads a `.tflite` file with the LiteRT runtime and runs it on `inputs`."""
     inputs = np.asarray(inputs, dtype="float32")
     return litert_run(
@@ -61,7 +77,12 @@ def litert_outputs(path, inputs, num_threads=None):
     )
 
 
-def litert_predict(path, images, batch=_PREDICT_BATCH, num_threads=None):
+def litert_predict(
+    path: str | os.PathLike,
+    images: ArrayLike,
+    batch: int = _PREDICT_BATCH,
+    num_threads: int | None = None,
+) -> np.ndarray:
     """A `.tflite` file's outputs on `images`, run `batch` examples at a time."""
     images = np.asarray(images, dtype="float32")
     outputs, interpreters = [], {}
@@ -75,7 +96,9 @@ def litert_predict(path, images, batch=_PREDICT_BATCH, num_threads=None):
     return np.concatenate(outputs)
 
 
-def keras_predict(model, images, batch=_PREDICT_BATCH):
+def keras_predict(
+    model: keras.Model, images: np.ndarray, batch: int = _PREDICT_BATCH
+) -> np.ndarray:
     """`keras_outputs` on `images`, `batch` examples at a time."""
     return np.concatenate(
         [keras_outputs(model, images[i : i + batch]) for i in range(0, len(images), batch)]

@@ -18,8 +18,12 @@ OpenVINO export does not pad.
 """
 
 import collections
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def _attribute(node, name, default=None):
@@ -176,7 +180,7 @@ def _channels(proto):
     return found
 
 
-def align_channels(proto, multiple=8):
+def align_channels(proto: "onnx.ModelProto", multiple: int = 8) -> int:
     """Pads the output channels of the dense convs of `proto` (an onnx.ModelProto, in
     place) with zero channels to a multiple of `multiple` where their readers allow, then
     the channel concatenations that feed dense convs (see the module docstring); returns

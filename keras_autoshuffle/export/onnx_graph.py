@@ -17,6 +17,8 @@ Activation; `unsupported_layers`
 names any other, for which the caller falls back to Keras's exporter.
 """
 
+from typing import TYPE_CHECKING
+
 import keras
 import numpy as np
 
@@ -24,6 +26,9 @@ from keras_autoshuffle._keras_internals import inbound_nodes, producing_layer
 from keras_autoshuffle.export.onnx_align import align_channels
 from keras_autoshuffle.layers import RelaxedShuffle, shuffle_permutation
 from keras_autoshuffle.unit_layers import ChannelShuffle, ChannelSlice, ChannelSplit
+
+if TYPE_CHECKING:
+    import onnx
 
 OPSET = 17
 _ACTIVATIONS = {"linear": None, "relu": "Relu", "softmax": "Softmax", "sigmoid": "Sigmoid"}
@@ -101,7 +106,7 @@ def _why_unsupported_on(layer, node):
     return None
 
 
-def unsupported_layers(model):
+def unsupported_layers(model: keras.Model) -> list[str]:
     """Names and kinds of `model`'s layers `onnx_graph` cannot write (empty: all can)."""
     found = []
     for layer in model.operations:
@@ -214,7 +219,9 @@ def _spatial_pads(layer, shape):
     return tuple(_same_pads(shape[1 + i], size[i], layer.strides[i]) for i in range(2))
 
 
-def onnx_graph(model, opset=OPSET, align=None):
+def onnx_graph(
+    model: keras.Model, opset: int = OPSET, align: int | None = None
+) -> "onnx.ModelProto":
     """The model as an NCHW `onnx.ModelProto`: NHWC input, one Transpose at the start (and
     one at the end for an image-shaped output), as the Keras model's inputs and outputs.
 
@@ -224,7 +231,8 @@ def onnx_graph(model, opset=OPSET, align=None):
         align: None, or a channel multiple (8) to pad convs to with zero channels for
             ONNX Runtime's blocked kernels (`onnx_align.align_channels`).
 
-    Raises ValueError naming the layers it cannot write (`unsupported_layers`).
+    Raises:
+        ValueError: naming the layers it cannot write (`unsupported_layers`).
     """
     from onnx import TensorProto, checker, helper
 

@@ -11,7 +11,12 @@ the Transpose was about 2% of the run and the rewritten stem conv as fast as bef
 (docs/lab-notes/inference.md).
 """
 
+from typing import TYPE_CHECKING
+
 import numpy as np
+
+if TYPE_CHECKING:
+    import onnx
 
 
 def _attributes(node):
@@ -20,7 +25,7 @@ def _attributes(node):
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
-def read_input_as_columns(proto):
+def read_input_as_columns(proto: "onnx.ModelProto") -> bool:
     """Rewrites `proto` (an onnx.ModelProto from `onnx_graph`, in place) so that its first
     conv reads the NHWC input as columns (see the module docstring) where it can: the
     input Transpose feeds only that conv, the conv's weights are constants of its own, its

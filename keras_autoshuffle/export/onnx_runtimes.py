@@ -9,8 +9,11 @@ The inputs and outputs are the Keras model's (NHWC images in).
 
 import os
 import tempfile
+from typing import TYPE_CHECKING, Any, Literal
 
+import keras
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_autoshuffle._atomic import write_atomically
 from keras_autoshuffle._keras_internals import is_called
@@ -18,6 +21,10 @@ from keras_autoshuffle.export.files import check_no_hard_forward
 from keras_autoshuffle.export.litert import cast_inputs
 from keras_autoshuffle.export.onnx_graph import onnx_graph, unsupported_layers
 from keras_autoshuffle.export.onnx_input import read_input_as_columns
+
+if TYPE_CHECKING:
+    import onnxruntime
+    import openvino
 
 # Python modules each format needs, and the extra that installs them.
 MODULES = {"onnx": ("onnx", "onnxruntime", "tf2onnx"), "openvino": ("openvino", "onnx")}
@@ -45,7 +52,7 @@ def _keras_export(model, path, fmt):
     model.export(path, format=fmt, verbose=False)
 
 
-def export_onnx(model, path):
+def export_onnx(model: keras.Model, path: str | os.PathLike) -> str | os.PathLike:
     """Writes `model` as an ONNX file (opset 17): `onnx_graph`'s NCHW graph, its convs
     padded to multiples of 8 channels (`onnx_align`) and its input read by the first conv
     without a Transpose (`onnx_input`), where it takes every layer, else Keras's
@@ -64,7 +71,9 @@ def export_onnx(model, path):
     return write_atomically(path, write)
 
 
-def onnx_session(path, num_threads=None):
+def onnx_session(
+    path: str | os.PathLike, num_threads: int | None = None
+) -> "onnxruntime.InferenceSession":
     """An ONNX Runtime CPU session for `path` (`num_threads` intra-op threads)."""
     import onnxruntime
 
@@ -74,7 +83,7 @@ def onnx_session(path, num_threads=None):
     return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-def onnx_run(session, inputs):
+def onnx_run(session: "onnxruntime.InferenceSession", inputs: ArrayLike) -> np.ndarray:
     """Runs a single-input, single-output ONNX Runtime session on `inputs`, cast to the
     input's dtype where it is uint8 (a raw-pixel file)."""
     first = session.get_inputs()[0]
@@ -83,12 +92,14 @@ def onnx_run(session, inputs):
     return session.run(None, {first.name: inputs})[0]
 
 
-def onnx_outputs(path, inputs, num_threads=None):
+def onnx_outputs(
+    path: str | os.PathLike, inputs: ArrayLike, num_threads: int | None = None
+) -> np.ndarray:
     """Loads an ONNX file with ONNX Runtime and runs it on `inputs`."""
     return onnx_run(onnx_session(path, num_threads), np.asarray(inputs, dtype="float32"))
 
 
-def export_openvino(model, path):
+def export_openvino(model: keras.Model, path: str | os.PathLike) -> str | os.PathLike:
     """Writes `model` as an OpenVINO IR folder (`model.xml`, `model.bin`, float32 weights):
     converted from `onnx_graph`'s NCHW graph where it takes every layer, else Keras's
     `Model.export(format="openvino")`. Returns the folder `path`."""
@@ -112,7 +123,9 @@ def export_openvino(model, path):
     return write_atomically(path, write)
 
 
-def openvino_config(num_threads=None, precision=OPENVINO_PRECISION):
+def openvino_config(
+    num_threads: int | None = None, precision: Literal["f32", "bf16", "f16"] = OPENVINO_PRECISION
+) -> dict[str, Any]:
     """The CPU plugin's settings: latency hint, `num_threads` inference threads and the
     inference precision `precision` ("f32", the default whatever the CPU; "bf16" or "f16"
     only when asked for: the plugin falls back to f32 where the CPU lacks them)."""
@@ -127,7 +140,12 @@ def openvino_config(num_threads=None, precision=OPENVINO_PRECISION):
     return config
 
 
-def openvino_model(path, num_threads=None, batch=1, precision=OPENVINO_PRECISION):
+def openvino_model(
+    path: str | os.PathLike,
+    num_threads: int | None = None,
+    batch: int = 1,
+    precision: Literal["f32", "bf16", "f16"] = OPENVINO_PRECISION,
+) -> "openvino.CompiledModel":
     """An OpenVINO model compiled for the CPU from an IR folder (or `.xml` file), its
     input reshaped to `batch`, latency hints (`num_threads` inference threads) and the
     inference precision `precision` (`openvino_config`: float32 unless asked)."""
@@ -143,14 +161,19 @@ def openvino_model(path, num_threads=None, batch=1, precision=OPENVINO_PRECISION
     return core.compile_model(model, "CPU", config)
 
 
-def openvino_run(compiled, inputs):
+def openvino_run(compiled: "openvino.CompiledModel", inputs: ArrayLike) -> np.ndarray:
     """Runs a single-input, single-output compiled OpenVINO model on `inputs`, cast to the
     input's dtype (float32 pixel values to a raw-pixel file's uint8)."""
     inputs = cast_inputs(inputs, compiled.inputs[0].element_type.to_dtype())
     return compiled(inputs)[compiled.outputs[0]]
 
 
-def openvino_outputs(path, inputs, num_threads=None, precision=OPENVINO_PRECISION):
+def openvino_outputs(
+    path: str | os.PathLike,
+    inputs: ArrayLike,
+    num_threads: int | None = None,
+    precision: Literal["f32", "bf16", "f16"] = OPENVINO_PRECISION,
+) -> np.ndarray:
     """Loads an OpenVINO IR folder and runs it on `inputs` (in float32 unless asked)."""
     inputs = np.asarray(inputs, dtype="float32")
     return openvino_run(openvino_model(path, num_threads, len(inputs), precision), inputs)
