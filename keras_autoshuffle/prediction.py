@@ -238,7 +238,7 @@ class Classifier:
 
         Returns:
             For each image, a list of `(label, probability)`, by decreasing probability
-            (ties in output order).
+                (ties in output order).
 
         Raises:
             ValueError: a `k` that is not a positive integer, or as `predict`.
@@ -441,8 +441,8 @@ def predict_files(
 
     Returns:
         One dict per image, in order: `{"path": str, "top": [{"label": str,
-        "probability": float}, ...]}` (k entries, best first), or with `skip_damaged`
-        for an unreadable image `{"path": str, "error": str}`.
+            "probability": float}, ...]}` (k entries, best first), or with `skip_damaged`
+            for an unreadable image `{"path": str, "error": str}`.
 
     Raises:
         FileNotFoundError: a path does not exist.

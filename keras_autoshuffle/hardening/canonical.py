@@ -37,7 +37,7 @@ def v2_stage_counts(
 
     Returns:
         `(producers, consumers, counts)`: producers "left", 1, ..., R (unit branches),
-        consumers 2, ..., R and "end"; `counts[p, c]` channels of producer p read by c.
+            consumers 2, ..., R and "end"; `counts[p, c]` channels of producer p read by c.
     """
     repeats = len(perms)
     producers = ["left", *range(1, repeats + 1)]
@@ -58,8 +58,8 @@ def routing_counts(model: keras.Model) -> list[dict[str, Any]]:
 
     Returns:
         A list of entries, one per v1 shuffle between grouped convs (`name`, `groups`,
-        `counts`, `manual`: the manual shuffle's counts) or one per v2 stage (`stage`,
-        `producers`, `consumers`, `counts`, `manual`). Counts are int arrays.
+            `counts`, `manual`: the manual shuffle's counts) or one per v2 stage (`stage`,
+            `producers`, `consumers`, `counts`, `manual`). Counts are int arrays.
     """
     architecture = arch.describe(model)
     if architecture is None:

@@ -247,13 +247,14 @@ def harden_and_evaluate(
         model: a built model with RelaxedShuffle layers.
         evaluate: a function of no arguments returning `(loss, accuracy)` for the
             current model, or None for no evaluation.
-        balanced, time_limit: as in `harden_model`.
+        balanced: as in `harden_model`.
+        time_limit: as in `harden_model`.
         epoch: the completed epochs at hardening (None: the end of training).
 
     Returns:
         The hardening report: `epoch`, `layers` (`harden_model`'s entries) and, with
-        `evaluate`, `relaxed_loss`, `relaxed_accuracy`, `rounded_loss`,
-        `rounded_accuracy` and `relative_change = (rounded - relaxed) / relaxed`.
+            `evaluate`, `relaxed_loss`, `relaxed_accuracy`, `rounded_loss`,
+            `rounded_accuracy` and `relative_change = (rounded - relaxed) / relaxed`.
     """
     before = None if evaluate is None else evaluate()
     layers = harden_model(model, balanced=balanced, time_limit=time_limit)
