@@ -21,6 +21,16 @@ def _apply(constraint, m):
     return keras.ops.convert_to_numpy(constraint(np.asarray(m, dtype="float32")))
 
 
+def _as_traced(constraint):
+    """The constraint as training applies it, inside a traced function (TensorFlow: one
+    graph for the 400 calls of a loop below, instead of 400 x its ops run one by one)."""
+    if keras.backend.backend() != "tensorflow":
+        return constraint
+    import tensorflow as tf
+
+    return tf.function(constraint)
+
+
 def test_one_pass_is_clip_columns_rows():
     rng = np.random.default_rng(0)
     for n in (2, 5, 12):
@@ -218,7 +228,7 @@ def test_ten_passes_end_on_a_permutation_where_one_pass_stalls(seed):
     # seed ends on an exact permutation (P = 0). Seen in NumPy (float64 and float32) first.
     ends = {}
     for iterations in (1, 10):
-        constraint = DoublyStochastic(iterations)
+        constraint = _as_traced(DoublyStochastic(iterations))
         m = _apply(constraint, np.abs(np.random.default_rng(seed).standard_normal((16, 16))))
         velocity = np.zeros_like(m)
         for step in range(200):
