@@ -92,11 +92,10 @@ class ChannelShuffle(keras.layers.Layer):
 class ChannelSplit(keras.layers.Layer):
     """Splits the channel axis into two halves: ShuffleNet v2's channel split.
 
+    Called on a tensor, it returns the list `[first_half, second_half]`.
+
     Args:
         data_format: "channels_last" or "channels_first" (default: Keras's).
-
-    Returns:
-        A list `[first_half, second_half]`.
 
     Reference:
         Ma et al., ShuffleNet V2, https://arxiv.org/abs/1807.11164
