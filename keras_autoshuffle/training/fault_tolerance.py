@@ -23,7 +23,7 @@ import math
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import h5py
@@ -84,7 +84,7 @@ def read_json(
     path: str | os.PathLike,
     what: str,
     remedy: str | None = None,
-    fields: dict[str, tuple[Callable[[Any], bool], str] | None] | None = None,
+    fields: Mapping[str, tuple[Callable[[Any], Any], str] | None] | None = None,
 ) -> Any:
     """The JSON file `path` (a regular file of at most MAX_JSON_BYTES, nested as deep as
     Python's parser takes); with `fields`, an object holding each key (one ending in "?"
