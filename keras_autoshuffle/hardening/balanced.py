@@ -208,7 +208,7 @@ def _two_group_lagrangian(matrix, target, steps=60):
 
     Returns:
         `(perm, bound)`: `perm` has the target count; it is optimal when its mass
-        reaches `bound` (the smallest L(mu) seen).
+            reaches `bound` (the smallest L(mu) seen).
     """
     n = matrix.shape[0]
     size = n // 2

@@ -34,25 +34,26 @@ class RunIdentity:
     recipe's, the data's and the built network's fields; the command line
     (`run_from_args`), `search_then_retrain` and a caller's `settings` give the others.
 
-    Attributes:
-        learning_rates, cycle_epochs, penalty, momentum, weight_decay, batch_size: the
-            `Recipe`'s; `epochs`: their total.
-        seed: the initial weights', the data order's and the augmentation's.
-        train_examples, test_examples: the data's sizes.
-        model_name, parameters, layer_types: the network as built (its name, its
-            parameter count, its layers counted by type: a builder change is not resumed into).
-        mixed_precision: the dtype policy's name, or False.
-        harden_at_epoch, balanced: the hardening (`train()`'s).
-        search_epochs, search_balanced: `search_then_retrain`'s search (None: no search).
-        dataset, model, width, groups, shuffle, padding: the command line's network and
-            data (`add_arguments`).
-        sinkhorn_iterations, shuffle_initializer, shuffle_forward, max_train_examples: the
-            command line's too.
-        label_smoothing, class_weights: the loss (`train()`'s).
-        base_weights, frozen, image_size, flip, images, image_cache: a fine-tuning's
-            (`finetuning`): the starting weights (their SHA-256 for a file), what is
-            frozen ("base", "batch_norm" or None), the input side, the flips, the SHA-256
-            of the image split's record, whether training reads cached decoded images.
+    The fields, by what they record (each with its type and default below):
+
+    - `learning_rates`, `cycle_epochs`, `penalty`, `momentum`, `weight_decay`,
+      `batch_size`: the `Recipe`'s; `epochs`: their total.
+    - `seed`: the initial weights', the data order's and the augmentation's.
+    - `train_examples`, `test_examples`: the data's sizes.
+    - `model_name`, `parameters`, `layer_types`: the network as built (its name, its
+      parameter count, its layers counted by type: a builder change is not resumed into).
+    - `mixed_precision`: the dtype policy's name, or False.
+    - `harden_at_epoch`, `balanced`: the hardening (`train()`'s).
+    - `search_epochs`, `search_balanced`: `search_then_retrain`'s search (None: no search).
+    - `dataset`, `model`, `width`, `groups`, `shuffle`, `padding`: the command line's
+      network and data (`add_arguments`).
+    - `sinkhorn_iterations`, `shuffle_initializer`, `shuffle_forward`,
+      `max_train_examples`: the command line's too.
+    - `label_smoothing`, `class_weights`: the loss (`train()`'s).
+    - `base_weights`, `frozen`, `image_size`, `flip`, `images`, `image_cache`: a
+      fine-tuning's (`finetuning`): the starting weights (their SHA-256 for a file), what
+      is frozen ("base", "batch_norm" or None), the input side, the flips, the SHA-256 of
+      the image split's record, whether training reads cached decoded images.
     """
 
     learning_rates: tuple = ()
