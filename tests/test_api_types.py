@@ -39,7 +39,7 @@ def _hidden():
 
 
 def _rendered():
-    """The functions, properties and module constants the reference pages render, by path."""
+    """The functions, classes, properties and module constants the pages render, by path."""
     package = griffe.load("keras_autoshuffle", search_paths=[ROOT], resolve_aliases=True)
     hidden, found = _hidden(), {}
     for page in sorted((ROOT / "docs" / "reference").glob("*.md")):
@@ -54,7 +54,7 @@ def _rendered():
                 obj = module.members[name]
                 obj = obj.final_target if obj.is_alias else obj
                 members = [obj]
-                if obj.is_attribute:
+                if obj.is_attribute or obj.is_class:
                     found[obj.path] = obj
                 if obj.is_class:
                     members = [
@@ -74,8 +74,8 @@ def _pending(obj):
 
 def _untyped(obj):
     """What lacks an annotation: parameter names, and "return"."""
-    if obj.is_attribute and "property" not in obj.labels:  # a constant
-        return []
+    if obj.is_class or (obj.is_attribute and "property" not in obj.labels):
+        return []  # a class's types are its __init__'s; a constant
     if not obj.is_function:  # a property
         return [] if obj.annotation is not None else ["return"]
     parameters = list(obj.parameters)
@@ -121,6 +121,21 @@ def test_every_returns_section_is_one_row(rendered):
         )
     ]
     assert not split, split
+
+
+def test_every_documented_parameter_is_one_of_the_signature(rendered):
+    # An Args entry naming two parameters (`atol, rtol:`) or none of the signature's gets
+    # no type from the annotations: an empty Type cell.
+    stray = {}
+    for path, obj in sorted(rendered.items()):
+        if _pending(obj) or obj.docstring is None or not (obj.is_function or obj.is_class):
+            continue
+        names = {p.name for p in obj.parameters}
+        for section in obj.docstring.parse("google"):
+            if section.kind is griffe.DocstringSectionKind.parameters:
+                stray[path] = [p.name for p in section.value if p.name.lstrip("*") not in names]
+    stray = {path: names for path, names in stray.items() if names}
+    assert not stray, stray
 
 
 def _constants_named(constant):
