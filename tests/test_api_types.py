@@ -23,7 +23,6 @@ PENDING = {
     "keras_autoshuffle.applications",
     "keras_autoshuffle.export.int8",
     "keras_autoshuffle.export.pipeline",
-    "keras_autoshuffle.finetuning",
 }
 
 

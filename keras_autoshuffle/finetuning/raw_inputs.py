@@ -13,6 +13,8 @@ of the input rows, then of the columns, one filter tap per turn of a `WHILE` loo
 length is read from the image's sides when run.
 """
 
+from typing import Any
+
 import keras
 import numpy as np
 
@@ -83,7 +85,7 @@ class RawImagePreprocessing(keras.layers.Layer):
         crop_size: int,
         mean: tuple[float, float, float] | list[float] = IMAGENET_MEAN,
         std: tuple[float, float, float] | list[float] = IMAGENET_STD,
-        **kwargs,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.resize_size, self.crop_size = resize_crop_sizes(resize_size, crop_size)
@@ -256,7 +258,7 @@ def raw_input_model(
 
     Returns:
         A `keras.Model` from uint8 RGB images (batch, height, width, 3) of any size to
-        `classifier`'s outputs.
+            `classifier`'s outputs.
 
     Raises:
         ValueError: `classifier` not a Keras model with one input of that shape,

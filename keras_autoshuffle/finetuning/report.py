@@ -91,11 +91,11 @@ def classification_metrics(
 
     Returns:
         `{"examples": N, "accuracy": fraction correct, "per_class": [{"name",
-        "examples" (of that true class), "accuracy" (recall: correct / examples; None
-        where the class has no example), "precision" (correct / predicted as that class;
-        None where never predicted)}, ...] in the order of `class_names`,
-        "confusion_matrix": [[int]] (rows: true class, columns: predicted class)}`.
-        Plain Python numbers, ready for JSON.
+            "examples" (of that true class), "accuracy" (recall: correct / examples; None
+            where the class has no example), "precision" (correct / predicted as that
+            class; None where never predicted)}, ...] in the order of `class_names`,
+            "confusion_matrix": [[int]] (rows: true class, columns: predicted class)}`.
+            Plain Python numbers, ready for JSON.
 
     Raises:
         ValueError: a bad argument, naming it and its value: `class_names` not distinct
@@ -599,7 +599,7 @@ def write_report(output_dir: str | os.PathLike, report: dict) -> dict[str, str]:
 
     Returns:
         The paths written: `{"json", "markdown"}`, and `"confusion_matrix"` with
-        validation metrics.
+            validation metrics.
 
     Raises:
         ValueError: `report` or one of its sections is not a dict, or the validation

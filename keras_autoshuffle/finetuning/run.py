@@ -141,8 +141,8 @@ def finetune(
 
     Returns:
         The report, also written to `report.json` (and `report.md`): the data, the
-        settings, validation accuracy overall and per class with the confusion matrix,
-        and each exported file's accuracy, size and latency.
+            settings, validation accuracy overall and per class with the confusion
+            matrix, and each exported file's accuracy, size and latency.
 
     Raises:
         ValueError: a bad argument, image folder or `weights` file, before any training.
