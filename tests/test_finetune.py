@@ -14,7 +14,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from helpers import needs_extra
+from helpers import needs_extra, tiny_v2
 from PIL import Image
 from test_pretrained_weights import CHECKPOINT, register
 from test_pretrained_weights import cache as cache  # noqa: F401 (fixtures: the weights server)
@@ -22,7 +22,7 @@ from test_pretrained_weights import server as server  # noqa: F401
 
 from keras_autoshuffle import export, prediction
 from keras_autoshuffle.applications import ShuffleNetV2
-from keras_autoshuffle.finetuning import finetune
+from keras_autoshuffle.finetuning import finetune, network
 from keras_autoshuffle.finetuning import run as run_module
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 
@@ -58,13 +58,33 @@ def images(tmp_path_factory):
     return write_folder(tmp_path_factory.mktemp("images"))
 
 
+def tiny_network(width, **arguments):
+    """A tiny ShuffleNet v2 (tests/helpers.py) in place of the `width` one: its stages'
+    channels scale with `width` (a file of another width differs in shape, as a real one
+    does). A run's time is mostly tracing its layers; the ImageNet test keeps the real 0.5x."""
+    scale = round(width / 0.5)
+    return tiny_v2(width=width, channels=(8, 16 * scale, 32 * scale, 64 * scale, 64), **arguments)
+
+
+@pytest.fixture
+def tiny_networks(monkeypatch):
+    monkeypatch.setattr(network, "ShuffleNetV2", tiny_network)
+
+
 @pytest.fixture(scope="module")
 def run(images, tmp_path_factory):
-    """A from-scratch run with every export and int8: (its folder, its report)."""
+    """A from-scratch run (tiny networks) with every export and int8: (its folder, its
+    report)."""
     output = tmp_path_factory.mktemp("run")
-    report = finetune(
-        images, output, export_formats=("litert", "onnx", "openvino"), int8=True, **RUN_ARGUMENTS
-    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(network, "ShuffleNetV2", tiny_network)
+        report = finetune(
+            images,
+            output,
+            export_formats=("litert", "onnx", "openvino"),
+            int8=True,
+            **RUN_ARGUMENTS,
+        )
     return output, report
 
 
@@ -175,6 +195,7 @@ def test_bad_arguments_are_refused_by_name_before_any_work(images, tmp_path):
         assert not (tmp_path / "out").exists(), overrides
 
 
+@pytest.mark.usefixtures("tiny_networks")
 def test_a_weights_file_of_another_width_is_refused_naming_it(run, images, tmp_path):
     output, _ = run
     with pytest.raises(ValueError, match="width 1.0.*Received: width=1.0"):
@@ -250,8 +271,13 @@ def check_raw_input_exports(output, report, images):
 # test hook: the child wraps the history logger. Its arguments: the shared run's settings.
 CHILD = r"""
 import os, signal, sys
+sys.path[:0] = [os.environ["TESTS_DIR"]]
 from keras_autoshuffle.commands import finetune
+from keras_autoshuffle.finetuning import network
 from keras_autoshuffle.training import fault_tolerance
+from test_finetune import tiny_network
+
+network.ShuffleNetV2 = tiny_network  # the shared run's network
 
 log = fault_tolerance.HistoryLog.on_epoch_end
 
@@ -267,6 +293,7 @@ sys.exit(finetune.main(sys.argv[1:]))
 """
 
 
+@pytest.mark.usefixtures("tiny_networks")
 def test_a_killed_run_resumes_to_the_uninterrupted_weights(run, images, tmp_path):
     """SIGKILL in the whole-net phase of the shared run's settings; the rerun finishes it
     with the weights of the shared run (never killed); a rerun with another setting is
@@ -278,7 +305,7 @@ def test_a_killed_run_resumes_to_the_uninterrupted_weights(run, images, tmp_path
     command += ["--weights", "none", "--epochs", "2", "--learning-rate", "0.05"]
     command += ["--width", "0.5", "--image-size", str(SIDE), "--batch-size", "4"]
     command += ["--export-formats", "none", "--verbose", "0"]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "TESTS_DIR": os.path.dirname(__file__)}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == -signal.SIGKILL, result.stderr[-3000:]
     assert not (killed / "report.json").exists()
