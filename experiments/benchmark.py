@@ -65,8 +65,8 @@ import tensorflow as tf  # noqa: E402
 from experiments.timing import measure, paired_ratio  # noqa: E402
 from keras_autoshuffle import ChannelShuffle, export, folding, harden_model  # noqa: E402
 from keras_autoshuffle.applications import (  # noqa: E402
-    ShuffleNetV1,
-    ShuffleNetV2,
+    AutoShuffleNetV1,
+    AutoShuffleNetV2,
     load_torchvision_weights,
 )
 
@@ -97,12 +97,12 @@ def model_specs(quick):
     """{model name: (builder, kwargs)}: the issue's two nets, or tiny ones for --quick."""
     if quick:
         return {
-            "v1_g3_0.25": (ShuffleNetV1, {"groups": 3, "width": 0.25}),
-            "v2_0.5": (ShuffleNetV2, {"width": 0.5}),
+            "v1_g3_0.25": (AutoShuffleNetV1, {"groups": 3, "width": 0.25}),
+            "v2_0.5": (AutoShuffleNetV2, {"width": 0.5}),
         }
     return {
-        "v1_g3_1.0": (ShuffleNetV1, {"groups": 3, "width": 1.0}),
-        "v2_1.0": (ShuffleNetV2, {"width": 1.0}),
+        "v1_g3_1.0": (AutoShuffleNetV1, {"groups": 3, "width": 1.0}),
+        "v2_1.0": (AutoShuffleNetV2, {"width": 1.0}),
     }
 
 

@@ -154,10 +154,10 @@ def write_files(directory, torchvision_dir, runtime="onnxruntime"):
     `runtime` reads them, and torchvision's ONNX file; every output checked (see the module)."""
     from experiments import benchmark
     from keras_autoshuffle import export
-    from keras_autoshuffle.applications import ShuffleNetV2
+    from keras_autoshuffle.applications import AutoShuffleNetV2
 
     torchvision = benchmark.load_torchvision(torchvision_dir)
-    spec = (ShuffleNetV2, {"width": 1.0})
+    spec = (AutoShuffleNetV2, {"width": 1.0})
     variants = ("manual", "manual_folded")
     models = benchmark.build_variants("v2_1.0", spec, 224, 1000, variants, None, torchvision)
     nhwc = torchvision[2].transpose(0, 2, 3, 1).copy()

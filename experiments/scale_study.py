@@ -99,7 +99,7 @@ def build(seed, args, shuffle, **options):
     from keras_autoshuffle import applications
 
     keras.utils.set_random_seed(seed)
-    return applications.ShuffleNetV2(
+    return applications.AutoShuffleNetV2(
         width=args.width,
         input_shape=(28, 28, 1),
         classes=10,

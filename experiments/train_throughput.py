@@ -30,7 +30,9 @@ def build(family, shuffle, input_size, classes, mixed):
 
     if mixed:
         keras.config.set_dtype_policy("mixed_bfloat16")
-    builder = applications.ShuffleNetV1 if family.startswith("v1") else applications.ShuffleNetV2
+    builder = (
+        applications.AutoShuffleNetV1 if family.startswith("v1") else applications.AutoShuffleNetV2
+    )
     kwargs = {"groups": 3} if family.startswith("v1") else {}
     model = builder(
         width=float(family.rsplit("_", 1)[1]),

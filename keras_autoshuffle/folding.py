@@ -415,7 +415,7 @@ def fold_model(
         A `keras.Model` with the same outputs (up to float rounding) and no GATHER.
 
     Example:
-        >>> model = ShuffleNetV2(shuffle="auto", input_shape=(32, 32, 3), classes=10)
+        >>> model = AutoShuffleNetV2(input_shape=(32, 32, 3), classes=10)
         >>> harden_model(model)
         >>> inference = fold_model(model)
     """

@@ -16,7 +16,12 @@ import pytest
 
 import keras_autoshuffle as ka
 from keras_autoshuffle import folding
-from keras_autoshuffle.applications import ShuffleNetV1, ShuffleNetV2, shufflenet_v1, shufflenet_v2
+from keras_autoshuffle.applications import (
+    AutoShuffleNetV1,
+    AutoShuffleNetV2,
+    shufflenet_v1,
+    shufflenet_v2,
+)
 from keras_autoshuffle.export import onnx_runtimes
 
 # Tiny nets: the real layer structure (every layer kind, a down-sampling unit in every
@@ -50,7 +55,9 @@ def needs_extra(extra):
 
 
 def _public_defaults(builder):
-    return {name: p.default for name, p in inspect.signature(builder).parameters.items()}
+    """The learned builder's defaults (every argument), with manual shuffles."""
+    parameters = inspect.signature(builder).parameters.items()
+    return {**{name: p.default for name, p in parameters}, "shuffle": "manual"}
 
 
 def _tiny_arguments(builder, overrides):
@@ -65,7 +72,7 @@ def tiny_v2(**overrides):
     """A tiny ShuffleNet v2 (manual shuffles unless `shuffle="auto"`): the public
     builders' defaults, 16x16x3 inputs, `TINY_V2_CHANNELS`, `TINY_REPEATS` units; any
     builder argument (or `channels`, `repeats`) overrides them."""
-    arguments = _tiny_arguments(ShuffleNetV2, overrides)
+    arguments = _tiny_arguments(AutoShuffleNetV2, overrides)
     arguments.setdefault("channels", TINY_V2_CHANNELS)
     return shufflenet_v2._shufflenet_v2(**arguments)
 
@@ -73,7 +80,7 @@ def tiny_v2(**overrides):
 def tiny_v1(**overrides):
     """A tiny ShuffleNet v1 (g = 3 and manual shuffles unless overridden), as `tiny_v2`;
     its channels are `TINY_V1_CHANNELS[groups]`."""
-    arguments = _tiny_arguments(ShuffleNetV1, overrides)
+    arguments = _tiny_arguments(AutoShuffleNetV1, overrides)
     arguments.setdefault("channels", TINY_V1_CHANNELS[arguments["groups"]])
     return shufflenet_v1._shufflenet_v1(**arguments)
 
@@ -182,19 +189,23 @@ def load_script(name):
 
 def use_tiny_builders(monkeypatch, repeats=(1, 1, 1)):
     """For one test (or a module's fixture, with `pytest.MonkeyPatch.context()`),
-    `keras_autoshuffle.applications.ShuffleNetV1/V2` (the builders the training command
-    line's model functions, the scripts and the experiments call, by width) build
-    `tiny_v1` / `tiny_v2` with `repeats` units per stage: trainings set up by width (the
-    reproduction, the study, the training scripts) run on tiny nets in this process.
-    Processes started by the test build the real nets.
+    `keras_autoshuffle.applications.ShuffleNetV1/V2` and `AutoShuffleNetV1/V2` (the
+    builders the training command line's model functions, the scripts and the experiments
+    call, by width) build `tiny_v1` / `tiny_v2` with `repeats` units per stage: trainings
+    set up by width (the reproduction, the study, the training scripts) run on tiny nets in
+    this process. Processes started by the test build the real nets.
 
     One unit per stage by default: a training's time is mostly tracing, layer by layer.
     A unit after the first of a stage is a basic unit (v2: its channel split), e.g.
     `repeats=(1, 2, 1)`."""
     from keras_autoshuffle import applications
 
-    monkeypatch.setattr(applications, "ShuffleNetV1", functools.partial(tiny_v1, repeats=repeats))
-    monkeypatch.setattr(applications, "ShuffleNetV2", functools.partial(tiny_v2, repeats=repeats))
+    for family, tiny in (("V1", tiny_v1), ("V2", tiny_v2)):
+        monkeypatch.setattr(
+            applications, f"ShuffleNet{family}", functools.partial(tiny, repeats=repeats)
+        )
+        learned = functools.partial(tiny, repeats=repeats, shuffle="auto")
+        monkeypatch.setattr(applications, f"AutoShuffleNet{family}", learned)
 
 
 def saved_form(cls, config):

@@ -389,14 +389,14 @@ INVALID = [
     (ShuffleNetV1, {"groups": 5}, "groups=5"),
     (ShuffleNetV1, {"groups": "3"}, "groups='3'"),
     (AutoShuffleNetV1, {"groups": 0}, "groups=0"),
-    (ShuffleNetV2, {"shuffle": "random"}, "shuffle='random'"),
+    (AutoShuffleNetV2, {"shuffle": "random"}, "shuffle='random'"),
     (AutoShuffleNetV2, {"penalty": -1.0}, "penalty=-1.0"),
     (AutoShuffleNetV2, {"penalty": "high"}, "penalty='high'"),
-    (ShuffleNetV1, {"penalty": float("nan")}, "penalty=nan"),
+    (AutoShuffleNetV1, {"penalty": float("nan")}, "penalty=nan"),
     (ShuffleNetV2, {"stem": "tiny"}, "stem='tiny'"),
     (AutoShuffleNetV2, {"sinkhorn_iterations": 0}, "sinkhorn_iterations=0"),
     (AutoShuffleNetV1, {"sinkhorn_iterations": 1001}, "sinkhorn_iterations=1001"),
-    (ShuffleNetV2, {"sinkhorn_iterations": 2.5}, "sinkhorn_iterations=2.5"),
+    (AutoShuffleNetV2, {"sinkhorn_iterations": 2.5}, "sinkhorn_iterations=2.5"),
     (ShuffleNetV2, {"include_top": False, "pooling": "sum"}, "pooling='sum'"),
     (ShuffleNetV2, {"include_top": "yes"}, "include_top='yes'"),
     (ShuffleNetV2, {"classes": 0}, "classes=0"),
@@ -429,20 +429,41 @@ def test_invalid_arguments_raise(builder, kwargs, received):
 PUBLIC_BUILDERS = [ShuffleNetV1, AutoShuffleNetV1, ShuffleNetV2, AutoShuffleNetV2]
 
 
+def _builder_arguments(builder):
+    """The arguments a builder takes after its family's own: all of `COMMON_ARGUMENTS` for
+    `AutoShuffleNet*`, those but the learned shuffles' for the manual builders."""
+    learned_only = () if builder.__name__.startswith("Auto") else arguments.MANUAL_SHUFFLE_ARGUMENTS
+    return [name for name in arguments.COMMON_ARGUMENTS if name not in learned_only]
+
+
+@pytest.mark.parametrize("builder", [ShuffleNetV1, ShuffleNetV2], ids=lambda b: b.__name__)
+@pytest.mark.parametrize("name", list(arguments.MANUAL_SHUFFLE_ARGUMENTS))
+def test_manual_builders_take_no_learned_shuffle_argument(builder, name):
+    # Issue 41: the model-zoo builders take what a user of keras.applications needs; the
+    # learned shuffles' knobs are AutoShuffleNetV1/V2's, which also build manual shuffles.
+    value = "auto" if name == "shuffle" else arguments.MANUAL_SHUFFLE_ARGUMENTS[name]
+    match = rf"takes no `{name}`.*`Auto{builder.__name__}`.*Received: {name}={value!r}"
+    with pytest.raises(TypeError, match=match):
+        builder(**{name: value})
+    assert "AutoShuffleNet" in builder.__doc__
+
+
 @pytest.mark.parametrize("builder", PUBLIC_BUILDERS, ids=lambda b: b.__name__)
 def test_public_builders_show_every_argument(builder):
     # `help()` shows each keyword argument with its default, and the docstring (one
     # template, `docstrings.BASE_DOCSTRING`) describes every one.
     signature = inspect.signature(builder)
     own = ["width", "groups"] if "V1" in builder.__name__ else ["width"]
-    assert list(signature.parameters) == own + list(arguments.COMMON_ARGUMENTS)
+    assert list(signature.parameters) == own + _builder_arguments(builder)
     assert all(p.kind is p.POSITIONAL_OR_KEYWORD for p in signature.parameters.values())
     assert signature.return_annotation is keras.Model
+    assert all(p.annotation is not p.empty for p in signature.parameters.values())
     learned = builder.__name__.startswith("Auto")
-    assert signature.parameters["shuffle"].default == ("auto" if learned else "manual")
-    assert signature.parameters["sinkhorn_iterations"].default == 10
+    if learned:
+        assert signature.parameters["shuffle"].default == "auto"
+        assert signature.parameters["sinkhorn_iterations"].default == 10
     text = pydoc.render_doc(builder, renderer=pydoc.plaintext)
-    assert f"{builder.__name__}(width=1.0, " in text
+    assert f"{builder.__name__}(width: float = 1.0, " in text
     for name in signature.parameters:
         assert re.search(rf"^ +{name}: \S", text, re.MULTILINE), name
     assert "{prefix}" not in builder.__doc__ and "{shuffle}" not in builder.__doc__
@@ -478,15 +499,25 @@ def test_public_builders_are_written_out_defs_sharing_their_common_arguments():
     common_args = {}
     for name, parameters in signatures.items():
         own = 2 if "V1" in name else 1
-        assert list(parameters)[own:] == list(arguments.COMMON_ARGUMENTS), name
+        builder = next(b for b in PUBLIC_BUILDERS if b.__name__ == name)
+        assert list(parameters)[own:] == _builder_arguments(builder), name
         defaults = {k: p.default for k, p in parameters.items() if k in arguments.COMMON_ARGUMENTS}
-        assert defaults.pop("shuffle") == ("auto" if name.startswith("Auto") else "manual")
+        if name.startswith("Auto"):
+            assert defaults.pop("shuffle") == "auto"
+            # The manual builders build with the learned builders' defaults.
+            manual = {**arguments.MANUAL_SHUFFLE_ARGUMENTS}
+            del manual["shuffle"]
+            assert manual.items() <= defaults.items(), name
         common_args[name] = defaults
-    assert all(defaults == common_args["ShuffleNetV2"] for defaults in common_args.values())
+    assert common_args["AutoShuffleNetV1"] == common_args["AutoShuffleNetV2"]
+    shared = {
+        k: v for k, v in common_args["AutoShuffleNetV2"].items() if k in common_args["ShuffleNetV2"]
+    }
+    assert common_args["ShuffleNetV1"] == common_args["ShuffleNetV2"] == shared
     v1, v2 = signatures["ShuffleNetV1"], signatures["ShuffleNetV2"]
     assert (v1["width"].default, v1["groups"].default, v2["width"].default) == (1.0, 3, 1.0)
     # One default for the Sinkhorn passes: the builders', the layer's, the constraint's.
-    assert common_args["ShuffleNetV2"]["sinkhorn_iterations"] == 10
+    assert common_args["AutoShuffleNetV2"]["sinkhorn_iterations"] == 10
     assert RelaxedShuffle().sinkhorn_iterations == 10
     assert RelaxedShuffle().constraint.sinkhorn_iterations == 10
 
@@ -762,10 +793,10 @@ def layer_configs(model):
 def test_numpy_numbers_are_accepted_as_python_ones():
     # A value read from an array or a config (`np.int64(3)`) is an integer too.
     i = np.int64
-    plain = ShuffleNetV1(
+    plain = AutoShuffleNetV1(
         0.5, 3, classes=10, shuffle="auto", sinkhorn_iterations=3, input_shape=CIFAR
     )
-    numpy = ShuffleNetV1(
+    numpy = AutoShuffleNetV1(
         np.float32(0.5),
         i(3),
         classes=i(10),

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 
 from keras_autoshuffle import RelaxedShuffle, data, training
-from keras_autoshuffle.applications import ShuffleNetV2, shufflenet_v2
+from keras_autoshuffle.applications import AutoShuffleNetV2, shufflenet_v2
 from keras_autoshuffle.training import fault_tolerance as ft
 
 # Each test: a child (a fresh interpreter) and a rerun with the exports, most of a minute.
@@ -39,7 +39,7 @@ EPOCHS = 2
 
 
 def tiny_model():
-    arguments = {n: p.default for n, p in inspect.signature(ShuffleNetV2).parameters.items()}
+    arguments = {n: p.default for n, p in inspect.signature(AutoShuffleNetV2).parameters.items()}
     arguments.update(
         input_shape=(16, 16, 3),
         classes=4,

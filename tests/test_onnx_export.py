@@ -13,7 +13,7 @@ from helpers import needs_extra
 from keras import layers
 
 from keras_autoshuffle import RelaxedShuffle, export, folding, harden_model
-from keras_autoshuffle.applications import ShuffleNetV1, ShuffleNetV2
+from keras_autoshuffle.applications import AutoShuffleNetV2, ShuffleNetV1, ShuffleNetV2
 from keras_autoshuffle.export import checks
 
 needs_onnx = needs_extra("onnx")
@@ -45,10 +45,10 @@ def _nets():
     """{name: model}: v2 manual / hardened-and-folded (ImageNet stem), v1 g3 manual."""
     common = {"input_shape": (64, 64, 3), "classes": 10, "classifier_activation": None}
     manual = _randomize_batch_norms(ShuffleNetV2(0.5, stem="imagenet", **common))
-    learned = ShuffleNetV2(0.5, stem="imagenet", shuffle="auto", **common)
+    learned = AutoShuffleNetV2(0.5, stem="imagenet", **common)
     harden_model(learned)
     learned = _randomize_batch_norms(learned, seed=2)
-    v1 = ShuffleNetV1(groups=3, width=0.25, shuffle="manual", **common)
+    v1 = ShuffleNetV1(groups=3, width=0.25, **common)
     return {
         "v2_manual": manual,
         "v2_folded": folding.fold_model(learned),

@@ -8,6 +8,7 @@ and `layer_names` lets the tests compare each built model's layers with this des
 """
 
 import dataclasses
+from typing import Any
 
 from keras_autoshuffle.layers import shuffle_permutation
 
@@ -70,10 +71,10 @@ V2_CONFIGS = {
     1.5: (24, 176, 352, 704, 1024),
     2.0: (24, 244, 488, 976, 2048),
 }
-V2_WIDTHS = tuple(V2_CONFIGS)
+V2_WIDTHS = (0.5, 1.0, 1.5, 2.0)  # V2_CONFIGS's keys (a test checks)
 # v1: stage-2 output width at 1.0x per groups (the paper's Table 1; stages 3, 4 double it).
 V1_STAGE2_WIDTHS = {1: 144, 2: 200, 3: 240, 4: 272, 8: 384}
-V1_GROUPS = tuple(V1_STAGE2_WIDTHS)
+V1_GROUPS = (1, 2, 3, 4, 8)  # V1_STAGE2_WIDTHS's keys (a test checks)
 V1_WIDTHS = (0.25, 0.5, 1.0, 1.5, 2.0)
 # torchvision's ImageNet statistics (inputs scaled to [0, 1] first).
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -128,11 +129,11 @@ class Architecture:
     family: str
     repeats: tuple
 
-    def stages(self):
+    def stages(self) -> list[tuple[int, int]]:
         """`(stage, units)` pairs, stage 2 first."""
         return list(enumerate(self.repeats, start=2))
 
-    def shuffle_position(self, name):
+    def shuffle_position(self, name: str) -> tuple[int, int]:
         """`(stage, unit)` of the shuffle layer called `name`; ValueError otherwise."""
         for stage, units in self.stages():
             for unit in range(1, units + 1):
@@ -170,7 +171,7 @@ def layer_names(architecture, stem, include_top=True, pooling=None, shuffles=Tru
     return names
 
 
-def describe(model):
+def describe(model: Any) -> "Architecture | None":
     """The `Architecture` of a ShuffleNet built by `keras_autoshuffle.applications`.
 
     Returns None for other models. Raises ValueError when the model looks like a

@@ -43,6 +43,35 @@ COMMON_ARGUMENTS = (
     "shuffle_forward",
     "shuffle_permutations",
 )
+# The arguments only learned shuffles use: `AutoShuffleNetV1/V2` take them; the manual
+# builders (`ShuffleNetV1/V2`) build with these values.
+MANUAL_SHUFFLE_ARGUMENTS = {
+    "shuffle": "manual",
+    "penalty": 1e-3,
+    "shuffle_initializer": "random",
+    "sinkhorn_iterations": 10,
+    "shuffle_forward": "relaxed",
+    "shuffle_permutations": None,
+}
+
+
+def manual_only(builder):
+    """Wraps a manual builder (`ShuffleNetV1/V2`) so that a learned-shuffle argument passed to
+    it is a `TypeError` that names it and the builder that takes it (`AutoShuffleNetV1/V2`),
+    instead of Python's bare "unexpected keyword argument"."""
+
+    @functools.wraps(builder)
+    def wrapper(*args, **kwargs):
+        for name, value in kwargs.items():
+            if name in MANUAL_SHUFFLE_ARGUMENTS:
+                raise TypeError(
+                    f"`{builder.__name__}` builds the manual channel shuffle and takes no "
+                    f"`{name}`; the learned-shuffle arguments are `Auto{builder.__name__}`'s "
+                    f'(`Auto{builder.__name__}(..., shuffle="auto")`). Received: {name}={value!r}'
+                )
+        return builder(*args, **kwargs)
+
+    return wrapper
 
 
 @functools.cache

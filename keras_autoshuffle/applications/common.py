@@ -270,7 +270,7 @@ def _layer_macs(layer):
     return 0
 
 
-def count_macs(model, input_shape=None):
+def count_macs(model: keras.Model, input_shape: tuple[int | None, ...] | None = None) -> int:
     """Counts a model's multiply-adds per image.
 
     Counted: Conv2D (grouped included), DepthwiseConv2D, Dense, and relaxed shuffles

@@ -21,21 +21,31 @@ BASE_DOCSTRING = """Instantiates the {title} architecture.
         classifier_activation: activation of the "predictions" layer; None gives logits.
         name: model name (default `{name_pattern}`,
             e.g. `{name_example}`).
-        shuffle: {shuffle} (default "{shuffle_default}").
-        penalty: lambda of the relaxed shuffles' l1-2 penalty (default 1e-3).
         stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar" (3x3
             stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial sides are
             at most 64).
-        shuffle_initializer: where learned shuffles start: "random" (the paper: |N(0, 1)|
-            made doubly stochastic) or "manual" (the manual shuffle's permutation, so the
-            net starts as the manual ShuffleNet: for fine-tuning pretrained weights, e.g.
-            from `load_torchvision_weights`). Ignored by manual shuffles. The layer takes
-            the same values: `RelaxedShuffle(shuffle_initializer="manual", groups=g)`.
         padding: "torch" (default: PyTorch's padding=1 on every 3x3 layer, an explicit
             one-pixel ZeroPadding2D before each stride-2 layer, so torchvision's weights
             give torchvision's outputs) or "same" (Keras's 'same' everywhere: the
             stride-2 layers sample a grid one pixel off on even sides, no PAD ops in
             LiteRT, 5-10% faster there; for nets trained from scratch).
+{learned_arguments}
+    Returns:
+        A `keras.Model`.
+
+    Reference:
+        - {reference}
+        - Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
+"""
+
+# The Args entries of the arguments only `AutoShuffleNetV1/V2` take.
+LEARNED_ARGUMENTS = """        shuffle: {shuffle} (default "{shuffle_default}").
+        penalty: lambda of the relaxed shuffles' l1-2 penalty (default 1e-3).
+        shuffle_initializer: where learned shuffles start: "random" (the paper: |N(0, 1)|
+            made doubly stochastic) or "manual" (the manual shuffle's permutation, so the
+            net starts as the manual ShuffleNet: for fine-tuning pretrained weights, e.g.
+            from `load_torchvision_weights`). Ignored by manual shuffles. The layer takes
+            the same values: `RelaxedShuffle(shuffle_initializer="manual", groups=g)`.
         sinkhorn_iterations: clip/column/row passes of each learned shuffle's constraint
             per SGD step, an integer in [1, 1000] (default 10, as `RelaxedShuffle`). 1 is
             the paper's Algorithm 1, whose matrices stalled on fixed points that are not
@@ -51,19 +61,20 @@ BASE_DOCSTRING = """Instantiates the {title} architecture.
             learned shuffle from the first step (the layers start hardened; e.g. the
             permutations of an earlier, hardened net: "search, then retrain"). Needs
             shuffle="auto"; one entry per shuffle layer.
-
-    Returns:
-        A `keras.Model`.
-
-    Reference:
-        - {reference}
-        - Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
 """
 
 
 def builder_docstring(
-    version, learned, source, description, own_arguments, weights, shuffle, name, reference
-):
+    version: str,
+    learned: bool,
+    source: str,
+    description: str,
+    own_arguments: str,
+    weights: str,
+    shuffle: str,
+    name: str,
+    reference: str,
+) -> str:
     """`BASE_DOCSTRING` for one builder.
 
     Args:
@@ -72,8 +83,9 @@ def builder_docstring(
         source: whose network the manual builder makes, e.g. "megvii".
         description: the architecture, lines indented by 4 spaces after the first.
         own_arguments: the family's own Args entries, indented as in `BASE_DOCSTRING`.
-        weights, shuffle: the family's texts of these arguments (lines after the
-            first indented by 12 spaces).
+        weights: the family's text of this argument (lines after the first indented by
+            12 spaces).
+        shuffle: the family's text of the `shuffle` argument, as `weights`.
         name: the default model name's pattern after the prefix, e.g. `_g<groups>_<width>`.
         reference: the family's paper.
     """
@@ -85,7 +97,11 @@ def builder_docstring(
             "    shuffles differ."
         )
     else:
-        summary = f"The {source} network with a fixed channel shuffle by default."
+        summary = (
+            f"The {source} network, its channel shuffles fixed (ChannelShuffle); learned\n"
+            f"    shuffles: `AutoShuffleNet{version.upper()}`, which takes the same arguments and\n"
+            "    the learned shuffles' own."
+        )
     example = name.replace("<groups>", "3").replace("<width>", "x1_0")
     return BASE_DOCSTRING.format(
         title=f"{'Auto' if learned else ''}ShuffleNet {version}",
@@ -94,7 +110,8 @@ def builder_docstring(
         weights=weights,
         name_pattern=prefix + name,
         name_example=prefix + example,
-        shuffle=shuffle,
-        shuffle_default="auto" if learned else "manual",
+        learned_arguments=(
+            LEARNED_ARGUMENTS.format(shuffle=shuffle, shuffle_default="auto") if learned else ""
+        ),
         reference=reference,
     )

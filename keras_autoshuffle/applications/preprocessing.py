@@ -9,6 +9,8 @@ square, scale to [0, 1], normalise with ImageNet's mean and standard deviation. 
 sizes are each checkpoint's (`CHECKPOINTS[width].resize_size`, `.crop_size`).
 """
 
+from typing import Any
+
 import keras
 import numpy as np
 from keras import ops
@@ -65,7 +67,7 @@ class ToRGB(keras.layers.Layer):
     Input: a batch of images (rank 4), integers or floats.
     """
 
-    def __init__(self, data_format=None, **kwargs):
+    def __init__(self, data_format: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.data_format = _validation.data_format(data_format)
 
@@ -134,7 +136,9 @@ class ResizeCenterCrop(keras.layers.Layer):
     floats. Integer inputs are cast to the layer's float dtype.
     """
 
-    def __init__(self, resize_size, crop_size, data_format=None, **kwargs):
+    def __init__(
+        self, resize_size: int, crop_size: int, data_format: str | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.resize_size, self.crop_size = resize_crop_sizes(resize_size, crop_size)
         self.data_format = _validation.data_format(data_format)
@@ -258,7 +262,7 @@ def evaluation_preprocessing(
 
     Returns:
         A `keras.Sequential` from pixel values in [0, 255], a batch of any size
-        (batch, height, width, channels), to (batch, image_size, image_size, 3).
+            (batch, height, width, channels), to (batch, image_size, image_size, 3).
 
     Raises:
         ValueError: `image_size`, `resize_size` or `data_format` out of range.
@@ -304,7 +308,7 @@ def _evaluation_model(crop_size, resize_size, mean, std, data_format, name):
     return model
 
 
-def preprocess_input(x, data_format=None):
+def preprocess_input(x: Any, data_format: str | None = None) -> Any:
     """Scales pixels from [0, 255] to [0, 1], then normalises each RGB channel with
     ImageNet's mean and standard deviation: `keras.applications.imagenet_utils.
     preprocess_input(x, mode="torch")` (torchvision's normalisation), on a copy (Keras's

@@ -42,6 +42,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import Any
 
 import keras
 import numpy as np
@@ -600,7 +601,7 @@ def imagenet_weights_file(model, include_top, classes, build, weights="imagenet"
     return converted_weights(width, include_top, build, weights)
 
 
-def decode_predictions(preds, top=5):
+def decode_predictions(preds: Any, top: int = 5) -> list[list[tuple[str, str, float]]]:
     """Decodes ImageNet predictions into (class id, class name, score), best first.
 
     The same results as `keras.applications.imagenet_utils.decode_predictions`, with
@@ -619,7 +620,7 @@ def decode_predictions(preds, top=5):
 
     Returns:
         A list with, per sample, a list of `top` tuples `(class_id, class_name, score)`,
-        by decreasing score.
+            by decreasing score.
     """
     preds = np.asarray(keras.ops.convert_to_numpy(preds))
     if preds.ndim != 2 or preds.shape[1] != 1000:

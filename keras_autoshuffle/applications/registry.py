@@ -129,7 +129,7 @@ def imagenet_preprocessing(width: float = 1.0, data_format: str | None = None) -
 
     Returns:
         A `keras.Sequential` from pixel values in [0, 255], a batch of any size
-        (batch, height, width, channels), to the model's input (batch, 224, 224, 3).
+            (batch, height, width, channels), to the model's input (batch, 224, 224, 3).
 
     Example:
         >>> preprocess = applications.imagenet_preprocessing(1.0)

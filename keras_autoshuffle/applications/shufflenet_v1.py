@@ -38,6 +38,9 @@ identity, so training at the paper's learning rates does not diverge; see `_unit
 """
 
 import functools
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
 
 import keras
 from keras import layers
@@ -181,50 +184,46 @@ def _shufflenet_v1(*, width, groups, channels=None, repeats=None, prefix=None, *
     return common.finish(inputs, x, name, rebuild, shared, options, image_shape)
 
 
+@arguments.manual_only
 def ShuffleNetV1(
-    width=1.0,
-    groups=3,
-    include_top=True,
-    weights=None,
-    input_tensor=None,
-    input_shape=None,
-    pooling=None,
-    classes=1000,
-    classifier_activation="softmax",
-    name=None,
-    shuffle="manual",
-    penalty=1e-3,
-    stem="auto",
-    shuffle_initializer="random",
-    padding="torch",
-    sinkhorn_iterations=10,
-    shuffle_forward="relaxed",
-    shuffle_permutations=None,
+    width: float = 1.0,
+    groups: int = 3,
+    include_top: bool = True,
+    weights: str | os.PathLike | None = None,
+    input_tensor: Any = None,
+    input_shape: tuple[int | None, ...] | None = None,
+    pooling: Literal["avg", "max"] | None = None,
+    classes: int = 1000,
+    classifier_activation: str | Callable | None = "softmax",
+    name: str | None = None,
+    stem: Literal["auto", "imagenet", "cifar"] = "auto",
+    padding: Literal["torch", "same"] = "torch",
 ) -> keras.Model:
-    # `locals()` is exactly the arguments here: the private builder takes them all.
-    return _shufflenet_v1(**locals())
+    # `locals()` is exactly the arguments here; the learned-shuffle ones are fixed.
+    return _shufflenet_v1(**locals(), **arguments.MANUAL_SHUFFLE_ARGUMENTS)
 
 
 def AutoShuffleNetV1(
-    width=1.0,
-    groups=3,
-    include_top=True,
-    weights=None,
-    input_tensor=None,
-    input_shape=None,
-    pooling=None,
-    classes=1000,
-    classifier_activation="softmax",
-    name=None,
-    shuffle="auto",
-    penalty=1e-3,
-    stem="auto",
-    shuffle_initializer="random",
-    padding="torch",
-    sinkhorn_iterations=10,
-    shuffle_forward="relaxed",
-    shuffle_permutations=None,
+    width: float = 1.0,
+    groups: int = 3,
+    include_top: bool = True,
+    weights: str | os.PathLike | None = None,
+    input_tensor: Any = None,
+    input_shape: tuple[int | None, ...] | None = None,
+    pooling: Literal["avg", "max"] | None = None,
+    classes: int = 1000,
+    classifier_activation: str | Callable | None = "softmax",
+    name: str | None = None,
+    shuffle: Literal["manual", "auto"] = "auto",
+    penalty: float = 1e-3,
+    stem: Literal["auto", "imagenet", "cifar"] = "auto",
+    shuffle_initializer: Literal["random", "manual"] = "random",
+    padding: Literal["torch", "same"] = "torch",
+    sinkhorn_iterations: int = 10,
+    shuffle_forward: Literal["relaxed", "hard"] = "relaxed",
+    shuffle_permutations: Mapping[str, Sequence[int]] | None = None,
 ) -> keras.Model:
+    # `locals()` is exactly the arguments here: the private builder takes them all.
     return _shufflenet_v1(**locals())
 
 

@@ -440,7 +440,9 @@ def _read_regular_file(path, budget):
         return handle.read(status.st_size)  # what it had when checked, no more
 
 
-def read_torch_checkpoint(path, max_bytes=MAX_BYTES):
+def read_torch_checkpoint(
+    path: str | os.PathLike, max_bytes: int = MAX_BYTES
+) -> dict[str, np.ndarray]:
     """Reads a PyTorch state dict (`.pth`) into NumPy arrays without torch, running no code.
 
     Accepts the zip format (torch >= 1.6) and the legacy stream (torch < 1.6, e.g.
@@ -455,9 +457,10 @@ def read_torch_checkpoint(path, max_bytes=MAX_BYTES):
             pickle and storages, the arrays returned); 1 GiB by default.
 
     Returns:
-        A dict {name: NumPy array} in the file's order. Each array is a C-contiguous copy
-        in native byte order with torch's dtype (float32, float16, float64, int64, int32,
-        int16, int8, uint8, bool), except bfloat16, which is widened exactly to float32.
+        A dict {name: NumPy array} in the file's order. Each array is a C-contiguous
+            copy in native byte order with torch's dtype (float32, float16, float64, int64,
+            int32, int16, int8, uint8, bool), except bfloat16, which is widened exactly to
+            float32.
 
     Raises:
         CheckpointError: (a ValueError) naming the file: not a checkpoint, truncated, a

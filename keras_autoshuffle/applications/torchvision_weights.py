@@ -8,6 +8,9 @@ interleave in `model.layers`, and an order-based copy put 17-18 modules of the s
 into the wrong layer.
 """
 
+from collections.abc import Mapping
+
+import keras
 import numpy as np
 
 from keras_autoshuffle.applications import architecture as arch
@@ -152,7 +155,9 @@ def _check_width(model, state_dict):
         )
 
 
-def load_torchvision_weights(model, state_dict):
+def load_torchvision_weights(
+    model: keras.Model, state_dict: Mapping[str, np.ndarray]
+) -> keras.Model:
     """Loads torchvision ShuffleNetV2 weights into a ShuffleNetV2 / AutoShuffleNetV2.
 
     Every weight of `model` is assigned exactly once, by name; nothing is assigned

@@ -343,7 +343,8 @@ def make_model_fn(
     from keras_autoshuffle import applications
 
     def model_fn(**overrides):
-        builder = applications.ShuffleNetV2 if model == "v2" else applications.ShuffleNetV1
+        # The learned-shuffle builders: they take `shuffle` ("manual" included) and its knobs.
+        builder = applications.AutoShuffleNetV2 if model == "v2" else applications.AutoShuffleNetV1
         return builder(**{**arguments, **overrides})
 
     return model_fn
