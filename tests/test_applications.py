@@ -491,8 +491,10 @@ def test_public_builders_are_written_out_defs_sharing_their_common_arguments():
     signatures = {}
     for builder in PUBLIC_BUILDERS:
         assert "__signature__" not in vars(builder)
-        assert inspect.getsource(builder).startswith(f"def {builder.__name__}(\n")
-        code = builder.__code__
+        # The manual builders' one decorator refuses the learned shuffles' arguments by name.
+        source = inspect.getsource(builder).removeprefix("@arguments.manual_only\n")
+        assert source.startswith(f"def {builder.__name__}(\n")
+        code = inspect.unwrap(builder).__code__
         assert code.co_varnames[: code.co_argcount] == tuple(inspect.signature(builder).parameters)
         signatures[builder.__name__] = inspect.signature(builder).parameters
     # The arguments both families take: same order, same defaults (but `shuffle`).

@@ -6,6 +6,8 @@ the backend can run channels_first here."""
 import functools
 import inspect
 import os
+from collections.abc import Callable
+from typing import TypeVar
 
 import keras
 from keras import layers, ops
@@ -54,8 +56,10 @@ MANUAL_SHUFFLE_ARGUMENTS = {
     "shuffle_permutations": None,
 }
 
+_Builder = TypeVar("_Builder", bound=Callable)
 
-def manual_only(builder):
+
+def manual_only(builder: _Builder) -> _Builder:
     """Wraps a manual builder (`ShuffleNetV1/V2`) so that a learned-shuffle argument passed to
     it is a `TypeError` that names it and the builder that takes it (`AutoShuffleNetV1/V2`),
     instead of Python's bare "unexpected keyword argument"."""
