@@ -126,18 +126,7 @@ def _export_int8_checked(
     def write(partial):
         export_int8(model, partial, calibration)
         entry.update(int8_check(partial, float_path, images, labels, float_outputs))
-        drop = 100 * (entry["float_accuracy"] - entry["accuracy"])
-        if entry["top1_agreement"] < min_agreement or drop > max_drop:
-            raise Int8CheckError(
-                entry,
-                f"The int8 LiteRT model fails its check: top-1 agreement with the float "
-                f"model {entry['top1_agreement']:.4f} (minimum {min_agreement}), accuracy "
-                f"{entry['accuracy']:.4f} vs float {entry['float_accuracy']:.4f} (drop "
-                f"{drop:.2f} points, maximum {max_drop}) on {len(labels)} test examples; no "
-                f"{INT8_FILENAME} written. Calibrate on more representative images or lower "
-                f"the thresholds. Received: min_top1_agreement={min_agreement}, "
-                f"max_accuracy_drop={max_drop}",
-            )
+        refuse_past_limits(entry, "LiteRT", INT8_FILENAME, min_agreement, max_drop)
 
     try:
         write_atomically(path, write)
@@ -145,6 +134,26 @@ def _export_int8_checked(
         remove(path)  # an earlier export's int8 file would not match the new float files
         raise
     return {**entry, "path": path, "calibration_examples": len(calibration)}
+
+
+def refuse_past_limits(
+    entry: dict, runtime: str, filename: str, min_agreement: float, max_drop: float
+) -> None:
+    """Raises `Int8CheckError` when an int8 file's check `entry` (`accuracy`,
+    `float_accuracy`, `top1_agreement`, `test_examples`) is past the limits: top-1
+    agreement below `min_agreement` or an accuracy drop above `max_drop` points."""
+    drop = 100 * (entry["float_accuracy"] - entry["accuracy"])
+    if entry["top1_agreement"] < min_agreement or drop > max_drop:
+        raise Int8CheckError(
+            entry,
+            f"The int8 {runtime} model fails its check: top-1 agreement with the float "
+            f"model {entry['top1_agreement']:.4f} (minimum {min_agreement}), accuracy "
+            f"{entry['accuracy']:.4f} vs float {entry['float_accuracy']:.4f} (drop "
+            f"{drop:.2f} points, maximum {max_drop}) on {entry['test_examples']} test "
+            f"examples; no {filename} written. Calibrate on more representative images or "
+            f"lower the thresholds. Received: min_top1_agreement={min_agreement}, "
+            f"max_accuracy_drop={max_drop}",
+        )
 
 
 class Int8CheckError(ValueError):

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 
 from keras_autoshuffle._atomic import remove, write_atomically
-from keras_autoshuffle.export.int8 import Int8CheckError
+from keras_autoshuffle.export.int8 import Int8CheckError, refuse_past_limits
 from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML, onnx_outputs, openvino_outputs
 
 ONNX_INT8_FILENAME = "model_int8.onnx"
@@ -140,17 +140,7 @@ def _checked(
             top1_agreement=float(np.mean(predicted == expected)),
             test_examples=len(labels),
         )
-        drop = 100 * (entry["float_accuracy"] - entry["accuracy"])
-        if entry["top1_agreement"] < min_agreement or drop > max_drop:
-            raise Int8CheckError(
-                entry,
-                f"The int8 {label} model fails its check: top-1 agreement with the float "
-                f"model {entry['top1_agreement']:.4f} (minimum {min_agreement}), accuracy "
-                f"{entry['accuracy']:.4f} vs float {entry['float_accuracy']:.4f} (drop "
-                f"{drop:.2f} points, maximum {max_drop}); no {os.path.basename(path)} "
-                f"written. Received: min_top1_agreement={min_agreement}, "
-                f"max_accuracy_drop={max_drop}",
-            )
+        refuse_past_limits(entry, label, os.path.basename(path), min_agreement, max_drop)
 
     try:
         write_atomically(path, write)
