@@ -159,7 +159,7 @@ TINY_RUN = [
         (["--shuffle", "manual", "--shuffle-forward", "hard"], "--shuffle-forward hard: needs"),
         (["--shuffle", "manual", "--shuffle-initializer", "manual"], "initializer manual: needs"),
         (["--shuffle", "manual", "--search-epochs", "0"], "--search-epochs: needs learned"),
-        (["--int8"], "argument --int8: needs the LiteRT export, got --no-export"),
+        (["--int8"], "argument --int8: needs the LiteRT, ONNX or OpenVINO export, got --no-export"),
         (["--batch-size", "1000"], "--batch-size: must be at most the 64 training examples"),
         (["--output", " "], "argument --output: must name a folder, got ' '"),
         (["--download"], "argument --download: only CIFAR-10 downloads, got --dataset digits"),

@@ -6,7 +6,8 @@
 
 `photos/` holds one subfolder per class (or train/ and val/, each with one per class).
 Writes into --output: model.keras, labels.txt, preprocessing.json, model.tflite (and
-model_int8.tflite with --int8, model.onnx and openvino/ where installed), report.md,
+model.onnx and openvino/ where installed; with --int8 model_int8.tflite, model_int8.onnx
+and openvino_int8/ beside them), report.md,
 report.json, confusion_matrix.png; train_head/ and train_all/ hold each phase's
 history.csv and TensorBoard logs. A killed run started again with the same arguments
 resumes from its last finished epoch.
@@ -92,7 +93,10 @@ def parser() -> argparse.ArgumentParser:
         'where installed; "none": model.keras only)',
     )
     p.add_argument(
-        "--int8", action="store_true", help="also a full-integer model_int8.tflite, checked"
+        "--int8",
+        action="store_true",
+        help="also a full-integer file of each export (model_int8.tflite, model_int8.onnx, "
+        "openvino_int8/), each checked against the float model on the validation images",
     )
     p.add_argument(
         "--include-preprocessing",
@@ -166,8 +170,9 @@ def summary(report: dict) -> str:
             f"  {entry['path']}  {entry['size_bytes'] / 1e6:.2f} MB  "
             f"accuracy {entry['accuracy']:.4f}"
         )
-    if report.get("int8", {}).get("refused"):
-        lines.append(f"  int8 refused: {report['int8']['refused']}")
+    for key in ("int8", "onnx_int8", "openvino_int8"):
+        if report.get(key, {}).get("refused"):
+            lines.append(f"  {key} refused: {report[key]['refused']}")
     return "\n".join(lines)
 
 

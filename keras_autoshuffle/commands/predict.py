@@ -1,7 +1,8 @@
 """Classify images with an exported classifier, or with the pretrained ImageNet ShuffleNetV2.
 
 MODEL is what `autoshuffle-finetune` wrote: `model.keras`, `model.tflite`,
-`model_int8.tflite`, `model.onnx` or the `openvino/` folder, with `labels.txt` and
+`model_int8.tflite`, `model.onnx`, `model_int8.onnx`, the `openvino/` or `openvino_int8/`
+folder, with `labels.txt` and
 `preprocessing.json` beside it. IMAGE is a JPEG, PNG, BMP or GIF file, or a folder (its
 images, not its subfolders). Prints each image's most probable classes, or with --json a
 JSON list `[{"path", "top": [{"label", "probability"}]}]`. A refused input ends the

@@ -9,15 +9,17 @@ weights (`keras_autoshuffle.folding.fold_model`).
 Every file is written under a temporary name and moved into place (`_atomic`): a killed
 export leaves the previous file or the new one, never a truncated one.
 
-`quantize="int8"` adds `model_int8.tflite`, a full-integer LiteRT model calibrated on
+`quantize="int8"` adds a full-integer file of each float LiteRT, ONNX and OpenVINO file
+(`model_int8.tflite`, `model_int8.onnx`, `openvino_int8/`) calibrated on
 `representative_data`, whose check is top-1 agreement with the float model and accuracy on
-labelled test data (`export_int8`).
+labelled test data (`export_int8`, `int8_runtimes`).
 
 - `export_model`, the one call: checks, files, parity check, int8 (`pipeline.py`);
 - what is checked before anything is written (`checks.py`);
 - each format's writer and reader (`files.py`);
 - running `.tflite` files with the LiteRT interpreter (`litert.py`);
-- the int8 file and its check (`int8.py`);
+- the int8 LiteRT file and the int8 check (`int8.py`); the int8 ONNX and OpenVINO files
+  (`int8_runtimes.py`);
 - ONNX and OpenVINO files, run with ONNX Runtime and OpenVINO (`onnx_runtimes.py`), written
   from the net's layers as an NCHW graph (`onnx_graph.py`).
 """
@@ -30,11 +32,14 @@ from keras_autoshuffle.export.checks import (
     compute_dtypes,
     make_folder,
     unsupported_formats,
+    unsupported_int8,
 )
 from keras_autoshuffle.export.files import (
     DEFAULT_FORMATS,
     FILENAMES,
     FORMATS,
+    INT8_FILENAME,
+    INT8_FILES,
     export_litert,
     export_saved_model,
     keras_outputs,
@@ -43,7 +48,6 @@ from keras_autoshuffle.export.files import (
     saved_model_outputs,
 )
 from keras_autoshuffle.export.int8 import (
-    INT8_FILENAME,
     Int8CheckError,
     _check_int8_arguments,
     _export_int8_checked,
@@ -87,6 +91,7 @@ __all__ = [
     "FILENAMES",
     "FORMATS",
     "INT8_FILENAME",
+    "INT8_FILES",
     "OPENVINO_PRECISION",
     "OPENVINO_PRECISIONS",
     "QUANTIZE",
@@ -120,5 +125,6 @@ __all__ = [
     "save_keras",
     "saved_model_outputs",
     "unsupported_formats",
+    "unsupported_int8",
     "unsupported_layers",
 ]

@@ -15,7 +15,7 @@ from keras_autoshuffle.export import onnx_runtimes
 from keras_autoshuffle.export.files import (
     FILENAMES,
     FORMATS,
-    INT8_FILENAME,
+    INT8_FILES,
     check_no_hard_forward,
 )
 from keras_autoshuffle.layers import relaxed_shuffles
@@ -86,6 +86,29 @@ def unsupported_formats(
             reasons[name] = f"the {name} export needs float32 layers; the model computes in " + (
                 ", ".join(sorted(set(dtypes) - {"float32"}))
             )
+    return reasons
+
+
+# The float formats an int8 file is quantized from, and the modules each quantizer needs
+# beyond its float format's ({format: (modules, extra)}).
+INT8_QUANTIZERS = {
+    "litert": ((), None),  # the TensorFlow converter
+    "onnx": (("onnxruntime",), "keras-autoshuffle[onnx]"),  # onnxruntime.quantization
+    "openvino": (("nncf",), "keras-autoshuffle[openvino-int8]"),
+}
+
+
+def unsupported_int8(formats: Collection[str]) -> dict[str, str]:
+    """{format: why} for the formats of `formats` whose int8 file cannot be written here
+    for want of its quantizer (NNCF for OpenVINO); the float format's own needs are
+    `unsupported_formats`'."""
+    reasons = {}
+    for name in formats:
+        modules, extra = INT8_QUANTIZERS.get(name, ((), None))
+        missing = [m for m in modules if not _installed(m)]
+        if missing:
+            needs = ", ".join(missing)
+            reasons[name] = f"the int8 {name} file needs {needs} (pip install '{extra}')"
     return reasons
 
 
@@ -173,7 +196,8 @@ def _looks_exported(name, path):
     """Whether `path`, at the name `export_model` writes format `name` (or "int8") under,
     holds what that writer writes (and may be replaced or removed)."""
     try:
-        if name in ("litert", "int8"):
+        name = INT8_FILES[name][0] if name in INT8_FILES else name
+        if name == "litert":
             with open(path, "rb") as f:
                 return os.path.isfile(path) and f.read(8)[4:8] == b"TFL3"
         if name == "keras":
@@ -182,7 +206,9 @@ def _looks_exported(name, path):
         if name == "onnx":  # the producer name, the file's second field
             with open(path, "rb") as f:
                 head = f.read(64)
-            return os.path.isfile(path) and (b"keras_autoshuffle" in head or b"tf2onnx" in head)
+            # "onnx.quantize": ONNX Runtime's quantizer, of the int8 file.
+            producers = (b"keras_autoshuffle", b"tf2onnx", b"onnx.quantize")
+            return os.path.isfile(path) and any(p in head for p in producers)
         if name == "saved_model":
             entries = set(os.listdir(path))
             return "saved_model.pb" in entries and entries <= _SAVED_MODEL_ENTRIES
@@ -211,5 +237,6 @@ def foreign_files(output_dir: str | os.PathLike, names: dict[str, str]) -> list[
 
 
 def export_names() -> dict[str, str]:
-    """{format or "int8": the name `export_model` writes it under in its folder}."""
-    return {**FILENAMES, "int8": INT8_FILENAME}
+    """{format or int8 key ("int8", "onnx_int8", "openvino_int8"): the name
+    `export_model` writes it under in its folder}."""
+    return {**FILENAMES, **{key: name for key, (_, name) in INT8_FILES.items()}}

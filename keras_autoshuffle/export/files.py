@@ -21,7 +21,15 @@ FILENAMES = {
     "onnx": "model.onnx",  # onnx_runtimes.py
     "openvino": "openvino",  # a folder: model.xml and model.bin
 }
-# The full-integer LiteRT file `export_model(quantize="int8")` writes beside them.
+# The full-integer files `export_model(quantize="int8")` writes beside them, each quantized
+# from a float format: {result key: (float format, file name)}. The LiteRT one keeps the
+# key "int8" it had alone.
+INT8_FILES = {
+    "int8": ("litert", "model_int8.tflite"),
+    "onnx_int8": ("onnx", "model_int8.onnx"),
+    "openvino_int8": ("openvino", "openvino_int8"),  # a folder, as `openvino`
+}
+# The int8 LiteRT file's name (INT8_FILES["int8"]).
 INT8_FILENAME = "model_int8.tflite"
 
 

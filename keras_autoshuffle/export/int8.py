@@ -3,16 +3,20 @@ check, top-1 agreement with the float model and accuracy on labelled test data; 
 file that fails the check is refused (`Int8CheckError`) and none is left in place."""
 
 import os
+from collections.abc import Callable
 
+import keras
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_autoshuffle._atomic import remove, write_atomically
 from keras_autoshuffle.export.checks import _single_input
-from keras_autoshuffle.export.files import INT8_FILENAME
 from keras_autoshuffle.export.litert import litert_predict
 
 
-def export_int8(model, path, representative_data):
+def export_int8(
+    model: keras.Model, path: str | os.PathLike, representative_data: ArrayLike
+) -> str | os.PathLike:
     """Writes a full-integer LiteRT model (atomically) calibrated on `representative_data`.
 
     Weights and activations are int8 (`TFLITE_BUILTINS_INT8` only: a layer without an
@@ -25,6 +29,9 @@ def export_int8(model, path, representative_data):
         path: the `.tflite` file to write.
         representative_data: a float32 batch of inputs, e.g. a few hundred training
             images; each is run through the float graph to choose the int8 ranges.
+
+    Returns:
+        `path`.
     """
     import tensorflow as tf
 
@@ -48,15 +55,10 @@ def export_int8(model, path, representative_data):
 
 
 def _check_int8_arguments(
-    model, formats, representative_data, test_data, min_top1_agreement, max_accuracy_drop
+    model, representative_data, test_data, min_top1_agreement, max_accuracy_drop
 ):
     """The int8 export's arguments, checked before anything is written:
     (calibration images, test images, test labels)."""
-    if "litert" not in formats:
-        raise ValueError(
-            'quantize="int8" reports its size against the float LiteRT file: keep "litert" '
-            f"in `formats`. Received: formats={formats}"
-        )
     if representative_data is None:
         raise ValueError(
             'quantize="int8" needs `representative_data`, a batch of inputs (e.g. a few '
@@ -98,22 +100,99 @@ def _fraction(value, name, top):
         raise ValueError(f"`{name}` must be a number in [0, {top:g}]. Received: {name}={value!r}")
 
 
-def int8_check(path, float_path, images, labels, float_outputs):
-    """The int8 file's report: its accuracy on (`images`, `labels`), the float model's
-    (`float_outputs`, its outputs on `images`), their top-1 agreement, and the size ratio
-    float LiteRT bytes / int8 bytes."""
-    predicted = np.argmax(litert_predict(path, images), axis=-1)
+def _size(path):
+    """Bytes of a file, or of the files of a folder (an OpenVINO IR)."""
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(path, n)) for n in sorted(os.listdir(path)))
+    return os.path.getsize(path)
+
+
+def _report(path, float_path, predicted, labels, float_outputs):
+    """The check's numbers from the int8 file's top-1 `predicted` on the test images."""
     expected = np.argmax(float_outputs, axis=-1)
     return {
         "accuracy": float(np.mean(predicted == labels)),
         "float_accuracy": float(np.mean(expected == labels)),
         "top1_agreement": float(np.mean(predicted == expected)),
-        "size_ratio": os.path.getsize(float_path) / os.path.getsize(path),
-        "bytes": os.path.getsize(path),
-        "float_bytes": os.path.getsize(float_path),
+        "size_ratio": _size(float_path) / _size(path),
+        "bytes": _size(path),
+        "float_bytes": _size(float_path),
         "test_examples": len(labels),
         "path": path,
     }
+
+
+def int8_check(
+    path: str,
+    float_path: str,
+    images: np.ndarray,
+    labels: np.ndarray,
+    float_outputs: np.ndarray,
+) -> dict:
+    """The int8 `.tflite` file's report: its accuracy on (`images`, `labels`), the float
+    model's (`float_outputs`, its outputs on `images`), their top-1 agreement, and the size
+    ratio float LiteRT bytes / int8 bytes.
+
+    Args:
+        path: the int8 `.tflite` file.
+        float_path: the float `.tflite` file it was converted beside.
+        images: float32 test inputs.
+        labels: their integer labels.
+        float_outputs: the float model's outputs on `images`.
+
+    Returns:
+        `{"accuracy", "float_accuracy", "top1_agreement", "size_ratio", "bytes",
+            "float_bytes", "test_examples", "path"}`.
+    """
+    predicted = np.argmax(litert_predict(path, images), axis=-1)
+    return _report(path, float_path, predicted, labels, float_outputs)
+
+
+def write_checked(
+    key: str,
+    write_file: Callable[[str], object],
+    predict: Callable[[str, np.ndarray], np.ndarray],
+    path: str,
+    float_path: str,
+    test: tuple[np.ndarray, np.ndarray],
+    float_outputs: np.ndarray,
+    limits: tuple[float, float],
+) -> dict:
+    """Writes an int8 file with `write_file(partial)`, runs it with `predict(partial,
+    images)` on `test` and moves it to `path` only when its check passes.
+
+    Args:
+        key: the file's result key ("int8" for LiteRT, "onnx_int8", "openvino_int8").
+        write_file: writes the file at the path it is given.
+        predict: the file's outputs on a batch of images.
+        path: where the file goes when it passes.
+        float_path: the float file it is quantized from (the size ratio).
+        test: (images, labels): float32 test inputs and their integer labels.
+        float_outputs: the float model's outputs on the test images.
+        limits: (least top-1 agreement as a fraction, most accuracy drop in points).
+
+    Returns:
+        The check's entry (`int8_check`'s keys).
+
+    Raises:
+        Int8CheckError: past `limits` (naming `key`); any earlier file at `path` is
+            removed.
+    """
+    images, labels = test
+    entry = {}
+
+    def write(partial):
+        write_file(partial)
+        predicted = np.argmax(predict(partial, images), axis=-1)
+        entry.update(_report(partial, float_path, predicted, labels, float_outputs))
+        refuse_past_limits(entry, key, os.path.basename(path), *limits)
+
+    try:
+        write_atomically(path, write)
+    except Int8CheckError:
+        remove(path)  # an earlier export's int8 file would not match the new float files
+        raise
+    return {**entry, "path": path}
 
 
 def _export_int8_checked(
@@ -121,45 +200,51 @@ def _export_int8_checked(
 ):
     """`export_int8` whose file is moved into place only when `int8_check` passes the
     thresholds; below them the export is refused and no int8 file is left at `path`."""
-    entry = {}
+    entry = write_checked(
+        "int8",
+        lambda partial: export_int8(model, partial, calibration),
+        litert_predict,
+        path,
+        float_path,
+        (images, labels),
+        float_outputs,
+        (min_agreement, max_drop),
+    )
+    return {**entry, "calibration_examples": len(calibration)}
 
-    def write(partial):
-        export_int8(model, partial, calibration)
-        entry.update(int8_check(partial, float_path, images, labels, float_outputs))
-        refuse_past_limits(entry, "LiteRT", INT8_FILENAME, min_agreement, max_drop)
 
-    try:
-        write_atomically(path, write)
-    except Int8CheckError:
-        remove(path)  # an earlier export's int8 file would not match the new float files
-        raise
-    return {**entry, "path": path, "calibration_examples": len(calibration)}
+# The runtime each int8 result key names in messages.
+_RUNTIMES = {"int8": "LiteRT", "onnx_int8": "ONNX", "openvino_int8": "OpenVINO"}
 
 
 def refuse_past_limits(
-    entry: dict, runtime: str, filename: str, min_agreement: float, max_drop: float
+    entry: dict, key: str, filename: str, min_agreement: float, max_drop: float
 ) -> None:
-    """Raises `Int8CheckError` when an int8 file's check `entry` (`accuracy`,
-    `float_accuracy`, `top1_agreement`, `test_examples`) is past the limits: top-1
-    agreement below `min_agreement` or an accuracy drop above `max_drop` points."""
+    """Raises `Int8CheckError` when the check `entry` (`accuracy`, `float_accuracy`,
+    `top1_agreement`, `test_examples`) of the int8 file `key` ("int8" for LiteRT,
+    "onnx_int8", "openvino_int8") is past the limits: top-1 agreement below
+    `min_agreement` or an accuracy drop above `max_drop` points."""
     drop = 100 * (entry["float_accuracy"] - entry["accuracy"])
     if entry["top1_agreement"] < min_agreement or drop > max_drop:
         raise Int8CheckError(
             entry,
-            f"The int8 {runtime} model fails its check: top-1 agreement with the float "
+            f"The int8 {_RUNTIMES[key]} model fails its check: top-1 agreement with the float "
             f"model {entry['top1_agreement']:.4f} (minimum {min_agreement}), accuracy "
             f"{entry['accuracy']:.4f} vs float {entry['float_accuracy']:.4f} (drop "
             f"{drop:.2f} points, maximum {max_drop}) on {entry['test_examples']} test "
             f"examples; no {filename} written. Calibrate on more representative images or "
             f"lower the thresholds. Received: min_top1_agreement={min_agreement}, "
             f"max_accuracy_drop={max_drop}",
+            key,
         )
 
 
 class Int8CheckError(ValueError):
-    """The int8 model's top-1 agreement or accuracy is below the export's thresholds;
-    `check` holds the measured numbers (`int8_check`'s entry, without a file)."""
+    """An int8 file's top-1 agreement or accuracy is below the export's thresholds;
+    `check` holds the measured numbers (the check's entry, without a file), `key` the
+    file's result key ("int8" for LiteRT, "onnx_int8", "openvino_int8")."""
 
-    def __init__(self, check, message):
+    def __init__(self, check: dict, message: str, key: str = "int8") -> None:
         super().__init__(message)
         self.check = {k: v for k, v in check.items() if k != "path"}
+        self.key = key

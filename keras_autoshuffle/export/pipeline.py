@@ -1,14 +1,16 @@
 """`export_model`: the checks, every format written, reloaded and compared with Keras
-(the parity check), then the int8 file and its check."""
+(the parity check), then the int8 files and their checks."""
 
 import os
+from collections.abc import Sequence
 
 import keras
 import numpy as np
+from numpy.typing import ArrayLike
 
 from keras_autoshuffle import _validation
 from keras_autoshuffle._atomic import remove_written
-from keras_autoshuffle.export import checks, files, int8, litert, onnx_runtimes
+from keras_autoshuffle.export import checks, files, int8, int8_runtimes, litert, onnx_runtimes
 
 QUANTIZE = (None, "int8")
 # Machine epsilon of the 16-bit compute dtypes of mixed precision.
@@ -39,20 +41,21 @@ _READERS = {
 
 
 def export_model(
-    model,
-    output_dir,
-    sample_inputs,
-    formats=files.DEFAULT_FORMATS,
-    allow_relaxed=False,
-    atol=1e-4,
-    rtol=1e-4,
-    reference=None,
-    quantize=None,
-    representative_data=None,
-    test_data=None,
-    min_top1_agreement=0.99,
-    max_accuracy_drop=0.5,
-):
+    model: keras.Model,
+    output_dir: str | os.PathLike,
+    sample_inputs: ArrayLike,
+    formats: Sequence[str] = files.DEFAULT_FORMATS,
+    allow_relaxed: bool = False,
+    atol: float = 1e-4,
+    rtol: float = 1e-4,
+    reference: keras.Model | None = None,
+    quantize: str | None = None,
+    representative_data: ArrayLike | None = None,
+    test_data: tuple[ArrayLike, ArrayLike] | None = None,
+    min_top1_agreement: float = 0.99,
+    max_accuracy_drop: float = 0.5,
+    int8_formats: Sequence[str] | None = None,
+) -> dict[str, dict]:
     """Exports `model`, reloads every file and checks its outputs against Keras.
 
     Writes `model.keras`, `saved_model/` and `model.tflite` (by default; with "onnx" and
@@ -80,21 +83,25 @@ def export_model(
             packages or the model's dtypes cannot give is refused before anything is
             written (`unsupported_formats`).
         allow_relaxed: export relaxed shuffles as dense matrices instead of refusing.
-        atol, rtol: parity tolerance, `max|y - y_keras| <= atol + rtol * max|y_keras|`;
-            a larger difference raises ValueError; finite numbers >= 0. For a model
-            computing in 16-bit floats (mixed precision) `rtol` is at least twice that
-            dtype's epsilon: the exported graph may round in another order (measured: 2e-3
-            in bfloat16).
+        atol: parity tolerance, absolute: `max|y - y_keras| <= atol + rtol *
+            max|y_keras|`; a larger difference raises ValueError; a finite number >= 0.
+        rtol: parity tolerance, relative to `max|y_keras|`; a finite number >= 0. For a
+            model computing in 16-bit floats (mixed precision) it is at least twice that
+            dtype's epsilon: the exported graph may round in another order (measured:
+            2e-3 in bfloat16).
         reference: the Keras model the files are compared with (default `model`), e.g.
             the hardened model when `model` is its folded form.
-        quantize: None, or "int8" to also write `model_int8.tflite`: full-integer LiteRT
-            (int8 weights and activations, float32 inputs and outputs; `export_int8`),
-            calibrated on `representative_data`. Needs "litert" in `formats`. Its check
-            is not a tolerance on the outputs but top-1 agreement with `reference` (the
-            float Keras model) and accuracy on `test_data`; below either threshold the
-            export raises `Int8CheckError` (a ValueError) with the numbers and no int8
-            file is left in `output_dir` (the float files stay). With None, an int8
-            file an earlier export left in `output_dir` is removed.
+        quantize: None, or "int8" to also write a full-integer file (int8 weights and
+            activations, float32 inputs and outputs) of each float format of
+            `int8_formats`: `model_int8.tflite` (LiteRT, `export_int8`),
+            `model_int8.onnx` (ONNX Runtime's `quantize_static`) and `openvino_int8/`
+            (NNCF; needs the `openvino-int8` extra), all calibrated on
+            `representative_data`. Each is checked not by a tolerance on its outputs but
+            by top-1 agreement with `reference` (the float Keras model) and accuracy on
+            `test_data`; past either limit the export raises `Int8CheckError` (a
+            ValueError, its `key` naming the file) with the numbers, and no int8 file is
+            left in `output_dir` (the float files stay). With None, the int8 files an
+            earlier export left in `output_dir` are removed.
         representative_data: with "int8", a batch of inputs to calibrate on (training
             images, a few hundred suffice).
         test_data: with "int8", `(images, labels)`: labelled examples (integer labels).
@@ -102,14 +109,22 @@ def export_model(
             int8 and float models predict the same class.
         max_accuracy_drop: with "int8", the most the int8 accuracy on `test_data` may be
             below the float model's, in percentage points.
+        int8_formats: with "int8", the float formats to quantize, each in `formats`
+            (default: every one of "litert", "onnx", "openvino" in `formats`).
 
     Returns:
-        `{format: {"path": str, "max_abs_diff": float}}`, and with "int8" an `"int8"`
-        entry: `{"accuracy", "float_accuracy", "top1_agreement", "size_ratio"` (float
-        LiteRT bytes / int8 bytes)`, "path", "bytes", "float_bytes", "test_examples",
-        "calibration_examples"}`.
+        `{format: {"path": str, "max_abs_diff": float}}`, and with "int8" an entry per
+            int8 file, keyed "int8" (LiteRT), "onnx_int8", "openvino_int8": `{"accuracy",
+            "float_accuracy", "top1_agreement", "size_ratio"` (float bytes / int8 bytes)`,
+            "path", "bytes", "float_bytes", "test_examples", "calibration_examples"}`.
+
+    Raises:
+        ValueError: a bad argument, before anything is written, or a file that fails its
+            parity check.
+        Int8CheckError: an int8 file past `min_top1_agreement` or `max_accuracy_drop`.
     """
     formats = _check_args(model, formats, allow_relaxed, quantize, representative_data, test_data)
+    int8_formats = _check_int8_formats(formats, quantize, int8_formats)
     atol = _validation.non_negative_float(atol, "atol")
     rtol = _validation.non_negative_float(rtol, "rtol")
     int8._fraction(min_top1_agreement, "min_top1_agreement", 1.0)
@@ -117,25 +132,27 @@ def export_model(
     inputs = checks._single_input(model, sample_inputs)
     reference = _check_reference(model, reference)
     int8_limits = (min_top1_agreement, max_accuracy_drop)
-    int8_data = _int8_data(model, formats, quantize, representative_data, test_data, int8_limits)
+    int8_data = _int8_data(model, quantize, representative_data, test_data, int8_limits)
     expected = _expected_outputs(model, reference, inputs)
     tolerance = _tolerance(model, expected, atol, rtol)
-    _prepare_folder(output_dir, formats, quantize, inputs, expected, tolerance)
+    _prepare_folder(output_dir, formats, int8_formats, inputs, expected, tolerance)
     results = {}
     try:
         for name in formats:
             results[name] = _write_and_compare(model, name, output_dir, inputs, expected, tolerance)
-        if quantize == "int8":
-            results["int8"] = _write_int8(
-                model, reference, output_dir, results["litert"]["path"], int8_data, int8_limits
+        if int8_formats:
+            results.update(
+                _write_int8(model, reference, output_dir, results, int8_formats, int8_data)
             )
     except BaseException:
         # The failed file, and an earlier export's files of the formats not reached: none
-        # of them is known to match the files this call wrote.
+        # of them is known to match the files this call wrote. The int8 files go as one:
+        # a folder holds all the int8 files asked for, or none.
         for name in formats:
             if name not in results:
                 remove_written(os.path.join(output_dir, files.FILENAMES[name]))
-        remove_written(os.path.join(output_dir, int8.INT8_FILENAME))
+        for _, filename in files.INT8_FILES.values():
+            remove_written(os.path.join(output_dir, filename))
         raise
     return results
 
@@ -205,17 +222,55 @@ def _check_args(model, formats, allow_relaxed, quantize, representative_data, te
     return formats
 
 
-def _int8_data(model, formats, quantize, representative_data, test_data, int8_limits):
-    """With "int8", the checked `(calibration, images, labels)`; None without."""
+def _check_int8_formats(formats, quantize, int8_formats):
+    """The float formats to quantize: () without "int8"; else `int8_formats` (default:
+    those of "litert", "onnx", "openvino" in `formats`), each in `formats` and with its
+    quantizer installed (`checks.unsupported_int8`); ValueError otherwise."""
+    if quantize != "int8":
+        if int8_formats is not None:
+            raise ValueError(
+                '`int8_formats` is for quantize="int8". Received: quantize=None with '
+                f"int8_formats={int8_formats!r}"
+            )
+        return ()
+    quantizable = tuple(fmt for _, (fmt, _) in files.INT8_FILES.items())
+    if int8_formats is None:
+        int8_formats = tuple(f for f in formats if f in quantizable)
+    elif isinstance(int8_formats, str) or not all(isinstance(f, str) for f in int8_formats):
+        raise ValueError(
+            f"`int8_formats` must be a list of formats of {quantizable}. "
+            f"Received: int8_formats={int8_formats!r}"
+        )
+    int8_formats = tuple(int8_formats)
+    wrong = [f for f in int8_formats if f not in quantizable or f not in formats]
+    if wrong or not int8_formats:
+        raise ValueError(
+            f'quantize="int8" quantizes the float files of {quantizable} that the export '
+            f"writes: `int8_formats` must be some of them, each in `formats`. Received: "
+            f"int8_formats={int8_formats}, formats={formats}"
+        )
+    unsupported = checks.unsupported_int8(int8_formats)
+    if unsupported:
+        raise ValueError(
+            "These int8 files cannot be written here: "
+            + "; ".join(f"{name}: {why}" for name, why in unsupported.items())
+            + f". Received: int8_formats={int8_formats}"
+        )
+    return int8_formats
+
+
+def _int8_data(model, quantize, representative_data, test_data, int8_limits):
+    """With "int8", the checked `(calibration, (images, labels), limits)`; None without."""
     if quantize != "int8":
         return None
-    return int8._check_int8_arguments(model, formats, representative_data, test_data, *int8_limits)
+    checked = int8._check_int8_arguments(model, representative_data, test_data, *int8_limits)
+    return checked[0], checked[1:], int8_limits
 
 
-def _prepare_folder(output_dir, formats, quantize, inputs, expected, tolerance):
+def _prepare_folder(output_dir, formats, int8_formats, inputs, expected, tolerance):
     """Creates `output_dir`; refuses a user's own file at a name the export writes
     (`checks.foreign_files`); removes what an earlier export left there that does not
-    match this one: its int8 file without int8 now, and its file of a format not in
+    match this one: an int8 file not quantized now, and a file of a format not in
     `formats` unless that file still computes `expected` within `tolerance`."""
     names = checks.export_names()
     if os.path.isdir(output_dir):
@@ -229,12 +284,10 @@ def _prepare_folder(output_dir, formats, quantize, inputs, expected, tolerance):
     checks.make_folder(output_dir, "output_dir")
     for name, filename in names.items():
         path = os.path.join(output_dir, filename)
-        if name in formats:
-            continue
-        if name == "int8":
-            if quantize is None:
+        if name in files.INT8_FILES:
+            if files.INT8_FILES[name][0] not in int8_formats:
                 remove_written(path)
-        elif not _still_matches(name, path, inputs, expected, tolerance):
+        elif name not in formats and not _still_matches(name, path, inputs, expected, tolerance):
             remove_written(path)
 
 
@@ -257,21 +310,27 @@ def _tolerance(model, expected, atol, rtol):
     return atol + rtol * float(np.max(np.abs(expected), initial=0.0))
 
 
-def _write_int8(model, reference, output_dir, litert_path, int8_data, int8_limits):
-    """Writes and checks `model_int8.tflite` (calibrated and tested on `int8_data`) against
-    `reference` and the float LiteRT file at `litert_path`, within `int8_limits` (least
-    top-1 agreement, most accuracy drop): the int8 entry of the results."""
-    calibration, images, labels = int8_data
-    return int8._export_int8_checked(
-        model,
-        os.path.join(output_dir, int8.INT8_FILENAME),
-        litert_path,
-        calibration,
-        images,
-        labels,
-        litert.keras_predict(reference, images),
-        *int8_limits,
-    )
+def _write_int8(model, reference, output_dir, results, int8_formats, int8_data):
+    """Writes and checks the int8 file of each format of `int8_formats`, quantized from
+    the float file in `results` (LiteRT: converted from `model`) and calibrated and tested
+    on `int8_data` against `reference`: {int8 key: its entry}."""
+    calibration, test, limits = int8_data
+    float_outputs = litert.keras_predict(reference, test[0])
+    written = {}
+    for key, (fmt, filename) in files.INT8_FILES.items():
+        if fmt not in int8_formats:
+            continue
+        path = os.path.join(output_dir, filename)
+        float_path = results[fmt]["path"]
+        if fmt == "litert":
+            written[key] = int8._export_int8_checked(
+                model, path, float_path, calibration, *test, float_outputs, *limits
+            )
+        else:
+            written[key] = int8_runtimes.export_int8_file_checked(
+                key, float_path, path, calibration, test, float_outputs, limits
+            )
+    return written
 
 
 def _write_and_compare(model, name, output_dir, inputs, expected, tolerance):

@@ -25,7 +25,7 @@ def _runner(fmt, path):
     if fmt in ("litert", "int8"):
         interpreter = export_lib.litert_interpreter(path, batch=1, num_threads=1)
         return lambda image: export_lib.litert_run(interpreter, image)
-    if fmt == "onnx":
+    if fmt in ("onnx", "onnx_int8"):
         session = export_lib.onnx_session(path, num_threads=1)
         return lambda image: export_lib.onnx_run(session, image)
     compiled = export_lib.openvino_model(path, num_threads=1, batch=1)
@@ -40,7 +40,8 @@ def _size(path):
 
 def measure_files(files: dict, val_data, keras_probabilities: np.ndarray, input_shape) -> dict:
     """{format: {"path", "size_bytes", "accuracy", "top1_agreement", "examples",
-    "latency"}} for `files` ({format: path}, "int8" for the full-integer `.tflite`), run on
+    "latency"}} for `files` ({format: path}; "int8", "onnx_int8", "openvino_int8" for the
+    full-integer `.tflite`, `.onnx` and OpenVINO folder), run on
     `val_data`'s evaluation images (the first MAX_CHECKED_IMAGES), against the Keras
     model's `keras_probabilities` on them."""
     runners = {fmt: _runner(fmt, path) for fmt, path in files.items()}

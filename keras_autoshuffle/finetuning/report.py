@@ -19,8 +19,11 @@ import numpy as np
 from keras_autoshuffle import _validation
 from keras_autoshuffle._atomic import write_atomically, write_json
 
-# The formats `file_latency` runs: "int8" is the full-integer `.tflite`, run by LiteRT.
-LATENCY_FORMATS = ("litert", "int8", "onnx", "openvino")
+# The formats `file_latency` runs: "int8" is the full-integer `.tflite`, run by LiteRT;
+# "onnx_int8" and "openvino_int8" the full-integer ONNX file and OpenVINO folder.
+LATENCY_FORMATS = ("litert", "int8", "onnx", "openvino", "onnx_int8", "openvino_int8")
+# The int8 files' checks in a report: {key: its runtime}.
+INT8_RUNTIMES = {"int8": "LiteRT", "onnx_int8": "ONNX", "openvino_int8": "OpenVINO"}
 REPORT_JSON, REPORT_MD, CONFUSION_PNG = "report.json", "report.md", "confusion_matrix.png"
 # Above this many classes the cells of the confusion matrix hold no count (too small to
 # read); the colours still show the matrix.
@@ -272,7 +275,7 @@ def _runner(path: str, fmt: str, num_threads: int, shape: tuple[int, ...]):
         return lambda x: litert_run(interpreter, x)
     from keras_autoshuffle.export import onnx_runtimes
 
-    if fmt == "onnx":
+    if fmt in ("onnx", "onnx_int8"):
         session = onnx_runtimes.onnx_session(path, num_threads)
         return lambda x: onnx_runtimes.onnx_run(session, x)
     # Float32 whatever the CPU (its plugin's default is bfloat16 on some).
@@ -298,9 +301,9 @@ def file_latency(
     float32 values, or with `pixels` uint8 values in [0, 255] (a file taking raw pixels).
 
     Args:
-        path: the file: a `.tflite` ("litert", "int8"), a `.onnx` ("onnx"), an OpenVINO
-            IR folder or its `.xml` ("openvino").
-        fmt: one of "litert", "int8", "onnx", "openvino".
+        path: the file: a `.tflite` ("litert", "int8"), a `.onnx` ("onnx", "onnx_int8"),
+            an OpenVINO IR folder or its `.xml` ("openvino", "openvino_int8").
+        fmt: one of LATENCY_FORMATS.
         input_shape: the file's input shape, batch first and batch 1, e.g. (1, 224, 224,
             3).
         num_threads: the runtime's threads (intra-op threads), >= 1.
@@ -554,8 +557,8 @@ def _files_lines(files: dict, output_dir: str, cpu: str) -> list[str]:
     return lines
 
 
-def _int8_lines(int8: dict) -> list[str]:
-    lines = ["## int8", ""]
+def _int8_lines(int8: dict, runtime: str) -> list[str]:
+    lines = [f"## int8 {runtime}", ""]
     if int8.get("refused"):
         reason = int8["refused"]
         lines.append("- Refused" + ("" if reason is True else f": {_md(reason)}"))
@@ -587,8 +590,10 @@ def write_report(output_dir: str | os.PathLike, report: dict) -> dict[str, str]:
     - `report["files"]`: `{format: {"path", "size_bytes", "accuracy" (on the validation
       images, a fraction), "top1_agreement" (with the Keras model's top-1, a fraction),
       "latency": file_latency's dict}}`.
-    - `report["int8"]`: `{"accuracy_drop" (percentage points below the float model),
-      "top1_agreement" (with the float model, a fraction), "refused" (True, or why)}`.
+    - `report["int8"]` (the int8 LiteRT file), `report["onnx_int8"]`,
+      `report["openvino_int8"]`: `{"accuracy_drop" (percentage points below the float
+      model), "top1_agreement" (with the float model, a fraction), "refused" (True, or
+      why)}`.
     - `report["cpu"]`: the CPU the latencies were measured on (default: this machine's,
       `cpu_name()`).
     - `report["written"]`: the "Written" line's text (default: now, in UTC).
@@ -611,7 +616,8 @@ def write_report(output_dir: str | os.PathLike, report: dict) -> dict[str, str]:
         raise ValueError(f"`report` must be a dict. Received: report={report!r}")
     output_dir = os.fspath(output_dir)
     sections = {key: _section(report, key) for key in ("data", "settings", "validation")}
-    files, int8 = _section(report, "files"), _section(report, "int8")
+    files = _section(report, "files")
+    int8 = {key: _section(report, key) for key in INT8_RUNTIMES}
     cpu = report.get("cpu") or cpu_name()
     written = report.get("written") or datetime.datetime.now(datetime.UTC).strftime(
         "%Y-%m-%d %H:%M:%S UTC"
@@ -640,8 +646,9 @@ def write_report(output_dir: str | os.PathLike, report: dict) -> dict[str, str]:
         lines += _validation_lines(validation, CONFUSION_PNG if paths else None)
     if files:
         lines += _files_lines(files, output_dir, cpu)
-    if int8:
-        lines += _int8_lines(int8)
+    for key, runtime in INT8_RUNTIMES.items():
+        if int8[key]:
+            lines += _int8_lines(int8[key], runtime)
     markdown = "\n".join(lines).rstrip("\n") + "\n"
 
     def write_markdown(partial: str) -> None:

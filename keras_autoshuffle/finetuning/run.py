@@ -18,7 +18,8 @@ What `output_dir` holds, in the order it is written:
 
     split.json, labels.txt, preprocessing.json    the images used, the classes, the inputs
     train_head/, train_all/                       the phases' runs (history.csv, logs/)
-    model.keras, model.tflite, model_int8.tflite, model.onnx, openvino/
+    model.keras, model.tflite, model.onnx, openvino/ (and with int8: model_int8.tflite,
+        model_int8.onnx, openvino_int8/)
     confusion_matrix.png, report.md, report.json  report.json last: the run is finished
 """
 
@@ -53,7 +54,7 @@ RUN_FILES = (
     "report.md",
     "confusion_matrix.png",
     *export_lib.FILENAMES.values(),
-    export_lib.INT8_FILENAME,
+    *(name for _, name in export_lib.INT8_FILES.values()),
     HEAD_DIR,
     ALL_DIR,
     CACHE_DIR,
@@ -122,9 +123,11 @@ def finetune(
         export_formats: of "litert", "onnx", "openvino" (default: LiteRT, and ONNX and
             OpenVINO where their extras are installed); `model.keras` is always written.
             The exports are folded (`folding.fold_model`) and each checked against Keras.
-        int8: also `model_int8.tflite`, full-integer, calibrated on training images and
-            checked against the float model on the validation images (refused, with the
-            float files kept, past `export_model`'s limits).
+        int8: also full-integer files of the exports (`model_int8.tflite`,
+            `model_int8.onnx`, `openvino_int8/`; OpenVINO's with the `openvino-int8`
+            extra), calibrated on training images and checked against the float model
+            on the validation images (one past `export_model`'s limits is refused and
+            its numbers reported; the float files and the other int8 files stay).
         include_preprocessing: the exported files (LiteRT, ONNX, OpenVINO) take raw RGB
             pixels, uint8 (1, height, width, 3) of any size, and resize, crop and
             normalise inside (`finetuning.raw_input_model`), so an app feeds decoded
@@ -327,11 +330,20 @@ def _check_formats(export_formats, int8, include_preprocessing=False):
         if unsupported:
             fmt, why = next(iter(unsupported.items()))
             raise ValueError(f"Cannot export {fmt}: {why}. Received: export_formats={formats}")
-    if int8 and "litert" not in formats:
+    if int8 and not formats:
         raise ValueError(
-            "`int8` makes a full-integer LiteRT file and checks it against the float one: "
-            f"export LiteRT too. Received: int8=True, export_formats={formats}"
+            "`int8` makes a full-integer file of each exported LiteRT, ONNX and OpenVINO file "
+            f"and checks it against the float one: export one. Received: int8=True, "
+            f"export_formats={formats}"
         )
+    if int8 and export_formats is not None:  # by default, only the installed quantizers
+        unsupported = export_lib.unsupported_int8(formats)
+        if unsupported:
+            fmt, why = next(iter(unsupported.items()))
+            raise ValueError(
+                f"Cannot write the int8 {fmt} file: {why}. Received: int8=True, "
+                f"export_formats={formats}"
+            )
     if include_preprocessing and not formats:
         raise ValueError(
             "`include_preprocessing` puts the preprocessing inside the exported files, and "
@@ -488,18 +500,18 @@ def _export(model, output_dir, train_data, val_data, formats, probabilities, int
         export_lib.save_keras(model, path)
         written = {"keras": {"path": path}}
     entries = {}
-    int8_entry = written.pop("int8", None)
+    # Each int8 file's check ("int8": LiteRT's, "onnx_int8", "openvino_int8").
+    checks = {key: written.pop(key) for key in export_lib.INT8_FILES if key in written}
     files = {name: entry["path"] for name, entry in written.items() if name != "keras"}
-    if int8_entry is not None and int8_entry.get("path"):
-        files["int8"] = int8_entry["path"]
+    files.update({key: entry["path"] for key, entry in checks.items() if entry.get("path")})
     entries["files"] = evaluation.measure_files(
         files, val_data, probabilities, model.input_shape[1:]
     )
     entries["files"]["keras"] = _keras_entry(written["keras"]["path"], probabilities, val_data)
-    if int8_entry is not None:
+    for key, entry in checks.items():
         # In points, as `export_model`'s `max_accuracy_drop` is.
-        drop = 100 * (int8_entry["float_accuracy"] - int8_entry["accuracy"])
-        entries["int8"] = {**int8_entry, "accuracy_drop": drop}
+        drop = 100 * (entry["float_accuracy"] - entry["accuracy"])
+        entries[key] = {**entry, "accuracy_drop": drop}
     return entries
 
 

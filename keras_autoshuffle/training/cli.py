@@ -50,10 +50,12 @@ def format_run_summary(report: dict[str, Any]) -> str:
         )
     for name, entry in report.get("export", {}).items():
         lines.append(f"  {name}: max |output - Keras| = {entry['max_abs_diff']:.2e}")
-    if "int8" in report:
-        entry = report["int8"]
+    for key, runtime in (("int8", "LiteRT"), ("onnx_int8", "ONNX"), ("openvino_int8", "OpenVINO")):
+        if key not in report:
+            continue
+        entry = report[key]
         lines.append(
-            f"  int8 LiteRT: accuracy {entry['accuracy']:.4f} "
+            f"  int8 {runtime}: accuracy {entry['accuracy']:.4f} "
             f"(float {entry['float_accuracy']:.4f}), top-1 agreement "
             f"{entry['top1_agreement']:.4f}, {entry['size_ratio']:.2f}x smaller"
             + (" (refused: below the thresholds, no file written)" if entry.get("refused") else "")
@@ -294,9 +296,11 @@ def _add_run_arguments(parser):
     parser.add_argument(
         "--int8",
         action="store_true",
-        help="also write model_int8.tflite: full-integer LiteRT of the folded net (float32 in "
-        "and out), calibrated on training images, checked on the test set (top-1 agreement "
-        "with the float model >= 0.99, accuracy drop <= 0.5 points; refused below them)",
+        help="also write full-integer files of the folded net (float32 in and out): "
+        "model_int8.tflite, and model_int8.onnx / openvino_int8/ with ONNX / OpenVINO exports "
+        "(OpenVINO's: pip install 'keras-autoshuffle[openvino-int8]'), calibrated on training "
+        "images, checked on the test set (top-1 agreement with the float model >= 0.99, "
+        "accuracy drop <= 0.5 points; refused below them)",
     )
     parser.add_argument(
         "--balanced",
@@ -399,11 +403,13 @@ def _argument_errors(args, recipe):
             "argument --export-formats: not allowed with argument --no-export, got "
             f"{','.join(args.export_formats)}"
         )
+    quantizable = ("litert", "onnx", "openvino")
     if args.int8 and (
-        args.no_export or (args.export_formats and "litert" not in args.export_formats)
+        args.no_export
+        or (args.export_formats and not any(f in quantizable for f in args.export_formats))
     ):
         errors.append(
-            "argument --int8: needs the LiteRT export, got "
+            "argument --int8: needs the LiteRT, ONNX or OpenVINO export, got "
             + (
                 "--no-export"
                 if args.no_export
@@ -488,7 +494,7 @@ def run_from_args(
 
 
 def _refuse_unexportable(args):
-    """Ends the program where the asked export formats (or --int8's LiteRT) cannot be
+    """Ends the program where the asked export formats (or --int8's formats) cannot be
     written by this backend, install or precision (`exports.plan_export`, as `train()`
     plans with the built model's dtypes)."""
     if not (args.export_formats or args.int8):

@@ -1,7 +1,7 @@
 """A run's exports: planned and checked before training, written after the hardening.
 
 `train()` refuses before its first epoch what its end could not do (a format this backend
-or precision cannot write, an int8 file without LiteRT, a model that does not load back
+or precision cannot write, int8 without a format to quantize, a model that does not load back
 as a `.keras` file), then exports the hardened model through `export.export_model`.
 """
 
@@ -42,7 +42,7 @@ def plan_export(formats, dtypes, int8=False, received=None):
             out with a warning); else exactly these (one that cannot be written raises
             ValueError).
         dtypes: the model's compute dtypes (`export.compute_dtypes`), or the policy's.
-        int8: the int8 LiteRT file too: ValueError where LiteRT cannot be written.
+        int8: the int8 files too (`int8_formats`): ValueError where none can be written.
         received: what the error quotes (default: `export=...`).
     """
     auto = formats is None
@@ -58,12 +58,16 @@ def plan_export(formats, dtypes, int8=False, received=None):
         )
     _validation.choice(int8, (False, True), "int8")
     formats = tuple(f for f in formats if f not in unsupported)
-    if int8 and "litert" not in formats:
+    if int8 and not int8_formats(formats):
         why = unsupported.get("litert", "the run does not export LiteRT (`export`)")
         raise ValueError(
-            f"`int8=True` needs the LiteRT export, which this run cannot write: {why}. "
+            "`int8=True` needs the LiteRT export (or ONNX's, or OpenVINO's with its "
+            f"openvino-int8 extra), which this run cannot write: {why}. "
             f"Received: int8=True with {received}"
         )
+    if int8:
+        for name, why in export_lib.unsupported_int8(formats).items():
+            warnings.warn(f"The run will not write the int8 {name} file: {why}.", stacklevel=3)
     for name, why in unsupported.items():
         warnings.warn(
             f"The run will not export {name}: {why}. (Listed in `export`, a format that cannot "
@@ -71,6 +75,14 @@ def plan_export(formats, dtypes, int8=False, received=None):
             stacklevel=3,
         )
     return formats, unsupported
+
+
+def int8_formats(formats):
+    """The formats of `formats` whose int8 file can be written here (LiteRT, ONNX, and
+    OpenVINO where NNCF is installed)."""
+    quantizable = [fmt for fmt, _ in export_lib.INT8_FILES.values()]
+    unsupported = export_lib.unsupported_int8(formats)
+    return tuple(f for f in formats if f in quantizable and f not in unsupported)
 
 
 def int8_data(train_data, test_data):
@@ -108,32 +120,43 @@ def check_savable(model, test_data, formats):
 
 
 def export_run(model, output_dir, sample, formats, int8_data=None):
-    """`model.keras` as trained (hardened); `formats` (SavedModel, LiteRT) from the folded
-    network, and with `int8_data` (calibration images, test data) its int8 LiteRT.
+    """`model.keras` as trained (hardened); `formats` (SavedModel, LiteRT, ONNX, OpenVINO)
+    from the folded network, and with `int8_data` (calibration images, test data) the int8
+    file of each of them that has one (`int8_formats`).
 
     Folding (`folding.fold_model`) removes the shuffles' GATHERs, which split LiteRT's
     XNNPACK delegate; models it does not cover (not from `applications`, channels_first)
     are exported as they are. Every file's max abs difference is against the hardened
-    model.
+    model. An int8 file past its check's limits does not cost the run: the export is
+    made again without it, and its entry holds the numbers and why it was refused.
     """
     from keras_autoshuffle import folding
 
     results = export_lib.export_model(model, output_dir, sample, formats=("keras",))
     folded = folding.is_foldable(model)
     inference = folding.fold_model(model, name=model.name) if folded else model
-    int8 = {}
-    if int8_data is not None:
-        int8 = dict(quantize="int8", representative_data=int8_data[0], test_data=int8_data[1])
-    try:
-        files = export_lib.export_model(
-            inference, output_dir, sample, formats=formats, reference=model, **int8
-        )
-    except export_lib.Int8CheckError as error:
-        # Training is over: keep the float files and the report, refuse only the int8 file.
-        files = export_lib.export_model(
-            inference, output_dir, sample, formats=formats, reference=model
-        )
-        files["int8"] = {**error.check, "path": None, "refused": str(error)}
+    quantized = int8_formats(formats) if int8_data is not None else ()
+    refused = {}
+    while True:
+        int8 = {}
+        if quantized:
+            int8 = dict(
+                quantize="int8",
+                representative_data=int8_data[0],
+                test_data=int8_data[1],
+                int8_formats=quantized,
+            )
+        try:
+            files = export_lib.export_model(
+                inference, output_dir, sample, formats=formats, reference=model, **int8
+            )
+            break
+        except export_lib.Int8CheckError as error:
+            # Training is over: keep the float files and the report, refuse the int8 file.
+            refused[error.key] = {**error.check, "path": None, "refused": str(error)}
+            fmt = export_lib.INT8_FILES[error.key][0]
+            quantized = tuple(f for f in quantized if f != fmt)
+    files.update(refused)
     for name, entry in files.items():
         results[name] = {**entry, "folded": folded}
     return results

@@ -33,7 +33,7 @@ from keras_autoshuffle import _atomic
 from keras_autoshuffle._files import sha256_of as sha256
 from keras_autoshuffle._validation import is_integer, is_number
 from keras_autoshuffle.callbacks import HardenShuffles
-from keras_autoshuffle.export import FILENAMES, INT8_FILENAME
+from keras_autoshuffle.export import FILENAMES, INT8_FILES
 from keras_autoshuffle.hardening.harden import check_permutations
 from keras_autoshuffle.layers import checked_permutation
 from keras_autoshuffle.training.identity import differences
@@ -49,7 +49,7 @@ WEIGHTS_FILE = "latest.weights.h5"
 SEARCH_DIR = "search"
 # What the end of a run makes (after its last epoch), remade by a resumed run; and the
 # `best.keras` an older version wrote (chosen on the test split), still removed.
-PRODUCTS = (*FILENAMES.values(), INT8_FILENAME, "best.keras")
+PRODUCTS = (*FILENAMES.values(), *(name for _, name in INT8_FILES.values()), "best.keras")
 # The files of a run, report.json (written last: the run is finished) first.
 RUN_FILES = ("report.json", *PRODUCTS, "history.csv", "logs", SEARCH_DIR)
 # A run's JSON records are a few kB; a larger file is not one of them (bounds the memory).

@@ -104,8 +104,10 @@ def train(
         overwrite: replace a finished run in `output_dir` (default: refuse).
         verbose: 0 silent, 1 progress bar, 2 one line per epoch.
         report_entries: entries added to the report before it is written.
-        int8: also `model_int8.tflite`, the folded net's full-integer LiteRT, calibrated
-            and checked (`exports.int8_data`, `export_model`); needs the LiteRT export.
+        int8: also the folded net's full-integer files, calibrated and checked
+            (`exports.int8_data`, `export_model`): `model_int8.tflite`, and
+            `model_int8.onnx` / `openvino_int8/` beside ONNX / OpenVINO exports (OpenVINO's
+            with the `openvino-int8` extra); needs one of those exports.
         label_smoothing: in [0, 1): the loss's (`losses.SmoothedSparseCrossentropy`);
             0 is sparse cross-entropy.
         class_weight: None, or a weight per class, a sequence as long as the classes
@@ -264,11 +266,15 @@ def _export(job, sample, plan, int8, report):
         return files
     int8_arrays = int8_data(job.train_data, job.test_data) if int8 else None
     report["export"] = export_run(model, own_dir, sample, formats, int8_arrays)
-    if int8_arrays is not None:
-        report["int8"] = report["export"].pop("int8")
+    # Each int8 file's check ("int8": LiteRT's, "onnx_int8", "openvino_int8") beside the
+    # float files' parity checks; a refused one has no path.
+    for key in export_lib.INT8_FILES:
+        if key in report["export"]:
+            report[key] = report["export"].pop(key)
     files.update({name: entry["path"] for name, entry in report["export"].items()})
-    if int8_arrays is not None and report["int8"]["path"]:
-        files["int8"] = report["int8"]["path"]
+    for key in export_lib.INT8_FILES:
+        if report.get(key, {}).get("path"):
+            files[key] = report[key]["path"]
     return files
 
 
