@@ -156,6 +156,15 @@ def test_quantize_is_compared_by_value(untrained, tmp_path):
         ({"quantize": "int8", "test_data": (_images(3), [0, 1])}, "labels of shape \\(2,\\)"),
         ({"quantize": "int8", "test_data": (_images(2), [0, 10])}, r"in \[0, 10\)"),
         ({"quantize": "int8", "test_data": (_images(2), [0.5, 1])}, "integer class labels"),
+        ({"quantize": "int8", "representative_data": _images(8)}, r"at least 16 inputs"),
+        (
+            {"quantize": "int8", "representative_data": 255 * np.abs(_images(16))},
+            r"preprocessed alike.*\|x\| \d",
+        ),
+        (
+            {"quantize": "int8", "representative_data": np.full((16, *TINY_SHAPE), "1")},
+            "real numbers.*dtype <U1",
+        ),
         ({"quantize": "int8", "min_top1_agreement": 1.5}, "min_top1_agreement=1.5"),
         ({"quantize": "int8", "max_accuracy_drop": -1}, "max_accuracy_drop=-1"),
     ],
@@ -163,7 +172,7 @@ def test_quantize_is_compared_by_value(untrained, tmp_path):
 def test_bad_arguments_are_refused_before_writing(untrained, tmp_path, kwargs, message):
     arguments = {
         "formats": ("litert",),
-        "representative_data": _images(4),
+        "representative_data": _images(16),
         "test_data": (_images(4), [0, 1, 2, 3]),
         **kwargs,
     }
@@ -318,7 +327,23 @@ def test_int8_openvino_without_nncf_is_refused_before_writing(untrained, tmp_pat
             _images(2),
             formats=("openvino",),
             quantize="int8",
-            representative_data=_images(4),
+            representative_data=_images(16),
+            test_data=(_images(4), [0, 1, 2, 3]),
+        )
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_relaxed_net_is_not_quantized_even_where_relaxed_exports_are_allowed(tmp_path):
+    relaxed = tiny_v2(classes=10, shuffle="auto")
+    with pytest.raises(ValueError, match=r"relaxed \(un-hardened\) shuffles.*Received: relaxed"):
+        export.export_model(
+            relaxed,
+            str(tmp_path / "out"),
+            _images(2),
+            formats=("litert",),
+            allow_relaxed=True,
+            quantize="int8",
+            representative_data=_images(16),
             test_data=(_images(4), [0, 1, 2, 3]),
         )
     assert not (tmp_path / "out").exists()

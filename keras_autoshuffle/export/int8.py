@@ -13,6 +13,11 @@ from keras_autoshuffle._atomic import remove, write_atomically
 from keras_autoshuffle.export.checks import _single_input
 from keras_autoshuffle.export.litert import litert_predict
 
+# Calibration: at least this many inputs; and on the scale of the test images (99th
+# percentile of |x|) within this factor.
+MIN_CALIBRATION_IMAGES = 16
+MAX_SCALE_RATIO = 8.0
+
 
 def export_int8(
     model: keras.Model, path: str | os.PathLike, representative_data: ArrayLike
@@ -65,7 +70,20 @@ def _check_int8_arguments(
             "hundred training images) to calibrate the int8 ranges. "
             "Received: representative_data=None"
         )
+    dtype = _dtype(representative_data)
+    if dtype.kind not in "iuf":
+        raise ValueError(
+            "`representative_data` must be an array of real numbers (integer or float), "
+            "preprocessed as the model's inputs. Received: representative_data of dtype "
+            f"{dtype}"
+        )
     calibration = _single_input(model, representative_data, "representative_data", "calibration")
+    if len(calibration) < MIN_CALIBRATION_IMAGES:
+        raise ValueError(
+            f"`representative_data` must hold at least {MIN_CALIBRATION_IMAGES} inputs: fewer "
+            "cannot estimate the activations' ranges (a few hundred training images are "
+            f"usual). Received: representative_data.shape={calibration.shape}"
+        )
     if not isinstance(test_data, (tuple, list)) or len(test_data) != 2:
         raise ValueError(
             'quantize="int8" needs `test_data=(images, labels)`, labelled examples to measure '
@@ -86,9 +104,33 @@ def _check_int8_arguments(
             f"`test_data[1]` must be {len(images)} integer class labels in [0, {classes}), one "
             f"per image. Received: labels of shape {labels.shape}, dtype {labels.dtype}"
         )
+    _check_ranges(calibration, images)
     _fraction(min_top1_agreement, "min_top1_agreement", 1.0)
     _fraction(max_accuracy_drop, "max_accuracy_drop", 100.0)
     return calibration, images, labels.astype("int64")
+
+
+def _dtype(values):
+    """The dtype NumPy gives `values` (object for what it cannot make an array of)."""
+    try:
+        return np.asarray(values).dtype
+    except (TypeError, ValueError):
+        return np.dtype(object)
+
+
+def _check_ranges(calibration, images):
+    """ValueError where the calibration inputs and the test images are on different
+    scales (e.g. raw 0..255 pixels against normalised images): the int8 ranges would be
+    chosen for inputs the file never sees. Compared by the 99th percentile of |x|."""
+    scales = [float(np.percentile(np.abs(x), 99)) for x in (calibration, images)]
+    low, high = sorted(scales)
+    if high > MAX_SCALE_RATIO * max(low, 1e-6):
+        raise ValueError(
+            "`representative_data` and `test_data[0]` must be preprocessed alike: the int8 "
+            "ranges come from the first and are checked on the second. Received: 99th "
+            f"percentile of |x| {scales[0]:.4g} (representative_data) and {scales[1]:.4g} "
+            "(test_data[0])"
+        )
 
 
 def _fraction(value, name, top):

@@ -11,6 +11,7 @@ from numpy.typing import ArrayLike
 from keras_autoshuffle import _validation
 from keras_autoshuffle._atomic import remove_written
 from keras_autoshuffle.export import checks, files, int8, int8_runtimes, litert, onnx_runtimes
+from keras_autoshuffle.layers import relaxed_shuffles
 
 QUANTIZE = (None, "int8")
 # Machine epsilon of the 16-bit compute dtypes of mixed precision.
@@ -213,6 +214,14 @@ def _check_args(model, formats, allow_relaxed, quantize, representative_data, te
     # Compared by value (a string built at run time is not the literal), strings only.
     if not (quantize is None or (isinstance(quantize, str) and quantize in QUANTIZE)):
         raise ValueError(f"`quantize` must be None or 'int8'. Received: quantize={quantize!r}")
+    relaxed = [layer.name for layer in relaxed_shuffles(model)]
+    if quantize is not None and relaxed:
+        raise ValueError(
+            'quantize="int8" quantizes a network of exact permutations; this one holds '
+            f"{len(relaxed)} relaxed (un-hardened) shuffles. Harden them first "
+            "(keras_autoshuffle.harden_model or the HardenShuffles callback). "
+            f"Received: relaxed layers={relaxed}"
+        )
     if quantize is None and (representative_data is not None or test_data is not None):
         raise ValueError(
             '`representative_data` and `test_data` are for quantize="int8". Received: '
