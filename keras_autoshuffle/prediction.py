@@ -26,8 +26,7 @@ import numpy as np
 
 from keras_autoshuffle import _validation, applications
 from keras_autoshuffle._resize_crop import MAX_ASPECT_RATIO, check_sides
-from keras_autoshuffle.applications.checkpoints import CHECKPOINTS
-from keras_autoshuffle.applications.pretrained import imagenet_class_index
+from keras_autoshuffle.applications.weights.registry import CHECKPOINTS, imagenet_class_index
 from keras_autoshuffle.data.images import (
     IMAGE_EXTENSIONS,
     ImageFileError,

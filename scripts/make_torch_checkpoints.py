@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-READER = ROOT / "keras_autoshuffle" / "applications" / "torch_checkpoint.py"
+READER = ROOT / "keras_autoshuffle" / "applications" / "weights" / "torch_checkpoint.py"
 TORCHVISION_FIXTURE = ROOT / "tests" / "fixtures" / "torchvision_shufflenet_v2_x0_5.npz"
 
 

@@ -39,12 +39,11 @@ from keras_autoshuffle.applications import (
     describe,
     preprocess_input,
     shuffle_layers,
-    torchvision_weights,
-    weights_files,
 )
 from keras_autoshuffle.applications import architecture as arch
 from keras_autoshuffle.applications.architecture import layer_names
 from keras_autoshuffle.applications.shufflenet_v1 import MEGVII_CONFIGS
+from keras_autoshuffle.applications.weights import pretrained, torchvision
 
 IMAGENET = (224, 224, 3)
 CIFAR = (32, 32, 3)
@@ -272,7 +271,7 @@ def test_every_name_in_the_naming_table_is_built_where_it_should_be():
     missing = {arch.unit_layer(2, 2, p) for p in arch.V1_OPTIONAL}
     assert not missing & {layer.name for layer in v1_1.layers}
     # torchvision's map names Keras layers of the table only.
-    keras_names = {name for name, _ in torchvision_weights.torchvision_modules().values()}
+    keras_names = {name for name, _ in torchvision.torchvision_modules().values()}
     real = layer_names(arch.Architecture("v2", arch.REPEATS), "imagenet")
     assert keras_names <= set(real)
     with pytest.raises(ValueError, match="Received: part='conv3'"):
@@ -450,8 +449,8 @@ def test_manual_builders_take_no_learned_shuffle_argument(builder, name):
 
 @pytest.mark.parametrize("builder", PUBLIC_BUILDERS, ids=lambda b: b.__name__)
 def test_public_builders_show_every_argument(builder):
-    # `help()` shows each keyword argument with its default, and the docstring (one
-    # template, `docstrings.BASE_DOCSTRING`) describes every one.
+    # `help()` shows each keyword argument with its default, and the docstring (written in
+    # the source, shared text repeated) describes every one and no other.
     signature = inspect.signature(builder)
     own = ["width", "groups"] if "V1" in builder.__name__ else ["width"]
     assert list(signature.parameters) == own + _builder_arguments(builder)
@@ -464,9 +463,9 @@ def test_public_builders_show_every_argument(builder):
         assert signature.parameters["sinkhorn_iterations"].default == 10
     text = pydoc.render_doc(builder, renderer=pydoc.plaintext)
     assert f"{builder.__name__}(width: float = 1.0, " in text
-    for name in signature.parameters:
-        assert re.search(rf"^ +{name}: \S", text, re.MULTILINE), name
-    assert "{prefix}" not in builder.__doc__ and "{shuffle}" not in builder.__doc__
+    arguments_section = inspect.getdoc(builder).split("\nArgs:\n")[1].split("\n\n")[0]
+    documented = re.findall(r"^    (\w+): \S", arguments_section, re.MULTILINE)
+    assert sorted(documented) == sorted(signature.parameters)
     prefix = ("auto" if learned else "") + ("shufflenet_v1" if own[1:] else "shufflenet_v2")
     assert f"e.g. `{prefix}_" in " ".join(builder.__doc__.split())
     assert "AutoShuffleNet" in builder.__doc__ and "Returns:" in builder.__doc__
@@ -571,7 +570,7 @@ def test_learned_weights_are_refused_by_a_manual_model(tmp_path):
     # the learned matrices (the manual shuffles have no variables).
     relaxed = str(tmp_path / "auto_v2.weights.h5")
     tiny_v2(shuffle="auto", classes=10).save_weights(relaxed)
-    assert weights_files.learned_shuffles_in_file(relaxed) == TINY_UNITS
+    assert pretrained.learned_shuffles_in_file(relaxed) == TINY_UNITS
     # Hardened (no variables left, the permutations are in the config) and .keras files.
     inputs = keras.Input((4, 4, 6))
     tiny = keras.Model(inputs, RelaxedShuffle(seed=0)(inputs))
@@ -585,7 +584,7 @@ def test_learned_weights_are_refused_by_a_manual_model(tmp_path):
             tiny_v2(weights=path, classes=10)
     manual = keras.Model(inputs, ChannelShuffle(2)(inputs))
     manual.save_weights(str(tmp_path / "manual.weights.h5"))
-    assert weights_files.learned_shuffles_in_file(str(tmp_path / "manual.weights.h5")) == 0
+    assert pretrained.learned_shuffles_in_file(str(tmp_path / "manual.weights.h5")) == 0
 
 
 def test_weights_file_that_is_not_hdf5_is_named(tmp_path):

@@ -22,8 +22,8 @@ from helpers import _randomize_batch_norm, edit_keras_file, needs_extra, tiny_v2
 from PIL import Image
 
 from keras_autoshuffle import applications, prediction
-from keras_autoshuffle.applications import pretrained
-from keras_autoshuffle.applications.weights_files import mark_padding
+from keras_autoshuffle.applications.weights import registry
+from keras_autoshuffle.applications.weights.pretrained import mark_padding
 from keras_autoshuffle.commands import predict as command
 from keras_autoshuffle.data.images import ImageFileError
 from keras_autoshuffle.export import FILENAMES, export_model, unsupported_formats
@@ -392,7 +392,7 @@ def test_the_pretrained_imagenet_classifier(tmp_path, monkeypatch, photos):
     monkeypatch.setenv("KERAS_HOME", str(home))
     cache = home / "models"
     cache.mkdir(parents=True)
-    index = os.path.join(FIXTURES, pretrained.CLASS_INDEX_FILE)
+    index = os.path.join(FIXTURES, registry.CLASS_INDEX_FILE)
     shutil.copy(index, cache)
     keras.utils.set_random_seed(0)
     net = applications.ShuffleNetV2(0.5, stem="imagenet", input_shape=(224, 224, 3))

@@ -2,7 +2,7 @@
 server (127.0.0.1), hash-checked, read without torch, converted and cached once.
 
 The real checkpoints (5-28 MB) are not here, so the tests register a registry entry of
-their own (`pretrained.CHECKPOINTS` is a plain dict, the documented test seam):
+their own (`registry.CHECKPOINTS` is a plain dict, the documented test seam):
 `fixtures/torch_checkpoints/torchvision_shufflenet_v2_x0_5_legacy.pth`, written by torch
 in the legacy format of torchvision's x0.5 / x1.0 files (scripts/make_torch_checkpoints.py),
 with the weights of the parity fixture `fixtures/torchvision_shufflenet_v2_x0_5.npz`
@@ -38,10 +38,9 @@ from keras_autoshuffle.applications import (
     CheckpointError,
     ShuffleNetV1,
     ShuffleNetV2,
-    checkpoints,
     decode_predictions,
-    pretrained,
 )
+from keras_autoshuffle.applications.weights import pretrained, registry
 from keras_autoshuffle.layers import RelaxedShuffle
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -96,7 +95,7 @@ def cache(tmp_path, monkeypatch):
     """A fresh Keras cache (KERAS_HOME); returns its `models` folder. No proxy for 127.0.0.1."""
     home = tmp_path / "keras_home"
     monkeypatch.setenv("KERAS_HOME", str(home))
-    monkeypatch.delenv(pretrained.URL_VARIABLE, raising=False)
+    monkeypatch.delenv(registry.URL_VARIABLE, raising=False)
     for variable in ("http_proxy", "HTTP_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(variable, raising=False)
     return home / "models"
@@ -108,7 +107,7 @@ def server(tmp_path, monkeypatch):
     folder = tmp_path / "served"
     folder.mkdir()
     local = LocalServer(folder)
-    monkeypatch.setenv(pretrained.URL_VARIABLE, local.url)
+    monkeypatch.setenv(registry.URL_VARIABLE, local.url)
     yield local
     local.stop()
 
@@ -123,7 +122,7 @@ def register(monkeypatch, path=CHECKPOINT, sha256=None, name=None):
     """Registers `path` as the x0.5 checkpoint (a 10-class net), under the file name
     `name`; the entry keeps the registry name `shufflenet_v2_x0_5.imagenet`."""
     entry = dataclasses.replace(
-        pretrained.CHECKPOINTS[0.5],
+        registry.CHECKPOINTS[0.5],
         file_name=name or os.path.basename(path),
         sha256=sha256 or sha256_of(path),
         num_params=PARAMS_10_CLASSES,
@@ -132,7 +131,7 @@ def register(monkeypatch, path=CHECKPOINT, sha256=None, name=None):
         classes=10,
         file_size=os.path.getsize(path),
     )
-    monkeypatch.setitem(pretrained.CHECKPOINTS, 0.5, entry)
+    monkeypatch.setitem(registry.CHECKPOINTS, 0.5, entry)
     return entry
 
 
@@ -263,7 +262,7 @@ def test_an_unreachable_server_says_how_to_convert_by_hand(cache, server, monkey
     message = str(info.value)
     assert f"{server.url}{NAME}" in message
     assert "`autoshuffle-convert-weights " in message  # an installed command
-    assert str(cache / NAME) in message and pretrained.URL_VARIABLE in message
+    assert str(cache / NAME) in message and registry.URL_VARIABLE in message
     assert os.listdir(cache) == []
 
 
@@ -271,15 +270,15 @@ def test_the_location_variable_takes_file_urls_and_folders(cache, monkeypatch):
     register(monkeypatch)
     folder = os.path.dirname(CHECKPOINT)
     for base in (f"file://{folder}", f"file://{folder}/", folder):
-        monkeypatch.setenv(pretrained.URL_VARIABLE, base)
-        assert pretrained.CHECKPOINTS[0.5].url == f"file://{folder}/{NAME}"
+        monkeypatch.setenv(registry.URL_VARIABLE, base)
+        assert registry.CHECKPOINTS[0.5].url == f"file://{folder}/{NAME}"
     path = pretrained.download_checkpoint(0.5)
     assert path == str(cache / NAME) and sha256_of(path) == sha256_of(CHECKPOINT)
-    monkeypatch.setenv(pretrained.URL_VARIABLE, "mirror/models")
+    monkeypatch.setenv(registry.URL_VARIABLE, "mirror/models")
     with pytest.raises(ValueError, match="KERAS_AUTOSHUFFLE_WEIGHTS_URL='mirror/models'"):
-        checkpoints.checkpoint_url(NAME)
-    monkeypatch.delenv(pretrained.URL_VARIABLE)
-    assert checkpoints.checkpoint_url("a.pth") == "https://download.pytorch.org/models/a.pth"
+        registry.checkpoint_url(NAME)
+    monkeypatch.delenv(registry.URL_VARIABLE)
+    assert registry.checkpoint_url("a.pth") == "https://download.pytorch.org/models/a.pth"
 
 
 class _System:
@@ -357,7 +356,7 @@ def test_registry_is_torchvisions():
         2.0: ("shufflenetv2_x2_0-8be3c8ee.pth", 7_393_996, 76.230, 93.006, 232),
     }
     for width, (name, params, acc1, acc5, resize) in published.items():
-        entry = pretrained.CHECKPOINTS[width]
+        entry = registry.CHECKPOINTS[width]
         assert (entry.file_name, entry.num_params, entry.acc1, entry.acc5) == (
             name,
             params,
@@ -459,7 +458,7 @@ class StallingServer(RawServer):
 def test_a_stalled_server_times_out_naming_the_url_and_the_ways_out(cache, monkeypatch, mode):
     register(monkeypatch)
     server = StallingServer(mode)
-    monkeypatch.setenv(pretrained.URL_VARIABLE, server.url)
+    monkeypatch.setenv(registry.URL_VARIABLE, server.url)
     monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, "1")
     start = time.monotonic()
     try:
@@ -471,7 +470,7 @@ def test_a_stalled_server_times_out_naming_the_url_and_the_ways_out(cache, monke
     message = str(info.value)
     assert f"{server.url}{NAME}" in message and "stalled" in message
     assert f"Set {pretrained.TIMEOUT_VARIABLE} to a number of seconds" in message
-    assert pretrained.URL_VARIABLE in message and str(cache / NAME) in message
+    assert registry.URL_VARIABLE in message and str(cache / NAME) in message
     assert os.listdir(cache) == []  # the partial download is removed
 
 
@@ -494,18 +493,18 @@ def test_mirror_urls_keep_their_query_string(cache, server, monkeypatch):
         "file:///srv/models/": "file:///srv/models/a.pth",
     }
     for base, url in cases.items():
-        monkeypatch.setenv(pretrained.URL_VARIABLE, base)
-        assert checkpoints.checkpoint_url("a.pth") == url
+        monkeypatch.setenv(registry.URL_VARIABLE, base)
+        assert registry.checkpoint_url("a.pth") == url
     for bad in ("file:relative/dir", "https:///models", "ftp:models"):
-        monkeypatch.setenv(pretrained.URL_VARIABLE, bad)
+        monkeypatch.setenv(registry.URL_VARIABLE, bad)
         with pytest.raises(
-            ValueError, match=re.escape(f"Received: {pretrained.URL_VARIABLE}={bad!r}")
+            ValueError, match=re.escape(f"Received: {registry.URL_VARIABLE}={bad!r}")
         ):
-            checkpoints.checkpoint_url("a.pth")
+            registry.checkpoint_url("a.pth")
     # For real: a mirror that wants its token gets it.
     register(monkeypatch)
     server.serve(CHECKPOINT)
-    monkeypatch.setenv(pretrained.URL_VARIABLE, server.url + "?token=abc")
+    monkeypatch.setenv(registry.URL_VARIABLE, server.url + "?token=abc")
     path = pretrained.download_checkpoint(0.5)
     assert server.requests == [f"/models/{NAME}?token=abc"]
     assert sha256_of(path) == sha256_of(CHECKPOINT)
@@ -514,7 +513,7 @@ def test_mirror_urls_keep_their_query_string(cache, server, monkeypatch):
 def test_a_mirror_folder_entry_that_is_not_a_file_is_refused(cache, monkeypatch, tmp_path):
     register(monkeypatch)
     os.mkfifo(tmp_path / NAME)  # opening it to read would wait for a writer for ever
-    monkeypatch.setenv(pretrained.URL_VARIABLE, str(tmp_path))
+    monkeypatch.setenv(registry.URL_VARIABLE, str(tmp_path))
     with pytest.raises(OSError, match="is not a regular file"):
         pretrained.download_checkpoint(0.5)
 
@@ -594,7 +593,7 @@ def test_a_server_sending_too_much_is_cut_off(cache, server, monkeypatch):
 @contextlib.contextmanager
 def raw_server(monkeypatch, answer):
     server = RawServer(answer)
-    monkeypatch.setenv(pretrained.URL_VARIABLE, server.url)
+    monkeypatch.setenv(registry.URL_VARIABLE, server.url)
     try:
         yield server
     finally:
@@ -671,12 +670,12 @@ def test_the_download_timeout_has_a_documented_maximum(monkeypatch):
 
 _KILLED_DOWNLOAD = """
 import os, sys
-from keras_autoshuffle.applications import checkpoints, pretrained
+from keras_autoshuffle.applications.weights import pretrained, registry
 import dataclasses
 entry = dataclasses.replace(
-    checkpoints.CHECKPOINTS[0.5], file_name=sys.argv[1], sha256="0" * 64, classes=10
+    registry.CHECKPOINTS[0.5], file_name=sys.argv[1], sha256="0" * 64, classes=10
 )
-pretrained.CHECKPOINTS[0.5] = entry
+registry.CHECKPOINTS[0.5] = entry
 pretrained.download_checkpoint(0.5)
 """
 
@@ -736,7 +735,7 @@ def test_a_killed_download_leaves_no_partial_file_for_ever(cache, monkeypatch, t
     good = LocalServer(tmp_path / "good")
     try:
         good.serve(CHECKPOINT)
-        monkeypatch.setenv(pretrained.URL_VARIABLE, good.url)
+        monkeypatch.setenv(registry.URL_VARIABLE, good.url)
         path = pretrained.download_checkpoint(0.5)
     finally:
         good.stop()

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from keras_autoshuffle.applications import CheckpointError, read_torch_checkpoint
-from keras_autoshuffle.applications.torch_checkpoint import (
+from keras_autoshuffle.applications.weights.torch_checkpoint import (
     LEGACY_MAGIC_NUMBER,
     LEGACY_PROTOCOL_VERSION,
 )

@@ -25,7 +25,7 @@ from keras_autoshuffle.applications import (
     ShuffleNetV2,
     load_torchvision_weights,
 )
-from keras_autoshuffle.applications.weights_files import mark_padding
+from keras_autoshuffle.applications.weights.pretrained import mark_padding
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "torchvision_shufflenet_v2_x0_5.npz")
 

@@ -13,7 +13,8 @@ import keras
 from keras import layers, ops
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle.applications import common, registry, weights_files
+from keras_autoshuffle.applications import common
+from keras_autoshuffle.applications.weights import pretrained, registry
 from keras_autoshuffle.constraints import check_iterations
 from keras_autoshuffle.hard_forward import FORWARDS
 from keras_autoshuffle.layers import SHUFFLE_INITIALIZERS
@@ -136,7 +137,7 @@ def check_common_args(
     """
     weights, shuffle_initializer = _check_weights(weights, padding, stem, shuffle_initializer)
     _validation.choice(shuffle, SHUFFLES, "shuffle")
-    learned = weights is not None and weights_files.learned_shuffles_in_file(weights)
+    learned = weights is not None and pretrained.learned_shuffles_in_file(weights)
     if learned and shuffle == "manual":
         raise ValueError(
             f"The weights file {weights} was saved from a model with learned shuffles "
@@ -149,7 +150,7 @@ def check_common_args(
     _validation.choice(shuffle_initializer, SHUFFLE_INITIALIZERS, "shuffle_initializer")
     _validation.choice(padding, common.PADDINGS, "padding")
     sinkhorn_iterations = check_iterations(sinkhorn_iterations, "sinkhorn_iterations")
-    marked = None if weights is None else weights_files.file_padding(weights)
+    marked = None if weights is None else pretrained.file_padding(weights)
     if marked is not None and marked != padding:
         raise ValueError(
             f"The weights file {weights} fits nets built with padding={marked!r} (e.g. "

@@ -1,8 +1,8 @@
 """What the ShuffleNet v1 / v2 builders build with: the layer factories (`conv`, `dwconv`,
 `pool`, `stem`, `Options.shuffle_layer`), the classifier head and the loading of weights
 (`finish`) and the multiply-add counter. The argument checks are in `arguments`, the
-builders' docstring in `docstrings`, the input preprocessing in `preprocessing`, the
-custom layers in `keras_autoshuffle.layers`."""
+layer names in `architecture`, the weights files in `weights`, the custom layers in
+`keras_autoshuffle.layers`."""
 
 import dataclasses
 import functools
@@ -13,7 +13,7 @@ from keras import layers
 
 from keras_autoshuffle import _validation
 from keras_autoshuffle.applications import architecture as arch
-from keras_autoshuffle.applications import pretrained, registry, weights_files
+from keras_autoshuffle.applications.weights import pretrained, registry
 from keras_autoshuffle.layers import ChannelShuffle, GroupedConv2D, RelaxedShuffle
 
 
@@ -233,7 +233,7 @@ def finish(inputs, x, name, rebuild, shared, options, image_shape):
             model, shared["include_top"], shared["classes"], build, weights
         )
     learned = options.shuffle == "auto"
-    if weights is not None and learned and not weights_files.learned_shuffles_in_file(weights):
+    if weights is not None and learned and not pretrained.learned_shuffles_in_file(weights):
         for layer in twin(weights=weights).layers:
             if layer.weights:
                 model.get_layer(layer.name).set_weights(layer.get_weights())

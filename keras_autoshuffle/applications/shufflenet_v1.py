@@ -46,7 +46,7 @@ import keras
 from keras import layers
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle.applications import architecture, arguments, common, docstrings
+from keras_autoshuffle.applications import architecture, arguments, common
 
 # The stage-2 widths per groups (`architecture.V1_STAGE2_WIDTHS`) are those at 1.0x.
 STEM_WIDTH = 24
@@ -62,24 +62,6 @@ MEGVII_CONFIGS = {
     (8, 1.5): (24, 576, 1152, 2304),
     (8, 2.0): (48, 768, 1536, 3072),
 }
-REFERENCE = "Zhang et al., ShuffleNet, https://arxiv.org/abs/1707.01083"
-
-DESCRIPTION = """Stage repeats 4, 8, 4. Stage-2 width at 1.0x by groups: g1 144, g2 200,
-    g3 240, g4 272, g8 384 (stages 3, 4 double it), stem 24. For g3 and g8 the widths
-    0.5, 1.5, 2.0 use megvii's tables; other pairs scale every 1.0x width by `width` and
-    round it to the nearest multiple of 4 x groups (the stem: of groups), so every
-    bottleneck (stage width // 4) and grouped convolution divides by `groups` and every
-    pair builds (g3 0.25x is osmr's 6, 60, 120, 240; see `v1_channels`).
-    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults)."""
-
-# The Args texts of the builders' docstring that are v1's own (`docstrings.BASE_DOCSTRING`).
-OWN_ARGUMENTS = """        width: width multiplier, one of 0.25, 0.5, 1.0, 1.5, 2.0 (default 1.0).
-        groups: groups of the 1x1 convolutions, one of 1, 2, 3, 4, 8 (default 3)."""
-WEIGHTS = """None (random initialization) or the path to a Keras weights file
-            (`.weights.h5`). A learned-shuffle net also takes the file of the same net
-            with manual shuffles; its shuffles then start as `shuffle_initializer` says."""
-SHUFFLE = """"manual" (ChannelShuffle(groups), none for groups=1) or "auto"
-            (RelaxedShuffle in every unit)"""
 
 
 def v1_channels(groups, width):
@@ -199,6 +181,50 @@ def ShuffleNetV1(
     stem: Literal["auto", "imagenet", "cifar"] = "auto",
     padding: Literal["torch", "same"] = "torch",
 ) -> keras.Model:
+    """Instantiates the ShuffleNet v1 architecture.
+
+    The megvii network, its channel shuffles fixed (ChannelShuffle); learned shuffles:
+    `AutoShuffleNetV1`, which takes the same arguments and the learned shuffles' own.
+
+    Stage repeats 4, 8, 4. Stage-2 width at 1.0x by groups: g1 144, g2 200,
+    g3 240, g4 272, g8 384 (stages 3, 4 double it), stem 24. For g3 and g8 the widths
+    0.5, 1.5, 2.0 use megvii's tables; other pairs scale every 1.0x width by `width` and
+    round it to the nearest multiple of 4 x groups (the stem: of groups), so every
+    bottleneck (stage width // 4) and grouped convolution divides by `groups` and every
+    pair builds (g3 0.25x is osmr's 6, 60, 120, 240; see `v1_channels`).
+    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults).
+
+    Args:
+        width: width multiplier, one of 0.25, 0.5, 1.0, 1.5, 2.0 (default 1.0).
+        groups: groups of the 1x1 convolutions, one of 1, 2, 3, 4, 8 (default 3).
+        include_top: whether to include the global pooling and the classifier.
+        weights: None (random initialization) or the path to a Keras weights file
+            (`.weights.h5`). A learned-shuffle net also takes the file of the same net
+            with manual shuffles; its shuffles then start as `shuffle_initializer` says.
+        input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
+        input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
+            Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
+        pooling: with `include_top=False`: None (4D feature map), "avg" or "max".
+        classes: number of classes (with `include_top`).
+        classifier_activation: activation of the "predictions" layer; None gives logits.
+        name: model name (default `shufflenet_v1_g<groups>_<width>`,
+            e.g. `shufflenet_v1_g3_x1_0`).
+        stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar" (3x3
+            stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial sides are
+            at most 64).
+        padding: "torch" (default: PyTorch's padding=1 on every 3x3 layer, an explicit
+            one-pixel ZeroPadding2D before each stride-2 layer, so torchvision's weights
+            give torchvision's outputs) or "same" (Keras's 'same' everywhere: the
+            stride-2 layers sample a grid one pixel off on even sides, no PAD ops in
+            LiteRT, 5-10% faster there; for nets trained from scratch).
+
+    Returns:
+        A `keras.Model`.
+
+    Reference:
+        - Zhang et al., ShuffleNet, https://arxiv.org/abs/1707.01083
+        - Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
+    """
     # `locals()` is exactly the arguments here; the learned-shuffle ones are fixed.
     return _shufflenet_v1(**locals(), **arguments.MANUAL_SHUFFLE_ARGUMENTS)
 
@@ -223,19 +249,72 @@ def AutoShuffleNetV1(
     shuffle_forward: Literal["relaxed", "hard"] = "relaxed",
     shuffle_permutations: Mapping[str, Sequence[int]] | None = None,
 ) -> keras.Model:
+    """Instantiates the AutoShuffleNet v1 architecture.
+
+    ShuffleNet v1 whose shuffles are learned (RelaxedShuffle, hardened after training).
+    The same defaults as the manual builder, so only the shuffles differ.
+
+    Stage repeats 4, 8, 4. Stage-2 width at 1.0x by groups: g1 144, g2 200,
+    g3 240, g4 272, g8 384 (stages 3, 4 double it), stem 24. For g3 and g8 the widths
+    0.5, 1.5, 2.0 use megvii's tables; other pairs scale every 1.0x width by `width` and
+    round it to the nearest multiple of 4 x groups (the stem: of groups), so every
+    bottleneck (stage width // 4) and grouped convolution divides by `groups` and every
+    pair builds (g3 0.25x is osmr's 6, 60, 120, 240; see `v1_channels`).
+    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults).
+
+    Args:
+        width: width multiplier, one of 0.25, 0.5, 1.0, 1.5, 2.0 (default 1.0).
+        groups: groups of the 1x1 convolutions, one of 1, 2, 3, 4, 8 (default 3).
+        include_top: whether to include the global pooling and the classifier.
+        weights: None (random initialization) or the path to a Keras weights file
+            (`.weights.h5`). A learned-shuffle net also takes the file of the same net
+            with manual shuffles; its shuffles then start as `shuffle_initializer` says.
+        input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
+        input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
+            Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
+        pooling: with `include_top=False`: None (4D feature map), "avg" or "max".
+        classes: number of classes (with `include_top`).
+        classifier_activation: activation of the "predictions" layer; None gives logits.
+        name: model name (default `autoshufflenet_v1_g<groups>_<width>`,
+            e.g. `autoshufflenet_v1_g3_x1_0`).
+        stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar" (3x3
+            stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial sides are
+            at most 64).
+        padding: "torch" (default: PyTorch's padding=1 on every 3x3 layer, an explicit
+            one-pixel ZeroPadding2D before each stride-2 layer, so torchvision's weights
+            give torchvision's outputs) or "same" (Keras's 'same' everywhere: the
+            stride-2 layers sample a grid one pixel off on even sides, no PAD ops in
+            LiteRT, 5-10% faster there; for nets trained from scratch).
+        shuffle: "manual" (ChannelShuffle(groups), none for groups=1) or "auto"
+            (RelaxedShuffle in every unit) (default "auto").
+        penalty: lambda of the relaxed shuffles' l1-2 penalty (default 1e-3).
+        shuffle_initializer: where learned shuffles start: "random" (the paper: |N(0, 1)|
+            made doubly stochastic) or "manual" (the manual shuffle's permutation, so the
+            net starts as the manual ShuffleNet: for fine-tuning pretrained weights, e.g.
+            from `load_torchvision_weights`). Ignored by manual shuffles. The layer takes
+            the same values: `RelaxedShuffle(shuffle_initializer="manual", groups=g)`.
+        sinkhorn_iterations: clip/column/row passes of each learned shuffle's constraint
+            per SGD step, an integer in [1, 1000] (default 10, as `RelaxedShuffle`). 1 is
+            the paper's Algorithm 1, whose matrices stalled on fixed points that are not
+            permutations, so rounding changed the net; with 10 they ended on
+            permutations in docs/training.md's runs. Ignored by manual shuffles.
+        shuffle_forward: what a learned shuffle computes while it trains: "relaxed" (the
+            paper: y = M x) or "hard" (y = P x with P the nearest permutation of M, found
+            by linear assignment at every step; the gradient passes straight through to
+            M). Started at `shuffle_initializer="manual"` a hard net is the manual net at
+            step 0 and changes a routing only where the loss moves M far enough. Ignored
+            by manual shuffles.
+        shuffle_permutations: a dict {shuffle layer name: permutation} that fixes every
+            learned shuffle from the first step (the layers start hardened; e.g. the
+            permutations of an earlier, hardened net: "search, then retrain"). Needs
+            shuffle="auto"; one entry per shuffle layer.
+
+    Returns:
+        A `keras.Model`.
+
+    Reference:
+        - Zhang et al., ShuffleNet, https://arxiv.org/abs/1707.01083
+        - Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
+    """
     # `locals()` is exactly the arguments here: the private builder takes them all.
     return _shufflenet_v1(**locals())
-
-
-for _builder in (ShuffleNetV1, AutoShuffleNetV1):
-    _builder.__doc__ = docstrings.builder_docstring(
-        "v1",
-        _builder is AutoShuffleNetV1,
-        "megvii",
-        DESCRIPTION,
-        OWN_ARGUMENTS,
-        WEIGHTS,
-        SHUFFLE,
-        "_g<groups>_<width>",
-        REFERENCE,
-    )

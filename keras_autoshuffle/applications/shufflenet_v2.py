@@ -38,37 +38,10 @@ import keras
 from keras import layers
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle.applications import architecture, arguments, common, docstrings
+from keras_autoshuffle.applications import architecture, arguments, common
 from keras_autoshuffle.layers import ChannelSplit
 
 # The channels per width are `architecture.V2_CONFIGS`, the units per stage `.REPEATS`.
-REFERENCE = "Ma et al., ShuffleNet V2, https://arxiv.org/abs/1807.11164"
-
-DESCRIPTION = """Stage repeats 4, 8, 4; channels per width (stem, stages 2-4, head):
-    0.5: 24, 48, 96, 192, 1024; 1.0: 24, 116, 232, 464, 1024;
-    1.5: 24, 176, 352, 704, 1024; 2.0: 24, 244, 488, 976, 2048.
-    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults)."""
-
-# The Args texts of the builders' docstring that are v2's own (`docstrings.BASE_DOCSTRING`).
-OWN_ARGUMENTS = """        width: width multiplier, one of 0.5, 1.0, 1.5, 2.0 (default 1.0)."""
-WEIGHTS = """None (random initialization), "imagenet", the name of published weights
-            (`applications.list_weights()`, e.g. "shufflenet_v2_x1_0.imagenet"; it must be
-            of `width`) or the path to a Keras weights file (`.weights.h5`). "imagenet"
-            (or the name): torchvision's ImageNet-1K checkpoint for `width`
-            (`applications.get_weights(name)`: URL, SHA-256, accuracy, preprocessing;
-            `applications.imagenet_preprocessing(width)` is its evaluation transform),
-            downloaded once (urllib, with a timeout and a size cap) into Keras's cache
-            (`$KERAS_HOME/models`; `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` replaces the download
-            location's base, `file://` included), its hash checked, read without torch,
-            converted and cached as a `.weights.h5`: later calls need no network. It
-            needs `stem="imagenet"` (or "auto" with input sides above 64),
-            `padding="torch"`, and `classes=1000` with `include_top`; learned shuffles
-            are then always started at the manual shuffle (the pretrained net;
-            `shuffle_initializer` is ignored). A learned-shuffle net also takes the file
-            of the same net with manual shuffles (e.g. written by the
-            `autoshuffle-convert-weights` command); its shuffles then start as
-            `shuffle_initializer` says."""
-SHUFFLE = """"manual" (ChannelShuffle with 2 groups) or "auto" (RelaxedShuffle)"""
 
 
 def _down_unit(filters, options, prefix):
@@ -177,6 +150,60 @@ def ShuffleNetV2(
     stem: Literal["auto", "imagenet", "cifar"] = "auto",
     padding: Literal["torch", "same"] = "torch",
 ) -> keras.Model:
+    """Instantiates the ShuffleNet v2 architecture.
+
+    The torchvision / megvii network, its channel shuffles fixed (ChannelShuffle); learned
+    shuffles: `AutoShuffleNetV2`, which takes the same arguments and the learned shuffles'
+    own.
+
+    Stage repeats 4, 8, 4; channels per width (stem, stages 2-4, head):
+    0.5: 24, 48, 96, 192, 1024; 1.0: 24, 116, 232, 464, 1024;
+    1.5: 24, 176, 352, 704, 1024; 2.0: 24, 244, 488, 976, 2048.
+    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults).
+
+    Args:
+        width: width multiplier, one of 0.5, 1.0, 1.5, 2.0 (default 1.0).
+        include_top: whether to include the global pooling and the classifier.
+        weights: None (random initialization), "imagenet", the name of published weights
+            (`applications.list_weights()`, e.g. "shufflenet_v2_x1_0.imagenet"; it must be
+            of `width`) or the path to a Keras weights file (`.weights.h5`). "imagenet"
+            (or the name): torchvision's ImageNet-1K checkpoint for `width`
+            (`applications.get_weights(name)`: URL, SHA-256, accuracy, preprocessing;
+            `applications.imagenet_preprocessing(width)` is its evaluation transform),
+            downloaded once (urllib, with a timeout and a size cap) into Keras's cache
+            (`$KERAS_HOME/models`; `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` replaces the download
+            location's base, `file://` included), its hash checked, read without torch,
+            converted and cached as a `.weights.h5`: later calls need no network. It
+            needs `stem="imagenet"` (or "auto" with input sides above 64),
+            `padding="torch"`, and `classes=1000` with `include_top`; learned shuffles
+            are then always started at the manual shuffle (the pretrained net;
+            `shuffle_initializer` is ignored). A learned-shuffle net also takes the file
+            of the same net with manual shuffles (e.g. written by the
+            `autoshuffle-convert-weights` command); its shuffles then start as
+            `shuffle_initializer` says.
+        input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
+        input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
+            Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
+        pooling: with `include_top=False`: None (4D feature map), "avg" or "max".
+        classes: number of classes (with `include_top`).
+        classifier_activation: activation of the "predictions" layer; None gives logits.
+        name: model name (default `shufflenet_v2_<width>`, e.g. `shufflenet_v2_x1_0`).
+        stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar" (3x3
+            stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial sides are
+            at most 64).
+        padding: "torch" (default: PyTorch's padding=1 on every 3x3 layer, an explicit
+            one-pixel ZeroPadding2D before each stride-2 layer, so torchvision's weights
+            give torchvision's outputs) or "same" (Keras's 'same' everywhere: the
+            stride-2 layers sample a grid one pixel off on even sides, no PAD ops in
+            LiteRT, 5-10% faster there; for nets trained from scratch).
+
+    Returns:
+        A `keras.Model`.
+
+    Reference:
+        - Ma et al., ShuffleNet V2, https://arxiv.org/abs/1807.11164
+        - Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
+    """
     # `locals()` is exactly the arguments here; the learned-shuffle ones are fixed.
     return _shufflenet_v2(**locals(), **arguments.MANUAL_SHUFFLE_ARGUMENTS)
 
@@ -200,19 +227,82 @@ def AutoShuffleNetV2(
     shuffle_forward: Literal["relaxed", "hard"] = "relaxed",
     shuffle_permutations: Mapping[str, Sequence[int]] | None = None,
 ) -> keras.Model:
+    """Instantiates the AutoShuffleNet v2 architecture.
+
+    ShuffleNet v2 whose shuffles are learned (RelaxedShuffle, hardened after training).
+    The same defaults as the manual builder, so only the shuffles differ.
+
+    Stage repeats 4, 8, 4; channels per width (stem, stages 2-4, head):
+    0.5: 24, 48, 96, 192, 1024; 1.0: 24, 116, 232, 464, 1024;
+    1.5: 24, 176, 352, 704, 1024; 2.0: 24, 244, 488, 976, 2048.
+    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults).
+
+    Args:
+        width: width multiplier, one of 0.5, 1.0, 1.5, 2.0 (default 1.0).
+        include_top: whether to include the global pooling and the classifier.
+        weights: None (random initialization), "imagenet", the name of published weights
+            (`applications.list_weights()`, e.g. "shufflenet_v2_x1_0.imagenet"; it must be
+            of `width`) or the path to a Keras weights file (`.weights.h5`). "imagenet"
+            (or the name): torchvision's ImageNet-1K checkpoint for `width`
+            (`applications.get_weights(name)`: URL, SHA-256, accuracy, preprocessing;
+            `applications.imagenet_preprocessing(width)` is its evaluation transform),
+            downloaded once (urllib, with a timeout and a size cap) into Keras's cache
+            (`$KERAS_HOME/models`; `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` replaces the download
+            location's base, `file://` included), its hash checked, read without torch,
+            converted and cached as a `.weights.h5`: later calls need no network. It
+            needs `stem="imagenet"` (or "auto" with input sides above 64),
+            `padding="torch"`, and `classes=1000` with `include_top`; learned shuffles
+            are then always started at the manual shuffle (the pretrained net;
+            `shuffle_initializer` is ignored). A learned-shuffle net also takes the file
+            of the same net with manual shuffles (e.g. written by the
+            `autoshuffle-convert-weights` command); its shuffles then start as
+            `shuffle_initializer` says.
+        input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
+        input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
+            Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
+        pooling: with `include_top=False`: None (4D feature map), "avg" or "max".
+        classes: number of classes (with `include_top`).
+        classifier_activation: activation of the "predictions" layer; None gives logits.
+        name: model name (default `autoshufflenet_v2_<width>`, e.g.
+            `autoshufflenet_v2_x1_0`).
+        stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar" (3x3
+            stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial sides are
+            at most 64).
+        padding: "torch" (default: PyTorch's padding=1 on every 3x3 layer, an explicit
+            one-pixel ZeroPadding2D before each stride-2 layer, so torchvision's weights
+            give torchvision's outputs) or "same" (Keras's 'same' everywhere: the
+            stride-2 layers sample a grid one pixel off on even sides, no PAD ops in
+            LiteRT, 5-10% faster there; for nets trained from scratch).
+        shuffle: "manual" (ChannelShuffle with 2 groups) or "auto" (RelaxedShuffle)
+            (default "auto").
+        penalty: lambda of the relaxed shuffles' l1-2 penalty (default 1e-3).
+        shuffle_initializer: where learned shuffles start: "random" (the paper: |N(0, 1)|
+            made doubly stochastic) or "manual" (the manual shuffle's permutation, so the
+            net starts as the manual ShuffleNet: for fine-tuning pretrained weights, e.g.
+            from `load_torchvision_weights`). Ignored by manual shuffles. The layer takes
+            the same values: `RelaxedShuffle(shuffle_initializer="manual", groups=g)`.
+        sinkhorn_iterations: clip/column/row passes of each learned shuffle's constraint
+            per SGD step, an integer in [1, 1000] (default 10, as `RelaxedShuffle`). 1 is
+            the paper's Algorithm 1, whose matrices stalled on fixed points that are not
+            permutations, so rounding changed the net; with 10 they ended on
+            permutations in docs/training.md's runs. Ignored by manual shuffles.
+        shuffle_forward: what a learned shuffle computes while it trains: "relaxed" (the
+            paper: y = M x) or "hard" (y = P x with P the nearest permutation of M, found
+            by linear assignment at every step; the gradient passes straight through to
+            M). Started at `shuffle_initializer="manual"` a hard net is the manual net at
+            step 0 and changes a routing only where the loss moves M far enough. Ignored
+            by manual shuffles.
+        shuffle_permutations: a dict {shuffle layer name: permutation} that fixes every
+            learned shuffle from the first step (the layers start hardened; e.g. the
+            permutations of an earlier, hardened net: "search, then retrain"). Needs
+            shuffle="auto"; one entry per shuffle layer.
+
+    Returns:
+        A `keras.Model`.
+
+    Reference:
+        - Ma et al., ShuffleNet V2, https://arxiv.org/abs/1807.11164
+        - Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624
+    """
     # `locals()` is exactly the arguments here: the private builder takes them all.
     return _shufflenet_v2(**locals())
-
-
-for _builder in (ShuffleNetV2, AutoShuffleNetV2):
-    _builder.__doc__ = docstrings.builder_docstring(
-        "v2",
-        _builder is AutoShuffleNetV2,
-        "torchvision / megvii",
-        DESCRIPTION,
-        OWN_ARGUMENTS,
-        WEIGHTS,
-        SHUFFLE,
-        "_<width>",
-        REFERENCE,
-    )

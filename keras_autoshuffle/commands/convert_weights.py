@@ -34,8 +34,8 @@ from keras_autoshuffle.applications import (
     read_torch_checkpoint,
 )
 from keras_autoshuffle.applications.architecture import V2_CONFIGS
-from keras_autoshuffle.applications.torchvision_weights import torchvision_width
-from keras_autoshuffle.applications.weights_files import mark_padding
+from keras_autoshuffle.applications.weights.pretrained import mark_padding
+from keras_autoshuffle.applications.weights.torchvision import torchvision_width
 from keras_autoshuffle.commands._help import command_parser
 
 

@@ -1,11 +1,9 @@
-"""torchvision's ImageNet ShuffleNetV2 checkpoints behind `weights="imagenet"` and
-`weights="shufflenet_v2_x1_0.imagenet"` (a registry name, `registry.list_weights()`).
+"""From a builder's `weights=` to a Keras weights file: torchvision's ImageNet checkpoints
+behind `weights="imagenet"` and `weights="shufflenet_v2_x1_0.imagenet"` (an entry of
+`registry`) downloaded, checked, converted and cached; and what any Keras weights file says
+of the net it fits (its learned shuffles, the padding it was marked with).
 
-`CHECKPOINTS` (`applications.checkpoints`) is the registry: for each width, torchvision's
-published file (`ShuffleNet_V2_X*_Weights.IMAGENET1K_V1`), its name, SHA-256, size,
-parameter count, multiply-adds, the ImageNet-1K accuracy torchvision reports and its
-evaluation preprocessing. `ShuffleNetV2(width, weights="imagenet")` (or the name of the
-width's entry) then:
+`ShuffleNetV2(width, weights="imagenet")` (or the name of the width's entry):
 
 1. uses `<cache>/models/<checkpoint>.weights.h5` (or `..._notop.weights.h5`) if it is
    there: no network, no torch;
@@ -16,16 +14,12 @@ width's entry) then:
    seconds (60 by default), and checks its SHA-256 (a mismatch deletes the download:
    nothing is cached);
 3. reads it with `read_torch_checkpoint` (no torch, no code from the file), converts it
-   with `load_torchvision_weights` and writes the Keras weights file atomically.
+   with `load_torchvision_weights`, marks it with PyTorch's padding (`mark_padding`) and
+   writes the Keras weights file atomically.
 
-`<cache>` is Keras's cache folder, `$KERAS_HOME` (read at each call) or `~/.keras`.
-
-`cache_dir`, `imagenet_class_index` (what `decode_predictions` reads) and the class index's
-file, URL and MD5 live in `checkpoints` (an entry's `class_names()` reads them there) and
-are names of this module too.
-
-Test seam: `CHECKPOINTS` is a plain dict {width: Checkpoint}, the same object here and in
-`checkpoints` (see there).
+`<cache>` is Keras's cache folder (`registry.cache_dir()`), `$KERAS_HOME` (read at each
+call) or `~/.keras`. The entries (`registry.CHECKPOINTS`) are read at each call: a test
+that replaces one is seen here too.
 """
 
 import contextlib
@@ -42,28 +36,27 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Any
+import zipfile
 
 import keras
-import numpy as np
 
+from keras_autoshuffle import _keras_internals
 from keras_autoshuffle._files import sha256_of
 from keras_autoshuffle.applications import architecture as arch
-from keras_autoshuffle.applications import registry
 from keras_autoshuffle.applications.architecture import REPEATS, V2_CONFIGS
-from keras_autoshuffle.applications.checkpoints import (  # noqa: F401 (re-exported)
+from keras_autoshuffle.applications.weights import registry
+from keras_autoshuffle.applications.weights.registry import (
     CACHE_SUBDIR,
     CHECKPOINTS,
-    CLASS_INDEX_FILE,
-    CLASS_INDEX_MD5,
-    CLASS_INDEX_URL,
     URL_VARIABLE,
     cache_dir,
-    imagenet_class_index,
 )
-from keras_autoshuffle.applications.torch_checkpoint import read_torch_checkpoint
-from keras_autoshuffle.applications.torchvision_weights import load_torchvision_weights
-from keras_autoshuffle.applications.weights_files import PADDING_ATTRIBUTE, mark_padding
+from keras_autoshuffle.applications.weights.torch_checkpoint import read_torch_checkpoint
+from keras_autoshuffle.applications.weights.torchvision import load_torchvision_weights
+
+# The HDF5 attribute that records the padding of the nets a weights file fits
+# (`mark_padding`, `file_padding`).
+PADDING_ATTRIBUTE = "keras_autoshuffle_padding"
 
 # Seconds a download waits for the server to connect or send its next bytes (at most
 # MAX_TIMEOUT: an hour without a byte is no download, and sockets refuse ~1e10 s).
@@ -601,46 +594,38 @@ def imagenet_weights_file(model, include_top, classes, build, weights="imagenet"
     return converted_weights(width, include_top, build, weights)
 
 
-def decode_predictions(preds: Any, top: int = 5) -> list[list[tuple[str, str, float]]]:
-    """Decodes ImageNet predictions into (class id, class name, score), best first.
+def learned_shuffles_in_file(path):
+    """How many RelaxedShuffle entries a Keras weights file holds (`.weights.h5`, `.keras`).
 
-    The same results as `keras.applications.imagenet_utils.decode_predictions`, with
-    the class index Keras uses (the synset order torchvision's classifiers share):
-    `imagenet_class_index.json` is fetched once with `keras.utils.get_file`
-    (MD5-checked) into Keras's cache, where Keras's own copy is found too. Not a call
-    to Keras's: that one reads the cache folder fixed when Keras was imported and keeps
-    the index in a module global; this one reads `$KERAS_HOME` at each call, says how
-    to place the file offline, and refuses scores that are NaN or infinite (which
-    would rank arbitrarily).
-
-    Args:
-        preds: scores of shape (samples, 1000): probabilities or logits, NumPy or tensor,
-            all finite.
-        top: how many classes per sample, an integer in [1, 1000] (Python or NumPy).
-
-    Returns:
-        A list with, per sample, a list of `top` tuples `(class_id, class_name, score)`,
-            by decreasing score.
+    Keras names a layer's entry by its class (`layers/relaxed_shuffle_3`), with or
+    without variables (relaxed or hardened). A file that is neither HDF5 nor a `.keras`
+    archive raises ValueError naming it.
     """
-    preds = np.asarray(keras.ops.convert_to_numpy(preds))
-    if preds.ndim != 2 or preds.shape[1] != 1000:
+    try:
+        return _keras_internals.count_layer_entries(path, "relaxed_shuffle")
+    except (OSError, KeyError, zipfile.BadZipFile) as error:
         raise ValueError(
-            "`preds` must be ImageNet scores of shape (samples, 1000). "
-            f"Received: preds.shape={preds.shape}"
-        )
-    if not np.all(np.isfinite(preds)):
-        sample, column = np.argwhere(~np.isfinite(preds))[0]
-        raise ValueError(
-            "`preds` must be finite scores; a NaN or infinite score has no rank (a diverged "
-            f"model?). Received: preds[{sample}, {column}]={preds[sample, column]}"
-        )
-    integer = isinstance(top, (int, np.integer)) and not isinstance(top, (bool, np.bool_))
-    if not integer or not 1 <= top <= 1000:
-        raise ValueError(f"`top` must be an integer in [1, 1000]. Received: top={top!r}")
-    top = int(top)
-    index = imagenet_class_index(f"preds.shape={preds.shape}")
-    results = []
-    for row in preds:
-        best = np.argsort(row)[::-1][:top]
-        results.append([(*index[str(i)], row[i]) for i in best])
-    return results
+            "`weights` must be a Keras weights file (HDF5 `.weights.h5`, or a `.keras` "
+            f"archive); {path} cannot be read as one ({type(error).__name__}: {error}). "
+            f"Received: weights={path!r}"
+        ) from None
+
+
+def mark_padding(path, padding):
+    """Records in a `.weights.h5` file the padding of the net it fits (see `file_padding`)."""
+    import h5py
+
+    with h5py.File(path, "a") as handle:
+        handle.attrs[PADDING_ATTRIBUTE] = padding
+
+
+def file_padding(path):
+    """The padding a weights file was marked with (`mark_padding`), or None."""
+    import h5py
+
+    try:
+        with h5py.File(path, "r") as handle:
+            value = handle.attrs.get(PADDING_ATTRIBUTE)
+    except OSError:  # not HDF5 (e.g. a .keras archive): unmarked
+        return None
+    return value.decode() if isinstance(value, bytes) else value
