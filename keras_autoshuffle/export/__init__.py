@@ -46,6 +46,7 @@ from keras_autoshuffle.export.files import (
     load_keras_outputs,
     save_keras,
     saved_model_outputs,
+    size_bytes,
 )
 from keras_autoshuffle.export.int8 import (
     Int8CheckError,
@@ -124,6 +125,7 @@ __all__ = [
     "openvino_run",
     "save_keras",
     "saved_model_outputs",
+    "size_bytes",
     "unsupported_formats",
     "unsupported_int8",
     "unsupported_layers",

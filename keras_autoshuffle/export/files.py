@@ -33,6 +33,21 @@ INT8_FILES = {
 INT8_FILENAME = "model_int8.tflite"
 
 
+def size_bytes(path: str | os.PathLike) -> int:
+    """Bytes of an exported file, or of the files directly in an exported folder (an
+    OpenVINO IR folder: `model.xml`, `model.bin`).
+
+    Args:
+        path: the file or folder.
+
+    Returns:
+        The size in bytes.
+    """
+    if os.path.isdir(path):
+        return sum(os.path.getsize(os.path.join(path, n)) for n in sorted(os.listdir(path)))
+    return os.path.getsize(path)
+
+
 # Formats that cannot hold a relaxed shuffle computed with `forward="hard"`: its nearest
 # permutation is a linear assignment on the host at every call (`tf.numpy_function`), which
 # a SavedModel stores as a PyFunc op that runs only in the process that wrote it (another

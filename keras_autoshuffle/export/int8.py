@@ -11,6 +11,7 @@ from numpy.typing import ArrayLike
 
 from keras_autoshuffle._atomic import remove, write_atomically
 from keras_autoshuffle.export.checks import _single_input
+from keras_autoshuffle.export.files import size_bytes
 from keras_autoshuffle.export.litert import litert_predict
 
 # Calibration: at least this many inputs; and on the scale of the test images (99th
@@ -142,23 +143,17 @@ def _fraction(value, name, top):
         raise ValueError(f"`{name}` must be a number in [0, {top:g}]. Received: {name}={value!r}")
 
 
-def _size(path):
-    """Bytes of a file, or of the files of a folder (an OpenVINO IR)."""
-    if os.path.isdir(path):
-        return sum(os.path.getsize(os.path.join(path, n)) for n in sorted(os.listdir(path)))
-    return os.path.getsize(path)
-
-
 def _report(path, float_path, predicted, labels, float_outputs):
     """The check's numbers from the int8 file's top-1 `predicted` on the test images."""
     expected = np.argmax(float_outputs, axis=-1)
+    size, float_size = size_bytes(path), size_bytes(float_path)
     return {
         "accuracy": float(np.mean(predicted == labels)),
         "float_accuracy": float(np.mean(expected == labels)),
         "top1_agreement": float(np.mean(predicted == expected)),
-        "size_ratio": _size(float_path) / _size(path),
-        "bytes": _size(path),
-        "float_bytes": _size(float_path),
+        "size_ratio": float_size / size,
+        "bytes": size,
+        "float_bytes": float_size,
         "test_examples": len(labels),
         "path": path,
     }

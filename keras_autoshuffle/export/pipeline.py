@@ -242,7 +242,7 @@ def _check_int8_formats(formats, quantize, int8_formats):
                 f"int8_formats={int8_formats!r}"
             )
         return ()
-    quantizable = tuple(fmt for _, (fmt, _) in files.INT8_FILES.items())
+    quantizable = tuple(fmt for fmt, _ in files.INT8_FILES.values())
     if int8_formats is None:
         int8_formats = tuple(f for f in formats if f in quantizable)
     elif isinstance(int8_formats, str) or not all(isinstance(f, str) for f in int8_formats):

@@ -5,8 +5,6 @@ top-1 agreement with the Keras model, size and latency per image on this machine
 pipeline's images; `measure_raw_files` runs files holding their preprocessing on the
 validation image files as decoded, through `prediction.Classifier` (as an app would)."""
 
-import os
-
 import keras
 import numpy as np
 
@@ -30,12 +28,6 @@ def _runner(fmt, path):
         return lambda image: export_lib.onnx_run(session, image)
     compiled = export_lib.openvino_model(path, num_threads=1, batch=1)
     return lambda image: export_lib.openvino_run(compiled, image)
-
-
-def _size(path):
-    if os.path.isdir(path):
-        return sum(os.path.getsize(os.path.join(path, n)) for n in sorted(os.listdir(path)))
-    return os.path.getsize(path)
 
 
 def measure_files(files: dict, val_data, keras_probabilities: np.ndarray, input_shape) -> dict:
@@ -71,7 +63,7 @@ def _entry(path, predicted, labels, keras_probabilities):
     reference = np.argmax(keras_probabilities[:count], axis=-1)
     return {
         "path": path,
-        "size_bytes": _size(path),
+        "size_bytes": export_lib.size_bytes(path),
         "accuracy": float(np.mean(predicted == labels)),
         "top1_agreement": float(np.mean(predicted == reference)),
         "examples": int(count),

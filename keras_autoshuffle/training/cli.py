@@ -50,7 +50,9 @@ def format_run_summary(report: dict[str, Any]) -> str:
         )
     for name, entry in report.get("export", {}).items():
         lines.append(f"  {name}: max |output - Keras| = {entry['max_abs_diff']:.2e}")
-    for key, runtime in (("int8", "LiteRT"), ("onnx_int8", "ONNX"), ("openvino_int8", "OpenVINO")):
+    from keras_autoshuffle.finetuning.report import INT8_RUNTIMES
+
+    for key, runtime in INT8_RUNTIMES.items():
         if key not in report:
             continue
         entry = report[key]
