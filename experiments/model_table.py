@@ -2,34 +2,52 @@
 
 `measure` builds `ShuffleNetV2(width)` for each width of `applications.CHECKPOINTS` at
 224x224 with 1000 classes, folds it (`folding.fold_model`: the manual shuffle becomes
-slices and concatenations, as any pretrained or hardened net ships), writes its float
-LiteRT file (and its ONNX file where the `onnx` and `openvino` extras are installed) and
-times it in the LiteRT interpreter (XNNPACK), ONNX Runtime and OpenVINO (batch 1,
-`--threads`), every file checked against Keras first. Each runtime runs alone in a fresh
-process (`experiments.runtime_processes`' child, importing only that runtime and NumPy), the
-widths interleaved in its rounds, each timed block after as many untimed calls of the same
-file: in one process beside other sessions ONNX Runtime's times moved (docs/inference.md).
-`--processes` such processes per runtime, in turn (LiteRT, ONNX Runtime, OpenVINO, LiteRT,
-...) so that a slow spell of the machine reaches every runtime; each cell is the median
-over its processes of their medians. Weights are random:
-a float32 file's size and speed do not depend on their values (and this machine has no
-network for torchvision's files). Each row also holds the parameter count, the
-multiply-adds (`count_macs`), the machine, its load average at the start and the end, and
-the library versions.
+slices and concatenations, as any pretrained or hardened net ships) and writes it with
+`export.export_model`: its float LiteRT file (and its ONNX file and OpenVINO folder where
+the `onnx` and `openvino` extras are installed), every file checked against Keras, and
+with `quantize="int8"` the full-integer file of each (int8 weights and activations, float32
+input and output: `model_int8.tflite`, `model_int8.onnx`, and `openvino_int8/` where NNCF,
+the `openvino-int8` extra, is installed). The int8 files are calibrated on
+`INT8_CALIBRATION` seeded random images of the input's scale (normal, as the preprocessed
+inputs); their check's agreement and accuracy mean nothing with random weights, so its
+limits are opened (as `experiments.int8_peers`), and the rendered agreement comes from a
+trained net instead (`render`, below). Each file is timed in the LiteRT interpreter
+(XNNPACK), ONNX Runtime or OpenVINO (batch 1, `--threads`). Each runtime runs alone in a
+fresh process (`experiments.runtime_processes`' child, importing only that runtime and
+NumPy), the widths' float and int8 files interleaved in its rounds (a new order each
+round), each timed block after as many untimed calls of the same file: in one process
+beside other sessions ONNX Runtime's times moved (docs/inference.md). `--processes` such
+processes per runtime, in turn (LiteRT, ONNX Runtime, OpenVINO, LiteRT, ...) so that a slow
+spell of the machine reaches every runtime; each cell is the median over its processes of
+their medians. Weights are random: a file's size and speed, float32 or int8, do not depend
+on their values (and this machine has no network for torchvision's files). Each row holds
+the parameter count, the multiply-adds (`count_macs`), the float times (`litert_ms`, `ort_ms`,
+`openvino_ms`) and LiteRT bytes, each int8 file's `<runtime>_int8_ms` and
+`<runtime>_int8_bytes` (`export.size_bytes`; keys absent where a quantizer or runtime is
+not installed) and `int8_calibration_images`, the machine, its load average at the start
+and the end, and the library versions.
 
 `render` makes the markdown table from the weights registry (`applications.list_weights()`:
 names, parameters, multiply-adds, torchvision's accuracies, not measured here) and the rows'
-times and file sizes, refusing a row whose counts differ from its entry's; `--readme`
-replaces the table between the README's `model-table` markers, `--guide` the registry's
-table between docs/guide/pretrained.md's `weights-table` markers (`render_weights`), and
-`--check` fails if either differs (the test suite runs that check).
+times and file sizes, refusing a row whose counts differ from its entry's. Where every row
+holds a runtime's int8 ms and bytes, a second table right under it gives each width's int8
+ms and MB in those runtimes, and a caption after the machine's line gives each runtime's
+int8 top-1 agreement with float and accuracy drop (mean and 95% interval over calibration
+seeds) from `--accuracy` (default: the repository's `docs/results/int8_accuracy.json`,
+`experiments.int8_accuracy`'s summary: ShuffleNet v2 0.5x trained on Fashion-MNIST, since
+ImageNet is not available here); rows without int8 keys render the float table alone.
+`--readme` replaces both tables between the README's `model-table` markers
+(docs/inference.md includes that block, pymdownx.snippets), `--guide` the registry's table between
+docs/guide/pretrained.md's `weights-table` markers (`render_weights`), and `--check` fails
+if either differs (the test suite runs that check).
 
 Usage:
     python -m experiments.model_table measure --json docs/results/model_table_cpu.json \
         [--note "machine busy with ..."] [--widths 0.5 1.0] [--threads 2] [--repeats 27] \
         [--processes 3]
     python -m experiments.model_table render --json docs/results/model_table_cpu.json \
-        [--readme README.md] [--guide docs/guide/pretrained.md] [--check]
+        [--accuracy docs/results/int8_accuracy.json] [--readme README.md] \
+        [--guide docs/guide/pretrained.md] [--check]
 """
 
 import argparse
@@ -53,9 +71,19 @@ WEIGHTS_BEGIN = (
     "docs/guide/pretrained.md -->"
 )
 WEIGHTS_END = "<!-- /weights-table -->"
+# export_model's int8 results: `python -m experiments.int8_accuracy`'s rows and summary.
+ACCURACY = os.path.join("docs", "results", "int8_accuracy.json")
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIDE = 224
-# The export format -> its task in experiments.benchmark (the row's key: "<task>_ms").
-RUNTIMES = {"onnx": "ort_infer", "openvino": "openvino_infer"}
+# The export format -> its task (the row's keys: "<task less _infer>_ms", and "_int8_ms",
+# "_int8_bytes" for its int8 file).
+TASKS = {"litert": "litert_infer", "onnx": "ort_infer", "openvino": "openvino_infer"}
+# The export format -> its int8 file's key in export_model's result (files.INT8_FILES).
+INT8_KEYS = {"litert": "int8", "onnx": "onnx_int8", "openvino": "openvino_int8"}
+# Seeded random images calibrating each int8 file; the first INT8_TEST of them are its
+# check's test images (random weights: only size and speed are measured).
+INT8_CALIBRATION = 32
+INT8_TEST = 8
 # The runtime of each task, as experiments.runtime_processes' children name it.
 CHILD_RUNTIMES = {
     "litert_infer": "litert",
@@ -65,6 +93,15 @@ CHILD_RUNTIMES = {
 CALLS = 10  # calls timed together in a child's block
 # The optional columns: a row's key and its header.
 COLUMNS = {"ort_ms": "ONNX Runtime ms", "openvino_ms": "OpenVINO ms"}
+# The int8 table's runtimes: the rows' key prefix -> (header, key in int8_accuracy.json's
+# summary). A runtime's columns are "<prefix>_int8_ms" and "<prefix>_int8_bytes".
+INT8_COLUMNS = {
+    "litert": ("LiteRT", "litert"),
+    "ort": ("ONNX Runtime", "onnx"),
+    "openvino": ("OpenVINO", "openvino"),
+}
+# What int8_accuracy.json's rows were measured on (experiments/int8_accuracy.py's usage).
+ACCURACY_NET = "ShuffleNet v2 0.5x trained on Fashion-MNIST"
 
 
 def _cpu_name():
@@ -96,13 +133,47 @@ def time_alone(files, threads, rounds, processes):
     return {key: statistics.median(values) for key, values in per_process.items()}
 
 
+def _write_files(model, directory, formats, int8_formats):
+    """`model`'s float files of `formats` and int8 files of `int8_formats`, written into
+    `directory` by `export.export_model` (each float file checked against Keras, each int8
+    one by the int8 check with its limits opened: see the module docstring): {format or
+    int8 result key: path}."""
+    import numpy as np
+
+    from keras_autoshuffle import export
+
+    rng = np.random.default_rng(0)
+    sample = rng.normal(size=(1, SIDE, SIDE, 3)).astype("float32")
+    calibration = rng.normal(size=(INT8_CALIBRATION, SIDE, SIDE, 3)).astype("float32")
+    result = export.export_model(
+        model,
+        directory,
+        sample,
+        formats=formats,
+        **(
+            {
+                "quantize": "int8",
+                "int8_formats": int8_formats,
+                "representative_data": calibration,
+                # Labels and agreement mean nothing with random weights: the limits are open.
+                "test_data": (calibration[:INT8_TEST], np.zeros(INT8_TEST, "int64")),
+                "min_top1_agreement": 0.0,
+                "max_accuracy_drop": 100.0,
+            }
+            if int8_formats
+            else {}
+        ),
+    )
+    return {key: entry["path"] for key, entry in result.items()}
+
+
 def measure(widths, threads, repeats, note, processes=3):
-    """One row per width: parameters, multiply-adds, folded LiteRT latency and bytes."""
+    """One row per width: parameters, multiply-adds, the folded net's float and int8 files'
+    latency and bytes in each runtime installed."""
     import keras
     import numpy as np
     import tensorflow as tf
 
-    from experiments.benchmark import runtime_file, runtime_functions
     from keras_autoshuffle import applications, export, folding
     from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML
 
@@ -114,23 +185,27 @@ def measure(widths, threads, repeats, note, processes=3):
         parameters = sum(int(np.prod(w.shape)) for w in model.trainable_weights)
         counts[width] = (parameters, int(applications.count_macs(model)))
         models[width] = folding.fold_model(model)
-    # ONNX Runtime and OpenVINO beside LiteRT where their extras are installed.
+    # ONNX Runtime and OpenVINO beside LiteRT where their extras are installed; an int8 file
+    # of each where its quantizer is (NNCF for OpenVINO).
     missing = export.unsupported_formats(("onnx", "openvino"))
-    tasks = ["litert_infer"] + [RUNTIMES[f] for f in ("onnx", "openvino") if f not in missing]
+    formats = ["litert"] + [f for f in ("onnx", "openvino") if f not in missing]
+    int8_formats = [f for f in formats if f not in export.unsupported_int8(formats)]
+    tasks = [TASKS[f] for f in formats]
     with tempfile.TemporaryDirectory() as directory:
-        named = {f"x{width}": model for width, model in models.items()}
-        # Writes each file and checks its outputs against Keras.
-        _, sizes = runtime_functions(tasks, named, SIDE, threads, directory)
-        files = {
-            task: {
-                name: os.path.join(
-                    runtime_file(directory, task, model, name),
-                    *((OPENVINO_XML,) if task == "openvino_infer" else ()),
-                )
-                for name, model in named.items()
-            }
-            for task in tasks
-        }
+        files, sizes = {task: {} for task in tasks}, {}
+        for width, model in models.items():
+            paths = _write_files(model, os.path.join(directory, f"x{width}"), formats, int8_formats)
+            for fmt in formats:
+                task = TASKS[fmt]
+                for name, key in ((f"x{width}", fmt), (f"x{width}_int8", INT8_KEYS[fmt])):
+                    if key not in paths:
+                        continue
+                    sizes[task, name] = export.size_bytes(paths[key])
+                    # OpenVINO's runtime reads the folder's model.xml.
+                    files[task][name] = os.path.join(
+                        paths[key], *((OPENVINO_XML,) if fmt == "openvino" else ())
+                    )
+        # Float and int8 files in the same processes and rounds, in a new order each round.
         medians = time_alone(files, threads, repeats, processes)
     machine = f"{_cpu_name()}, {os.cpu_count()} cores"
     # The 1-minute load average at the start and the end: how busy the machine was.
@@ -145,6 +220,13 @@ def measure(widths, threads, repeats, note, processes=3):
     rows = []
     for width in widths:
         parameters, macs = counts[width]
+        name = f"x{width}"
+        int8 = {}
+        for fmt in int8_formats:
+            task = TASKS[fmt]
+            prefix = task.removesuffix("_infer")
+            int8[f"{prefix}_int8_ms"] = float(medians[task, f"{name}_int8"])
+            int8[f"{prefix}_int8_bytes"] = int(sizes[task, f"{name}_int8"])
         rows.append(
             {
                 "model": "ShuffleNetV2",
@@ -155,12 +237,14 @@ def measure(widths, threads, repeats, note, processes=3):
                 "processes_per_runtime": processes,
                 "parameters": parameters,
                 "macs": macs,
-                "litert_ms": float(medians["litert_infer", f"x{width}"]),
-                "litert_bytes": int(sizes["litert_infer", f"x{width}"]),
+                "litert_ms": float(medians["litert_infer", name]),
+                "litert_bytes": int(sizes["litert_infer", name]),
                 **{
-                    f"{task.removesuffix('_infer')}_ms": float(medians[task, f"x{width}"])
+                    f"{task.removesuffix('_infer')}_ms": float(medians[task, name])
                     for task in tasks[1:]
                 },
+                **int8,
+                **({"int8_calibration_images": INT8_CALIBRATION} if int8 else {}),
                 **(
                     {"openvino_precision": export.OPENVINO_PRECISION}
                     if "openvino_infer" in tasks
@@ -191,11 +275,84 @@ def _entries():
     return [applications.get_weights(name) for name in applications.list_weights()]
 
 
-def render(rows):
+def _int8_table(entries, by_width, prefixes):
+    """The int8 table's lines: per registry entry, each runtime's (`prefixes`) int8 ms and
+    MB from the row of its width ("-" where none was measured)."""
+    lines = [
+        "| int8 model |"
+        + "".join(f" {INT8_COLUMNS[p][0]} ms | {INT8_COLUMNS[p][0]} MB |" for p in prefixes),
+        "|---|" + "---|---|" * len(prefixes),
+    ]
+    for entry in entries:
+        row = by_width.get(entry.width)
+        measured = ["-"] * (2 * len(prefixes))
+        if row is not None:
+            measured = []
+            for p in prefixes:
+                measured += [f"{row[f'{p}_int8_ms']:.2f}", f"{row[f'{p}_int8_bytes'] / 1e6:.1f}"]
+        lines.append(f"| `{entry.builder}({entry.width})` | " + " | ".join(measured) + " |")
+    return lines
+
+
+def _interval(value, scale, unit=""):
+    """A summary entry {"mean", "ci95"} as "mean<unit> [low, high]", each times `scale`."""
+    low, high = (x * scale for x in value["ci95"])
+    return f"{value['mean'] * scale:.2f}{unit} [{low:.2f}, {high:.2f}]"
+
+
+def _int8_text(rows, prefixes, accuracy):
+    """The int8 table's caption: how the files were written and timed, then each runtime's
+    top-1 agreement and accuracy drop from `accuracy` (int8_accuracy.json's contents), and
+    what those were measured on."""
+    counts = {r.get("int8_calibration_images") for r in rows}
+    count = counts.pop() if len(counts) == 1 else None
+    images = f"{count} seeded random images" if count else "seeded random images"
+    text = (
+        "int8: the folded net's full-integer files (int8 weights and activations, float32 input "
+        'and output) written by `export.export_model(..., quantize="int8")` (LiteRT\'s '
+        "converter, ONNX Runtime's `quantize_static`, NNCF for OpenVINO), calibrated on "
+        f"{images} of the input's scale (the weights are random: a file's size and speed do "
+        "not depend on their values), timed in the same processes and rounds as the float "
+        "files; MB: the file's (OpenVINO: its folder's) bytes / 10^6."
+    )
+    summary = accuracy.get("summary", {})
+    found = [p for p in prefixes if INT8_COLUMNS[p][1] in summary]
+    if not found:
+        return text
+    settings = accuracy.get("settings", {})
+    cells = []
+    for p in found:
+        entry = summary[INT8_COLUMNS[p][1]]
+        cells.append(
+            f"{INT8_COLUMNS[p][0]} {_interval(entry['top1_agreement'], 100, '%')}, "
+            f"{_interval(entry['accuracy_drop'], 1)}"
+        )
+    seeds = sorted({summary[INT8_COLUMNS[p][1]]["seeds"] for p in found})
+    seeds = "/".join(str(n) for n in seeds)
+    per_seed = settings.get("calibration_images")
+    tests = settings.get("test_images")
+    return (
+        f"{text} Top-1 agreement of each runtime's int8 file with the float32 net, and its "
+        "accuracy drop in points: "
+        + "; ".join(cells)
+        + f" (mean [95% t interval] over {seeds} calibration seeds"
+        + (f" of {per_seed:,} training images" if per_seed else "")
+        + (f", on the {tests:,} test images" if tests else "")
+        + f"), measured not on ImageNet (not available here) but on {ACCURACY_NET} "
+        f"(`{ACCURACY}`, `python -m experiments.int8_accuracy`)."
+    )
+
+
+def render(rows, accuracy=None):
     """The README's markdown table (and a line naming the machine): one line per registry
     entry, its parameters, multiply-adds and accuracy from the registry, its times and file
     size from the measured row of its width ("-" where none was measured). A row whose
-    parameters or multiply-adds differ from its entry's is refused: one number per claim."""
+    parameters or multiply-adds differ from its entry's is refused: one number per claim.
+
+    Where every row holds a runtime's int8 ms and bytes, a second table right under the
+    first gives them per entry, and a caption after the machine's line gives the int8
+    files' top-1 agreement with float and accuracy drop per runtime from `accuracy`
+    (int8_accuracy.json's contents; default: the repository's `ACCURACY` file)."""
     by_width = {row["width"]: row for row in rows}
     entries = _entries()
     for row in rows:
@@ -228,6 +385,13 @@ def render(rows):
             f"| {entry.num_params / 1e6:.2f}M | {entry.macs / 1e6:.0f}M "
             f"| {entry.acc1:.1f} / {entry.acc5:.1f} | " + " | ".join(measured) + " |"
         )
+    int8 = [
+        p
+        for p in INT8_COLUMNS
+        if rows and all(f"{p}_int8_ms" in r and f"{p}_int8_bytes" in r for r in rows)
+    ]
+    if int8:
+        lines += ["", *_int8_table(entries, by_width, int8)]
     settings = {
         (r["machine"], r["threads"], r["date"], r.get("tensorflow"), _load(r), r.get("note"))
         + (r.get("processes_per_runtime"),)
@@ -252,6 +416,11 @@ def render(rows):
             + f", {timing}) on {machine} (TensorFlow {tf_version}, "
             f"{date})" + (f"; {details}" if details else "") + "."
         )
+    if int8:
+        if accuracy is None:
+            with open(os.path.join(REPOSITORY, ACCURACY)) as f:
+                accuracy = json.load(f)
+        lines += ["", _int8_text(rows, int8, accuracy)]
     return "\n".join(lines)
 
 
@@ -296,6 +465,10 @@ def parse_args(argv=None):
     run.add_argument("--note", default="", help="the machine's state, kept in each row")
     show = commands.add_parser("render", help="the markdown table from the rows")
     show.add_argument("--json", default=ROWS, help="the measured rows")
+    show.add_argument(
+        "--accuracy",
+        help=f"int8_accuracy.json for the int8 caption (default: the repository's {ACCURACY})",
+    )
     show.add_argument("--readme", help="replace the table between this file's markers")
     show.add_argument("--guide", help="replace the registry table between this file's markers")
     show.add_argument(
@@ -330,8 +503,12 @@ def main(argv=None):
         return 0
     with open(args.json) as f:
         rows = json.load(f)
+    accuracy = None
+    if args.accuracy:
+        with open(args.accuracy) as f:
+            accuracy = json.load(f)
     pages = [
-        (args.readme, render(rows), BEGIN, END),
+        (args.readme, render(rows, accuracy), BEGIN, END),
         (args.guide, render_weights(), WEIGHTS_BEGIN, WEIGHTS_END),
     ]
     if not args.readme and not args.guide:
