@@ -10,11 +10,19 @@ kept and measured (the numbers decide, not the default 0.99 / 0.5). One row per 
 runtime goes to `--json` as it is measured (a stopped run keeps its rows; a rerun skips
 the seeds it holds).
 
+`--first-layer-float` measures instead the ONNX and OpenVINO int8 files with the first
+convolution left in float (`float_nodes` of `export_onnx_int8` / `export_openvino_int8`),
+the same calibration images per seed as the full-integer rows of `--paired-with`, and
+summarizes the paired differences (agreement and drop, this variant minus full int8).
+
 Usage:
     autoshuffle-train --dataset fashion_mnist --model v2 --width 0.5 --epochs 5 \
         --seed 0 --output /tmp/fm_v2 --no-export
     python -m experiments.int8_accuracy --model /tmp/fm_v2/model.keras \
         --json docs/results/int8_accuracy.json --seeds 0 1 2 3 4
+    python -m experiments.int8_accuracy --model /tmp/fm_v2/model.keras --first-layer-float \
+        --json docs/results/int8_first_layer_float.json \
+        --paired-with docs/results/int8_accuracy.json --seeds 0 1 2 3 4
 """
 
 import argparse
@@ -35,33 +43,128 @@ def _rows(path):
         return json.load(f)["rows"]
 
 
-def _save(path, rows, settings):
+def _save(path, rows, settings, paired_with=None):
     from keras_autoshuffle._atomic import write_json
 
-    write_json(path, {"settings": settings, "rows": rows, "summary": summarize(rows)})
+    content = {"settings": settings, "rows": rows, "summary": summarize(rows)}
+    if paired_with is not None:
+        content["paired_with"] = paired_with
+        content["paired_differences"] = paired_differences(rows, _rows(paired_with))
+    write_json(path, content)
+
+
+def _interval(values):
+    """Mean and 95% t interval of `values`."""
+    from scipy import stats
+
+    values = np.asarray(values, dtype=float)
+    mean = float(values.mean())
+    if len(values) < 2:
+        return {"mean": mean, "ci95": [float("nan"), float("nan")]}
+    half = float(stats.t.ppf(0.975, len(values) - 1) * stats.sem(values))
+    return {"mean": mean, "ci95": [mean - half, mean + half]}
+
+
+def paired_differences(rows, base_rows):
+    """Per runtime: this variant minus the full int8 rows of the same seed, agreement (as a
+    fraction) and accuracy drop (points), mean and 95% t interval over the shared seeds."""
+    base = {(r["seed"], r["runtime"]): r for r in base_rows}
+    result = {}
+    for runtime in RUNTIMES.values():
+        pairs = [
+            (r, base[r["seed"], runtime])
+            for r in rows
+            if r["runtime"] == runtime and (r["seed"], runtime) in base
+        ]
+        if not pairs:
+            continue
+        result[runtime] = {
+            "seeds": len(pairs),
+            **{
+                name: _interval([r[name] - b[name] for r, b in pairs])
+                for name in ("top1_agreement", "accuracy_drop")
+            },
+        }
+    return result
 
 
 def summarize(rows):
     """Per runtime: mean accuracy drop (points) and top-1 agreement over the seeds, with
     95% t intervals."""
-    from scipy import stats
-
     summary = {}
     for runtime in RUNTIMES.values():
         picked = [r for r in rows if r["runtime"] == runtime]
         if not picked:
             continue
-        entry = {"seeds": len(picked)}
-        for name in ("accuracy_drop", "top1_agreement"):
-            values = np.array([r[name] for r in picked], dtype=float)
-            mean = float(values.mean())
-            if len(values) > 1:
-                half = float(stats.t.ppf(0.975, len(values) - 1) * stats.sem(values))
-            else:
-                half = float("nan")
-            entry[name] = {"mean": mean, "ci95": [mean - half, mean + half]}
-        summary[runtime] = entry
+        summary[runtime] = {
+            "seeds": len(picked),
+            **{
+                name: _interval([r[name] for r in picked])
+                for name in ("accuracy_drop", "top1_agreement")
+            },
+        }
     return summary
+
+
+class FirstLayerFloat:
+    """The ONNX and OpenVINO int8 files with the net's first convolution left in float
+    (named in each graph: its first Conv / Convolution), checked as `export_model` checks
+    the full-integer ones: agreement with the Keras model, accuracy on the test images."""
+
+    def __init__(self, folded, model, images, labels):
+        import onnx
+        import openvino
+
+        from keras_autoshuffle import export
+        from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML
+
+        self._scratch = tempfile.TemporaryDirectory()
+        self.folder = self._scratch.name
+        export.export_model(
+            folded, self.folder, images[:8], formats=("onnx", "openvino"), reference=model
+        )
+        self.images, self.labels = images, labels
+        self.float_top1 = model.predict(images, batch_size=256, verbose=0).argmax(-1)
+        graph = onnx.load(os.path.join(self.folder, "model.onnx")).graph
+        self.onnx_first = next(n.name for n in graph.node if n.op_type == "Conv")
+        ir = openvino.Core().read_model(os.path.join(self.folder, "openvino", OPENVINO_XML))
+        self.openvino_first = next(
+            op.get_friendly_name()
+            for op in ir.get_ordered_ops()
+            if op.get_type_name() == "Convolution"
+        )
+
+    def rows(self, seed, calibration):
+        from keras_autoshuffle.export import onnx_outputs, size_bytes
+        from keras_autoshuffle.export.int8_runtimes import export_onnx_int8, export_openvino_int8
+        from keras_autoshuffle.export.onnx_runtimes import openvino_outputs
+
+        jobs = {
+            "onnx": ("model.onnx", export_onnx_int8, onnx_outputs, self.onnx_first),
+            "openvino": ("openvino", export_openvino_int8, openvino_outputs, self.openvino_first),
+        }
+        float_accuracy = float((self.float_top1 == self.labels).mean())
+        rows = []
+        for runtime, (name, write, outputs, first) in jobs.items():
+            source = os.path.join(self.folder, name)
+            path = os.path.join(self.folder, f"{runtime}_int8_{seed}")
+            write(source, path, calibration, float_nodes=[first])
+            top1 = outputs(path, self.images).argmax(-1)
+            accuracy = float((top1 == self.labels).mean())
+            rows.append(
+                {
+                    "seed": seed,
+                    "runtime": runtime,
+                    "accuracy": accuracy,
+                    "float_accuracy": float_accuracy,
+                    "accuracy_drop": 100 * (float_accuracy - accuracy),
+                    "top1_agreement": float((top1 == self.float_top1).mean()),
+                    "bytes": size_bytes(path),
+                    "float_bytes": size_bytes(source),
+                    "float_node": first,
+                }
+            )
+        return rows
 
 
 def main(argv=None):
@@ -70,7 +173,15 @@ def main(argv=None):
     parser.add_argument("--json", required=True, help="rows file (appended to, per seed)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--calibration", type=int, default=500)
+    parser.add_argument(
+        "--first-layer-float",
+        action="store_true",
+        help="ONNX and OpenVINO int8 with the first convolution in float",
+    )
+    parser.add_argument("--paired-with", help="the full-integer rows to pair by seed")
     args = parser.parse_args(argv)
+    if args.first_layer_float and not args.paired_with:
+        parser.error("--first-layer-float needs --paired-with (the full-integer rows).")
 
     import keras
 
@@ -86,13 +197,21 @@ def main(argv=None):
         "calibration_images": args.calibration,
         "test_images": len(labels),
         "cpu": cpu_name(),
+        **({"variant": "first convolution in float"} if args.first_layer_float else {}),
     }
     rows = _rows(args.json)
     done = {r["seed"] for r in rows}
+    if args.first_layer_float:
+        variant = FirstLayerFloat(folded, model, images, labels)
     for seed in args.seeds:
         if seed in done:
             continue
         pick = np.random.default_rng(seed).choice(len(train_images), args.calibration, False)
+        if args.first_layer_float:
+            rows += variant.rows(seed, train_images[np.sort(pick)])
+            _save(args.json, rows, settings, args.paired_with)
+            print(json.dumps(rows[-2:]), flush=True)
+            continue
         with tempfile.TemporaryDirectory() as folder:
             results = export.export_model(
                 folded,
@@ -123,6 +242,8 @@ def main(argv=None):
         _save(args.json, rows, settings)
         print(json.dumps(rows[-3:]), flush=True)
     print(json.dumps(summarize(rows), indent=1))
+    if args.paired_with:
+        print(json.dumps(paired_differences(rows, _rows(args.paired_with)), indent=1))
     return 0
 
 

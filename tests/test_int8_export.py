@@ -347,3 +347,51 @@ def test_a_relaxed_net_is_not_quantized_even_where_relaxed_exports_are_allowed(t
             test_data=(_images(4), [0, 1, 2, 3]),
         )
     assert not (tmp_path / "out").exists()
+
+
+@needs_extra("openvino")
+def test_float_nodes_leave_the_first_convolution_in_float(exported, tmp_path):
+    # Each writer with the float file's first convolution named in `float_nodes`: that
+    # convolution reads float weights (no DequantizeLinear / quantized constant before it),
+    # the next one still int8.
+    pytest.importorskip("nncf")
+    import onnx
+    import openvino
+
+    from keras_autoshuffle.export.int8_runtimes import export_onnx_int8, export_openvino_int8
+
+    results, images = exported[0], exported[1]
+    calibration = images[:32]
+    first = next(
+        n.name for n in onnx.load(results["onnx"]["path"]).graph.node if n.op_type == "Conv"
+    )
+    path = export_onnx_int8(
+        results["onnx"]["path"], str(tmp_path / "first.onnx"), calibration, float_nodes=[first]
+    )
+    graph = onnx.load(path).graph
+    dequantized = {n.output[0] for n in graph.node if n.op_type == "DequantizeLinear"}
+    convs = [n for n in graph.node if n.op_type == "Conv"]
+    assert convs[0].name == first and convs[0].input[1] not in dequantized
+    assert convs[1].input[1] in dequantized
+
+    ir = openvino.Core().read_model(
+        os.path.join(results["openvino"]["path"], onnx_runtimes.OPENVINO_XML)
+    )
+    name = next(
+        op.get_friendly_name() for op in ir.get_ordered_ops() if op.get_type_name() == "Convolution"
+    )
+    folder = export_openvino_int8(
+        results["openvino"]["path"], str(tmp_path / "first_ov"), calibration, float_nodes=[name]
+    )
+    quantized = openvino.Core().read_model(os.path.join(folder, onnx_runtimes.OPENVINO_XML))
+    # The op feeding each convolution's weights: a float32 Constant where left in float,
+    # else NNCF's int8 weight decompression (Convert / Subtract / Multiply).
+    weights = {
+        op.get_friendly_name(): op.input_value(1).get_node()
+        for op in quantized.get_ordered_ops()
+        if op.get_type_name() == "Convolution"
+    }
+    assert weights[name].get_type_name() == "Constant"
+    assert weights[name].get_element_type() == openvino.Type.f32
+    others = [source for other, source in weights.items() if other != name]
+    assert others and others[0].get_type_name() != "Constant"

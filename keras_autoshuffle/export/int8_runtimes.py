@@ -6,6 +6,7 @@ file (`int8.Int8CheckError` past the limits, and no file is left behind):
 `export_int8_file_checked`, which `export_model(quantize="int8")` calls."""
 
 import os
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -46,6 +47,7 @@ def export_onnx_int8(
     representative_data: np.ndarray,
     quant_format: str = ONNX_QUANT_FORMAT,
     activation_type: str = ONNX_ACTIVATION_TYPE,
+    float_nodes: Sequence[str] = (),
 ) -> str | os.PathLike:
     """Writes (atomically) a full-integer ONNX file quantized from the float one.
 
@@ -56,6 +58,8 @@ def export_onnx_int8(
             training images, run through the float graph to choose the int8 ranges.
         quant_format: "QDQ" (the default) or "QOperator" (QLinearConv).
         activation_type: "QUInt8" (the default) or "QInt8", the activations' type.
+        float_nodes: names of ONNX nodes left in float (ONNX Runtime's `nodes_to_exclude`),
+            e.g. the first convolution (Lab notes: inference, "What raises int8 agreement").
 
     Returns:
         `path`.
@@ -82,13 +86,17 @@ def export_onnx_int8(
             reduce_range=True,
             activation_type=getattr(QuantType, activation_type),
             weight_type=QuantType.QInt8,
+            nodes_to_exclude=list(float_nodes),
         )
 
     return write_atomically(path, write)
 
 
 def export_openvino_int8(
-    float_path: str | os.PathLike, path: str | os.PathLike, representative_data: np.ndarray
+    float_path: str | os.PathLike,
+    path: str | os.PathLike,
+    representative_data: np.ndarray,
+    float_nodes: Sequence[str] = (),
 ) -> str | os.PathLike:
     """Writes (atomically) an int8 OpenVINO IR folder by NNCF post-training quantization.
 
@@ -96,6 +104,8 @@ def export_openvino_int8(
         float_path: the float IR folder written by `export_openvino`.
         path: the int8 IR folder to write (`model.xml`, `model.bin`).
         representative_data: float32 inputs, e.g. a few hundred training images.
+        float_nodes: names of OpenVINO operations left in float (NNCF's `IgnoredScope`),
+            e.g. the first convolution (Lab notes: inference, "What raises int8 agreement").
 
     Returns:
         `path`.
@@ -119,7 +129,11 @@ def export_openvino_int8(
     def write(partial):
         os.makedirs(partial)
         quantized = nncf.quantize(
-            model, dataset, subset_size=len(data), advanced_parameters=advanced
+            model,
+            dataset,
+            subset_size=len(data),
+            advanced_parameters=advanced,
+            ignored_scope=nncf.IgnoredScope(names=list(float_nodes)) if float_nodes else None,
         )
         openvino.save_model(quantized, os.path.join(partial, OPENVINO_XML), compress_to_fp16=False)
 
