@@ -56,6 +56,7 @@ from keras_autoshuffle.export.int8 import (
     export_int8,
     int8_check,
 )
+from keras_autoshuffle.export.int8_runtimes import export_onnx_int8, export_openvino_int8
 from keras_autoshuffle.export.litert import (
     _PREDICT_BATCH,
     keras_predict,
@@ -104,7 +105,9 @@ __all__ = [
     "export_litert",
     "export_model",
     "export_onnx",
+    "export_onnx_int8",
     "export_openvino",
+    "export_openvino_int8",
     "export_saved_model",
     "int8_check",
     "keras_outputs",
