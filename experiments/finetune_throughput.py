@@ -52,7 +52,11 @@ import numpy as np  # noqa: E402
 DECODES = ("cached", "scaled", "full")
 TARGET = 3.0  # the issue: the pipeline delivers at least 3x the step's images/s
 CLASSES = 10
-DEFAULT_PHOTOS = ("1600x1200:200", "640x480:200", "4000x3000:64")
+# 200 photos of each size: each round times one epoch, and an epoch pays a start-up
+# (`model.fit` opens a new iterator each epoch: the pipeline's functions are instantiated
+# and optimised again, ~0.1 s on 2 cores, experiments/pipeline_speed.py); with 64 photos
+# (2 batches) it was most of the cached epoch, the same pixels read as for the other sizes.
+DEFAULT_PHOTOS = ("1600x1200:200", "640x480:200", "4000x3000:200")
 
 
 def parse_photos(text):

@@ -173,6 +173,50 @@ def test_imagenet_with_mock_data(mocked_tfds):
     np.testing.assert_array_equal(first, second)
 
 
+def test_normalize_is_the_per_channel_formula_for_any_shape():
+    # Computed as image * scale - offset along rows of pixels (speed): the formula
+    # (image / 255 - mean) / std within float32 rounding, for one image or a batch, shapes
+    # known or not when traced, per-channel or scalar constants; the static shape is kept.
+    mean, std = data.IMAGENET_MEAN, data.IMAGENET_STD
+    rng = np.random.default_rng(0)
+    for shape in [(224, 224, 3), (7, 11, 3), (2, 5, 9, 3)]:
+        image = rng.integers(0, 256, shape).astype(np.uint8)
+        expected = (image / 255 - np.array(mean)) / np.array(std)
+        np.testing.assert_allclose(data.normalize(image, mean, std), expected, atol=1e-6)
+        traced = tf.function(lambda x: data.normalize(x, mean, std)).get_concrete_function(
+            tf.TensorSpec([None] * (len(shape) - 1) + [3], tf.uint8)
+        )
+        np.testing.assert_allclose(traced(tf.constant(image)), expected, atol=1e-6)
+    assert data.normalize(tf.zeros((4, 6, 3)), mean, std).shape == (4, 6, 3)
+    gray = rng.integers(0, 256, (5, 4, 1)).astype(np.uint8)
+    np.testing.assert_allclose(
+        data.normalize(gray, 0.5, 0.25), (gray / 255 - 0.5) / 0.25, atol=1e-6
+    )
+
+
+def test_the_random_resized_crop_is_the_uint8_resize_of_its_box():
+    # The crop is cast to float32 before the resize (faster): the same pixels as resizing
+    # the uint8 crop of the box sampled with the torchvision ranges.
+    rng = np.random.default_rng(1)
+    for height, width in [(448, 597), (37, 23), (300, 300)]:
+        image = tf.constant(rng.integers(0, 256, (height, width, 3)).astype(np.uint8))
+        for k in range(4):
+            seed = tf.constant([k, height], tf.int64)
+            begin, size, _ = tf.image.stateless_sample_distorted_bounding_box(
+                tf.shape(image),
+                bounding_boxes=tf.constant([[[0.0, 0.0, 1.0, 1.0]]]),
+                seed=tf.random.experimental.stateless_split(seed, 2)[0],
+                min_object_covered=0.0,
+                aspect_ratio_range=(3 / 4, 4 / 3),
+                area_range=(0.08, 1.0),
+                max_attempts=10,
+                use_image_if_no_bounding_boxes=True,
+            )
+            expected = tf.image.resize(tf.slice(image, begin, size), (24, 24))
+            crop = data.random_resized_crop(image, seed, size=24, flip=False)
+            np.testing.assert_array_equal(crop, expected)
+
+
 def test_resize_center_crop_takes_the_center():
     image = tf.reshape(tf.range(300 * 400 * 3, dtype=tf.float32), (300, 400, 3))
     out = data.resize_center_crop(image, resize=300, size=200)

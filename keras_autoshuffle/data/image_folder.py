@@ -724,7 +724,7 @@ class ImageFolderData(EpochData):
         subset._cached = None if self._cached is None else self._cached[:count]
         return subset
 
-    def _examples(self, epoch, training):
+    def _examples(self, epoch, training, prepare):
         if training and not self.training:
             raise ValueError(
                 "This is a validation split (training=False): it has evaluation epochs "
@@ -746,13 +746,13 @@ class ImageFolderData(EpochData):
             if training and self._cached is not None:
                 contents = tf.io.read_file(tf.gather(files, index))
                 image = read_cached(contents, tf.gather(shapes, index))
-                return image, tf.gather(labels, index), index
+                return prepare(image, tf.gather(labels, index), index)
             contents = tf.io.read_file(tf.gather(paths, index))
             # Evaluation: the full image, for evaluation_preprocessing's exact pixels.
             image = decode_rgb(contents, self.decode_min_side if training else None)
             if not training:
                 image = self._evaluate(image)
-            return image, tf.gather(labels, index), index
+            return prepare(image, tf.gather(labels, index), index)
 
         order = tf.data.Dataset.from_tensor_slices(tf.cast(order, tf.int64))
         return order.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)

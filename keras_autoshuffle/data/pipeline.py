@@ -66,9 +66,12 @@ class EpochCounter:
 class EpochData:
     """A data split whose epoch `e` is a pure function of `(seed, e)`.
 
-    Subclasses implement `num_examples` and `_examples(epoch, training)`: a dataset of
-    `(image, label, index)` in the epoch's order; this class augments (training only),
-    batches, shards and prefetches.
+    Subclasses implement `num_examples` and `_examples(epoch, training, prepare)`: a
+    dataset of `prepare(image, label, index)` in the epoch's order, `prepare` called in
+    the same parallel map that reads the example (one map per example: each tf.data map
+    adds its own per-element cost and, each epoch, its function's instantiation and
+    optimisation); `prepare` augments (training only), this class batches, shards and
+    prefetches.
     """
 
     num_classes = None
@@ -111,18 +114,13 @@ class EpochData:
         one step together are the global batch of a single-worker run.
         """
         self._check_batch(batch_size, training)
-        data = self._examples(epoch, training)
-        if training:
-            data = data.map(
-                lambda image, label, index: (
-                    self._augment(image, example_seed(self.seed, epoch, index)),
-                    label,
-                ),
-                num_parallel_calls=tf.data.AUTOTUNE,
-                deterministic=True,
-            )
-        else:
-            data = data.map(lambda image, label, index: (image, label))
+
+        def prepare(image, label, index):
+            if training:
+                image = self._augment(image, example_seed(self.seed, epoch, index))
+            return image, label
+
+        data = self._examples(epoch, training, prepare)
         data = data.batch(batch_size, drop_remainder=training)
         if num_shards > 1:
             data = data.shard(num_shards, shard_index)
@@ -189,14 +187,16 @@ class ArrayData(EpochData):
         )
         return data
 
-    def _examples(self, epoch, training):
+    def _examples(self, epoch, training, prepare):
         images, labels = tf.constant(self.images), tf.constant(self.labels)
         if training:
             order = epoch_permutation(self.num_examples, self.seed, epoch)
         else:
             order = tf.range(self.num_examples)
         return tf.data.Dataset.from_tensor_slices(tf.cast(order, tf.int64)).map(
-            lambda i: (tf.gather(images, i), tf.gather(labels, i), i)
+            lambda i: prepare(tf.gather(images, i), tf.gather(labels, i), i),
+            num_parallel_calls=tf.data.AUTOTUNE,
+            deterministic=True,
         )
 
     def _augment(self, image, seed):
@@ -256,16 +256,18 @@ class TFDSData(EpochData):
         )
         return data if self._limit is None else data.take(self._limit)
 
-    def _examples(self, epoch, training):
+    def _examples(self, epoch, training, prepare):
         data = self._read().enumerate().map(lambda i, ex: (ex["image"], ex["label"], i))
-        if not training:
-            return data.map(
-                lambda image, label, i: (self.eval_transform(image), label, i),
-                num_parallel_calls=tf.data.AUTOTUNE,
-                deterministic=True,
-            )
-        seed = tf.cast(self.seed, tf.int64) * 1_000_003 + tf.cast(epoch, tf.int64)
-        return data.shuffle(self.shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
+        if training:
+            seed = tf.cast(self.seed, tf.int64) * 1_000_003 + tf.cast(epoch, tf.int64)
+            data = data.shuffle(self.shuffle_buffer, seed=seed, reshuffle_each_iteration=False)
+
+        def load(image, label, index):
+            if not training:
+                image = self.eval_transform(image)
+            return prepare(image, label, index)
+
+        return data.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     def _augment(self, image, seed):
         return self.train_transform(image, seed)

@@ -6,6 +6,7 @@ example's augmentation depends only on `(seed, epoch, example index)`.
 
 from collections.abc import Sequence
 
+import numpy as np
 import tensorflow as tf
 
 from keras_autoshuffle._resize_crop import tf_resize_center_crop
@@ -14,9 +15,23 @@ from keras_autoshuffle._resize_crop import tf_resize_center_crop
 def normalize(
     image: tf.Tensor, mean: float | Sequence[float], std: float | Sequence[float]
 ) -> tf.Tensor:
-    """Scales uint8 (or [0, 255]) images to [0, 1] and standardises each channel."""
-    image = tf.cast(image, tf.float32) / 255.0
-    return (image - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+    """Scales uint8 (or [0, 255]) images to [0, 1] and standardises each channel:
+    `(image / 255 - mean) / std`, computed as `image * scale - offset` (the same within
+    float32 rounding)."""
+    image = tf.cast(image, tf.float32)
+    std = np.asarray(std, np.float32)
+    scale, offset = np.broadcast_arrays(1 / (255 * std), np.asarray(mean, np.float32) / std)
+    if scale.size == 1:
+        return image * scale.reshape(()) - offset.reshape(())
+    # Per channel, the constants repeated along a row of pixels (width x channels):
+    # TensorFlow's CPU broadcast of a (channels,) constant is ~5x slower (1.1 ms for a
+    # 224 x 224 image, 0.2 ms this way), the training pipeline's largest per-image cost.
+    shape = tf.shape(image)
+    rows = tf.reshape(image, tf.concat([shape[:-2], [-1]], axis=0))
+    rows = rows * tf.tile(scale, shape[-2:-1]) - tf.tile(offset, shape[-2:-1])
+    normalized = tf.reshape(rows, shape)
+    normalized.set_shape(image.shape)
+    return normalized
 
 
 def pad_crop_flip(
@@ -66,7 +81,8 @@ def random_resized_crop(
         max_attempts=10,
         use_image_if_no_bounding_boxes=True,
     )
-    image = tf.slice(image, begin, crop_size)
+    # Cast first: the same pixels (resize computes in float32), faster than from uint8.
+    image = tf.cast(tf.slice(image, begin, crop_size), tf.float32)
     image = tf.image.resize(image, (size, size), method="bilinear")
     if not flip:
         return image
