@@ -371,6 +371,14 @@ def page(document):
         "Both share the machine's cores while training: these are the pipeline's and the "
         "step's speeds measured apart, one after the other in each round.",
         "",
+        "Each epoch the pipeline also pays a start-up (`model.fit` opens a new iterator, "
+        "whose functions are built and optimised again), measured apart by "
+        "`experiments/pipeline_speed.py`: a training folder of only a few batches gets "
+        "fewer images/s than these folders of "
+        + " / ".join(text.split(":")[1] for text in settings["photos"])
+        + " photos ([Lab notes: training](../lab-notes/training.md"
+        "#the-fine-tuning-input-pipeline-where-a-cached-epochs-time-went-issue-40)).",
+        "",
     ]
     return "\n".join(lines)
 
