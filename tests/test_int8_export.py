@@ -395,3 +395,20 @@ def test_float_nodes_leave_the_first_convolution_in_float(exported, tmp_path):
     assert weights[name].get_element_type() == openvino.Type.f32
     others = [source for other, source in weights.items() if other != name]
     assert others and others[0].get_type_name() != "Constant"
+
+
+@needs_extra("openvino")
+@pytest.mark.parametrize("float_nodes", [["no_such_node"], "stem_conv", [3]])
+def test_float_nodes_not_in_the_graph_are_refused_before_writing(exported, tmp_path, float_nodes):
+    # ONNX Runtime would ignore an unknown name and quantize the node meant to stay float.
+    pytest.importorskip("nncf")
+    from keras_autoshuffle.export.int8_runtimes import export_onnx_int8, export_openvino_int8
+
+    results, images = exported[0], exported[1]
+    for writer, key, target in (
+        (export_onnx_int8, "onnx", tmp_path / "x.onnx"),
+        (export_openvino_int8, "openvino", tmp_path / "x_ov"),
+    ):
+        with pytest.raises(ValueError, match=r"float_nodes.*Received: float_nodes="):
+            writer(results[key]["path"], str(target), images[:32], float_nodes=float_nodes)
+        assert not target.exists()

@@ -41,6 +41,24 @@ def _calibration_reader(input_name: str, images: np.ndarray):
     return _Reader()
 
 
+def _check_float_nodes(float_nodes, names, path):
+    """`float_nodes` as a list, each name one of the graph's `names`: ONNX Runtime ignores
+    an unknown name silently, which would quantize the node the caller meant to keep."""
+    if not isinstance(float_nodes, (list, tuple)) or not all(
+        isinstance(n, str) for n in float_nodes
+    ):
+        raise ValueError(
+            f"`float_nodes` must be a list of node names. Received: float_nodes={float_nodes!r}"
+        )
+    unknown = [n for n in float_nodes if n not in names]
+    if unknown:
+        raise ValueError(
+            f"`float_nodes` names nodes that {path} does not have: {unknown}. Its first nodes: "
+            f"{list(names)[:5]}. Received: float_nodes={list(float_nodes)!r}"
+        )
+    return list(float_nodes)
+
+
 def export_onnx_int8(
     float_path: str | os.PathLike,
     path: str | os.PathLike,
@@ -64,10 +82,13 @@ def export_onnx_int8(
     Returns:
         `path`.
     """
+    import onnx
     import onnxruntime
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
 
     data = np.asarray(representative_data, dtype="float32")
+    graph = onnx.load(str(float_path), load_external_data=False).graph
+    excluded = _check_float_nodes(float_nodes, [n.name for n in graph.node], float_path)
     name = (
         onnxruntime.InferenceSession(str(float_path), providers=["CPUExecutionProvider"])
         .get_inputs()[0]
@@ -86,7 +107,7 @@ def export_onnx_int8(
             reduce_range=True,
             activation_type=getattr(QuantType, activation_type),
             weight_type=QuantType.QInt8,
-            nodes_to_exclude=list(float_nodes),
+            nodes_to_exclude=excluded,
         )
 
     return write_atomically(path, write)
@@ -119,6 +140,8 @@ def export_openvino_int8(
 
     data = np.asarray(representative_data, dtype="float32")
     model = openvino.Core().read_model(os.path.join(float_path, OPENVINO_XML))
+    names = [op.get_friendly_name() for op in model.get_ordered_ops()]
+    ignored = _check_float_nodes(float_nodes, names, float_path)
     dataset = nncf.Dataset([data[i : i + 1] for i in range(len(data))])
     # 7-bit weights in every layer (NNCF's default: the first only), as ONNX's
     # `reduce_range`: u8 x s8 products saturate the 16-bit sums of AVX2 kernels without
@@ -133,7 +156,7 @@ def export_openvino_int8(
             dataset,
             subset_size=len(data),
             advanced_parameters=advanced,
-            ignored_scope=nncf.IgnoredScope(names=list(float_nodes)) if float_nodes else None,
+            ignored_scope=nncf.IgnoredScope(names=ignored) if ignored else None,
         )
         openvino.save_model(quantized, os.path.join(partial, OPENVINO_XML), compress_to_fp16=False)
 
