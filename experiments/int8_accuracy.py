@@ -43,6 +43,34 @@ def _rows(path):
         return json.load(f)["rows"]
 
 
+def _settings(path):
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f)["settings"]
+
+
+def check_settings(settings, json_path, paired_with):
+    """Refuses rows of other settings: `json_path`'s (its seeds would be skipped as done)
+    and `paired_with`'s (paired by seed, they must share the net and the images)."""
+    held = _settings(json_path)
+    if held is not None and held != settings:
+        raise SystemExit(
+            f"{json_path} holds rows of other settings: {held}. Write to another file. "
+            f"Received: {settings}"
+        )
+    if paired_with:
+        base = _settings(paired_with)
+        if base is None:
+            raise SystemExit(f"--paired-with: no such rows file. Received: {paired_with!r}")
+        keys = ("model", "calibration_images", "test_images")
+        if any(base.get(k) != settings[k] for k in keys):
+            raise SystemExit(
+                f"{paired_with} was measured with other settings: "
+                f"{ {k: base.get(k) for k in keys} }. Received: { {k: settings[k] for k in keys} }"
+            )
+
+
 def _save(path, rows, settings, paired_with=None):
     from keras_autoshuffle._atomic import write_json
 
@@ -180,8 +208,8 @@ def main(argv=None):
     )
     parser.add_argument("--paired-with", help="the full-integer rows to pair by seed")
     args = parser.parse_args(argv)
-    if args.first_layer_float and not args.paired_with:
-        parser.error("--first-layer-float needs --paired-with (the full-integer rows).")
+    if args.first_layer_float != bool(args.paired_with):
+        parser.error("--first-layer-float and --paired-with (the full-integer rows) go together.")
 
     import keras
 
@@ -199,6 +227,7 @@ def main(argv=None):
         "cpu": cpu_name(),
         **({"variant": "first convolution in float"} if args.first_layer_float else {}),
     }
+    check_settings(settings, args.json, args.paired_with)
     rows = _rows(args.json)
     done = {r["seed"] for r in rows}
     if args.first_layer_float:

@@ -192,6 +192,12 @@ def test_normalize_is_the_per_channel_formula_for_any_shape():
     np.testing.assert_allclose(
         data.normalize(gray, 0.5, 0.25), (gray / 255 - 0.5) / 0.25, atol=1e-6
     )
+    # One channel against three constants: one image per channel, as NumPy broadcasts.
+    np.testing.assert_allclose(
+        data.normalize(gray, mean, std), (gray / 255 - np.array(mean)) / np.array(std), atol=1e-6
+    )
+    with pytest.raises(ValueError, match=r"4 channels.*Received: image.shape=\(5, 4, 4\)"):
+        data.normalize(np.zeros((5, 4, 4), np.uint8), mean, std)
 
 
 def test_the_random_resized_crop_is_the_uint8_resize_of_its_box():

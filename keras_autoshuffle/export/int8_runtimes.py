@@ -6,7 +6,6 @@ file (`int8.Int8CheckError` past the limits, and no file is left behind):
 `export_int8_file_checked`, which `export_model(quantize="int8")` calls."""
 
 import os
-from collections.abc import Sequence
 
 import numpy as np
 
@@ -65,7 +64,7 @@ def export_onnx_int8(
     representative_data: np.ndarray,
     quant_format: str = ONNX_QUANT_FORMAT,
     activation_type: str = ONNX_ACTIVATION_TYPE,
-    float_nodes: Sequence[str] = (),
+    float_nodes: list[str] | tuple[str, ...] = (),
 ) -> str | os.PathLike:
     """Writes (atomically) a full-integer ONNX file quantized from the float one.
 
@@ -81,6 +80,10 @@ def export_onnx_int8(
 
     Returns:
         `path`.
+
+    Raises:
+        ValueError: `float_nodes` is not a list of names, or names a node the float file
+            does not have (nothing is written).
     """
     import onnx
     import onnxruntime
@@ -117,7 +120,7 @@ def export_openvino_int8(
     float_path: str | os.PathLike,
     path: str | os.PathLike,
     representative_data: np.ndarray,
-    float_nodes: Sequence[str] = (),
+    float_nodes: list[str] | tuple[str, ...] = (),
 ) -> str | os.PathLike:
     """Writes (atomically) an int8 OpenVINO IR folder by NNCF post-training quantization.
 
@@ -130,6 +133,10 @@ def export_openvino_int8(
 
     Returns:
         `path`.
+
+    Raises:
+        ValueError: `float_nodes` is not a list of names, or names an operation the float
+            IR does not have (nothing is written).
     """
     import nncf
     import openvino
