@@ -64,7 +64,9 @@ def move_into_place(temporary, path):
         remove(old)
     else:
         os.replace(temporary, path)
-    sync(os.path.dirname(os.path.abspath(path)))
+    # The parent's entry only: walking the parent's tree would flush every file beside
+    # `path` (all of /tmp, a run's checkpoints) and block on a named pipe there.
+    _fsync(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
 
 
 def write_atomically(path, write):

@@ -594,3 +594,20 @@ def test_a_recipe_refuses_bad_values(changes):
     key = next(iter(changes))
     with pytest.raises(ValueError, match=f"Received: {key}="):
         training.Recipe(**{**vars(RECIPE), **changes})
+
+
+def test_an_atomic_write_beside_a_named_pipe_neither_blocks_nor_reads_its_neighbours(tmp_path):
+    # After the move only the parent folder's entry is flushed: flushing every file beside
+    # the written one opened the pipe for reading, which blocks until a writer comes.
+    import threading
+
+    os.mkfifo(tmp_path / "pipe")
+    done = []
+    thread = threading.Thread(
+        target=lambda: done.append(_atomic.write_json(str(tmp_path / "row.json"), {"a": 1})),
+        daemon=True,
+    )
+    thread.start()
+    thread.join(timeout=30)
+    assert done, "write_json blocked on a named pipe beside its file"
+    assert json.loads((tmp_path / "row.json").read_text()) == {"a": 1}
