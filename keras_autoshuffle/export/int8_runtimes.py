@@ -182,6 +182,7 @@ def export_int8_file_checked(
     test: tuple[np.ndarray, np.ndarray],
     float_outputs: np.ndarray,
     limits: tuple[float, float],
+    float_nodes: list[str] | tuple[str, ...] = (),
 ) -> dict:
     """The int8 ONNX or OpenVINO file quantized from `float_path`, kept only when its
     runtime's predictions on the test images pass the check against the float model.
@@ -197,6 +198,7 @@ def export_int8_file_checked(
         test: (images, labels): float32 test inputs and their integer labels.
         float_outputs: the float model's outputs on the test images.
         limits: (least top-1 agreement as a fraction, most accuracy drop in points).
+        float_nodes: nodes left in float (the writers' `float_nodes`).
 
     Returns:
         The check's entry: accuracy, float_accuracy, top1_agreement, test_examples,
@@ -207,7 +209,7 @@ def export_int8_file_checked(
     """
     entry = write_checked(
         key,
-        lambda partial: _WRITERS[key](float_path, partial, calibration),
+        lambda partial: _WRITERS[key](float_path, partial, calibration, float_nodes=float_nodes),
         _PREDICTORS[key],
         path,
         float_path,
