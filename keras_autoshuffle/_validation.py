@@ -116,6 +116,29 @@ def positive_int_argument(text):
     return value
 
 
+def percentage_points(value, name):
+    """`value` as a float (-0.0 as 0.0); ValueError unless it is a number of percentage
+    points in [0, 100] (no NaN, no inf: an accuracy cannot drop by more than 100)."""
+    if not is_number(value) or not 0 <= value <= 100:
+        raise ValueError(
+            f"`{name}` must be a number of percentage points in [0, 100]. "
+            f"Received: {name}={value!r}"
+        )
+    return float(value) + 0.0
+
+
+def percentage_points_argument(text):
+    """An argparse `type=`: `percentage_points` of the text, or a usage error that quotes it."""
+    import argparse
+
+    try:
+        return percentage_points(float(text), "value")
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of percentage points in [0, 100], got {text!r}"
+        ) from None
+
+
 def non_negative_float(value, name):
     """`value` as a float; ValueError unless it is a finite number >= 0 (no NaN, no inf)."""
     if not is_number(value) or not np.isfinite(value) or value < 0:

@@ -16,7 +16,7 @@ resumes from its last finished epoch.
 import argparse
 import sys
 
-from keras_autoshuffle._validation import positive_int_argument
+from keras_autoshuffle._validation import percentage_points_argument, positive_int_argument
 from keras_autoshuffle.commands._help import command_parser
 
 EXAMPLE = "autoshuffle-finetune photos/ --output runs/photos --width 0.5 --int8"
@@ -99,6 +99,15 @@ def parser() -> argparse.ArgumentParser:
         "openvino_int8/), each checked against the float model on the validation images",
     )
     p.add_argument(
+        "--int8-max-drop",
+        type=percentage_points_argument,
+        default=None,  # export.MAX_ACCURACY_DROP, written in the help: --help imports nothing
+        metavar="POINTS",
+        help="with --int8: an int8 file is written when its validation accuracy is at most "
+        "this many percentage points below the float model's, else refused (default 2; "
+        "100: always written); its drop and top-1 agreement are reported either way",
+    )
+    p.add_argument(
         "--include-preprocessing",
         action="store_true",
         help="exported files take raw uint8 RGB pixels of any size (resize, crop, normalise "
@@ -120,7 +129,10 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Runs `autoshuffle-finetune` on `argv` (default: the command line); returns 0, or
     exits with status 2 and a one-line error on bad input."""
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.int8_max_drop is not None and not args.int8:
+        p.error(f"argument --int8-max-drop: needs --int8, got {args.int8_max_drop:g}")
     from keras_autoshuffle import _startup
     from keras_autoshuffle.data.image_cache import ImageCacheError
     from keras_autoshuffle.finetuning import finetune
@@ -146,6 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             export_formats=_formats(args.export_formats),
             int8=args.int8,
+            **({} if args.int8_max_drop is None else {"max_accuracy_drop": args.int8_max_drop}),
             include_preprocessing=args.include_preprocessing,
             cache_images=not args.no_cache,
             skip_damaged=args.skip_damaged,
@@ -160,7 +173,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summary(report: dict) -> str:
-    """The lines printed at the end: validation accuracy and each file written."""
+    """The lines printed at the end: validation accuracy, each file written, and each int8
+    file's check (its accuracy beside the float model's, the drop and its bound, the top-1
+    agreement), written or refused."""
     lines = [
         f"validation accuracy: {report['validation']['accuracy']:.4f} on "
         f"{report['validation']['examples']} images, {len(report['data']['classes'])} classes"
@@ -170,9 +185,13 @@ def summary(report: dict) -> str:
             f"  {entry['path']}  {entry['size_bytes'] / 1e6:.2f} MB  "
             f"accuracy {entry['accuracy']:.4f}"
         )
+    from keras_autoshuffle.finetuning.report import int8_check_line
+
     for key in ("int8", "onnx_int8", "openvino_int8"):
-        if report.get(key, {}).get("refused"):
-            lines.append(f"  {key} refused: {report[key]['refused']}")
+        if report.get(key):
+            lines.append(f"  {int8_check_line(key, report[key])}")
+            if report[key].get("refused"):
+                lines.append(f"    {report[key]['refused']}")
     return "\n".join(lines)
 
 

@@ -9,6 +9,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
+from keras_autoshuffle._validation import percentage_points_argument
 from keras_autoshuffle._validation import positive_int_argument as _positive_int
 from keras_autoshuffle.training.distribution import STRATEGIES, make_strategy
 from keras_autoshuffle.training.divergence import TrainingDivergedError
@@ -50,18 +51,11 @@ def format_run_summary(report: dict[str, Any]) -> str:
         )
     for name, entry in report.get("export", {}).items():
         lines.append(f"  {name}: max |output - Keras| = {entry['max_abs_diff']:.2e}")
-    from keras_autoshuffle.finetuning.report import INT8_RUNTIMES
+    from keras_autoshuffle.finetuning.report import INT8_RUNTIMES, int8_check_line
 
-    for key, runtime in INT8_RUNTIMES.items():
-        if key not in report:
-            continue
-        entry = report[key]
-        lines.append(
-            f"  int8 {runtime}: accuracy {entry['accuracy']:.4f} "
-            f"(float {entry['float_accuracy']:.4f}), top-1 agreement "
-            f"{entry['top1_agreement']:.4f}, {entry['size_ratio']:.2f}x smaller"
-            + (" (refused: below the thresholds, no file written)" if entry.get("refused") else "")
-        )
+    for key in INT8_RUNTIMES:
+        if key in report:
+            lines.append(f"  {int8_check_line(key, report[key])}")
     for name, why in report.get("export_skipped", {}).items():
         lines.append(f"  {name}: not exported ({why})")
     lines.append("Files:")
@@ -301,8 +295,17 @@ def _add_run_arguments(parser):
         help="also write full-integer files of the folded net (float32 in and out): "
         "model_int8.tflite, and model_int8.onnx / openvino_int8/ with ONNX / OpenVINO exports "
         "(OpenVINO's: pip install 'keras-autoshuffle[openvino-int8]'), calibrated on training "
-        "images, checked on the test set (top-1 agreement with the float model >= 0.99, "
-        "accuracy drop <= 0.5 points; refused below them)",
+        "images, each written when its test accuracy is within --int8-max-drop of the float "
+        "model's",
+    )
+    parser.add_argument(
+        "--int8-max-drop",
+        type=percentage_points_argument,
+        default=None,  # export.MAX_ACCURACY_DROP, written in the help: --help imports nothing
+        metavar="POINTS",
+        help="with --int8: an int8 file is written when its test accuracy is at most this "
+        "many percentage points below the float model's, else refused (default 2; 100: "
+        "always written); its drop and top-1 agreement are reported either way",
     )
     parser.add_argument(
         "--balanced",
@@ -405,6 +408,8 @@ def _argument_errors(args, recipe):
             "argument --export-formats: not allowed with argument --no-export, got "
             f"{','.join(args.export_formats)}"
         )
+    if args.int8_max_drop is not None and not args.int8:
+        errors.append(f"argument --int8-max-drop: needs --int8, got {args.int8_max_drop:g}")
     quantizable = ("litert", "onnx", "openvino")
     if args.int8 and (
         args.no_export
@@ -477,6 +482,9 @@ def run_from_args(
     # train()'s options that are command-line options of the same name.
     passed = ("mixed_precision", "jit_compile", "seed", "harden_at_epoch", "balanced")
     passed += ("overwrite", "verbose", "int8")
+    options = {name: getattr(args, name) for name in passed}
+    if args.int8_max_drop is not None:
+        options["max_accuracy_drop"] = args.int8_max_drop
     try:
         report = run(
             model_fn,
@@ -487,7 +495,7 @@ def run_from_args(
             strategy=strategy,
             export=args.export_formats or not args.no_export,
             settings=settings,
-            **{name: getattr(args, name) for name in passed},
+            **options,
         )
     except (RunDirectoryError, TrainingDivergedError) as error:
         sys.exit(f"error: {error}")

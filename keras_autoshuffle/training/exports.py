@@ -119,16 +119,24 @@ def check_savable(model, test_data, formats):
     return keras.ops.convert_to_numpy(next(iter(test_data.eval_dataset(8)))[0])
 
 
-def export_run(model, output_dir, sample, formats, int8_data=None):
+def export_run(
+    model,
+    output_dir,
+    sample,
+    formats,
+    int8_data=None,
+    max_accuracy_drop=export_lib.MAX_ACCURACY_DROP,
+):
     """`model.keras` as trained (hardened); `formats` (SavedModel, LiteRT, ONNX, OpenVINO)
     from the folded network, and with `int8_data` (calibration images, test data) the int8
-    file of each of them that has one (`int8_formats`).
+    file of each of them that has one (`int8_formats`), refused where its accuracy drop is
+    beyond `max_accuracy_drop` points.
 
     Folding (`folding.fold_model`) removes the shuffles' GATHERs, which split LiteRT's
     XNNPACK delegate; models it does not cover (not from `applications`, channels_first)
     are exported as they are. Every file's max abs difference is against the hardened
-    model. An int8 file past its check's limits does not cost the run: the export is
-    made again without it, and its entry holds the numbers and why it was refused.
+    model. An int8 file refused by its check does not cost the run: the export is made
+    again without it, and its entry holds the numbers and why it was refused.
     """
     from keras_autoshuffle import folding
 
@@ -145,6 +153,7 @@ def export_run(model, output_dir, sample, formats, int8_data=None):
                 representative_data=int8_data[0],
                 test_data=int8_data[1],
                 int8_formats=quantized,
+                max_accuracy_drop=max_accuracy_drop,
             )
         try:
             files = export_lib.export_model(
