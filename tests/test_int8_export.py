@@ -590,3 +590,57 @@ def test_the_summaries_put_the_drop_and_agreement_beside_the_float_numbers():
     }
     printed = cli.format_run_summary(run).splitlines()
     assert lines[1] in printed and lines[2] in printed
+
+
+def test_the_guide_argues_the_default_from_the_rows():
+    # docs/guide/export.md's table: each row set's drops and how many files the old check
+    # (agreement >= 0.99 and drop <= 0.5) and the default bound refuse, from the rows.
+    import json
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    guide = " ".join((root / "docs/guide/export.md").read_text().split())
+    lines = (root / "docs/results/transfer/rows.jsonl").read_text().splitlines()
+    transfer = [
+        {**row["int8"], "accuracy_drop": row["int8"]["accuracy_drop_points"]}
+        for row in map(json.loads, lines)
+        if row["name"].startswith("transfer_") and row["int8"]
+    ]
+    assert ", ".join(f"{row['accuracy_drop']:.2f}" for row in transfer) in guide
+    sets = [transfer] + [
+        json.loads((root / f"docs/results/{name}.json").read_text())["rows"]
+        for name in ("int8_accuracy", "int8_first_layer_float")
+    ]
+    cells = []
+    for rows in sets:
+        old = sum(r["top1_agreement"] < 0.99 or r["accuracy_drop"] > 0.5 for r in rows)
+        new = sum(r["accuracy_drop"] > export.MAX_ACCURACY_DROP + 1e-9 for r in rows)
+        cells.append(f"| {old} of {len(rows)} | {new} of {len(rows)} |")
+    assert [cell in guide for cell in cells] == [True] * 3, cells
+    assert f"default {export.MAX_ACCURACY_DROP:g}," in guide
+
+
+def test_too_few_training_images_to_calibrate_are_refused_before_training(tmp_path):
+    # 12 training images: the int8 calibration takes at least 16, which export_model
+    # refused only after the whole training.
+    from PIL import Image
+
+    from keras_autoshuffle.finetuning import finetune
+
+    rng = np.random.default_rng(0)
+    for name in ("a", "b"):
+        (tmp_path / "photos" / name).mkdir(parents=True)
+        for i in range(8):
+            pixels = rng.integers(0, 256, (8, 8, 3), dtype=np.uint8)
+            Image.fromarray(pixels).save(tmp_path / "photos" / name / f"{i}.png")
+    message = r"at least 16 are needed .* Received: 12 training images"
+    with pytest.raises(ValueError, match=message):
+        finetune(tmp_path / "photos", tmp_path / "out", weights=None, int8=True, verbose=0)
+    assert not {"model.keras", "train_all", "image_cache"} & set(os.listdir(tmp_path / "out"))
+    split = data.ArrayData(_images(12), np.arange(12) % 10, 10)
+    recipe = training.get_recipe("digits", epochs=1, batch_size=4)
+    with pytest.raises(ValueError, match=message):
+        training.train(
+            lambda: tiny_v2(classes=10), split, split, recipe, str(tmp_path / "run"), int8=True
+        )
+    assert not (tmp_path / "run").exists()

@@ -50,6 +50,7 @@ from keras_autoshuffle.export.files import (
 )
 from keras_autoshuffle.export.int8 import (
     MAX_ACCURACY_DROP,
+    MIN_CALIBRATION_IMAGES,
     Int8CheckError,
     _check_int8_arguments,
     _export_int8_checked,
@@ -95,6 +96,7 @@ __all__ = [
     "INT8_FILENAME",
     "INT8_FILES",
     "MAX_ACCURACY_DROP",
+    "MIN_CALIBRATION_IMAGES",
     "OPENVINO_PRECISION",
     "OPENVINO_PRECISIONS",
     "QUANTIZE",

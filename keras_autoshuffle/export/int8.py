@@ -276,8 +276,8 @@ def refuse_beyond_bound(entry: dict, key: str, filename: str) -> None:
         entry,
         f"The int8 {_RUNTIMES[key]} model loses {drop:.2f} points of accuracy "
         f"({entry['accuracy']:.4f} against the float model's {entry['float_accuracy']:.4f} on "
-        f"{count} test images, one image = {100 / count:.2f} points; top-1 agreement "
-        f"{entry['top1_agreement']:.4f}), more than the bound of {bound:g} points: no "
+        f"{count} test image{'s' * (count != 1)}, one image = {100 / count:.2f} points; top-1 "
+        f"agreement {entry['top1_agreement']:.4f}), more than the bound of {bound:g} points: no "
         f"{filename} written. Allow more with --int8-max-drop POINTS (Python: "
         "max_accuracy_drop=), or calibrate on more representative images. "
         f"Received: max_accuracy_drop={bound:g}",

@@ -191,6 +191,7 @@ def finetune(
         skip_damaged=skip_damaged,
         record=None if replace else record,  # a finished run's split is not reused
     )
+    training_exports.check_calibration_images(train_data.num_examples, options["int8"])
     if replace:  # only now: a bad folder leaves the finished run as it was
         clear_run(output_dir)
         split.save(record)

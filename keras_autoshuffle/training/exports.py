@@ -85,6 +85,19 @@ def int8_formats(formats):
     return tuple(f for f in formats if f in quantizable and f not in unsupported)
 
 
+def check_calibration_images(train_examples, int8):
+    """ValueError where `int8` is asked for but the `train_examples` training images are
+    fewer than the int8 calibration takes (`export_model`'s minimum): checked before any
+    training, not after it."""
+    minimum = export_lib.MIN_CALIBRATION_IMAGES
+    if int8 and train_examples < minimum:
+        raise ValueError(
+            f"`int8=True` calibrates the int8 files on the training images: at least {minimum} "
+            "are needed (a few hundred are usual). Leave out int8 or add images. Received: "
+            f"{train_examples} training images"
+        )
+
+
 def int8_data(train_data, test_data):
     """(calibration images, (test images, test labels)) for the int8 export."""
 

@@ -24,6 +24,7 @@ from keras_autoshuffle.data import EpochCounter, EpochData
 from keras_autoshuffle.losses import SmoothedSparseCrossentropy
 from keras_autoshuffle.training import distribution
 from keras_autoshuffle.training.exports import (
+    check_calibration_images,
     check_savable,
     export_formats,
     export_run,
@@ -138,6 +139,7 @@ def train(
         keras.utils.set_random_seed(seed)
         model, optimizer = _build(model_fn, strategy, train_data, recipe)
         formats, skipped = _plan(model, formats if chief else (), int8 and chief)
+        check_calibration_images(train_data.num_examples, int8 and chief)
         sample = check_savable(model, test_data, formats)
         hardening = dict(balanced=balanced, harden_at_epoch=harden_at_epoch)
         fields = dict(seed=seed, mixed_precision=policy, **hardening, **loss)
