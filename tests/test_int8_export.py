@@ -516,7 +516,7 @@ def test_the_commands_refuse_a_bound_without_int8_and_take_minus_zero(command, c
     parsed = module.parser().parse_args([*arguments, "--int8", "--int8-max-drop", "-0"])
     assert str(parsed.int8_max_drop) == "0.0"
     # The default in the help is the library's.
-    assert f"(default {export.MAX_ACCURACY_DROP:g};" in " ".join(
+    assert f"(default: {export.MAX_ACCURACY_DROP:g};" in " ".join(
         module.parser().format_help().split()
     )
 

@@ -104,7 +104,7 @@ def parser() -> argparse.ArgumentParser:
         default=None,  # export.MAX_ACCURACY_DROP, written in the help: --help imports nothing
         metavar="POINTS",
         help="with --int8: an int8 file is written when its validation accuracy is at most "
-        "this many percentage points below the float model's, else refused (default 2; "
+        "this many percentage points below the float model's, else refused (default: 2; "
         "100: always written); its drop and top-1 agreement are reported either way",
     )
     p.add_argument(

@@ -304,7 +304,7 @@ def _add_run_arguments(parser):
         default=None,  # export.MAX_ACCURACY_DROP, written in the help: --help imports nothing
         metavar="POINTS",
         help="with --int8: an int8 file is written when its test accuracy is at most this "
-        "many percentage points below the float model's, else refused (default 2; 100: "
+        "many percentage points below the float model's, else refused (default: 2; 100: "
         "always written); its drop and top-1 agreement are reported either way",
     )
     parser.add_argument(
