@@ -47,6 +47,7 @@ def test_line_breaks_are_every_character_splitlines_splits_on():
         ("a\x7fb", "holds a control character"),
         ("a\x9bb", "holds a control character"),  # C1: a one-byte CSI
         ("abc\u202egpj.png", "text-direction control"),  # shows as "abcgnp.jpg"
+        ("\ufeffa", "byte-order mark"),  # read_labels drops one at the file's start
         (" ", "is blank"),
         ("\u3000", "is blank"),
     ],

@@ -294,6 +294,8 @@ def _class_name_problem(name):
             return f"holds a control character ({ascii(character)})"
         if character in _BIDI_CONTROLS:
             return f"holds a text-direction control ({ascii(character)})"
+        if character == "\ufeff":  # read_labels drops one at the start of labels.txt
+            return "holds a byte-order mark ('\\ufeff')"
     return None
 
 
@@ -362,7 +364,8 @@ def scan_image_folder(
             folders; a class folder without images (or with fewer than 2 to split); the
             `train/` and `val/` folders' classes differ; two class names differ only in
             case or Unicode normalisation (`café` composed and decomposed); a class name
-            that is blank or holds a line break, a control character (ESC...) or a
+            that is blank or holds a line break, a control character (ESC...), a byte-order
+            mark or a
             text-direction control (labels.txt holds one name a line, and the names are
             printed); a symbolic link loop, or a folder reached twice through links; a name
             that is not valid UTF-8; more than `MAX_FILES` files and folders; and unless
