@@ -16,26 +16,13 @@ from keras_autoshuffle import _validation
 from keras_autoshuffle.applications import architecture
 from keras_autoshuffle.applications.shufflenet_v1 import AutoShuffleNetV1
 from keras_autoshuffle.applications.shufflenet_v2 import AutoShuffleNetV2
+from keras_autoshuffle.hub import presets
+from keras_autoshuffle.hub.presets import PRESET_VERSION
 
-# The layout of the configs this package writes into a preset (`config.json`'s
-# `preset_version`); a preset of a later layout is refused instead of misread.
-PRESET_VERSION = 1
 FAMILIES = ("v1", "v2")
 # Feature map strides of the pyramid levels: P2 after the stem's pool, P3-P5 at the ends
 # of stages 2-4.
 PYRAMID_LEVELS = ("P2", "P3", "P4", "P5")
-
-
-def check_preset_version(version: object, where: str) -> int:
-    """`version` as an int; ValueError naming `where` unless it is a layout this package
-    reads (1 to `PRESET_VERSION`)."""
-    if not _validation.is_integer(version) or not 1 <= version <= PRESET_VERSION:
-        raise ValueError(
-            f"{where}: `preset_version` {version!r} is not one this keras-autoshuffle reads "
-            f"(1 to {PRESET_VERSION}); the preset was written by a newer version: upgrade "
-            f"keras-autoshuffle. Received: preset_version={version!r}"
-        )
-    return int(version)
 
 
 def _build(family, width, groups, shuffle, image_shape, padding):
@@ -107,7 +94,7 @@ class ShuffleNetBackbone(FeaturePyramidBackbone):
         dtype: Any = None,
         **kwargs: Any,
     ) -> None:
-        check_preset_version(preset_version, "ShuffleNetBackbone config")
+        presets.check_preset_version(preset_version, "ShuffleNetBackbone config")
         family = _validation.choice(family, FAMILIES, "family")
         features = _with_policy(
             dtype, lambda: _build(family, width, groups, shuffle, image_shape, padding)
@@ -149,7 +136,5 @@ class ShuffleNetBackbone(FeaturePyramidBackbone):
             ValueError: a folder that is not a whole preset of this package, naming the
                 file and the field.
         """
-        from keras_autoshuffle.hub import presets
-
         folder = presets.preset_folder(preset)
         return presets.load_checked(folder, super().from_preset, load_weights, False, **kwargs)

@@ -12,19 +12,45 @@ cache (`<cache>/models/<preset name>/`), atomically; later calls load that folde
 
 import json
 import os
+import re
 from collections.abc import Callable
 from typing import Any
 
-from keras_autoshuffle import _atomic
-from keras_autoshuffle.applications.weights import registry
-from keras_autoshuffle.hub.backbone import check_preset_version
+import keras
 
+from keras_autoshuffle import _atomic, _validation
+from keras_autoshuffle.applications.weights import registry
+
+# The layout of the configs this package writes into a preset (`config.json`'s
+# `preset_version`); a preset of a later layout is refused instead of misread.
+PRESET_VERSION = 1
+# The class that `from_preset(name)` builds, found as keras-hub finds a preset's classes:
+# by its registered name (its module imports this one).
+CLASSIFIER = "keras_autoshuffle>ShuffleNetImageClassifier"
 # torchvision's license, which its ImageNet weights are published under.
 LICENSE = "BSD-3-Clause"
 PACKAGE_PREFIX = "keras_autoshuffle>"
 # The files of a preset keras-hub's `save_to_preset` writes, each a serialized object.
 CONFIG_FILES = ("config.json", "task.json", "preprocessor.json", "image_converter.json")
 WEIGHTS_FILE, TASK_WEIGHTS_FILE = "model.weights.h5", "task.weights.h5"
+# The layers of keras-hub's `ImageClassifier` head (in `task.weights.h5`).
+TASK_LAYERS = ("pooler", "output_dropout", "predictions")
+# Keras's message when a saved variable's shape is not the layer's (Keras 3.15).
+_SHAPE_MISMATCH = re.compile(
+    r"name=(\w+).*?variable\.shape=(\([^)]*\)), Received: value\.shape=(\([^)]*\))", re.S
+)
+
+
+def check_preset_version(version: object, where: str) -> int:
+    """`version` as an int; ValueError naming `where` unless it is a layout this package
+    reads (1 to `PRESET_VERSION`)."""
+    if not _validation.is_integer(version) or not 1 <= version <= PRESET_VERSION:
+        raise ValueError(
+            f"{where}: `preset_version` {version!r} is not one this keras-autoshuffle reads "
+            f"(1 to {PRESET_VERSION}); the preset was written by a newer version: upgrade "
+            f"keras-autoshuffle. Received: preset_version={version!r}"
+        )
+    return int(version)
 
 
 def preset_name(entry: registry.Checkpoint) -> str:
@@ -78,13 +104,9 @@ def _classifier(entry):
     """The registry checkpoint `entry` as a `ShuffleNetImageClassifier`, preprocessor and
     class names included: the weights of `ShuffleNetV2(weights=entry.name)`, by layer."""
     from keras_autoshuffle.applications import ShuffleNetV2
-    from keras_autoshuffle.hub import (
-        ShuffleNetBackbone,
-        ShuffleNetImageClassifier,
-        ShuffleNetImageClassifierPreprocessor,
-        ShuffleNetImageConverter,
-    )
 
+    classifier_cls = keras.saving.get_registered_object(CLASSIFIER)
+    preprocessor_cls = classifier_cls.preprocessor_cls
     source = ShuffleNetV2(
         entry.width,
         weights=entry.name,
@@ -93,16 +115,16 @@ def _classifier(entry):
         stem="imagenet",
         input_shape=(None, None, 3),
     )
-    converter = ShuffleNetImageConverter(
+    converter = preprocessor_cls.image_converter_cls(
         image_size=(entry.crop_size, entry.crop_size),
         resize_size=entry.resize_size,
         scale=[1 / (255 * s) for s in entry.std],
         offset=[-m / s for m, s in zip(entry.mean, entry.std, strict=True)],
     )
-    classifier = ShuffleNetImageClassifier(
-        ShuffleNetBackbone(entry.width),
+    classifier = classifier_cls(
+        classifier_cls.backbone_cls(entry.width),
         entry.classes,
-        ShuffleNetImageClassifierPreprocessor(converter),
+        preprocessor_cls(converter),
         class_names=entry.class_names(),
     )
     for layer in classifier.backbone.layers + [classifier.output_dense]:
@@ -166,14 +188,18 @@ def check_folder(folder: str, task: bool = True) -> None:
 
 def load_checked(folder: str, load: Callable, load_weights: bool, task: bool, **kwargs: Any) -> Any:
     """`load(folder, load_weights, **kwargs)` (a keras-hub `from_preset`) after
-    `check_folder(folder, task)`; a weights file that does not fit the config is named."""
+    `check_folder(folder, task)`; a weights file that does not fit the config (Keras's
+    shape mismatch) is named, with the first layer that does not fit."""
     check_folder(folder, task)
     try:
         return load(folder, load_weights, **kwargs)
     except ValueError as error:
-        if "://" in folder or "weights" not in str(error).lower():
+        found = _SHAPE_MISMATCH.search(str(error))
+        if "://" in folder or found is None:
             raise
+        layer, wanted, saved = found.groups()
+        path = os.path.join(folder, TASK_WEIGHTS_FILE if layer in TASK_LAYERS else WEIGHTS_FILE)
         raise ValueError(
-            f"The weights in {folder} ({WEIGHTS_FILE}, {TASK_WEIGHTS_FILE}) do not fit its "
-            f"config.json / task.json (another width or class count?): {error}"
+            f"{path} does not fit the net of config.json / task.json (weights of another width "
+            f"or class count?): layer {layer!r} has shape {wanted}. Received: {saved}"
         ) from None
