@@ -43,8 +43,8 @@ class ShuffleNetImageClassifier(ImageClassifier):
         preprocessor: a `ShuffleNetImageClassifierPreprocessor`, or None (inputs are
             the model's already).
         class_names: the name of each output, in order, or None; saved in the preset.
-        activation: the Dense layer's (default None: logits, as torchvision's).
-        **kwargs: other `ImageClassifier` arguments (`pooling`, `dropout`, `name`).
+        **kwargs: other `ImageClassifier` arguments: `activation` (of the Dense layer;
+            default None, logits, as torchvision's), `pooling`, `dropout`, `name`.
 
     Example:
         >>> classifier = ShuffleNetImageClassifier.from_preset("shufflenet_v2_x1_0_imagenet")

@@ -11,11 +11,9 @@ from keras_autoshuffle.hub.image_converter import ShuffleNetImageConverter
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")
 class ShuffleNetImageClassifierPreprocessor(ImageClassifierPreprocessor):
     """Raw images (and labels) to a ShuffleNet classifier's inputs: its `image_converter`
-    (a `ShuffleNetImageConverter`) on the images, labels passed through.
-
-    Args:
-        image_converter: a `ShuffleNetImageConverter` (default: none, images unchanged).
-        **kwargs: other `keras.Layer` arguments.
+    (a `ShuffleNetImageConverter`) on the images, labels passed through. The arguments
+    are keras-hub's `ImageClassifierPreprocessor`'s: `image_converter`, then `keras.Layer`
+    arguments.
     """
 
     backbone_cls = ShuffleNetBackbone
