@@ -134,6 +134,7 @@ def test_converter_is_torchvisions_evaluation_transform():
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(copy(images[1][None])), ours)
 
 
+@pytest.mark.slow  # the registry's conversion, then three models: 20 s on 2 busy cores
 def test_preset_logits_equal_the_builder_with_imagenet_preprocessing(cache, preset, parity):
     # Raw images: the preset's preprocessor against today's two spellings.
     images = _images()
@@ -156,27 +157,20 @@ def test_preset_logits_equal_the_builder_with_imagenet_preprocessing(cache, pres
     index = registry.imagenet_class_index("test")
     assert preset.class_names == [index[str(i)][1] for i in range(10)]
     assert preset.preprocessor.image_converter.resize_size == 256
-    # Built once: the folder in the cache serves later calls, also without the checkpoint.
+    # Built once: the folder in the cache serves later calls, also without the checkpoint;
+    # with `num_classes`, a new head on the pretrained backbone.
     assert os.path.isfile(cache / NAME / "task.weights.h5")
     os.rename(cache / os.path.basename(CHECKPOINT), cache / "moved.pth")
     try:
-        again = ShuffleNetImageClassifier.from_preset(NAME)
+        tuned = ShuffleNetImageClassifier.from_preset(NAME, num_classes=5)
         backbone = ShuffleNetBackbone.from_preset(NAME)
     finally:
         os.rename(cache / "moved.pth", cache / os.path.basename(CHECKPOINT))
-    np.testing.assert_array_equal(again.predict(image[None], verbose=0), ours)
-    for a, b in zip(backbone.weights, preset.backbone.weights, strict=True):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
-
-
-def test_a_new_head_on_the_pretrained_backbone(cache, preset):
-    tuned = ShuffleNetImageClassifier.from_preset(NAME, num_classes=5)
     assert tuned.num_classes == 5 and tuned.class_names is None
-    assert tuned.predict(_images()[0][None], verbose=0).shape == (1, 5)
-    for a, b in zip(tuned.backbone.weights, preset.backbone.weights, strict=True):
-        np.testing.assert_array_equal(a.numpy(), b.numpy())
-    named = ShuffleNetImageClassifier.from_preset(NAME, num_classes=2, class_names=["a", "b"])
-    assert named.class_names == ["a", "b"]
+    assert tuned.predict(images[0][None], verbose=0).shape == (1, 5)
+    for model in (tuned.backbone, backbone):
+        for a, b in zip(model.weights, preset.backbone.weights, strict=True):
+            np.testing.assert_array_equal(a.numpy(), b.numpy())
     with pytest.raises(ValueError, match="num_classes=3.*Received: 2 class_names"):
         ShuffleNetImageClassifier(preset.backbone, 3, class_names=["a", "b"])
 
@@ -221,7 +215,7 @@ np.savez(
 """
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # a fresh Python process: 30 s on a busy 2-core machine
 def test_a_saved_preset_loads_bit_identical_in_a_fresh_process(preset, tmp_path):
     # keras-hub's base classes find ours after `import keras_autoshuffle`; safe_mode=True
     # (keras-hub deserializes in safe mode) and a .keras file with safe_mode=True.
