@@ -134,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.int8_max_drop is not None and not args.int8:
         p.error(f"argument --int8-max-drop: needs --int8, got {args.int8_max_drop:g}")
     from keras_autoshuffle import _startup
+    from keras_autoshuffle._terminal import printable
     from keras_autoshuffle.data.image_cache import ImageCacheError
     from keras_autoshuffle.finetuning import finetune
     from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
@@ -166,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
             verbose=args.verbose,
         )
     except (ValueError, RunDirectoryError, ImageCacheError) as error:
-        print(f"autoshuffle-finetune: error: {error}", file=sys.stderr)
+        print(f"autoshuffle-finetune: error: {printable(str(error))}", file=sys.stderr)
         return 2
     print(summary(report))
     return 0
