@@ -26,8 +26,8 @@ MAX_SCALE_RATIO = 8.0
 # fine-tuned nets (500 validation images; mean 0.56), -0.12-0.26 on the Fashion-MNIST net
 # (10,000 images, 3 runtimes x 5 seeds). On 500 images at 98.5% agreement the drop's own
 # sampling noise is about 0.55 points (one standard error), so a file losing the mean 0.56
-# measures past 1 point one time in five; past 2, about one time in 200. Broken
-# quantization (a wrong input scale, saturated kernels) loses tens of points: still refused.
+# measures past 1 point one time in five; past 2, about one time in 200. A file that
+# quantization broke (saturated kernels, inputs of another scale) is refused beyond 2.
 # The argument with its rows: docs/guide/export.md, "How much an int8 file may lose".
 MAX_ACCURACY_DROP = 2.0
 
