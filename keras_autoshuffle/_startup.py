@@ -9,8 +9,9 @@ the setting lets through.
 
 The package's `__init__` imports this module first, which imports Keras (and so TensorFlow)
 through `import_quietly`:
-- in an installed command (`autoshuffle-*`), whose script imports the package before any of
-  the command's own code runs, `TF_CPP_MIN_LOG_LEVEL` defaults to "2" (errors only);
+- in an installed command (`autoshuffle-*`), whose script parses its arguments first
+  (`keras_autoshuffle_cli`, no TensorFlow) and then imports the package for the work,
+  `TF_CPP_MIN_LOG_LEVEL` defaults to "2" (errors only);
 - elsewhere the user's `TF_CPP_MIN_LOG_LEVEL` is honoured for those lines too, and nothing
   is filtered where it is unset or "0" (a library import changes no setting).
 """
