@@ -13,6 +13,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import zipfile
 
 import keras
@@ -326,6 +327,64 @@ def test_model_files_that_do_not_fit_are_named(exported, tmp_path):
         prediction.Classifier.from_file(copy / "model.missing.keras")
     with pytest.raises(ValueError, match="a folder without model.xml"):
         prediction.Classifier.from_file(copy)
+
+
+def test_a_keras_file_that_is_no_zip_archive_is_named(exported, tmp_path):
+    # Issue 52: Keras said "File not found" of a file that exists.
+    model = copy_export(exported[0], tmp_path / "copy") / "model.keras"
+    model.write_bytes(b"not a zip archive")
+    with pytest.raises(ValueError, match="not a Keras model file: .* zip archive") as info:
+        prediction.Classifier.from_file(model)
+    assert str(model) in str(info.value) and "not found" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "name, modules, extra",
+    [
+        ("model.tflite", ("ai_edge_litert", "ai_edge_litert.interpreter"), "litert"),
+        pytest.param("model.onnx", ("onnxruntime",), "onnx", marks=needs_extra("onnx")),
+        pytest.param("openvino", ("openvino",), "openvino", marks=needs_extra("openvino")),
+    ],
+)
+def test_a_missing_runtime_names_the_extra_that_installs_it(
+    exported, monkeypatch, name, modules, extra
+):
+    # Issue 52: "No module named 'ai_edge_litert'. Export it again." A module set to None in
+    # sys.modules fails to import for real (ImportError), as in an install without it.
+    for module in modules:
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ValueError, match="is not installed") as info:
+        prediction.Classifier.from_file(exported[0] / name)
+    message = str(info.value)
+    assert f'pip install "keras-autoshuffle[{extra}]"' in message, message
+    assert "Export it again" not in message
+
+
+@needs_extra("onnx")
+def test_a_model_that_fails_when_run_is_named_in_one_line(exported, photos, tmp_path):
+    # Issue 52: a crafted ONNX file that loads but cannot run (its Gather takes channel 5 of
+    # 3) ended autoshuffle-predict in a traceback.
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["image"], ["mean"], axes=[1, 2], keepdims=0),
+            helper.make_node("Gather", ["mean", "channels"], ["picked"], axis=1),
+            helper.make_node("Softmax", ["picked"], ["probabilities"]),
+        ],
+        "crafted",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 16, 16, 3])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor("channels", TensorProto.INT64, [3], [0, 1, 5])],
+    )
+    crafted = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    crafted.ir_version = 8
+    model = copy_export(exported[0], tmp_path / "copy", names=()) / "model.onnx"
+    onnx.save(crafted, model)
+    message = refused(model, photos[0] / "b.png")
+    assert message.startswith(f"autoshuffle-predict: error: {model} failed when run by ONNX")
+    assert "out of" in message and "bounds" in message, message  # ONNX Runtime's reason
 
 
 def test_a_model_of_another_size_or_without_softmax_is_refused(exported, photos, tmp_path):
