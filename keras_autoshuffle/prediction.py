@@ -54,6 +54,8 @@ MAX_PREPROCESSING_BYTES = 64 * 2**10
 PREPROCESSING_KEYS = ("image_size", "resize_size", "mean", "std", "exports_include_preprocessing")
 # Images per model call where the format takes batches (memory: 32 x 224 x 224 x 3 floats).
 BATCH_SIZE = 32
+# The most characters of a runtime's own error quoted in a refusal.
+_MAX_REASON = 300
 # How far outside [0, 1] an output may be and still be a probability (float rounding).
 _PROBABILITY_SLACK = 1e-4
 
@@ -151,7 +153,7 @@ class Classifier:
                 ) from None
             raise ValueError(
                 f"{model_path} cannot be loaded as a model of format {fmt!r} "
-                f"({type(error).__name__}: {_one_line(error)}). Export it again. "
+                f"({type(error).__name__}: {_reason(error)}). Export it again. "
                 f"Received: path={path!r}"
             ) from None
         _check_input_shape(input_shape, raw, settings["image_size"], model_path, preprocessing_path)
@@ -714,11 +716,18 @@ def _failures_named(run, model_path, fmt):
         except Exception as error:
             raise ValueError(
                 f"{model_path} failed when run by {_RUNTIMES[fmt]} ({type(error).__name__}: "
-                f"{_one_line(error)}): a damaged file, or not an export of this package. "
+                f"{_reason(error)}): a damaged file, or not an export of this package. "
                 "Export it again."
             ) from None
 
     return checked
+
+
+def _reason(error, limit=_MAX_REASON):
+    """A runtime's error in one line, cut at `limit` characters (Keras's can hold a whole
+    model config)."""
+    text = _one_line(error)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # Who runs each format, and the extra (pyproject.toml) that installs it; Keras always is.

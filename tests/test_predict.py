@@ -360,6 +360,39 @@ def test_a_missing_runtime_names_the_extra_that_installs_it(
     assert "Export it again" not in message
 
 
+def test_a_keras_file_of_an_unknown_class_is_refused_in_a_short_line(exported, tmp_path):
+    # The probe of issue 52: Keras's error quoted the whole model config (1,900 characters).
+    model = copy_export(exported[0], tmp_path / "copy") / "model.keras"
+    with zipfile.ZipFile(model) as archive:
+        files = {name: archive.read(name) for name in archive.namelist()}
+    config = json.loads(files["config.json"])
+    config["config"]["layers"][-1].update(class_name="Evil", module="evil", registered_name="E")
+    with zipfile.ZipFile(model, "w") as archive:
+        for name, content in files.items():
+            archive.writestr(name, json.dumps(config) if name == "config.json" else content)
+    with pytest.raises(ValueError, match="cannot be loaded as a model of format 'keras'") as info:
+        prediction.Classifier.from_file(model)
+    assert str(model) in str(info.value) and len(str(info.value)) < 600, str(info.value)
+
+
+@needs_extra("onnx")
+def test_onnx_runtimes_warnings_stay_off_the_screen(exported, tmp_path, capfd):
+    # The probe of issue 52: an unused initializer (here declaring 10**12 values and holding
+    # none) loads, but ONNX Runtime printed a coloured warning about it.
+    import onnx
+
+    model = copy_export(exported[0], tmp_path / "copy", names=("model.onnx",)) / "model.onnx"
+    proto = onnx.load(model)
+    unused = proto.graph.initializer.add()
+    unused.name, unused.data_type = "unused", onnx.TensorProto.FLOAT
+    unused.dims.extend([10**6, 10**6])
+    onnx.save(proto, model)
+    capfd.readouterr()
+    classifier = prediction.Classifier.from_file(model)
+    assert classifier.predict([np.zeros((16, 16, 3), "uint8")]).shape == (1, 3)
+    assert "unused" not in capfd.readouterr().err
+
+
 @needs_extra("onnx")
 def test_a_model_that_fails_when_run_is_named_in_one_line(exported, photos, tmp_path):
     # Issue 52: a crafted ONNX file that loads but cannot run (its Gather takes channel 5 of
