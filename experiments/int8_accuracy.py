@@ -17,10 +17,10 @@ summarizes the paired differences (agreement and drop, this variant minus full i
 
 Usage:
     autoshuffle-train --dataset fashion_mnist --model v2 --width 0.5 --epochs 5 \
-        --seed 0 --output /tmp/fm_v2 --no-export
-    python -m experiments.int8_accuracy --model /tmp/fm_v2/model.keras \
+        --seed 0 --output runs/fm_v2 --no-export
+    python -m experiments.int8_accuracy --model runs/fm_v2/model.keras \
         --json docs/results/int8_accuracy.json --seeds 0 1 2 3 4
-    python -m experiments.int8_accuracy --model /tmp/fm_v2/model.keras --first-layer-float \
+    python -m experiments.int8_accuracy --model runs/fm_v2/model.keras --first-layer-float \
         --json docs/results/int8_first_layer_float.json \
         --paired-with docs/results/int8_accuracy.json --seeds 0 1 2 3 4
 """

@@ -4,6 +4,9 @@ the count type, and the hand-over to the command's work."""
 import argparse
 import importlib
 from collections.abc import Sequence
+from typing import NoReturn
+
+from keras_autoshuffle_cli._terminal import printable
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -17,10 +20,18 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescript
         return super()._get_help_string(action)
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """argparse's parser whose error messages are escaped (`printable`): its "unrecognized
+    arguments" and the commands' own `p.error` calls quote the command line raw."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(printable(message))
+
+
 def command_parser(prog: str, description: str, example: str) -> argparse.ArgumentParser:
     """An argument parser for command `prog`: `description` on top, defaults shown, and
     `example` (one command line) in the epilog."""
-    return argparse.ArgumentParser(
+    return _CommandParser(
         prog=prog,
         description=description,
         epilog=f"example:\n  {example}",

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 
 from keras_autoshuffle import _atomic, _startup
+from keras_autoshuffle._terminal import printable
 from keras_autoshuffle.applications import (
     CheckpointError,
     ShuffleNetV2,
@@ -33,11 +34,15 @@ def read_checkpoint(path):
         try:
             return read_torch_checkpoint(path)
         except CheckpointError as error:
-            sys.exit(str(error))
+            sys.exit(printable(str(error)))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many types for a damaged or foreign file
-        sys.exit(f"{path} is not a readable PyTorch checkpoint ({type(error).__name__}: {error})")
+        sys.exit(
+            printable(
+                f"{path} is not a readable PyTorch checkpoint ({type(error).__name__}: {error})"
+            )
+        )
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict):
@@ -53,7 +58,7 @@ def model_for(state_dict, include_top=True, path="the checkpoint"):
     try:
         width = torchvision_width(state_dict)
     except ValueError as error:
-        sys.exit(f"{path}: {error}")
+        sys.exit(printable(f"{path}: {error}"))
     if width is None:
         shape = tuple(np.shape(state_dict["conv5.0.weight"]))
         sys.exit(
@@ -80,7 +85,7 @@ def model_for(state_dict, include_top=True, path="the checkpoint"):
             classifier_activation=None,
         )
     except ValueError as error:
-        sys.exit(f"{path}: {error}")
+        sys.exit(printable(f"{path}: {error}"))
 
 
 def check_output(output, overwrite):
@@ -114,8 +119,10 @@ def write_weights(model, output):
         _atomic.write_atomically(output, write)
     except OSError as error:
         sys.exit(
-            f"Cannot write {output} ({type(error).__name__}: {error}); nothing was written. "
-            f"Received: output={output!r}"
+            printable(
+                f"Cannot write {output} ({type(error).__name__}: {error}); nothing was "
+                f"written. Received: output={output!r}"
+            )
         )
 
 
@@ -130,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         load_torchvision_weights(model, state_dict)
     except ValueError as error:
-        sys.exit(f"{args.checkpoint}: {error}")
+        sys.exit(printable(f"{args.checkpoint}: {error}"))
     write_weights(model, args.output)
     top = "no classifier" if args.no_top else f"{model.output_shape[-1]} classes"
     print(f"wrote {args.output}: {model.name}, {model.count_params():,} parameters, {top}")

@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     exits with status 2 and a one-line error on bad input."""
     args = parser().parse_args(argv)
     from keras_autoshuffle import _startup
+    from keras_autoshuffle._terminal import printable
     from keras_autoshuffle.data.image_cache import ImageCacheError
     from keras_autoshuffle.finetuning import finetune
     from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
@@ -50,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
             verbose=args.verbose,
         )
     except (ValueError, RunDirectoryError, ImageCacheError) as error:
-        print(f"autoshuffle-finetune: error: {error}", file=sys.stderr)
+        print(f"autoshuffle-finetune: error: {printable(str(error))}", file=sys.stderr)
         return 2
     print(summary(report))
     return 0

@@ -9,13 +9,18 @@ from keras_autoshuffle_cli.predict import parse_args, parser  # noqa: F401 (pars
 
 
 def _format(results):
-    """The human-readable blocks: the path, then `  0.93  cat` lines."""
+    """The human-readable blocks: the path, then `  0.93  cat` lines; paths, labels and
+    errors escaped (`printable`: they come from users' files)."""
+    from keras_autoshuffle._terminal import printable
+
     lines = []
     for result in results:
-        lines.append(result["path"])
+        lines.append(printable(result["path"]))
         if "error" in result:
-            lines.append(f"  error: {result['error']}")
-        lines += [f"  {t['probability']:.2f}  {t['label']}" for t in result.get("top", ())]
+            lines.append(f"  error: {printable(result['error'])}")
+        lines += [
+            f"  {t['probability']:.2f}  {printable(t['label'])}" for t in result.get("top", ())
+        ]
     return "\n".join(lines)
 
 
@@ -36,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     from keras_autoshuffle import _startup, prediction
+    from keras_autoshuffle._terminal import printable
 
     _startup.find_devices_quietly()  # before TensorFlow first looks for them, noisily
 
@@ -49,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             classifier = prediction.Classifier.from_file(args.inputs[0])
         results = prediction.predict_files(classifier, files, args.top, args.skip_damaged)
     except (ValueError, OSError) as error:  # ImageFileError is a ValueError
-        sys.exit(f"autoshuffle-predict: error: {' '.join(str(error).split())}")
+        sys.exit(f"autoshuffle-predict: error: {printable(' '.join(str(error).split()))}")
     if args.json:
         print(json.dumps(results, indent=2, ensure_ascii=False))
     else:

@@ -10,6 +10,7 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
+from keras_autoshuffle._terminal import printable
 from keras_autoshuffle.training.distribution import make_strategy
 from keras_autoshuffle.training.divergence import TrainingDivergedError
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
@@ -169,7 +170,7 @@ def _argument_errors(args, recipe):
 def _error(parser, message):
     """Ends the program as argparse's own errors do (usage, `error: ...`, status 2)."""
     if parser is None:
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {printable(message)}", file=sys.stderr)
         sys.exit(2)
     parser.error(message)
 
@@ -235,7 +236,7 @@ def run_from_args(
             **{name: getattr(args, name) for name in passed},
         )
     except (RunDirectoryError, TrainingDivergedError) as error:
-        sys.exit(f"error: {error}")
+        sys.exit(f"error: {printable(str(error))}")
     print(format_run_summary(report))
     return report
 
@@ -262,7 +263,7 @@ def _refuse_unexportable(args):
             dtypes = (keras.DTypePolicy(policy).compute_dtype,)
             plan_export(args.export_formats, dtypes, args.int8, received)
     except ValueError as error:
-        sys.exit(f"error: {error}")
+        sys.exit(f"error: {printable(str(error))}")
 
 
 def _load_data(args, recipe, manual_dir, parser):
@@ -278,7 +279,7 @@ def _load_data(args, recipe, manual_dir, parser):
             download=args.download,
         )
     except data.DataMissingError as error:
-        sys.exit(f"error: {error}")
+        sys.exit(f"error: {printable(str(error))}")
     if args.max_train_examples:
         train_data = train_data.subset(args.max_train_examples)
     if recipe.batch_size > train_data.num_examples:  # no full batch: nothing to train on
