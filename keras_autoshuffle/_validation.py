@@ -102,20 +102,6 @@ def channel_axis(data_format_value=None):
     return -1 if value == "channels_last" else 1
 
 
-def positive_int_argument(text):
-    """An argparse `type=`: a positive integer (the command lines' counts), or a usage error
-    that quotes the text."""
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 def non_negative_float(value, name):
     """`value` as a float; ValueError unless it is a finite number >= 0 (no NaN, no inf)."""
     if not is_number(value) or not np.isfinite(value) or value < 0:

@@ -2,8 +2,14 @@
 checked against the float model's own predictions, the refusal below the thresholds, and
 the arguments refused before anything is written."""
 
+import contextlib
+import io
+import logging
 import os
+import re
 import shutil
+import sys
+import tempfile
 
 import keras
 import numpy as np
@@ -57,24 +63,80 @@ INT8_FORMATS = ("litert",) + tuple(
 )
 
 
+@contextlib.contextmanager
+def _everything_printed():
+    """What the block writes to stdout or stderr, from Python (sys.stdout, sys.stderr, the
+    root logger) or from C++ (file descriptors 1 and 2): a list, its one text once the block
+    ends."""
+    printed = []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    records = io.StringIO()
+    handler = logging.StreamHandler(records)
+    with tempfile.TemporaryFile("w+") as file:
+        os.dup2(file.fileno(), 1)
+        os.dup2(file.fileno(), 2)
+        logging.getLogger().addHandler(handler)
+        try:
+            with contextlib.redirect_stdout(file), contextlib.redirect_stderr(file):
+                yield printed
+        finally:
+            logging.getLogger().removeHandler(handler)
+            file.flush()
+            for fd, copy in zip((1, 2), saved, strict=True):
+                os.dup2(copy, fd)
+                os.close(copy)
+            file.seek(0)
+            printed.append(file.read() + records.getvalue())
+
+
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def export_and_screen(tmp_path_factory):
+    """`exported`, and what the export printed, run as `autoshuffle-finetune --verbose 0`
+    runs it (OpenVINO's converter reads sys.argv)."""
     train, test = data.digits(seed=0, augment=False)
     model = folding.fold_model(_trained_model(train))
     float_classes = np.argmax(model.predict(test.images, verbose=0), axis=-1)
-    results = export.export_model(
-        model,
-        str(tmp_path_factory.mktemp("int8")),
-        test.images[:4],
-        formats=INT8_FORMATS,
-        quantize="int8",
-        representative_data=train.images[:100],
-        test_data=(test.images, test.labels),
-        # The floors of each runtime are the tests' below.
-        min_top1_agreement=0.85,
-        max_accuracy_drop=5.0,
-    )
-    return results, test.images, test.labels, float_classes
+    argv = sys.argv
+    sys.argv = ["autoshuffle-finetune", "photos", "--output", "run", "--verbose", "0"]
+    try:
+        with _everything_printed() as printed:
+            results = export.export_model(
+                model,
+                str(tmp_path_factory.mktemp("int8")),
+                test.images[:4],
+                formats=INT8_FORMATS,
+                quantize="int8",
+                representative_data=train.images[:100],
+                test_data=(test.images, test.labels),
+                # The floors of each runtime are the tests' below.
+                min_top1_agreement=0.85,
+                max_accuracy_drop=5.0,
+            )
+    finally:
+        sys.argv = argv
+    return (results, test.images, test.labels, float_classes), printed[0]
+
+
+@pytest.fixture(scope="module")
+def exported(export_and_screen):
+    return export_and_screen[0]
+
+
+# The runtimes' chatter that reached a fine-tune's screen (issue 52): OpenVINO's converter
+# block, LiteRT's converter and interpreter lines, ONNX Runtime's quantizer advice, NNCF's
+# progress bars.
+CHATTER = re.compile(
+    r"Model Conversion arguments|\[ SUCCESS \]|fully_quantize|XNNPACK delegate|"
+    r"Please consider|Statistics collection|Fast Bias correction"
+)
+
+
+def test_the_export_prints_none_of_the_runtimes_chatter(export_and_screen):
+    (results, *_), printed = export_and_screen
+    assert {"int8", "onnx_int8", "openvino_int8"} & set(results)  # the runtimes did run
+    assert not CHATTER.findall(printed), printed[-3000:]
 
 
 def test_int8_report_matches_the_interpreter_and_the_float_model(exported):

@@ -1,7 +1,12 @@
-"""What the commands' `--help` looks like: one formatter, one way to make a parser."""
+"""What the commands' command lines share: one help formatter, one way to make a parser,
+the count type, and the hand-over to the command's work."""
 
 import argparse
+import importlib
+from collections.abc import Sequence
 from typing import NoReturn
+
+from keras_autoshuffle_cli._terminal import printable
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
@@ -20,8 +25,6 @@ class _CommandParser(argparse.ArgumentParser):
     arguments" and the commands' own `p.error` calls quote the command line raw."""
 
     def error(self, message: str) -> NoReturn:
-        from keras_autoshuffle._terminal import printable
-
         super().error(printable(message))
 
 
@@ -34,3 +37,21 @@ def command_parser(prog: str, description: str, example: str) -> argparse.Argume
         epilog=f"example:\n  {example}",
         formatter_class=HelpFormatter,
     )
+
+
+def positive_int_argument(text: str) -> int:
+    """An argparse `type=`: a positive integer (the command lines' counts), or a usage error
+    that quotes the text."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def run_command(name: str, argv: Sequence[str] | None) -> int:
+    """Runs `keras_autoshuffle.commands.<name>.main(argv)`, the command's work, imported only
+    now: the arguments were parsed without Keras (it parses them again, in microseconds)."""
+    return importlib.import_module(f"keras_autoshuffle.commands.{name}").main(argv)
