@@ -102,20 +102,6 @@ def channel_axis(data_format_value=None):
     return -1 if value == "channels_last" else 1
 
 
-def positive_int_argument(text):
-    """An argparse `type=`: a positive integer (the command lines' counts), or a usage error
-    that quotes the text."""
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
 def percentage_points(value, name):
     """`value` as a float (-0.0 as 0.0); ValueError unless it is a number of percentage
     points in [0, 100] (no NaN, no inf: an accuracy cannot drop by more than 100)."""
@@ -125,18 +111,6 @@ def percentage_points(value, name):
             f"Received: {name}={value!r}"
         )
     return float(value) + 0.0
-
-
-def percentage_points_argument(text):
-    """An argparse `type=`: `percentage_points` of the text, or a usage error that quotes it."""
-    import argparse
-
-    try:
-        return percentage_points(float(text), "value")
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"must be a number of percentage points in [0, 100], got {text!r}"
-        ) from None
 
 
 def non_negative_float(value, name):

@@ -4,8 +4,14 @@ file is written whenever its accuracy drop is within `max_accuracy_drop` / --int
 whatever its top-1 agreement, and refused beyond it, naming the option); and the
 arguments refused before anything is written."""
 
+import contextlib
+import io
+import logging
 import os
+import re
 import shutil
+import sys
+import tempfile
 
 import keras
 import numpy as np
@@ -59,24 +65,80 @@ INT8_FORMATS = ("litert",) + tuple(
 )
 
 
+@contextlib.contextmanager
+def _everything_printed():
+    """What the block writes to stdout or stderr, from Python (sys.stdout, sys.stderr, the
+    root logger) or from C++ (file descriptors 1 and 2): a list, its one text once the block
+    ends."""
+    printed = []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    records = io.StringIO()
+    handler = logging.StreamHandler(records)
+    with tempfile.TemporaryFile("w+") as file:
+        os.dup2(file.fileno(), 1)
+        os.dup2(file.fileno(), 2)
+        logging.getLogger().addHandler(handler)
+        try:
+            with contextlib.redirect_stdout(file), contextlib.redirect_stderr(file):
+                yield printed
+        finally:
+            logging.getLogger().removeHandler(handler)
+            file.flush()
+            for fd, copy in zip((1, 2), saved, strict=True):
+                os.dup2(copy, fd)
+                os.close(copy)
+            file.seek(0)
+            printed.append(file.read() + records.getvalue())
+
+
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def export_and_screen(tmp_path_factory):
+    """`exported`, and what the export printed, run as `autoshuffle-finetune --verbose 0`
+    runs it (OpenVINO's converter reads sys.argv)."""
     train, test = data.digits(seed=0, augment=False)
     model = folding.fold_model(_trained_model(train))
     float_classes = np.argmax(model.predict(test.images, verbose=0), axis=-1)
-    results = export.export_model(
-        model,
-        str(tmp_path_factory.mktemp("int8")),
-        test.images[:4],
-        formats=INT8_FORMATS,
-        quantize="int8",
-        representative_data=train.images[:100],
-        test_data=(test.images, test.labels),
-        # Measured on the 360 test images (2-core AMD EPYC, AVX2, no VNNI): drops -0.28
-        # (LiteRT), -1.67 (ONNX), +1.94 (OpenVINO) points; agreement 0.983, 0.953, 0.967.
-        max_accuracy_drop=10.0,
-    )
-    return results, test.images, test.labels, float_classes
+    argv = sys.argv
+    sys.argv = ["autoshuffle-finetune", "photos", "--output", "run", "--verbose", "0"]
+    try:
+        with _everything_printed() as printed:
+            results = export.export_model(
+                model,
+                str(tmp_path_factory.mktemp("int8")),
+                test.images[:4],
+                formats=INT8_FORMATS,
+                quantize="int8",
+                representative_data=train.images[:100],
+                test_data=(test.images, test.labels),
+                # Measured on the 360 test images (2-core AMD EPYC): drops -0.28 (LiteRT),
+                # -1.67 (ONNX), +1.94 (OpenVINO) points; agreement 0.983, 0.953, 0.967.
+                max_accuracy_drop=10.0,
+            )
+    finally:
+        sys.argv = argv
+    return (results, test.images, test.labels, float_classes), printed[0]
+
+
+@pytest.fixture(scope="module")
+def exported(export_and_screen):
+    return export_and_screen[0]
+
+
+# The runtimes' chatter that reached a fine-tune's screen (issue 52): OpenVINO's converter
+# block, LiteRT's converter and interpreter lines, ONNX Runtime's quantizer advice, NNCF's
+# progress bars.
+CHATTER = re.compile(
+    r"Model Conversion arguments|\[ SUCCESS \]|fully_quantize|XNNPACK delegate|"
+    r"Please consider|Statistics collection|Fast Bias correction"
+)
+
+
+def test_the_export_prints_none_of_the_runtimes_chatter(export_and_screen):
+    (results, *_), printed = export_and_screen
+    assert {"int8", "onnx_int8", "openvino_int8"} & set(results)  # the runtimes did run
+    assert not CHATTER.findall(printed), printed[-3000:]
 
 
 def test_a_file_under_99_percent_agreement_is_written_when_its_drop_is_within_the_bound(
@@ -486,7 +548,7 @@ def test_float_nodes_not_in_the_graph_are_refused_before_writing(exported, tmp_p
 @pytest.mark.parametrize("command", ["autoshuffle-finetune", "autoshuffle-train"])
 @pytest.mark.parametrize("text", ["nan", "-1", "-1e-9", "100.5", "inf", "1e308", "two", ""])
 def test_the_commands_refuse_a_bound_that_is_not_points(command, text, capsys):
-    from keras_autoshuffle.commands import finetune, train
+    from keras_autoshuffle_cli import finetune, train
 
     main = {"autoshuffle-finetune": finetune.main, "autoshuffle-train": train.main}[command]
     arguments = ["--output", "out"] + (["photos"] if command == "autoshuffle-finetune" else [])
@@ -501,7 +563,7 @@ def test_the_commands_refuse_a_bound_that_is_not_points(command, text, capsys):
 
 @pytest.mark.parametrize("command", ["autoshuffle-finetune", "autoshuffle-train"])
 def test_the_commands_refuse_a_bound_without_int8_and_take_minus_zero(command, capsys):
-    from keras_autoshuffle.commands import finetune, train
+    from keras_autoshuffle_cli import finetune, train
 
     module = {"autoshuffle-finetune": finetune, "autoshuffle-train": train}[command]
     arguments = ["--output", "out"] + (["photos"] if command == "autoshuffle-finetune" else [])

@@ -13,6 +13,7 @@ from numpy.typing import ArrayLike
 
 from keras_autoshuffle import _validation
 from keras_autoshuffle._atomic import remove, write_atomically
+from keras_autoshuffle._startup import quiet_runtime
 from keras_autoshuffle.export.checks import _single_input
 from keras_autoshuffle.export.files import size_bytes
 from keras_autoshuffle.export.litert import litert_predict
@@ -59,17 +60,18 @@ def export_int8(
         for i in range(len(data)):
             yield [data[i : i + 1]]
 
-    return write_atomically(
-        path,
-        lambda partial: model.export(
-            partial,
-            format="litert",
-            verbose=False,
-            optimizations=[tf.lite.Optimize.DEFAULT],
-            representative_dataset=representative_dataset,
-            target_spec={"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]},
-        ),
-    )
+    def write(partial):
+        with quiet_runtime():  # the converter's "fully_quantize: 0, ..." line
+            model.export(
+                partial,
+                format="litert",
+                verbose=False,
+                optimizations=[tf.lite.Optimize.DEFAULT],
+                representative_dataset=representative_dataset,
+                target_spec={"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]},
+            )
+
+    return write_atomically(path, write)
 
 
 def _check_int8_arguments(model, representative_data, test_data):

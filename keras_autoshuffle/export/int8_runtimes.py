@@ -5,6 +5,9 @@ int8 activations calibrated on `representative_data`), OpenVINO by NNCF's post-t
 file (`int8.Int8CheckError` beyond `max_accuracy_drop`, and no file is left behind):
 `export_int8_file_checked`, which `export_model(quantize="int8")` calls."""
 
+import contextlib
+import io
+import logging
 import os
 
 import numpy as np
@@ -38,6 +41,27 @@ def _calibration_reader(input_name: str, images: np.ndarray):
             return None if i is None else {input_name: images[i : i + 1]}
 
     return _Reader()
+
+
+class _QuantizerAdvice(logging.Filter):
+    """Drops ONNX Runtime's quantizer's warnings, logged on the root logger ("Please
+    consider pre-processing before quantization", twice a file): advice for a graph of
+    unknown origin, nothing a user of the export can act on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        quantizer = os.path.join("onnxruntime", "quantization")
+        return record.levelno > logging.WARNING or quantizer not in record.pathname
+
+
+@contextlib.contextmanager
+def _no_quantizer_advice():
+    """The block without `_QuantizerAdvice`'s warnings."""
+    advice = _QuantizerAdvice()
+    logging.getLogger().addFilter(advice)
+    try:
+        yield
+    finally:
+        logging.getLogger().removeFilter(advice)
 
 
 def _check_float_nodes(float_nodes, names, path):
@@ -99,19 +123,20 @@ def export_onnx_int8(
     )
 
     def write(partial):
-        quantize_static(
-            str(float_path),
-            partial,
-            _calibration_reader(name, data),
-            quant_format=getattr(QuantFormat, quant_format),
-            per_channel=True,
-            # 7-bit weights: u8 x s8 products saturate the 16-bit sums of AVX2 kernels
-            # without VNNI (tiny digits net: top-1 agreement 0.76 without, 0.95 with).
-            reduce_range=True,
-            activation_type=getattr(QuantType, activation_type),
-            weight_type=QuantType.QInt8,
-            nodes_to_exclude=excluded,
-        )
+        with _no_quantizer_advice():
+            quantize_static(
+                str(float_path),
+                partial,
+                _calibration_reader(name, data),
+                quant_format=getattr(QuantFormat, quant_format),
+                per_channel=True,
+                # 7-bit weights: u8 x s8 products saturate the 16-bit sums of AVX2 kernels
+                # without VNNI (tiny digits net: top-1 agreement 0.76 without, 0.95 with).
+                reduce_range=True,
+                activation_type=getattr(QuantType, activation_type),
+                weight_type=QuantType.QInt8,
+                nodes_to_exclude=excluded,
+            )
 
     return write_atomically(path, write)
 
@@ -158,13 +183,16 @@ def export_openvino_int8(
 
     def write(partial):
         os.makedirs(partial)
-        quantized = nncf.quantize(
-            model,
-            dataset,
-            subset_size=len(data),
-            advanced_parameters=advanced,
-            ignored_scope=nncf.IgnoredScope(names=ignored) if ignored else None,
-        )
+        # NNCF draws progress bars ("Statistics collection", "Applying Fast Bias
+        # correction") on sys.stdout whatever its log level: off the command's screen.
+        with contextlib.redirect_stdout(io.StringIO()):
+            quantized = nncf.quantize(
+                model,
+                dataset,
+                subset_size=len(data),
+                advanced_parameters=advanced,
+                ignored_scope=nncf.IgnoredScope(names=ignored) if ignored else None,
+            )
         openvino.save_model(quantized, os.path.join(partial, OPENVINO_XML), compress_to_fp16=False)
 
     return write_atomically(path, write)
