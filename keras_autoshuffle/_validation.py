@@ -102,6 +102,17 @@ def channel_axis(data_format_value=None):
     return -1 if value == "channels_last" else 1
 
 
+def percentage_points(value, name):
+    """`value` as a float (-0.0 as 0.0); ValueError unless it is a number of percentage
+    points in [0, 100] (no NaN, no inf: an accuracy cannot drop by more than 100)."""
+    if not is_number(value) or not 0 <= value <= 100:
+        raise ValueError(
+            f"`{name}` must be a number of percentage points in [0, 100]. "
+            f"Received: {name}={value!r}"
+        )
+    return float(value) + 0.0
+
+
 def non_negative_float(value, name):
     """`value` as a float; ValueError unless it is a finite number >= 0 (no NaN, no inf)."""
     if not is_number(value) or not np.isfinite(value) or value < 0:

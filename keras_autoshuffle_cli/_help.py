@@ -3,6 +3,7 @@ the count type, and the hand-over to the command's work."""
 
 import argparse
 import importlib
+import math
 from collections.abc import Sequence
 from typing import NoReturn
 
@@ -49,6 +50,21 @@ def positive_int_argument(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
     return value
+
+
+def percentage_points_argument(text: str) -> float:
+    """An argparse `type=`: a number of percentage points in [0, 100] (--int8-max-drop), as
+    `keras_autoshuffle._validation.percentage_points` checks it in Python, or a usage error
+    that quotes the text (NaN, inf and 1e308 included)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of percentage points in [0, 100], got {text!r}"
+        )
+    return value + 0.0  # -0 as 0
 
 
 def run_command(name: str, argv: Sequence[str] | None) -> int:

@@ -17,7 +17,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from keras_autoshuffle_cli._help import command_parser, positive_int_argument, run_command
+from keras_autoshuffle_cli._help import (
+    command_parser,
+    percentage_points_argument,
+    positive_int_argument,
+    run_command,
+)
 
 EXAMPLE = "autoshuffle-finetune photos/ --output runs/photos --width 0.5 --int8"
 
@@ -93,6 +98,15 @@ def parser() -> argparse.ArgumentParser:
         "openvino_int8/), each checked against the float model on the validation images",
     )
     p.add_argument(
+        "--int8-max-drop",
+        type=percentage_points_argument,
+        default=None,  # export.MAX_ACCURACY_DROP, written in the help: --help imports nothing
+        metavar="POINTS",
+        help="with --int8: an int8 file is written when its validation accuracy is at most "
+        "this many percentage points below the float model's, else refused (default: 2; "
+        "100: always written); its drop and top-1 agreement are reported either way",
+    )
+    p.add_argument(
         "--include-preprocessing",
         action="store_true",
         help="exported files take raw uint8 RGB pixels of any size (resize, crop, normalise "
@@ -115,8 +129,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     """The installed `autoshuffle-finetune`: parses `argv` (default: the command line), so
     `--help` and a usage error answer before TensorFlow loads, then runs
     `keras_autoshuffle.commands.finetune.main(argv)`."""
-    parser().parse_args(argv)
+    parse_args(argv)
     return run_command("finetune", argv)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """`parser()`'s arguments from `argv`, and what the options contradict (argparse checks
+    each alone) ended as argparse's own errors: usage, `error: ...`, status 2."""
+    p = parser()
+    args = p.parse_args(argv)
+    if args.int8_max_drop is not None and not args.int8:
+        p.error(f"argument --int8-max-drop: needs --int8, got {args.int8_max_drop:g}")
+    return args
 
 
 if __name__ == "__main__":

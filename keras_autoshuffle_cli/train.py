@@ -16,7 +16,12 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from keras_autoshuffle_cli._help import command_parser, positive_int_argument, run_command
+from keras_autoshuffle_cli._help import (
+    command_parser,
+    percentage_points_argument,
+    positive_int_argument,
+    run_command,
+)
 
 EXAMPLE = "autoshuffle-train --dataset digits --output runs/digits"
 # The width when --width is not given: the recipes' (CIFAR-10's is the paper's 1.0).
@@ -276,8 +281,17 @@ def _add_run_arguments(parser):
         help="also write full-integer files of the folded net (float32 in and out): "
         "model_int8.tflite, and model_int8.onnx / openvino_int8/ with ONNX / OpenVINO exports "
         "(OpenVINO's: pip install 'keras-autoshuffle[openvino-int8]'), calibrated on training "
-        "images, checked on the test set (top-1 agreement with the float model >= 0.99, "
-        "accuracy drop <= 0.5 points; refused below them)",
+        "images, each written when its test accuracy is within --int8-max-drop of the float "
+        "model's",
+    )
+    parser.add_argument(
+        "--int8-max-drop",
+        type=percentage_points_argument,
+        default=None,  # export.MAX_ACCURACY_DROP, written in the help: --help imports nothing
+        metavar="POINTS",
+        help="with --int8: an int8 file is written when its test accuracy is at most this "
+        "many percentage points below the float model's, else refused (default: 2; 100: "
+        "always written); its drop and top-1 agreement are reported either way",
     )
     parser.add_argument(
         "--balanced",

@@ -5,7 +5,7 @@ which the installed command runs first: `--help` without TensorFlow.
 
 import sys
 
-from keras_autoshuffle_cli.finetune import parser
+from keras_autoshuffle_cli.finetune import parse_args
 
 
 def _formats(given):
@@ -17,7 +17,7 @@ def _formats(given):
 def main(argv: list[str] | None = None) -> int:
     """Runs `autoshuffle-finetune` on `argv` (default: the command line); returns 0, or
     exits with status 2 and a one-line error on bad input."""
-    args = parser().parse_args(argv)
+    args = parse_args(argv)
     from keras_autoshuffle import _startup
     from keras_autoshuffle._terminal import printable
     from keras_autoshuffle.data.image_cache import ImageCacheError
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             export_formats=_formats(args.export_formats),
             int8=args.int8,
+            **({} if args.int8_max_drop is None else {"max_accuracy_drop": args.int8_max_drop}),
             include_preprocessing=args.include_preprocessing,
             cache_images=not args.no_cache,
             skip_damaged=args.skip_damaged,
@@ -58,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def summary(report: dict) -> str:
-    """The lines printed at the end: validation accuracy and each file written."""
+    """The lines printed at the end: validation accuracy, each file written, and each int8
+    file's check (its accuracy beside the float model's, the drop and its bound, the top-1
+    agreement), written or refused."""
     lines = [
         f"validation accuracy: {report['validation']['accuracy']:.4f} on "
         f"{report['validation']['examples']} images, {len(report['data']['classes'])} classes"
@@ -68,9 +71,13 @@ def summary(report: dict) -> str:
             f"  {entry['path']}  {entry['size_bytes'] / 1e6:.2f} MB  "
             f"accuracy {entry['accuracy']:.4f}"
         )
+    from keras_autoshuffle.finetuning.report import int8_check_line
+
     for key in ("int8", "onnx_int8", "openvino_int8"):
-        if report.get(key, {}).get("refused"):
-            lines.append(f"  {key} refused: {report[key]['refused']}")
+        if report.get(key):
+            lines.append(f"  {int8_check_line(key, report[key])}")
+            if report[key].get("refused"):
+                lines.append(f"    {report[key]['refused']}")
     return "\n".join(lines)
 
 

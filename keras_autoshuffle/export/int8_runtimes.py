@@ -2,7 +2,7 @@
 export already wrote: ONNX by ONNX Runtime's `quantize_static` (per-channel int8 weights,
 int8 activations calibrated on `representative_data`), OpenVINO by NNCF's post-training
 `nncf.quantize` (no torch). Each is checked against the float model like LiteRT's int8
-file (`int8.Int8CheckError` past the limits, and no file is left behind):
+file (`int8.Int8CheckError` beyond `max_accuracy_drop`, and no file is left behind):
 `export_int8_file_checked`, which `export_model(quantize="int8")` calls."""
 
 import contextlib
@@ -209,11 +209,12 @@ def export_int8_file_checked(
     calibration: np.ndarray,
     test: tuple[np.ndarray, np.ndarray],
     float_outputs: np.ndarray,
-    limits: tuple[float, float],
+    max_accuracy_drop: float,
     float_nodes: list[str] | tuple[str, ...] = (),
 ) -> dict:
     """The int8 ONNX or OpenVINO file quantized from `float_path`, kept only when its
-    runtime's predictions on the test images pass the check against the float model.
+    runtime's accuracy on the test images is within `max_accuracy_drop` of the float
+    model's.
 
     OpenVINO runs the file with f32 inference precision for the parts left in float,
     whatever the CPU (its default is bf16 on some).
@@ -225,15 +226,17 @@ def export_int8_file_checked(
         calibration: float32 calibration inputs.
         test: (images, labels): float32 test inputs and their integer labels.
         float_outputs: the float model's outputs on the test images.
-        limits: (least top-1 agreement as a fraction, most accuracy drop in points).
+        max_accuracy_drop: the most the int8 accuracy may be below the float model's, in
+            percentage points.
         float_nodes: nodes left in float (the writers' `float_nodes`).
 
     Returns:
-        The check's entry: accuracy, float_accuracy, top1_agreement, test_examples,
-            bytes, float_bytes, size_ratio, calibration_examples, path.
+        The check's entry: accuracy, float_accuracy, accuracy_drop, top1_agreement,
+            max_accuracy_drop, test_examples, bytes, float_bytes, size_ratio,
+            calibration_examples, path.
 
     Raises:
-        Int8CheckError: the int8 file fails the check (nothing left at `path`).
+        Int8CheckError: a drop beyond `max_accuracy_drop` (nothing left at `path`).
     """
     entry = write_checked(
         key,
@@ -243,6 +246,6 @@ def export_int8_file_checked(
         float_path,
         test,
         float_outputs,
-        limits,
+        max_accuracy_drop,
     )
     return {**entry, "calibration_examples": len(calibration)}

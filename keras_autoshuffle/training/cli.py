@@ -52,18 +52,11 @@ def format_run_summary(report: dict[str, Any]) -> str:
         )
     for name, entry in report.get("export", {}).items():
         lines.append(f"  {name}: max |output - Keras| = {entry['max_abs_diff']:.2e}")
-    from keras_autoshuffle.finetuning.report import INT8_RUNTIMES
+    from keras_autoshuffle.finetuning.report import INT8_RUNTIMES, int8_check_line
 
-    for key, runtime in INT8_RUNTIMES.items():
-        if key not in report:
-            continue
-        entry = report[key]
-        lines.append(
-            f"  int8 {runtime}: accuracy {entry['accuracy']:.4f} "
-            f"(float {entry['float_accuracy']:.4f}), top-1 agreement "
-            f"{entry['top1_agreement']:.4f}, {entry['size_ratio']:.2f}x smaller"
-            + (" (refused: below the thresholds, no file written)" if entry.get("refused") else "")
-        )
+    for key in INT8_RUNTIMES:
+        if key in report:
+            lines.append(f"  {int8_check_line(key, report[key])}")
     for name, why in report.get("export_skipped", {}).items():
         lines.append(f"  {name}: not exported ({why})")
     lines.append("Files:")
@@ -151,6 +144,8 @@ def _argument_errors(args, recipe):
             "argument --export-formats: not allowed with argument --no-export, got "
             f"{','.join(args.export_formats)}"
         )
+    if args.int8_max_drop is not None and not args.int8:
+        errors.append(f"argument --int8-max-drop: needs --int8, got {args.int8_max_drop:g}")
     quantizable = ("litert", "onnx", "openvino")
     if args.int8 and (
         args.no_export
@@ -223,6 +218,9 @@ def run_from_args(
     # train()'s options that are command-line options of the same name.
     passed = ("mixed_precision", "jit_compile", "seed", "harden_at_epoch", "balanced")
     passed += ("overwrite", "verbose", "int8")
+    options = {name: getattr(args, name) for name in passed}
+    if args.int8_max_drop is not None:
+        options["max_accuracy_drop"] = args.int8_max_drop
     try:
         report = run(
             model_fn,
@@ -233,7 +231,7 @@ def run_from_args(
             strategy=strategy,
             export=args.export_formats or not args.no_export,
             settings=settings,
-            **{name: getattr(args, name) for name in passed},
+            **options,
         )
     except (RunDirectoryError, TrainingDivergedError) as error:
         sys.exit(f"error: {printable(str(error))}")
