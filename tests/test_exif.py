@@ -11,6 +11,7 @@ import io
 import os
 import struct
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -119,13 +120,15 @@ HOSTILE = {
 }
 
 
-@pytest.mark.parametrize("name", sorted(HOSTILE))
-def test_a_damaged_exif_block_reads_as_upright(tmp_path, name):
+def test_a_damaged_exif_block_reads_as_upright_silently(tmp_path):
     plain = _encoded(PICTURE, "JPEG")
     path = tmp_path / "photo.jpg"
-    path.write_bytes(_with_segment(plain, 0xE1, b"Exif\0\0" + HOSTILE[name]))
-    assert int(exif.orientation(tf.constant(path.read_bytes()))) == 1
-    np.testing.assert_array_equal(data.read_image(path), _stored(plain))
+    for name, block in HOSTILE.items():
+        path.write_bytes(_with_segment(plain, 0xE1, b"Exif\0\0" + block))
+        assert int(exif.orientation(tf.constant(path.read_bytes()))) == 1, name
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no "Corrupt EXIF data" from Pillow either
+            np.testing.assert_array_equal(data.read_image(path), _stored(plain), err_msg=name)
 
 
 def test_garbled_exif_blocks_never_fail():
@@ -134,7 +137,7 @@ def test_garbled_exif_blocks_never_fail():
     rng = np.random.default_rng(0)
     plain = _encoded(PICTURE, "JPEG")
     valid = _tiff([(0x0112, 3, 1, _short(6))] * 3)
-    for _ in range(20):
+    for _ in range(8):
         noise = rng.integers(0, 256, rng.integers(1, 200), dtype=np.uint8).tobytes()
         flipped = bytearray(valid)
         flipped[rng.integers(0, len(valid))] ^= 1 << int(rng.integers(0, 8))
@@ -176,6 +179,7 @@ def test_a_scaled_decode_is_the_same_upright_picture(tmp_path):
     assert np.abs(shrunk - scaled).mean() < 2
 
 
+@pytest.mark.slow
 def test_the_pipelines_and_the_cache_read_the_upright_picture(tmp_path):
     """Evaluation (and int8 calibration, which reads evaluation epochs) and the decoded-
     image cache that training reads give the upright picture."""

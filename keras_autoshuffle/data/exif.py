@@ -36,18 +36,8 @@ def orientation(contents: tf.Tensor) -> tf.Tensor:
         A scalar int32 tensor from 1 (upright, also for no or unusable EXIF data) to 8.
     """
     contents = tf.convert_to_tensor(contents, tf.string)
-    start, size = tf.cond(
-        tf.strings.substr(contents, 0, 8) == _PNG_SIGNATURE,
-        lambda: _png_exif(contents),
-        lambda: tf.cond(
-            tf.io.is_jpeg(contents),
-            lambda: _jpeg_exif(contents),
-            lambda: (tf.constant(0, tf.int64), tf.constant(0, tf.int64)),
-        ),
-    )
-    return tf.cond(
-        size > 0, lambda: _tiff_orientation(contents, start, size), lambda: tf.constant(1)
-    )
+    start, size = _find_exif(contents)
+    return _tiff_orientation(contents, start, size)
 
 
 def upright(image: tf.Tensor, orientation: tf.Tensor | int) -> tf.Tensor:
@@ -60,23 +50,14 @@ def upright(image: tf.Tensor, orientation: tf.Tensor | int) -> tf.Tensor:
     Returns:
         The upright image, the dtype of `image`.
     """
-
-    def transpose():
-        return tf.transpose(image, [1, 0, 2])
-
-    turned = tf.switch_case(
-        tf.cast(orientation, tf.int32) - 1,
-        [
-            lambda: image,  # 1
-            lambda: tf.reverse(image, [1]),  # 2: mirrored
-            lambda: tf.reverse(image, [0, 1]),  # 3: upside down
-            lambda: tf.reverse(image, [0]),  # 4: mirrored, upside down
-            transpose,  # 5
-            lambda: tf.reverse(transpose(), [1]),  # 6: turned a quarter clockwise to view
-            lambda: tf.reverse(transpose(), [0, 1]),  # 7
-            lambda: tf.reverse(transpose(), [0]),  # 8: a quarter anticlockwise
-        ],
-    )
+    # 1 to 4: as stored, mirrored, upside down, both; 5 to 8: transposed, then the same.
+    # (6, the usual phone photo: transposed and mirrored, a quarter turn clockwise.)
+    # An identity transpose copies nothing; a reverse of no axis would copy the image.
+    step = tf.cast(orientation, tf.int32) - 1
+    turned = tf.transpose(image, tf.where(step >= 4, [1, 0, 2], [0, 1, 2]))
+    mirror = step % 4  # 1: left-right, 2: both, 3: top-bottom
+    flips = tf.boolean_mask([0, 1], [mirror >= 2, (mirror == 1) | (mirror == 2)])
+    turned = tf.cond(mirror > 0, lambda: tf.reverse(turned, flips), lambda: turned)
     turned.set_shape([None, None, image.shape[-1]])
     return turned
 
@@ -93,11 +74,38 @@ def _equals(values, text):
     return tf.reduce_all(values == tf.constant(list(text), tf.int64))
 
 
-def _walk(step, first):
-    """(start, size) of the EXIF data that `step(position)` finds, walking the file's
-    segments or chunks from `first`; (0, 0) when it ends without finding any.
+def _find_exif(contents):
+    """(start, size) of a JPEG's or PNG's EXIF data (a TIFF structure); size 0 when there
+    is none. One walk over the segments (JPEG) or chunks (PNG), at most MAX_SEGMENTS.
 
-    `step` returns (found, ends, next position, start, size) for one segment."""
+    JPEG: the first Exif APP1 segment among the application segments (0xE0 to 0xEF) and
+    comments that follow the start marker (a table ends them). PNG: an eXIf chunk before
+    the first IDAT chunk, a leading `Exif` header skipped as Pillow does."""
+    png = tf.strings.substr(contents, 0, len(_PNG_SIGNATURE)) == _PNG_SIGNATURE
+    jpeg = tf.io.is_jpeg(contents)
+
+    def step(position):
+        head = _bytes(contents, position, 14)
+        # JPEG: FF, the marker, the size (2 bytes, itself included), the Exif header.
+        marker, size = head[1], head[2] * 256 + head[3]
+        fill = marker == 0xFF  # padding before a marker
+        application = ((marker >= 0xE0) & (marker <= 0xEF)) | (marker == 0xFE)
+        jpeg_found = (marker == 0xE1) & (size >= 8) & _equals(head[4:10], _EXIF_HEADER)
+        jpeg_ends = (head[0] != 0xFF) | ~(fill | (application & (size >= 2)))
+        jpeg_next = tf.where(fill, position + 1, position + 2 + size)
+        # PNG: the size (4 bytes, big-endian), the type, the data, a CRC (4 bytes).
+        chunk = tf.reduce_sum(head[:4] * tf.constant([2**24, 2**16, 2**8, 1], tf.int64))
+        kind = head[4:8]
+        prefixed = tf.cast((chunk >= 6) & _equals(head[8:], _EXIF_HEADER), tf.int64) * 6
+        png_found = _equals(kind, b"eXIf")
+        png_ends = _equals(kind, b"IDAT") | _equals(kind, b"IEND")
+        return (
+            tf.where(png, png_found, jpeg_found),
+            tf.where(png, png_ends, jpeg_ends),
+            tf.where(png, position + 12 + chunk, jpeg_next),
+            tf.where(png, position + 8 + prefixed, position + 10),
+            tf.where(png, chunk - prefixed, size - 8),
+        )
 
     def body(count, position, start, size):
         found, ends, following, found_start, found_size = step(position)
@@ -105,47 +113,14 @@ def _walk(step, first):
         size = tf.where(found, found_size, size)
         return count + 1, tf.where(found | ends, tf.constant(-1, tf.int64), following), start, size
 
+    first = tf.where(png, len(_PNG_SIGNATURE), tf.where(jpeg, 2, -1))  # -1: neither
     zero = tf.constant(0, tf.int64)
     _, _, start, size = tf.while_loop(
         lambda count, position, *_: (count < MAX_SEGMENTS) & (position >= 0),
         body,
-        (tf.constant(0), tf.constant(first, tf.int64), zero, zero),
+        (tf.constant(0), tf.cast(first, tf.int64), zero, zero),
     )
     return start, size
-
-
-def _jpeg_exif(contents):
-    """The first Exif APP1 segment's data (after its `Exif` header), among the
-    application segments that follow the start marker."""
-
-    def step(position):
-        head = _bytes(contents, position, 10)  # FF, the marker, the size, the header
-        marker, size = head[1], head[2] * 256 + head[3]
-        fill = marker == 0xFF  # padding before a marker
-        found = (marker == 0xE1) & (size >= 8) & _equals(head[4:], _EXIF_HEADER)
-        # Application segments (0xE0 to 0xEF) and comments come first: a table ends them.
-        application = ((marker >= 0xE0) & (marker <= 0xEF)) | (marker == 0xFE)
-        ends = (head[0] != 0xFF) | ~(fill | (application & (size >= 2)))
-        following = tf.where(fill, position + 1, position + 2 + size)
-        return found, ends, following, position + 10, size - 8
-
-    return _walk(step, 2)
-
-
-def _png_exif(contents):
-    """An eXIf chunk's data before the first IDAT chunk (a leading `Exif` header skipped,
-    as Pillow does)."""
-
-    def step(position):
-        head = _bytes(contents, position, 14)  # the size, the type, 6 bytes of data
-        size = tf.reduce_sum(head[:4] * tf.constant([2**24, 2**16, 2**8, 1], tf.int64))
-        kind = head[4:8]
-        prefixed = tf.cast((size >= 6) & _equals(head[8:], _EXIF_HEADER), tf.int64) * 6
-        found = _equals(kind, b"eXIf")
-        ends = _equals(kind, b"IDAT") | _equals(kind, b"IEND")
-        return found, ends, position + 12 + size, position + 8 + prefixed, size - prefixed
-
-    return _walk(step, len(_PNG_SIGNATURE))
 
 
 def _tiff_orientation(contents, start, size):

@@ -109,7 +109,7 @@ def decode_rgb(contents: tf.Tensor, min_side: int | None = None) -> tf.Tensor:
     return _decode(tf.convert_to_tensor(contents, tf.string), min_side)[0]
 
 
-@tf.function(reduce_retracing=True)
+@tf.function(reduce_retracing=True, autograph=False)
 def _decode(contents, min_side):
     """`decode_rgb`'s pixels and the file's EXIF orientation, as one graph (run op by op,
     the orientation's walk over the file's segments takes milliseconds)."""
@@ -295,8 +295,10 @@ def _open_header(contents, path, max_pixels):
 
     # catch_warnings changes process-wide filters: one header at a time (they are quick).
     with _HEADER_LOCK, warnings.catch_warnings():
-        # Our own limit decides below; Pillow's warning would only add noise.
+        # Our own limit decides below; Pillow's warning would only add noise. So would its
+        # "Corrupt EXIF data" (a damaged EXIF block reads as upright, `data.exif`).
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        warnings.filterwarnings("ignore", category=UserWarning, module="PIL")
         try:
             image = Image.open(io.BytesIO(contents))
         except Image.DecompressionBombError as error:
