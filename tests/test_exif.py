@@ -18,7 +18,7 @@ import pytest
 import tensorflow as tf
 from PIL import Image, ImageOps
 
-from keras_autoshuffle import applications, data
+from keras_autoshuffle import applications, data, prediction
 from keras_autoshuffle.data import exif
 
 # A picture no turn or mirror maps onto itself: random pixels, 12 x 20.
@@ -203,6 +203,23 @@ def test_the_pipelines_and_the_cache_read_the_upright_picture(tmp_path):
         np.testing.assert_array_equal(cached, expected)  # no larger than decode_min_side
 
 
+def test_predict_classifies_the_upright_picture(tmp_path):
+    """`autoshuffle-predict`'s reading (`prediction.predict_files`) gives the model the
+    upright picture; here a model of raw pixels that records what it is given."""
+    given = []
+
+    def run(batch):
+        given.append(batch)
+        return np.full((len(batch), 2), 0.5, np.float32)
+
+    classifier = prediction.Classifier(run, ["a", "b"], preprocess=None)
+    path = tmp_path / "phone.jpg"
+    path.write_bytes(_encoded(PICTURE, "JPEG", _exif(6)))
+    prediction.predict_files(classifier, [path])
+    expected = _pillow_upright(_stored(path.read_bytes()), _exif(6))
+    np.testing.assert_array_equal(given[0][0], expected)
+
+
 # -- a damaged file's error (item 12) --------------------------------------------------
 
 
@@ -246,3 +263,13 @@ def test_a_damaged_file_is_named_without_tensorflows_internals(tmp_path):
         train.cache_images(tmp_path / "cache")
     _assert_plain(caught.value, good)
     assert os.path.exists(tmp_path / "cache")
+
+
+def test_predict_names_a_damaged_file_without_tensorflows_internals(tmp_path):
+    classifier = prediction.Classifier(lambda batch: np.ones((len(batch), 1)), ["a"], None)
+    path = _cut_jpeg(tmp_path / "cut.jpg")
+    with pytest.raises(data.ImageFileError) as caught:
+        prediction.predict_files(classifier, [path])
+    _assert_plain(caught.value, path)
+    (result,) = prediction.predict_files(classifier, [path], skip_damaged=True)
+    _assert_plain(result["error"], path)
