@@ -102,6 +102,13 @@ def test_a_big_endian_block_among_other_segments_and_tags():
     assert int(exif.orientation(tf.constant(contents))) == 8
     expected = np.rot90(_stored(plain))  # 8: a quarter turn anticlockwise
     np.testing.assert_array_equal(data.decode_rgb(tf.constant(contents)), expected)
+    # A tag given twice: the first counts, as Pillow reads it.
+    for values in ([6, 3], [3, 6]):
+        block = b"Exif\0\0" + _tiff([(0x0112, 3, 1, _short(v)) for v in values])
+        contents = _with_segment(plain, 0xE1, block)
+        with Image.open(io.BytesIO(contents)) as image:
+            assert image.getexif()[0x0112] == values[0]
+        assert int(exif.orientation(tf.constant(contents))) == values[0]
 
 
 # EXIF blocks that give no usable orientation: each reads as 1 (the stored pixels).

@@ -1,23 +1,25 @@
 """The EXIF orientation of an encoded image, read and applied with TensorFlow ops, so that
-`tf.data` pipelines turn a phone's sideways photo upright as every gallery does.
+`tf.data` pipelines turn a phone's sideways photo upright, as Pillow's
+`ImageOps.exif_transpose` does.
 
 A camera stores the sensor's pixels as they were read and writes in the file's EXIF data
 how to turn them upright: the Orientation tag (0x0112), 1 (upright) to 8. `orientation`
 reads it from the file's bytes: in a JPEG from the first `Exif` APP1 segment before the
-scan, in a PNG from an `eXIf` chunk before the pixel data (where Pillow writes it); BMP
-and GIF files have none. `upright` applies it, as Pillow's `ImageOps.exif_transpose` does
-(the same pixels). Only an Orientation stored as one SHORT in the first image directory
-(IFD0) counts, as cameras write it; anything else, a value outside 2..8, a damaged or
-truncated EXIF block, or no EXIF data gives 1, the pixels as stored: reading one never
-fails. The work is bounded whatever a file declares: at most `MAX_SEGMENTS` JPEG segments
+pixel data, in a PNG from an `eXIf` chunk before the pixel data (where Pillow writes it);
+BMP and GIF files have none. `upright` applies it: the pixels of `exif_transpose`. The
+first Orientation entry of the first image directory (IFD0) counts when it is one SHORT,
+as cameras write it; anything else, a value outside 2..8, a damaged or truncated EXIF
+block, or no EXIF data gives 1, the pixels as stored: reading one never fails. The work
+is bounded whatever a file declares: at most `MAX_SEGMENTS` JPEG segments (or fill bytes)
 or PNG chunks are walked, and at most `MAX_EXIF_BYTES` of the EXIF data are read.
-Pillow also takes an orientation from XMP metadata when EXIF has none; this does not.
+Pillow also takes an orientation from XMP metadata when EXIF has none, and from a PNG's
+eXIf chunk after its pixel data; this does not.
 """
 
 import tensorflow as tf
 
 ORIENTATION_TAG = 0x0112
-# Segments or chunks walked at most before the EXIF data (a photo's is the first or second).
+# Segments or chunks walked at most (a photo's EXIF segment is the first or second).
 MAX_SEGMENTS = 64
 # Bytes of the EXIF data read at most: a JPEG segment holds at most 65533.
 MAX_EXIF_BYTES = 65536
@@ -76,55 +78,64 @@ def _equals(values, text):
 
 def _find_exif(contents):
     """(start, size) of a JPEG's or PNG's EXIF data (a TIFF structure); size 0 when there
-    is none. One walk over the segments (JPEG) or chunks (PNG), at most MAX_SEGMENTS.
-
-    JPEG: the first Exif APP1 segment among the application segments (0xE0 to 0xEF) and
-    comments that follow the start marker (a table ends them). PNG: an eXIf chunk before
-    the first IDAT chunk, a leading `Exif` header skipped as Pillow does."""
+    is none."""
     png = tf.strings.substr(contents, 0, len(_PNG_SIGNATURE)) == _PNG_SIGNATURE
-    jpeg = tf.io.is_jpeg(contents)
+    none = (tf.constant(0, tf.int64), tf.constant(0, tf.int64))
+    return tf.cond(
+        png,
+        lambda: _walk(contents, len(_PNG_SIGNATURE), _png_step),
+        lambda: tf.cond(
+            tf.io.is_jpeg(contents), lambda: _walk(contents, 2, _jpeg_step), lambda: none
+        ),
+    )
 
-    def step(position):
-        head = _bytes(contents, position, 14)
-        # JPEG: FF, the marker, the size (2 bytes, itself included), the Exif header.
-        marker, size = head[1], head[2] * 256 + head[3]
-        fill = marker == 0xFF  # padding before a marker
-        application = ((marker >= 0xE0) & (marker <= 0xEF)) | (marker == 0xFE)
-        jpeg_found = (marker == 0xE1) & (size >= 8) & _equals(head[4:10], _EXIF_HEADER)
-        jpeg_ends = (head[0] != 0xFF) | ~(fill | (application & (size >= 2)))
-        jpeg_next = tf.where(fill, position + 1, position + 2 + size)
-        # PNG: the size (4 bytes, big-endian), the type, the data, a CRC (4 bytes).
-        chunk = tf.reduce_sum(head[:4] * tf.constant([2**24, 2**16, 2**8, 1], tf.int64))
-        kind = head[4:8]
-        prefixed = tf.cast((chunk >= 6) & _equals(head[8:], _EXIF_HEADER), tf.int64) * 6
-        png_found = _equals(kind, b"eXIf")
-        png_ends = _equals(kind, b"IDAT") | _equals(kind, b"IEND")
-        return (
-            tf.where(png, png_found, jpeg_found),
-            tf.where(png, png_ends, jpeg_ends),
-            tf.where(png, position + 12 + chunk, jpeg_next),
-            tf.where(png, position + 8 + prefixed, position + 10),
-            tf.where(png, chunk - prefixed, size - 8),
-        )
+
+def _jpeg_step(contents, position):
+    """The first Exif APP1 segment before the scan, as Pillow reads it."""
+    head = _bytes(contents, position, 10)  # FF, the marker, the size, the Exif header
+    marker, size = head[1], head[2] * 256 + head[3]  # the size counts its own 2 bytes
+    fill = marker == 0xFF  # padding before a marker
+    found = (marker == 0xE1) & (size >= 8) & _equals(head[4:], _EXIF_HEADER)
+    scan = (marker == 0xDA) | (marker == 0xD9)  # the pixel data, or the end
+    ends = (head[0] != 0xFF) | ~(fill | (~scan & (size >= 2)))
+    following = tf.where(fill, position + 1, position + 2 + size)
+    return found, ends, following, position + 10, size - 8
+
+
+def _png_step(contents, position):
+    """An eXIf chunk before the first IDAT chunk (a leading `Exif` header skipped, as
+    Pillow does)."""
+    head = _bytes(contents, position, 14)  # the size (big-endian), the type, 6 data bytes
+    size = tf.reduce_sum(head[:4] * tf.constant([2**24, 2**16, 2**8, 1], tf.int64))
+    kind = head[4:8]
+    prefixed = tf.cast((size >= 6) & _equals(head[8:], _EXIF_HEADER), tf.int64) * 6
+    found = _equals(kind, b"eXIf")
+    ends = _equals(kind, b"IDAT") | _equals(kind, b"IEND")
+    return found, ends, position + 12 + size, position + 8 + prefixed, size - prefixed
+
+
+def _walk(contents, first, step):
+    """(start, size) of the EXIF data `step` finds walking a file's segments or chunks
+    from `first`, at most MAX_SEGMENTS; (0, 0) when it ends without finding any. `step`
+    returns (found, ends, next position, start, size) for the segment at a position."""
 
     def body(count, position, start, size):
-        found, ends, following, found_start, found_size = step(position)
+        found, ends, following, found_start, found_size = step(contents, position)
         start = tf.where(found, found_start, start)
         size = tf.where(found, found_size, size)
         return count + 1, tf.where(found | ends, tf.constant(-1, tf.int64), following), start, size
 
-    first = tf.where(png, len(_PNG_SIGNATURE), tf.where(jpeg, 2, -1))  # -1: neither
     zero = tf.constant(0, tf.int64)
     _, _, start, size = tf.while_loop(
         lambda count, position, *_: (count < MAX_SEGMENTS) & (position >= 0),
         body,
-        (tf.constant(0), tf.cast(first, tf.int64), zero, zero),
+        (tf.constant(0), tf.constant(first, tf.int64), zero, zero),
     )
     return start, size
 
 
 def _tiff_orientation(contents, start, size):
-    """The Orientation of the TIFF structure (EXIF data) at `start`: the last one SHORT
+    """The Orientation of the TIFF structure (EXIF data) at `start`: the first one-SHORT
     Orientation entry of IFD0 that lies whole within the data, 2..8; else 1."""
     raw = tf.io.decode_raw(
         tf.strings.substr(contents, start, tf.minimum(size, MAX_EXIF_BYTES)), tf.uint8
@@ -152,6 +163,6 @@ def _tiff_orientation(contents, start, size):
         & (number(entries + 2, 2) == 3)  # SHORT
         & (number(entries + 4, 4) == 1)  # one value
     )
-    last = tf.reduce_max(tf.where(matches, indices, -1))  # -1 without any
-    value = tf.reduce_sum(tf.where(indices == last, number(entries + 8, 2), 0))
+    first = tf.reduce_min(tf.where(matches, indices, count))  # Pillow skips repeated tags
+    value = tf.reduce_sum(tf.where(indices == first, number(entries + 8, 2), 0))
     return tf.cast(tf.where((value >= 2) & (value <= 8), value, 1), tf.int32)
