@@ -102,6 +102,14 @@ def test_a_big_endian_block_among_other_segments_and_tags():
     assert int(exif.orientation(tf.constant(contents))) == 8
     expected = np.rot90(_stored(plain))  # 8: a quarter turn anticlockwise
     np.testing.assert_array_equal(data.decode_rgb(tf.constant(contents)), expected)
+    # After a table segment (not where cameras write it): still read, as Pillow does.
+    table = plain.index(b"\xff\xdb")
+    table += 2 + struct.unpack(">H", plain[table + 2 : table + 4])[0]
+    block = b"Exif\0\0" + _tiff([(0x0112, 3, 1, _short(6))])
+    late = plain[:table] + struct.pack(">BBH", 0xFF, 0xE1, len(block) + 2) + block + plain[table:]
+    with Image.open(io.BytesIO(late)) as image:
+        assert image.getexif()[0x0112] == 6
+    assert int(exif.orientation(tf.constant(late))) == 6
     # A tag given twice: the first counts, as Pillow reads it.
     for values in ([6, 3], [3, 6]):
         block = b"Exif\0\0" + _tiff([(0x0112, 3, 1, _short(v)) for v in values])
