@@ -159,8 +159,8 @@ def check_image_file(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> t
             file may declare; refused before any pixel is decoded.
 
     Returns:
-        The upright image's (width, height): the stored sides swapped when the EXIF
-        orientation turns it a quarter (5 to 8).
+        The upright image's (width, height), the stored sides swapped when the EXIF
+            orientation turns it a quarter (5 to 8).
 
     Raises:
         ImageFileError: the file is missing, empty, larger than `MAX_FILE_BYTES`, not an
@@ -181,7 +181,7 @@ def read_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> np.ndar
 
     Returns:
         A uint8 array (height, width, 3), the picture upright (its EXIF orientation
-        applied).
+            applied).
 
     Raises:
         ImageFileError: as `check_image_file`.
