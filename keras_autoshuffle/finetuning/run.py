@@ -36,6 +36,7 @@ from keras_autoshuffle import export as export_lib
 from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, V2_WIDTHS
 from keras_autoshuffle.data.image_folder import image_folder
 from keras_autoshuffle.data.images import read_image
+from keras_autoshuffle.export import metadata
 from keras_autoshuffle.finetuning import evaluation, network
 from keras_autoshuffle.finetuning.raw_inputs import raw_input_model
 from keras_autoshuffle.finetuning.report import classification_metrics, cpu_name, write_report
@@ -265,7 +266,7 @@ def finetune(
         report.update(_export_raw_input(model, output_dir, val_data, formats, probabilities))
     else:
         exported = (model, output_dir, train_data, val_data, formats, probabilities)
-        report.update(_export(*exported, options["int8"]))
+        report.update(_export(*exported, options["int8"], split.class_names))
     report["cpu"] = cpu_name()  # the latencies' machine
     report["written"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     write_report(output_dir, report)
@@ -488,13 +489,15 @@ def _run_phase(model_fn, recipe, run_dir, settings, train_data, val_data, seed, 
     )
 
 
-def _export(model, output_dir, train_data, val_data, formats, probabilities, int8):
-    """`model.keras` and the folded exports with their checks (`training.exports`), then
-    each file's accuracy on the validation images, agreement with Keras, size, latency."""
+def _export(model, output_dir, train_data, val_data, formats, probabilities, int8, class_names):
+    """`model.keras` and the folded exports with their checks (`training.exports`), the
+    `.tflite` files' metadata (`_describe_litert_files`), then each file's accuracy on the
+    validation images, agreement with Keras, size, latency."""
     sample = training_exports.check_savable(model, val_data, formats)
     if formats:
         int8_arrays = training_exports.int8_data(train_data, val_data) if int8 else None
         written = training_exports.export_run(model, output_dir, sample, formats, int8_arrays)
+        _describe_litert_files(written, class_names)
     else:  # model.keras alone
         path = os.path.join(output_dir, export_lib.FILENAMES["keras"])
         export_lib.save_keras(model, path)
@@ -513,6 +516,20 @@ def _export(model, output_dir, train_data, val_data, formats, probabilities, int
         drop = 100 * (entry["float_accuracy"] - entry["accuracy"])
         entries[key] = {**entry, "accuracy_drop": drop}
     return entries
+
+
+def _describe_litert_files(written, class_names):
+    """The class names and the input's normalisation (ImageNet's, per channel) in the LiteRT
+    metadata of the run's `.tflite` files, where the mediapipe extra is installed: the files
+    carry their labels; MediaPipe Tasks needs one mean and std (`export.metadata`)."""
+    if not export_lib._installed("mediapipe"):
+        return
+    for key in ("litert", "int8"):
+        path = written.get(key, {}).get("path")
+        if path:
+            metadata.describe_litert(
+                path, class_names, metadata.IMAGENET_PIXEL_MEAN, metadata.IMAGENET_PIXEL_STD
+            )
 
 
 def _keras_entry(path, probabilities, val_data):

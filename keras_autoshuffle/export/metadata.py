@@ -1,0 +1,207 @@
+"""Exported files that describe themselves: LiteRT metadata (class names, input image).
+
+A `.tflite` file with this metadata runs as is in MediaPipe Tasks' `ImageClassifier`
+(Android, iOS, web, Python), which reads the class names from it and feeds it RGB images
+normalised as its metadata says. MediaPipe takes one mean and one standard deviation for
+all channels, so ImageNet's per-channel normalisation goes inside the net
+(`with_input_normalization`) and the file takes RGB values in [0, 1], as the files of
+MediaPipe Model Maker's image classifier do (metadata mean 0, std 255 on pixel values).
+
+The metadata is built with MediaPipe's own metadata classes (`metadata_info`, the
+`mediapipe` extra) and attached to the file as its writer does: the metadata flatbuffer
+in the model's "TFLITE_METADATA" entry, the label file in a zip appended to the model.
+(MediaPipe's `MetadataWriter` itself does not import in mediapipe 0.10.32 and 1.2.x:
+its `_pywrap_metadata_version` is missing from the wheels.)
+"""
+
+import io
+import os
+import zipfile
+from collections.abc import Sequence
+
+import keras
+import numpy as np
+
+from keras_autoshuffle._atomic import write_atomically
+from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD
+
+# Model Maker's image classifier convention: the file takes pixel / 255.
+MEDIAPIPE_MEAN, MEDIAPIPE_STD = (0.0,), (255.0,)
+# ImageNet's per-channel normalisation on pixel values in [0, 255]: what a file of a net
+# taking normalised images is described with (MediaPipe refuses per-channel values).
+IMAGENET_PIXEL_MEAN = tuple(255 * m for m in IMAGENET_MEAN)
+IMAGENET_PIXEL_STD = tuple(255 * s for s in IMAGENET_STD)
+LABEL_FILE = "labels.txt"
+_METADATA_NAME = "TFLITE_METADATA"
+_METADATA_IDENTIFIER = b"M001"
+# The oldest metadata parser that reads what is written here (image input, label file).
+_MIN_PARSER_VERSION = "1.0.0"
+
+
+def with_input_normalization(
+    model: keras.Model,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+) -> keras.Model:
+    """`model` behind a per-channel normalisation, `(x - mean) / std`: a model taking RGB
+    values in [0, 1] where `model` takes normalised images.
+
+    The normalisation is Keras's own `Normalization` layer (serializable, loads with
+    `safe_mode=True`), named "input_normalization", at the new input, so an exported file
+    of the result takes plain RGB and its metadata can give one mean and one standard
+    deviation (`describe_litert`).
+
+    Args:
+        model: a single-input Keras model taking channels-last normalised images.
+        mean: the per-channel mean `model`'s inputs were normalised with.
+        std: the per-channel standard deviation, each > 0.
+    """
+    std = np.asarray(std, dtype="float64")
+    if std.ndim != 1 or len(std) != len(mean) or not np.all(std > 0):
+        raise ValueError(
+            "`std` must be as many positive numbers as `mean` has. "
+            f"Received: mean={tuple(mean)}, std={tuple(std.tolist())}"
+        )
+    inputs = keras.Input(model.input_shape[1:], name="image")
+    normalize = keras.layers.Normalization(
+        mean=list(mean), variance=list(std**2), name="input_normalization"
+    )
+    return keras.Model(inputs, model(normalize(inputs)), name=model.name)
+
+
+def describe_litert(
+    path: str | os.PathLike,
+    labels: Sequence[str],
+    mean: Sequence[float] = MEDIAPIPE_MEAN,
+    std: Sequence[float] = MEDIAPIPE_STD,
+    description: str = "Classifies the image into one of the classes of its label file.",
+) -> str | os.PathLike:
+    """Writes LiteRT metadata into the `.tflite` file at `path` (atomically): its class
+    names (a label file on the output, `TENSOR_AXIS_LABELS`) and its input (an RGB image,
+    normalised as `(pixel - mean) / std` with pixel values in [0, 255]).
+
+    The defaults describe a file taking RGB in [0, 1] (`with_input_normalization`), as
+    MediaPipe Tasks' `ImageClassifier` runs it. Metadata already in the file is replaced.
+
+    Args:
+        path: a single-input, single-output classifier `.tflite` file (float or int8).
+        labels: one class name per output, in output order; no name empty or holding a
+            line break.
+        mean: the normalisation's mean, one value or one per channel (MediaPipe: one).
+        std: its standard deviation, as many values as `mean`, each > 0.
+        description: the model's description in the metadata.
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: `labels` not one name per output, or a bad `mean` / `std`.
+        ImportError: mediapipe is not installed (`pip install keras-autoshuffle[mediapipe]`).
+    """
+    from ai_edge_litert import schema_py_generated as schema_fb
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model_bytes = open(path, "rb").read()
+    model = flatbuffer_utils.read_model_from_bytearray(bytearray(model_bytes))
+    labels = _check_labels(labels, _output_size(model), path)
+    metadata = _metadata_buffer(model, labels, mean, std, description)
+    model.metadata = [m for m in model.metadata or [] if m.name.decode() != _METADATA_NAME]
+    buffer = schema_fb.BufferT()
+    buffer.data = np.frombuffer(metadata, dtype=np.uint8)
+    model.buffers.append(buffer)
+    entry = schema_fb.MetadataT()
+    entry.name, entry.buffer = _METADATA_NAME, len(model.buffers) - 1
+    model.metadata.append(entry)
+    packed = io.BytesIO(bytes(flatbuffer_utils.convert_object_to_bytearray(model)))
+    with zipfile.ZipFile(packed, "a", zipfile.ZIP_STORED) as archive:
+        archive.writestr(LABEL_FILE, "".join(f"{name}\n" for name in labels))
+    return write_atomically(path, lambda partial: open(partial, "wb").write(packed.getvalue()))
+
+
+def read_litert_metadata(path: str | os.PathLike) -> dict | None:
+    """The metadata `describe_litert` wrote into a `.tflite` file: `{"labels": [...],
+    "mean": [...], "std": [...]}`, or None for a file without metadata."""
+    from ai_edge_litert.tools import flatbuffer_utils
+    from mediapipe.tasks.metadata import metadata_schema_py_generated as metadata_fb
+
+    model_bytes = open(path, "rb").read()
+    model = flatbuffer_utils.read_model_from_bytearray(bytearray(model_bytes))
+    entries = [m for m in model.metadata or [] if m.name.decode() == _METADATA_NAME]
+    if not entries:
+        return None
+    data = bytes(model.buffers[entries[0].buffer].data)
+    root = metadata_fb.ModelMetadataT.InitFromObj(
+        metadata_fb.ModelMetadata.GetRootAsModelMetadata(data, 0)
+    )
+    graph = root.subgraphMetadata[0]
+    options = graph.inputTensorMetadata[0].processUnits[0].options
+    label_file = graph.outputTensorMetadata[0].associatedFiles[0].name.decode()
+    with zipfile.ZipFile(io.BytesIO(model_bytes)) as archive:
+        labels = archive.read(label_file).decode("utf-8").splitlines()
+    mean, std = [float(v) for v in options.mean], [float(v) for v in options.std]
+    return {"labels": labels, "mean": mean, "std": std}
+
+
+def _output_size(model) -> int:
+    """The class count of a single-output classifier file: its output's last dimension."""
+    graph = model.subgraphs[0]
+    return int(graph.tensors[graph.outputs[0]].shape[-1])
+
+
+def _check_labels(labels, classes, path):
+    """`labels` as a list of strings, one per output of the file at `path`."""
+    if isinstance(labels, str) or not all(isinstance(name, str) for name in labels):
+        raise ValueError(f"`labels` must be a list of class names. Received: labels={labels!r}")
+    labels = list(labels)
+    if len(labels) != classes:
+        raise ValueError(
+            f"`labels` must name each of the {classes} outputs of {os.fspath(path)}. "
+            f"Received: {len(labels)} labels"
+        )
+    bad = [name for name in labels if not name.strip() or "\n" in name or "\r" in name]
+    if bad:
+        raise ValueError(
+            f"`labels` must be non-empty names without line breaks. Received: {bad[:3]!r}"
+        )
+    return labels
+
+
+def _metadata_buffer(model, labels, mean, std, description):
+    """The ModelMetadata flatbuffer of an image classifier, built with MediaPipe's
+    `metadata_info` classes as its image classifier writer builds it."""
+    import flatbuffers
+    from mediapipe.tasks.metadata import metadata_schema_py_generated as metadata_fb
+    from mediapipe.tasks.python.metadata.metadata_writers import metadata_info
+
+    mean, std = [float(v) for v in mean], [float(v) for v in std]
+    if not mean or len(std) != len(mean) or not all(v > 0 for v in std):
+        raise ValueError(
+            "`mean` and `std` must be equally many numbers (one, or one per channel), each "
+            f"std > 0. Received: mean={mean}, std={std}"
+        )
+    graph = model.subgraphs[0]
+    input_type = graph.tensors[graph.inputs[0]].type
+    image = metadata_info.InputImageTensorMd(
+        name="image",
+        description="RGB image",
+        norm_mean=mean,
+        norm_std=std,
+        color_space_type=metadata_fb.ColorSpaceType.RGB,
+        tensor_type=input_type,
+    )
+    scores = metadata_info.ClassificationTensorMd(
+        name="score",
+        description="The score of each class, in the order of the label file.",
+        label_files=[metadata_info.LabelFileMd(LABEL_FILE)],
+        tensor_type=graph.tensors[graph.outputs[0]].type,
+    )
+    subgraph = metadata_fb.SubGraphMetadataT()
+    subgraph.inputTensorMetadata = [image.create_metadata()]
+    subgraph.outputTensorMetadata = [scores.create_metadata()]
+    root = metadata_info.GeneralMd(name="ImageClassifier", description=description)
+    root = root.create_metadata()
+    root.subgraphMetadata = [subgraph]
+    root.minParserVersion = _MIN_PARSER_VERSION
+    builder = flatbuffers.Builder(0)
+    builder.Finish(root.Pack(builder), _METADATA_IDENTIFIER)
+    return bytes(builder.Output())
