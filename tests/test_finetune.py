@@ -5,6 +5,7 @@ run of the command with SIGKILL mid-training (a real kill, in a child process) a
 the rerun ends with the weights of an uninterrupted run.
 """
 
+import importlib.util
 import json
 import os
 import signal
@@ -21,7 +22,8 @@ from test_pretrained_weights import cache as cache  # noqa: F401 (fixtures: the 
 from test_pretrained_weights import server as server  # noqa: F401
 
 from keras_autoshuffle import export, prediction
-from keras_autoshuffle.applications import ShuffleNetV2
+from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, ShuffleNetV2
+from keras_autoshuffle.export import metadata as litert_metadata
 from keras_autoshuffle.finetuning import finetune, network
 from keras_autoshuffle.finetuning import run as run_module
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
@@ -146,6 +148,21 @@ def test_every_file_of_a_run_gives_the_same_top1_through_predict(run, images):
     }
     for name in files[1:]:
         np.testing.assert_array_equal(top1[name], top1["model.keras"], err_msg=name)
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("mediapipe") is None, reason="LiteRT metadata needs mediapipe"
+)
+def test_the_runs_tflite_files_carry_their_class_names(run):
+    """The float and int8 `.tflite` files name their classes and their inputs'
+    normalisation (ImageNet's, per channel, on pixel values) in their LiteRT metadata."""
+    output, report = run
+    names = ["model.tflite"] + (["model_int8.tflite"] if "int8" in report["files"] else [])
+    for name in names:
+        described = litert_metadata.read_litert_metadata(output / name)
+        assert described["labels"] == list(CLASSES), name
+        assert described["mean"] == pytest.approx([255 * m for m in IMAGENET_MEAN])
+        assert described["std"] == pytest.approx([255 * s for s in IMAGENET_STD])
 
 
 def test_the_split_and_preprocessing_records_describe_the_inputs(run, images):
