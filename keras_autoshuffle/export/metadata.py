@@ -15,6 +15,7 @@ its `_pywrap_metadata_version` is missing from the wheels.)
 """
 
 import io
+import json
 import os
 import zipfile
 from collections.abc import Sequence
@@ -166,6 +167,17 @@ def _check_labels(labels, classes, path):
     return labels
 
 
+def _check_normalization(mean, std):
+    """`mean` and `std` as lists of floats: equally many (one, or one per channel), std > 0."""
+    mean, std = [float(v) for v in mean], [float(v) for v in std]
+    if not mean or len(std) != len(mean) or not all(v > 0 for v in std):
+        raise ValueError(
+            "`mean` and `std` must be equally many numbers (one, or one per channel), each "
+            f"std > 0. Received: mean={mean}, std={std}"
+        )
+    return mean, std
+
+
 def _metadata_buffer(model, labels, mean, std, description):
     """The ModelMetadata flatbuffer of an image classifier, built with MediaPipe's
     `metadata_info` classes as its image classifier writer builds it."""
@@ -173,12 +185,7 @@ def _metadata_buffer(model, labels, mean, std, description):
     from mediapipe.tasks.metadata import metadata_schema_py_generated as metadata_fb
     from mediapipe.tasks.python.metadata.metadata_writers import metadata_info
 
-    mean, std = [float(v) for v in mean], [float(v) for v in std]
-    if not mean or len(std) != len(mean) or not all(v > 0 for v in std):
-        raise ValueError(
-            "`mean` and `std` must be equally many numbers (one, or one per channel), each "
-            f"std > 0. Received: mean={mean}, std={std}"
-        )
+    mean, std = _check_normalization(mean, std)
     graph = model.subgraphs[0]
     input_type = graph.tensors[graph.inputs[0]].type
     image = metadata_info.InputImageTensorMd(
@@ -205,3 +212,91 @@ def _metadata_buffer(model, labels, mean, std, description):
     builder = flatbuffers.Builder(0)
     builder.Finish(root.Pack(builder), _METADATA_IDENTIFIER)
     return bytes(builder.Output())
+
+
+def describe_onnx(
+    path: str | os.PathLike,
+    labels: Sequence[str],
+    mean: Sequence[float] = MEDIAPIPE_MEAN,
+    std: Sequence[float] = MEDIAPIPE_STD,
+) -> str | os.PathLike:
+    """Writes the class names and the input's normalisation (as `describe_litert`'s, on
+    pixel values in [0, 255]) into the `.onnx` file at `path` (atomically), as its
+    `metadata_props`: "labels", "image_mean", "image_std" (JSON lists), "color_space"."""
+    import onnx
+
+    model = onnx.load(path)
+    classes = model.graph.output[0].type.tensor_type.shape.dim[-1].dim_value
+    props = _props(_check_labels(labels, classes, path), mean, std)
+    kept = [p for p in model.metadata_props if p.key not in props]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    onnx.helper.set_model_props(model, {**{p.key: p.value for p in kept}, **props})
+    return write_atomically(path, lambda partial: onnx.save(model, partial))
+
+
+def describe_openvino(
+    path: str | os.PathLike,
+    labels: Sequence[str],
+    mean: Sequence[float] = MEDIAPIPE_MEAN,
+    std: Sequence[float] = MEDIAPIPE_STD,
+) -> str | os.PathLike:
+    """Writes what `describe_onnx` writes into the runtime info (`rt_info`, under
+    "keras_autoshuffle") of the OpenVINO IR folder at `path` (`model.xml`, `model.bin`),
+    saved again as a whole (atomically), its weights as they were (no fp16 compression)."""
+    import openvino
+
+    model = openvino.Core().read_model(os.path.join(path, "model.xml"))
+    classes = model.outputs[0].get_partial_shape()[-1].get_length()
+    for key, value in _props(_check_labels(labels, classes, path), mean, std).items():
+        model.set_rt_info(value, [_RT_INFO, key])
+
+    def write(partial):
+        os.makedirs(partial)
+        openvino.save_model(model, os.path.join(partial, "model.xml"), compress_to_fp16=False)
+
+    return write_atomically(path, write)
+
+
+def read_onnx_metadata(path: str | os.PathLike) -> dict | None:
+    """What `describe_onnx` wrote into an `.onnx` file (as `read_litert_metadata`'s), or
+    None."""
+    import onnx
+
+    props = {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
+    return _from_props(props)
+
+
+def read_openvino_metadata(path: str | os.PathLike) -> dict | None:
+    """What `describe_openvino` wrote into an OpenVINO IR folder, or None."""
+    import openvino
+
+    model = openvino.Core().read_model(os.path.join(path, "model.xml"))
+    keys = ("labels", "image_mean", "image_std")
+    if not model.has_rt_info([_RT_INFO, "labels"]):
+        return None
+    return _from_props({k: model.get_rt_info([_RT_INFO, k]).astype(str) for k in keys})
+
+
+_RT_INFO = "keras_autoshuffle"
+
+
+def _props(labels, mean, std):
+    """The ONNX / OpenVINO entries: JSON lists, checked as `describe_litert` checks them."""
+    _check_normalization(mean, std)
+    return {
+        "labels": json.dumps(labels, ensure_ascii=False),
+        "image_mean": json.dumps([float(v) for v in mean]),
+        "image_std": json.dumps([float(v) for v in std]),
+        "color_space": "RGB",
+    }
+
+
+def _from_props(props):
+    if "labels" not in props:
+        return None
+    return {
+        "labels": json.loads(props["labels"]),
+        "mean": json.loads(props["image_mean"]),
+        "std": json.loads(props["image_std"]),
+    }

@@ -491,13 +491,13 @@ def _run_phase(model_fn, recipe, run_dir, settings, train_data, val_data, seed, 
 
 def _export(model, output_dir, train_data, val_data, formats, probabilities, int8, class_names):
     """`model.keras` and the folded exports with their checks (`training.exports`), the
-    `.tflite` files' metadata (`_describe_litert_files`), then each file's accuracy on the
+    files' metadata (`_describe_files`), then each file's accuracy on the
     validation images, agreement with Keras, size, latency."""
     sample = training_exports.check_savable(model, val_data, formats)
     if formats:
         int8_arrays = training_exports.int8_data(train_data, val_data) if int8 else None
         written = training_exports.export_run(model, output_dir, sample, formats, int8_arrays)
-        _describe_litert_files(written, class_names)
+        _describe_files(written, class_names)
     else:  # model.keras alone
         path = os.path.join(output_dir, export_lib.FILENAMES["keras"])
         export_lib.save_keras(model, path)
@@ -518,17 +518,21 @@ def _export(model, output_dir, train_data, val_data, formats, probabilities, int
     return entries
 
 
-def _describe_litert_files(written, class_names):
-    """The class names and the input's normalisation (ImageNet's, per channel) in the LiteRT
-    metadata of the run's `.tflite` files, where the mediapipe extra is installed: the files
-    carry their labels; MediaPipe Tasks needs one mean and std (`export.metadata`)."""
-    if not export_lib._installed("mediapipe"):
-        return
-    for key in ("litert", "int8"):
-        path = written.get(key, {}).get("path")
-        if path:
-            metadata.describe_litert(
-                path, class_names, metadata.IMAGENET_PIXEL_MEAN, metadata.IMAGENET_PIXEL_STD
+def _describe_files(written, class_names):
+    """The class names and the input's normalisation (ImageNet's, per channel, on pixels) in
+    the exported files: LiteRT metadata (where the mediapipe extra is installed), ONNX
+    `metadata_props`, OpenVINO `rt_info` (`export.metadata`)."""
+    describe = {"onnx": metadata.describe_onnx, "openvino": metadata.describe_openvino}
+    if export_lib._installed("mediapipe"):
+        describe["litert"] = metadata.describe_litert
+    for key, entry in written.items():
+        fmt = export_lib.INT8_FILES[key][0] if key in export_lib.INT8_FILES else key
+        if fmt in describe and entry.get("path"):
+            describe[fmt](
+                entry["path"],
+                class_names,
+                metadata.IMAGENET_PIXEL_MEAN,
+                metadata.IMAGENET_PIXEL_STD,
             )
 
 
