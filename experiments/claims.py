@@ -241,7 +241,8 @@ def render_runtimes(root=ROOT):
             f"| {_runs_words(row['runs'])}, {warm} "
             f"| [{pathlib.Path(row['file']).name}](results/{pathlib.Path(row['file']).name}) |"
         )
-    machines = sorted({row["machine"] for row in table.values()})
+    # The machine itself; how busy it was (after a ";" in the rows) is a run fact.
+    machines = sorted({row["machine"].split(";")[0] for row in table.values()})
     lines += [
         "",
         f"ShuffleNet v2 1.0x, 224x224, batch 1, float32, torchvision's seeded weights; each "

@@ -87,7 +87,6 @@ def write(out, count):
         quantize="int8",
         representative_data=images,
         test_data=(images[:100], labels[:100]),
-        min_top1_agreement=0.0,
         max_accuracy_drop=100.0,
     )
     with open(os.path.join(out, "export.json"), "w") as f:

@@ -159,7 +159,6 @@ def _write_files(model, directory, formats, int8_formats):
                 "representative_data": calibration,
                 # Labels and agreement mean nothing with random weights: the limits are open.
                 "test_data": (calibration[:INT8_TEST], np.zeros(INT8_TEST, "int64")),
-                "min_top1_agreement": 0.0,
                 "max_accuracy_drop": 100.0,
             }
             if int8_formats

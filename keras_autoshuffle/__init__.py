@@ -10,7 +10,8 @@ outside the package, in the repository's `experiments/`.
 """
 
 # First: it imports Keras (and with it TensorFlow) without TensorFlow's start-up lines in the
-# installed commands, whose scripts import this package before any of their own code runs.
+# installed commands, which import this package once their arguments are parsed
+# (`keras_autoshuffle_cli`: `--help` imports none of this).
 from keras_autoshuffle import _startup
 
 # isort: split

@@ -137,7 +137,7 @@ def _pages_users_read():
 RUN_FACTS = {
     "a load average": re.compile(r"load averages?", re.IGNORECASE),
     "the machine's state": re.compile(
-        r"quiet machine|nothing else running|no other jobs|shared with other work"
+        r"quiet machine|nothing else running|no other jobs?\b|shared with other work"
         r"|\bidle (?:\w+ )?(?:machine|cores?|CPUs?|VM)\b"
         r"|\b(?:machine|cores?|CPUs?|VM) (?:was |were )?idle",
         re.IGNORECASE,

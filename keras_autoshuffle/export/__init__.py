@@ -11,8 +11,8 @@ export leaves the previous file or the new one, never a truncated one.
 
 `quantize="int8"` adds a full-integer file of each float LiteRT, ONNX and OpenVINO file
 (`model_int8.tflite`, `model_int8.onnx`, `openvino_int8/`) calibrated on
-`representative_data`, whose check is top-1 agreement with the float model and accuracy on
-labelled test data (`export_int8`, `int8_runtimes`).
+`representative_data`, whose check is its accuracy drop from the float model's on labelled
+test data, within `max_accuracy_drop` points (`export_int8`, `int8_runtimes`).
 
 - `export_model`, the one call: checks, files, parity check, int8 (`pipeline.py`);
 - what is checked before anything is written (`checks.py`);
@@ -50,10 +50,11 @@ from keras_autoshuffle.export.files import (
     size_bytes,
 )
 from keras_autoshuffle.export.int8 import (
+    MAX_ACCURACY_DROP,
+    MIN_CALIBRATION_IMAGES,
     Int8CheckError,
     _check_int8_arguments,
     _export_int8_checked,
-    _fraction,
     export_int8,
     int8_check,
 )
@@ -100,6 +101,8 @@ __all__ = [
     "FORMATS",
     "INT8_FILENAME",
     "INT8_FILES",
+    "MAX_ACCURACY_DROP",
+    "MIN_CALIBRATION_IMAGES",
     "OPENVINO_PRECISION",
     "OPENVINO_PRECISIONS",
     "QUANTIZE",

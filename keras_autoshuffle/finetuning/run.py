@@ -88,6 +88,7 @@ def finetune(
     seed: int = 0,
     export_formats: tuple[str, ...] | None = None,
     int8: bool = False,
+    max_accuracy_drop: float = export_lib.MAX_ACCURACY_DROP,
     include_preprocessing: bool = False,
     cache_images: bool = True,
     skip_damaged: bool = False,
@@ -127,8 +128,12 @@ def finetune(
         int8: also full-integer files of the exports (`model_int8.tflite`,
             `model_int8.onnx`, `openvino_int8/`; OpenVINO's with the `openvino-int8`
             extra), calibrated on training images and checked against the float model
-            on the validation images (one past `export_model`'s limits is refused and
-            its numbers reported; the float files and the other int8 files stay).
+            on the validation images (one whose accuracy drop is beyond
+            `max_accuracy_drop` is refused and its numbers reported; the float files and
+            the other int8 files stay).
+        max_accuracy_drop: with `int8`, the most an int8 file's validation accuracy may
+            be below the float model's, in percentage points in [0, 100] (one image of
+            100 is 1 point); the drop and the top-1 agreement are reported either way.
         include_preprocessing: the exported files (LiteRT, ONNX, OpenVINO) take raw RGB
             pixels, uint8 (1, height, width, 3) of any size, and resize, crop and
             normalise inside (`finetuning.raw_input_model`), so an app feeds decoded
@@ -170,6 +175,7 @@ def finetune(
         verbose=verbose,
         pretrained=pretrained,
     )
+    int8_bound = _validation.percentage_points(max_accuracy_drop, "max_accuracy_drop")
     source = network.weights_source(weights)
     include_preprocessing = options["include_preprocessing"]
     formats = _check_formats(export_formats, options["int8"], include_preprocessing)
@@ -186,6 +192,7 @@ def finetune(
         skip_damaged=skip_damaged,
         record=None if replace else record,  # a finished run's split is not reused
     )
+    training_exports.check_calibration_images(train_data.num_examples, options["int8"])
     if replace:  # only now: a bad folder leaves the finished run as it was
         clear_run(output_dir)
         split.save(record)
@@ -266,7 +273,7 @@ def finetune(
         report.update(_export_raw_input(model, output_dir, val_data, formats, probabilities))
     else:
         exported = (model, output_dir, train_data, val_data, formats, probabilities)
-        report.update(_export(*exported, options["int8"], split.class_names))
+        report.update(_export(*exported, options["int8"], int8_bound, split.class_names))
     report["cpu"] = cpu_name()  # the latencies' machine
     report["written"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     write_report(output_dir, report)
@@ -489,14 +496,19 @@ def _run_phase(model_fn, recipe, run_dir, settings, train_data, val_data, seed, 
     )
 
 
-def _export(model, output_dir, train_data, val_data, formats, probabilities, int8, class_names):
-    """`model.keras` and the folded exports with their checks (`training.exports`), the
-    files' metadata (`_describe_files`), then each file's accuracy on the
+def _export(
+    model, output_dir, train_data, val_data, formats, probabilities, int8, int8_bound, class_names
+):
+    """`model.keras` and the folded exports with their checks (`training.exports`; int8
+    files within `int8_bound` points of accuracy drop), the files' metadata
+    (`_describe_files`), then each file's accuracy on the
     validation images, agreement with Keras, size, latency."""
     sample = training_exports.check_savable(model, val_data, formats)
     if formats:
         int8_arrays = training_exports.int8_data(train_data, val_data) if int8 else None
-        written = training_exports.export_run(model, output_dir, sample, formats, int8_arrays)
+        written = training_exports.export_run(
+            model, output_dir, sample, formats, int8_arrays, int8_bound
+        )
         _describe_files(written, class_names)
     else:  # model.keras alone
         path = os.path.join(output_dir, export_lib.FILENAMES["keras"])
@@ -511,10 +523,7 @@ def _export(model, output_dir, train_data, val_data, formats, probabilities, int
         files, val_data, probabilities, model.input_shape[1:]
     )
     entries["files"]["keras"] = _keras_entry(written["keras"]["path"], probabilities, val_data)
-    for key, entry in checks.items():
-        # In points, as `export_model`'s `max_accuracy_drop` is.
-        drop = 100 * (entry["float_accuracy"] - entry["accuracy"])
-        entries[key] = {**entry, "accuracy_drop": drop}
+    entries.update(checks)  # with `accuracy_drop` in points, as `max_accuracy_drop` is
     return entries
 
 
