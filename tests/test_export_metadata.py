@@ -7,7 +7,7 @@ import importlib.util
 import keras
 import numpy as np
 import pytest
-from helpers import tiny_v2
+from helpers import needs_extra, tiny_v2
 
 from keras_autoshuffle import export
 from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD
@@ -123,3 +123,30 @@ def test_mediapipe_image_classifier_names_the_keras_models_classes(exported, tmp
     assert named[float_path] == expected
     agreement = np.mean(np.array(named[int8_path]) == np.array(expected))
     assert agreement >= 0.9, (named[int8_path], expected)
+
+
+@needs_extra("onnx")
+@needs_extra("openvino")
+def test_onnx_and_openvino_files_carry_labels_and_normalization(tmp_path):
+    """`metadata_props` and `rt_info`: read back, described again in place, refused for a
+    wrong count with nothing written; the files compute what they did."""
+    images = (_digits()[0][:4] / 255).astype("float32")
+    net = tiny_v2(classes=len(LABELS), weights=None)
+    written = export.export_model(net, tmp_path, images, formats=("onnx", "openvino"))
+    onnx_path, openvino_path = written["onnx"]["path"], written["openvino"]["path"]
+    before = export.onnx_outputs(onnx_path, images), export.openvino_outputs(openvino_path, images)
+    cases = (
+        (metadata.describe_onnx, metadata.read_onnx_metadata, onnx_path),
+        (metadata.describe_openvino, metadata.read_openvino_metadata, openvino_path),
+    )
+    for describe, read, path in cases:
+        assert read(path) is None
+        describe(path, LABELS, metadata.IMAGENET_PIXEL_MEAN, metadata.IMAGENET_PIXEL_STD)
+        describe(path, LABELS)
+        assert read(path) == {"labels": LABELS, "mean": [0.0], "std": [255.0]}
+        with pytest.raises(ValueError, match=r"each of the 4 outputs.*Received: 5 labels"):
+            describe(path, [*LABELS, "four"])
+        assert read(path)["labels"] == LABELS
+    after = export.onnx_outputs(onnx_path, images), export.openvino_outputs(openvino_path, images)
+    np.testing.assert_array_equal(after[0], before[0])
+    np.testing.assert_array_equal(after[1], before[1])

@@ -150,17 +150,28 @@ def test_every_file_of_a_run_gives_the_same_top1_through_predict(run, images):
         np.testing.assert_array_equal(top1[name], top1["model.keras"], err_msg=name)
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("mediapipe") is None, reason="LiteRT metadata needs mediapipe"
-)
-def test_the_runs_tflite_files_carry_their_class_names(run):
-    """The float and int8 `.tflite` files name their classes and their inputs'
-    normalisation (ImageNet's, per channel, on pixel values) in their LiteRT metadata."""
+@needs_extra("onnx")
+@needs_extra("openvino")
+def test_the_runs_exported_files_carry_their_class_names(run):
+    """Each exported file, float and int8, names its classes and its input's normalisation
+    (ImageNet's, per channel, on pixel values): LiteRT metadata, ONNX `metadata_props`,
+    OpenVINO `rt_info`."""
     output, report = run
-    names = ["model.tflite"] + (["model_int8.tflite"] if "int8" in report["files"] else [])
-    for name in names:
-        described = litert_metadata.read_litert_metadata(output / name)
-        assert described["labels"] == list(CLASSES), name
+    read = {
+        "litert": litert_metadata.read_litert_metadata,
+        "onnx": litert_metadata.read_onnx_metadata,
+        "openvino": litert_metadata.read_openvino_metadata,
+    }
+    if importlib.util.find_spec("mediapipe") is None:  # LiteRT metadata needs the extra
+        del read["litert"]
+    files = report["files"]
+    assert {"litert", "onnx", "openvino"} <= set(files)
+    for key in files:
+        fmt = export.INT8_FILES[key][0] if key in export.INT8_FILES else key
+        if fmt not in read:
+            continue
+        described = read[fmt](files[key]["path"])
+        assert described["labels"] == list(CLASSES), key
         assert described["mean"] == pytest.approx([255 * m for m in IMAGENET_MEAN])
         assert described["std"] == pytest.approx([255 * s for s in IMAGENET_STD])
 
