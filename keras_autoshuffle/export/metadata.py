@@ -1,22 +1,20 @@
-"""Exported files that describe themselves: LiteRT metadata (class names, input image).
+"""Exported files that describe themselves: class names and input normalisation in LiteRT
+metadata, ONNX `metadata_props` and OpenVINO `rt_info`.
 
-A `.tflite` file with this metadata runs as is in MediaPipe Tasks' `ImageClassifier`
-(Android, iOS, web, Python), which reads the class names from it and feeds it RGB images
-normalised as its metadata says. MediaPipe takes one mean and one standard deviation for
-all channels, so ImageNet's per-channel normalisation goes inside the net
-(`with_input_normalization`) and the file takes RGB values in [0, 1], as the files of
-MediaPipe Model Maker's image classifier do (metadata mean 0, std 255 on pixel values).
-
-The metadata is built with MediaPipe's own metadata classes (`metadata_info`, the
-`mediapipe` extra) and attached to the file as its writer does: the metadata flatbuffer
-in the model's "TFLITE_METADATA" entry, the label file in a zip appended to the model.
-(MediaPipe's `MetadataWriter` itself does not import in mediapipe 0.10.32 and 1.2.x:
-its `_pywrap_metadata_version` is missing from the wheels.)
+MediaPipe Tasks' `ImageClassifier` runs a described `.tflite` file as is. It takes one mean
+and one std for all channels: ImageNet's per-channel normalisation goes inside the net
+(`with_input_normalization`), the file takes RGB in [0, 1] and says mean 0, std 255 on
+pixels, as MediaPipe Model Maker's files do. The metadata is built with MediaPipe's
+`metadata_info` classes (the `mediapipe` extra) and attached as its writer does (the
+flatbuffer in the "TFLITE_METADATA" entry, the label file in a zip appended to the model):
+its `MetadataWriter` does not import in mediapipe 0.10.32 and 1.2.x (no
+`_pywrap_metadata_version` in the wheels).
 """
 
 import io
 import json
 import os
+import pathlib
 import zipfile
 from collections.abc import Sequence
 
@@ -47,10 +45,8 @@ def with_input_normalization(
     """`model` behind a per-channel normalisation, `(x - mean) / std`: a model taking RGB
     values in [0, 1] where `model` takes normalised images.
 
-    The normalisation is Keras's own `Normalization` layer (serializable, loads with
-    `safe_mode=True`), named "input_normalization", at the new input, so an exported file
-    of the result takes plain RGB and its metadata can give one mean and one standard
-    deviation (`describe_litert`).
+    Keras's own `Normalization` layer ("input_normalization": loads with `safe_mode=True`)
+    at the new input: an exported file takes plain RGB, described by one mean and one std.
 
     Args:
         model: a single-input Keras model taking channels-last normalised images.
@@ -102,8 +98,7 @@ def describe_litert(
     from ai_edge_litert import schema_py_generated as schema_fb
     from ai_edge_litert.tools import flatbuffer_utils
 
-    model_bytes = open(path, "rb").read()
-    model = flatbuffer_utils.read_model_from_bytearray(bytearray(model_bytes))
+    model = flatbuffer_utils.read_model_from_bytearray(bytearray(pathlib.Path(path).read_bytes()))
     labels = _check_labels(labels, _output_size(model), path)
     metadata = _metadata_buffer(model, labels, mean, std, description)
     model.metadata = [m for m in model.metadata or [] if m.name.decode() != _METADATA_NAME]
@@ -116,7 +111,9 @@ def describe_litert(
     packed = io.BytesIO(bytes(flatbuffer_utils.convert_object_to_bytearray(model)))
     with zipfile.ZipFile(packed, "a", zipfile.ZIP_STORED) as archive:
         archive.writestr(LABEL_FILE, "".join(f"{name}\n" for name in labels))
-    return write_atomically(path, lambda partial: open(partial, "wb").write(packed.getvalue()))
+    return write_atomically(
+        path, lambda partial: pathlib.Path(partial).write_bytes(packed.getvalue())
+    )
 
 
 def read_litert_metadata(path: str | os.PathLike) -> dict | None:
@@ -125,7 +122,7 @@ def read_litert_metadata(path: str | os.PathLike) -> dict | None:
     from ai_edge_litert.tools import flatbuffer_utils
     from mediapipe.tasks.metadata import metadata_schema_py_generated as metadata_fb
 
-    model_bytes = open(path, "rb").read()
+    model_bytes = pathlib.Path(path).read_bytes()
     model = flatbuffer_utils.read_model_from_bytearray(bytearray(model_bytes))
     entries = [m for m in model.metadata or [] if m.name.decode() == _METADATA_NAME]
     if not entries:
