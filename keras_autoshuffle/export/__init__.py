@@ -17,7 +17,8 @@ test data, within `max_accuracy_drop` points (`export_int8`, `int8_runtimes`).
 - `export_model`, the one call: checks, files, parity check, int8 (`pipeline.py`);
 - what is checked before anything is written (`checks.py`);
 - each format's writer and reader (`files.py`);
-- running `.tflite` files with the LiteRT interpreter (`litert.py`);
+- running `.tflite` files with the LiteRT interpreter (`litert.py`); their metadata, the
+  class names and the input's normalisation that MediaPipe Tasks reads (`metadata.py`);
 - the int8 LiteRT file and the int8 check (`int8.py`); the int8 ONNX and OpenVINO files
   (`int8_runtimes.py`);
 - ONNX and OpenVINO files, run with ONNX Runtime and OpenVINO (`onnx_runtimes.py`), written
@@ -66,6 +67,11 @@ from keras_autoshuffle.export.litert import (
     litert_predict,
     litert_run,
 )
+from keras_autoshuffle.export.metadata import (
+    describe_litert,
+    read_litert_metadata,
+    with_input_normalization,
+)
 from keras_autoshuffle.export.onnx_graph import onnx_graph, unsupported_layers
 from keras_autoshuffle.export.onnx_runtimes import (
     OPENVINO_PRECISION,
@@ -104,6 +110,7 @@ __all__ = [
     "check_exportable",
     "check_formats",
     "compute_dtypes",
+    "describe_litert",
     "export_int8",
     "export_litert",
     "export_model",
@@ -129,10 +136,12 @@ __all__ = [
     "openvino_model",
     "openvino_outputs",
     "openvino_run",
+    "read_litert_metadata",
     "save_keras",
     "saved_model_outputs",
     "size_bytes",
     "unsupported_formats",
     "unsupported_int8",
     "unsupported_layers",
+    "with_input_normalization",
 ]

@@ -36,6 +36,7 @@ from keras_autoshuffle import export as export_lib
 from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, V2_WIDTHS
 from keras_autoshuffle.data.image_folder import image_folder
 from keras_autoshuffle.data.images import read_image
+from keras_autoshuffle.export import metadata
 from keras_autoshuffle.finetuning import evaluation, network
 from keras_autoshuffle.finetuning.raw_inputs import raw_input_model
 from keras_autoshuffle.finetuning.report import classification_metrics, cpu_name, write_report
@@ -272,7 +273,7 @@ def finetune(
         report.update(_export_raw_input(model, output_dir, val_data, formats, probabilities))
     else:
         exported = (model, output_dir, train_data, val_data, formats, probabilities)
-        report.update(_export(*exported, options["int8"], int8_bound))
+        report.update(_export(*exported, options["int8"], int8_bound, split.class_names))
     report["cpu"] = cpu_name()  # the latencies' machine
     report["written"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     write_report(output_dir, report)
@@ -495,9 +496,12 @@ def _run_phase(model_fn, recipe, run_dir, settings, train_data, val_data, seed, 
     )
 
 
-def _export(model, output_dir, train_data, val_data, formats, probabilities, int8, int8_bound):
+def _export(
+    model, output_dir, train_data, val_data, formats, probabilities, int8, int8_bound, class_names
+):
     """`model.keras` and the folded exports with their checks (`training.exports`; int8
-    files within `int8_bound` points of accuracy drop), then each file's accuracy on the
+    files within `int8_bound` points of accuracy drop), the files' metadata
+    (`_describe_files`), then each file's accuracy on the
     validation images, agreement with Keras, size, latency."""
     sample = training_exports.check_savable(model, val_data, formats)
     if formats:
@@ -505,6 +509,7 @@ def _export(model, output_dir, train_data, val_data, formats, probabilities, int
         written = training_exports.export_run(
             model, output_dir, sample, formats, int8_arrays, int8_bound
         )
+        _describe_files(written, class_names)
     else:  # model.keras alone
         path = os.path.join(output_dir, export_lib.FILENAMES["keras"])
         export_lib.save_keras(model, path)
@@ -520,6 +525,24 @@ def _export(model, output_dir, train_data, val_data, formats, probabilities, int
     entries["files"]["keras"] = _keras_entry(written["keras"]["path"], probabilities, val_data)
     entries.update(checks)  # with `accuracy_drop` in points, as `max_accuracy_drop` is
     return entries
+
+
+def _describe_files(written, class_names):
+    """The class names and the input's normalisation (ImageNet's, per channel, on pixels) in
+    the exported files: LiteRT metadata (where the mediapipe extra is installed), ONNX
+    `metadata_props`, OpenVINO `rt_info` (`export.metadata`)."""
+    describe = {"onnx": metadata.describe_onnx, "openvino": metadata.describe_openvino}
+    if export_lib._installed("mediapipe"):
+        describe["litert"] = metadata.describe_litert
+    for key, entry in written.items():
+        fmt = export_lib.INT8_FILES[key][0] if key in export_lib.INT8_FILES else key
+        if fmt in describe and entry.get("path"):
+            describe[fmt](
+                entry["path"],
+                class_names,
+                metadata.IMAGENET_PIXEL_MEAN,
+                metadata.IMAGENET_PIXEL_STD,
+            )
 
 
 def _keras_entry(path, probabilities, val_data):
