@@ -238,6 +238,41 @@ def test_a_saved_preset_loads_bit_identical_in_a_fresh_process(preset, tmp_path)
         assert list(saved["names"]) == preset.class_names
 
 
+HOOK = """
+import importlib.util
+import sys
+import warnings
+import keras_autoshuffle
+from keras_autoshuffle import _hub_hook
+assert importlib.util.find_spec("keras_hub") is not None  # a probe, as libraries make
+assert "keras_hub" not in sys.modules
+import keras
+import keras_hub
+assert keras.saving.get_registered_object("keras_autoshuffle>ShuffleNetBackbone"), "no hub"
+# keras-hub imported again (its submodules cached), keras_autoshuffle.hub failing this time
+del sys.modules["keras_hub"]
+sys.modules["keras_autoshuffle.hub"] = None
+_hub_hook.install()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import keras_hub
+assert keras_hub.models.ImageClassifier
+print("WARNED:", *[str(w.message) for w in caught])
+"""
+
+
+@pytest.mark.slow  # a fresh Python process importing TensorFlow and keras-hub: 10 s
+def test_the_hub_hook_survives_a_probe_and_a_failing_hub_module():
+    # The hook is process state: a fresh process. A `find_spec` probe before the import
+    # left the hook off; a failing keras_autoshuffle.hub broke the user's `import keras_hub`.
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    command = [sys.executable, "-c", textwrap.dedent(HOOK)]
+    run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "WARNED: keras_autoshuffle.hub could not be imported" in run.stdout
+    assert "ModuleNotFoundError" in run.stdout
+
+
 def _edit_json(name, edit):
     def tamper(folder):
         path = folder / name
