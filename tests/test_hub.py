@@ -28,6 +28,7 @@ from keras_autoshuffle.hub import (
     ShuffleNetImageClassifierPreprocessor,
     ShuffleNetImageConverter,
     list_presets,
+    presets,
 )
 from keras_autoshuffle.layers import RelaxedShuffle
 
@@ -189,6 +190,38 @@ def test_the_presets_are_the_registry(cache):
     assert metadata["metrics"] == {"ImageNet-1K": {"acc@1": 69.362, "acc@5": 88.316}}
     assert metadata["license"] == "BSD-3-Clause"
     assert metadata["source"] == entry.url
+
+
+@pytest.mark.slow  # two preset builds: 6 s on 2 busy cores
+def test_two_builds_racing_into_one_cache_keep_one_whole_folder(cache, tmp_path, monkeypatch):
+    # Two processes build a preset at once: the other finishes between this one's write
+    # and its move. It removed this one's temporary (one fixed name) and the move failed.
+    models = tmp_path / "models"
+    models.mkdir()
+    files = [name for name in os.listdir(cache) if os.path.isfile(cache / name)]
+    for name in files:
+        shutil.copyfile(cache / name, models / name)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    build = presets._classifier
+
+    def build_and_race(entry):
+        classifier = build(entry)
+        save = classifier.save_to_preset
+
+        def save_then_race(folder):
+            save(folder)
+            monkeypatch.setattr(presets, "_classifier", build)
+            presets.build_preset(entry)  # the other process, start to end
+
+        classifier.save_to_preset = save_then_race
+        return classifier
+
+    monkeypatch.setattr(presets, "_classifier", build_and_race)
+    folder = presets.build_preset(registry.CHECKPOINTS[0.5])
+    assert folder == str(models / NAME)
+    presets.check_folder(folder)
+    # One folder, no temporaries left beside it.
+    assert [name for name in os.listdir(models) if name.startswith(NAME)] == [NAME]
 
 
 ROUND_TRIP = """

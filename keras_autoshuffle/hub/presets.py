@@ -7,7 +7,8 @@ names its own (`shufflenet_v2_x1_0.imagenet` -> `shufflenet_v2_x1_0_imagenet`). 
 download, hash check, conversion without torch, as `weights="imagenet"`), copies the
 weights layer by layer into a `ShuffleNetImageClassifier` with the checkpoint's
 evaluation transform and class names, and saves it with `save_to_preset` into Keras's
-cache (`<cache>/models/<preset name>/`), atomically; later calls load that folder.
+cache (`<cache>/models/<preset name>/`), atomically (two processes building it at once
+keep the first one's folder); later calls load that folder.
 """
 
 import json
@@ -95,9 +96,21 @@ def preset_folder(preset: str | os.PathLike) -> str:
 def build_preset(entry: registry.Checkpoint) -> str:
     """The cached preset folder of registry `entry`, built and saved on the first call."""
     folder = os.path.join(registry.cache_dir(), registry.CACHE_SUBDIR, preset_name(entry))
-    if not os.path.isfile(os.path.join(folder, TASK_WEIGHTS_FILE)):
-        _atomic.write_atomically(folder, lambda partial: _classifier(entry).save_to_preset(partial))
+    if not _is_built(folder):
+
+        def write(partial):
+            _classifier(entry).save_to_preset(partial)
+
+        _atomic.write_shared(folder, write, _is_built)
     return folder
+
+
+def _is_built(folder):
+    """Whether `folder` holds a whole preset (another process may have built it first)."""
+    if not os.path.isfile(os.path.join(folder, TASK_WEIGHTS_FILE)):
+        return False
+    check_folder(folder)
+    return True
 
 
 def _classifier(entry):
