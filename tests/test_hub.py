@@ -351,6 +351,18 @@ BAD_FOLDERS = {
         _edit_json("config.json", lambda c: c["config"].update(preset_version=2)),
         r"config\.json: `preset_version` 2 .*newer version.*Received: preset_version=2",
     ),
+    "no config object": (
+        _edit_json("config.json", lambda c: c.pop("config")),
+        r"config\.json: `config` must be an object .*Received: config=None$",
+    ),
+    "class names not a list": (
+        _edit_json("task.json", lambda c: c["config"].update(class_names=5)),
+        r"task\.json: `class_names` must be a list of strings\. Received: class_names=5$",
+    ),
+    "class names not strings": (
+        _edit_json("task.json", lambda c: c["config"].update(class_names=list(range(10)))),
+        r"task\.json: `class_names` must be a list of strings\. Received: class_names=\[0, 1",
+    ),
     "not JSON": (
         lambda folder: (folder / "task.json").write_text("{"),
         r"task\.json is not a keras-hub preset config",
@@ -378,6 +390,15 @@ def test_a_bad_preset_folder_is_named_and_nothing_written(cache, preset, tmp_pat
         ShuffleNetImageClassifier.from_preset(str(folder))
     assert _snapshot(folder) == before and _snapshot(cache) == cached
     assert sorted(os.listdir(tmp_path)) == ["preset"]
+
+
+def test_a_preset_without_a_version_is_of_the_first_layout(cache, preset, tmp_path):
+    # `ShuffleNetBackbone` defaults `preset_version` to 1; the folder check refused it as newer.
+    folder = tmp_path / "preset"
+    shutil.copytree(cache / NAME, folder)
+    _edit_json("config.json", lambda c: c["config"].pop("preset_version"))(folder)
+    backbone = ShuffleNetBackbone.from_preset(str(folder))
+    assert backbone.get_config()["preset_version"] == 1
 
 
 def test_a_preset_that_is_neither_a_name_nor_a_folder(cache, tmp_path):
