@@ -122,9 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     exits with status 2 and a one-line error on bad input."""
     args = parser().parse_args(argv)
     from keras_autoshuffle import _startup
-    from keras_autoshuffle.data.image_cache import ImageCacheError
     from keras_autoshuffle.finetuning import finetune
-    from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 
     _startup.find_devices_quietly()  # before TensorFlow first looks for them, noisily
     try:
@@ -152,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
             overwrite=args.overwrite,
             verbose=args.verbose,
         )
-    except (ValueError, RunDirectoryError, ImageCacheError) as error:
+    # Bad input, a refused folder or file, a failed download, a full or read-only disk.
+    except (ValueError, OSError) as error:
         print(f"autoshuffle-finetune: error: {error}", file=sys.stderr)
         return 2
     print(summary(report))
@@ -173,6 +172,8 @@ def summary(report: dict) -> str:
     for key in ("int8", "onnx_int8", "openvino_int8"):
         if report.get(key, {}).get("refused"):
             lines.append(f"  {key} refused: {report[key]['refused']}")
+    for name, why in report.get("not_exported", {}).items():
+        lines.append(f"  {name} not written: {why}")
     return "\n".join(lines)
 
 

@@ -24,9 +24,11 @@ What `output_dir` holds, in the order it is written:
 """
 
 import datetime
+import errno
 import hashlib
 import json
 import os
+import shutil
 
 import keras
 import numpy as np
@@ -40,7 +42,14 @@ from keras_autoshuffle.finetuning import evaluation, network
 from keras_autoshuffle.finetuning.raw_inputs import raw_input_model
 from keras_autoshuffle.finetuning.report import classification_metrics, cpu_name, write_report
 from keras_autoshuffle.training import exports as training_exports
-from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, read_json
+from keras_autoshuffle.training.fault_tolerance import (
+    BACKUP,
+    METADATA_FILE,
+    WEIGHTS_FILE,
+    RunDirectoryError,
+    locked_folder,
+    read_json,
+)
 from keras_autoshuffle.training.identity import differences, recipe_fields
 from keras_autoshuffle.training.loops import train
 from keras_autoshuffle.training.recipes import Recipe
@@ -62,6 +71,8 @@ RUN_FILES = (
     LABELS_FILE,
     SPLIT_FILE,
 )
+# What is exported beside model.keras by default, where this install can.
+EXPORT_FORMATS = ("litert", "onnx", "openvino")
 MOMENTUM, WEIGHT_DECAY, HEAD_RATE_FACTOR = 0.9, 4e-5, 10
 CLASS_WEIGHTS = ("balanced", None)
 # The resize before the centre crop: torchvision's 256 for 224.
@@ -167,13 +178,40 @@ def finetune(
         include_preprocessing=include_preprocessing,
         cache_images=cache_images,
         verbose=verbose,
+        seed=seed,
         pretrained=pretrained,
     )
     source = network.weights_source(weights)
     include_preprocessing = options["include_preprocessing"]
     formats = _check_formats(export_formats, options["int8"], include_preprocessing)
-    output_dir = os.fspath(output_dir)
-    replace = _finished(output_dir, overwrite)
+    options["left_out"] = _left_out(export_formats)
+    output_dir = _check_output(output_dir, images)
+    # Downloaded (or refused) before any folder is made or image scanned.
+    network.check_weights(weights, options["width"], options["image_size"])
+    given = dict(
+        val_fraction=val_fraction,
+        split_seed=split_seed,
+        skip_damaged=skip_damaged,
+        overwrite=overwrite,
+    )
+    with locked_folder(output_dir):
+        try:
+            return _fine_tune(images, output_dir, weights, source, options, formats, given)
+        except BaseException as error:
+            remove_failed_run(output_dir)
+            full = _full_disk(error, output_dir, formats)
+            if full is not None:
+                raise full from None
+            raise
+
+
+def _fine_tune(images, output_dir, weights, source, options, formats, given):
+    """`finetune()` once its arguments are checked and its folder locked."""
+    val_fraction, split_seed = given["val_fraction"], given["split_seed"]
+    seed, verbose = options["seed"], options["verbose"]
+    pretrained, include_preprocessing = weights is not None, options["include_preprocessing"]
+    image_size = options["image_size"]
+    replace = _finished(output_dir, given["overwrite"])
     record = os.path.join(output_dir, SPLIT_FILE)
     train_data, val_data, split = image_folder(
         images,
@@ -182,9 +220,10 @@ def finetune(
         split_seed=split_seed,
         seed=seed,
         flip=options["flip"],
-        skip_damaged=skip_damaged,
+        skip_damaged=given["skip_damaged"],
         record=None if replace else record,  # a finished run's split is not reused
     )
+    _check_batch_size(options["batch_size"], train_data)  # before the cache is built
     if replace:  # only now: a bad folder leaves the finished run as it was
         clear_run(output_dir)
         split.save(record)
@@ -266,6 +305,8 @@ def finetune(
     else:
         exported = (model, output_dir, train_data, val_data, formats, probabilities)
         report.update(_export(*exported, options["int8"]))
+    if options["left_out"]:  # by default, what this install cannot write
+        report["not_exported"] = options["left_out"]
     report["cpu"] = cpu_name()  # the latencies' machine
     report["written"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     write_report(output_dir, report)
@@ -299,6 +340,11 @@ def _check_arguments(pretrained, **given):
     )
     for name in ("flip", "int8", "include_preprocessing", "cache_images"):
         options[name] = _validation.boolean(given[name], name)
+    options["seed"] = _validation.non_negative_int(given["seed"], "seed")
+    if options["seed"] >= 2**32:  # NumPy's and TensorFlow's seeds are 32-bit
+        raise ValueError(
+            f"`seed` must be an integer in [0, 2**32 - 1]. Received: seed={given['seed']!r}"
+        )
     if given["int8"] and given["include_preprocessing"]:
         raise ValueError(
             "The int8 file quantizes the classifier alone; with its preprocessing inside, the "
@@ -314,9 +360,8 @@ def _check_formats(export_formats, int8, include_preprocessing=False):
     """The export formats: the given ones (each refused by name here where it cannot be
     written), or LiteRT and the installed ones of ONNX and OpenVINO."""
     if export_formats is None:
-        candidates = ("litert", "onnx", "openvino")
-        unsupported = export_lib.unsupported_formats(candidates)
-        formats = tuple(f for f in candidates if f not in unsupported)
+        unsupported = export_lib.unsupported_formats(EXPORT_FORMATS)
+        formats = tuple(f for f in EXPORT_FORMATS if f not in unsupported)
     else:
         if isinstance(export_formats, str) or not all(isinstance(f, str) for f in export_formats):
             raise ValueError(
@@ -351,6 +396,87 @@ def _check_formats(export_formats, int8, include_preprocessing=False):
             f"OpenVINO. Received: include_preprocessing=True, export_formats={formats}"
         )
     return formats
+
+
+def _left_out(export_formats):
+    """{file name: why it is not written and what installs it} of the default exports this
+    install cannot write (none where `export_formats` names the formats: those are
+    written or refused)."""
+    if export_formats is not None:
+        return {}
+    reasons = export_lib.unsupported_formats(EXPORT_FORMATS)
+    return {export_lib.FILENAMES[fmt]: why for fmt, why in reasons.items()}
+
+
+def _check_output(output_dir, images):
+    """`output_dir` as a path, refused where it names no folder of its own: None, empty,
+    a file, or the image folder, inside it or holding it (the next scan would take the
+    run for a class; the run's clean-up could remove images)."""
+    if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir).strip():
+        raise ValueError(
+            "`output_dir` must be the path of the run's folder. "
+            f"Received: output_dir={output_dir!r}"
+        )
+    output_dir = os.fspath(output_dir)
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise RunDirectoryError(f"The output folder is a file. Received: output_dir={output_dir!r}")
+    if isinstance(images, (str, os.PathLike)):
+        inside = os.path.realpath(output_dir), os.path.realpath(images)
+        if os.path.commonpath(inside) in inside:
+            raise RunDirectoryError(
+                "The output folder and the image folder must be apart (neither inside the "
+                "other): the next scan would take the run for a class of images. Received: "
+                f"output_dir={output_dir!r}, images={os.fspath(images)!r}"
+            )
+    return output_dir
+
+
+def _check_batch_size(batch_size, train_data):
+    if train_data.steps(batch_size) < 1:
+        raise ValueError(
+            f"`batch_size` must be at most the {train_data.num_examples} training images "
+            f"(no full batch per epoch). Received: batch_size={batch_size}"
+        )
+
+
+def remove_failed_run(output_dir: str) -> None:
+    """After a run in `output_dir` failed: removes its image cache, and every file of the
+    run (`RUN_FILES`) where no phase holds a finished epoch (its backup) or is finished.
+    What a resume needs stays."""
+    try:
+        _atomic.remove(os.path.join(output_dir, CACHE_DIR))
+        phases = [os.path.join(output_dir, name) for name in (HEAD_DIR, ALL_DIR)]
+        kept = [REPORT_FILE] + [os.path.join(BACKUP, f) for f in (METADATA_FILE, WEIGHTS_FILE)]
+        if any(os.path.exists(os.path.join(p, name)) for p in phases for name in kept):
+            return
+        if os.path.exists(os.path.join(output_dir, REPORT_FILE)):
+            return  # a finished run (refused, or replaced by nothing yet)
+        clear_run(output_dir)
+    except OSError:
+        pass  # what cannot be removed stays (named by the error being raised)
+
+
+def _full_disk(error, output_dir, formats):
+    """An OSError saying that the disk of `output_dir` is full, where `error` is one (no
+    space left), or a writer's error that names no cause (OpenVINO's "iostream error")
+    in the exports with less free space than they take (each at most `model.keras`'s
+    size); else None."""
+    try:
+        free = shutil.disk_usage(output_dir).free
+        trained = os.path.join(output_dir, ALL_DIR, "model.keras")
+        needed = os.path.getsize(trained) * (1 + len(formats)) if os.path.exists(trained) else 0
+    except OSError:
+        return None
+    no_space = isinstance(error, OSError) and error.errno == errno.ENOSPC
+    if not (no_space or (isinstance(error, RuntimeError) and free < needed)):
+        return None
+    full = OSError(
+        f"The disk of {output_dir} is full ({free / 1e6:.2f} MB free; "
+        f"{type(error).__name__}: {error}). Free some space and run the same command "
+        "again: the finished epochs are kept."
+    )
+    full.errno = errno.ENOSPC
+    return full
 
 
 def _finished(output_dir, overwrite):

@@ -2,6 +2,7 @@
 `run_from_args`, the summary."""
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import sys
@@ -10,9 +11,9 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from keras_autoshuffle._validation import positive_int_argument as _positive_int
-from keras_autoshuffle.training.distribution import STRATEGIES, make_strategy
+from keras_autoshuffle.training.distribution import STRATEGIES, is_chief, make_strategy
 from keras_autoshuffle.training.divergence import TrainingDivergedError
-from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
+from keras_autoshuffle.training.fault_tolerance import locked_folder
 from keras_autoshuffle.training.identity import RunIdentity, recipe_fields
 from keras_autoshuffle.training.loops import train
 from keras_autoshuffle.training.recipes import get_recipe
@@ -477,19 +478,23 @@ def run_from_args(
     # train()'s options that are command-line options of the same name.
     passed = ("mixed_precision", "jit_compile", "seed", "harden_at_epoch", "balanced")
     passed += ("overwrite", "verbose", "int8")
+    # One run at a time in --output (a worker writes into its own folder inside it).
+    lock = locked_folder(args.output) if is_chief(strategy) else contextlib.nullcontext()
     try:
-        report = run(
-            model_fn,
-            train_data,
-            test_data,
-            recipe,
-            args.output,
-            strategy=strategy,
-            export=args.export_formats or not args.no_export,
-            settings=settings,
-            **{name: getattr(args, name) for name in passed},
-        )
-    except (RunDirectoryError, TrainingDivergedError) as error:
+        with lock:
+            report = run(
+                model_fn,
+                train_data,
+                test_data,
+                recipe,
+                args.output,
+                strategy=strategy,
+                export=args.export_formats or not args.no_export,
+                settings=settings,
+                **{name: getattr(args, name) for name in passed},
+            )
+    # A refused folder or file, a full or read-only disk, a divergence: one line.
+    except (ValueError, OSError, TrainingDivergedError) as error:
         sys.exit(f"error: {error}")
     print(format_run_summary(report))
     return report
