@@ -24,11 +24,9 @@ What `output_dir` holds, in the order it is written:
 """
 
 import datetime
-import errno
 import hashlib
 import json
 import os
-import shutil
 
 import keras
 import numpy as np
@@ -47,6 +45,7 @@ from keras_autoshuffle.training.fault_tolerance import (
     METADATA_FILE,
     WEIGHTS_FILE,
     RunDirectoryError,
+    full_disk_error,
     locked_folder,
     read_json,
 )
@@ -457,26 +456,14 @@ def remove_failed_run(output_dir: str) -> None:
 
 
 def _full_disk(error, output_dir, formats):
-    """An OSError saying that the disk of `output_dir` is full, where `error` is one (no
-    space left), or a writer's error that names no cause (OpenVINO's "iostream error")
-    in the exports with less free space than they take (each at most `model.keras`'s
-    size); else None."""
+    """`full_disk_error` of a failed run: its exports take at most `model.keras`'s size
+    each."""
+    trained = os.path.join(output_dir, ALL_DIR, "model.keras")
     try:
-        free = shutil.disk_usage(output_dir).free
-        trained = os.path.join(output_dir, ALL_DIR, "model.keras")
         needed = os.path.getsize(trained) * (1 + len(formats)) if os.path.exists(trained) else 0
     except OSError:
-        return None
-    no_space = isinstance(error, OSError) and error.errno == errno.ENOSPC
-    if not (no_space or (isinstance(error, RuntimeError) and free < needed)):
-        return None
-    full = OSError(
-        f"The disk of {output_dir} is full ({free / 1e6:.2f} MB free; "
-        f"{type(error).__name__}: {error}). Free some space and run the same command "
-        "again: the finished epochs are kept."
-    )
-    full.errno = errno.ENOSPC
-    return full
+        needed = 0
+    return full_disk_error(error, output_dir, needed)
 
 
 def _finished(output_dir, overwrite):

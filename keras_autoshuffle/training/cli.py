@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import dataclasses
 import functools
+import os
 import sys
 import warnings
 from collections.abc import Callable, Sequence
@@ -13,7 +14,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from keras_autoshuffle._validation import positive_int_argument as _positive_int
 from keras_autoshuffle.training.distribution import STRATEGIES, is_chief, make_strategy
 from keras_autoshuffle.training.divergence import TrainingDivergedError
-from keras_autoshuffle.training.fault_tolerance import locked_folder
+from keras_autoshuffle.training.fault_tolerance import (
+    BACKUP,
+    WEIGHTS_FILE,
+    full_disk_error,
+    locked_folder,
+)
 from keras_autoshuffle.training.identity import RunIdentity, recipe_fields
 from keras_autoshuffle.training.loops import train
 from keras_autoshuffle.training.recipes import get_recipe
@@ -494,8 +500,14 @@ def run_from_args(
                 **{name: getattr(args, name) for name in passed},
             )
     # A refused folder or file, a full or read-only disk, a divergence: one line.
-    except (ValueError, OSError, TrainingDivergedError) as error:
-        sys.exit(f"error: {error}")
+    except (ValueError, OSError, RuntimeError) as error:
+        # The exports take at most the backup's size each (weights and optimizer state).
+        backup = os.path.join(args.output, BACKUP, WEIGHTS_FILE)
+        needed = os.path.getsize(backup) * 4 if os.path.isfile(backup) else 0
+        full = full_disk_error(error, args.output, needed)
+        if full is None and not isinstance(error, (ValueError, OSError, TrainingDivergedError)):
+            raise
+        sys.exit(f"error: {full or error}")
     print(format_run_summary(report))
     return report
 

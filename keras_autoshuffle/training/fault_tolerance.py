@@ -28,6 +28,7 @@ import fcntl
 import json
 import math
 import os
+import shutil
 import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -461,6 +462,29 @@ def clear_finished_run(output_dir: str | os.PathLike, overwrite: bool) -> bool:
     except OSError as error:
         raise unusable_folder(output_dir, error) from None
     return True
+
+
+def full_disk_error(
+    error: BaseException, folder: str | os.PathLike, needed: int = 0
+) -> OSError | None:
+    """An OSError saying that the disk of `folder` is full, where `error` says so (no
+    space left), or is a writer's error naming no cause (a RuntimeError: OpenVINO's
+    "basic_ios::clear: iostream error") while the disk has less than `needed` bytes
+    free (what the failed writes take at most); else None."""
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        return None
+    no_space = isinstance(error, OSError) and error.errno == errno.ENOSPC
+    if not (no_space or (type(error) is RuntimeError and free < needed)):
+        return None
+    full = OSError(
+        f"The disk of {os.fspath(folder)} is full ({free / 1e6:.2f} MB free; "
+        f"{type(error).__name__}: {error}). Free some space and run the same command "
+        "again: the finished epochs are kept."
+    )
+    full.errno = errno.ENOSPC
+    return full
 
 
 def finish_run(output_dir: str | os.PathLike) -> None:
