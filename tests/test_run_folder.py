@@ -136,6 +136,7 @@ with locked_folder(sys.argv[1]):
 """
 
 
+@pytest.mark.slow  # a child process importing the package
 def test_a_second_run_into_a_folder_in_use_is_refused_until_the_first_dies(
     images, tmp_path, capsys
 ):
@@ -186,3 +187,15 @@ def test_the_lock_file_is_no_run_file(tmp_path):
         run_module.clear_run(str(tmp_path))
         assert os.listdir(tmp_path) == [LOCK_FILE]
         assert not run_module._finished(str(tmp_path), overwrite=False)
+
+
+def test_a_failed_dataset_download_is_one_line(tmp_path):
+    """`autoshuffle-train --download` into a folder that cannot be made (under a file: no
+    network is reached): one line, not TensorFlow Datasets' traceback."""
+    (tmp_path / "file").write_text("")
+    argv = ["--dataset", "cifar10", "--download", "--data-dir", str(tmp_path / "file" / "tfds")]
+    with pytest.raises(SystemExit) as info:
+        train_command.main([*argv, "--output", str(tmp_path / "out")])
+    message = str(info.value.code)
+    assert message.startswith(f"error: cifar10 could not be downloaded into {tmp_path}")
+    assert "\n" not in message and not (tmp_path / "out").exists()

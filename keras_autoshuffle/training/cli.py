@@ -551,6 +551,16 @@ def _load_data(args, recipe, manual_dir, parser):
         )
     except data.DataMissingError as error:
         sys.exit(f"error: {error}")
+    except Exception as error:  # TFDS's download: the network, a mirror, a missing module
+        if not args.download:
+            raise
+        folder = args.data_dir or "TFDS's folder"
+        sys.exit(
+            f"error: {args.dataset} could not be downloaded into {folder} "
+            f"({type(error).__name__}: {error}). Check the network and the folder, or prepare "
+            f"it on a machine with a network (`tfds build {args.dataset} --data_dir DIR`) and "
+            "pass --data-dir DIR."
+        )
     if args.max_train_examples:
         train_data = train_data.subset(args.max_train_examples)
     if recipe.batch_size > train_data.num_examples:  # no full batch: nothing to train on
