@@ -158,9 +158,15 @@ def finetune(
             matrix, and each exported file's accuracy, size and latency.
 
     Raises:
-        ValueError: a bad argument, image folder or `weights` file, before any training.
+        ValueError: a bad argument, image folder or `weights` file, before any image is
+            decoded (a `batch_size` larger than the training images right after the scan).
         RunDirectoryError: `output_dir` holds a finished run (without `overwrite`) or a
-            run with other settings.
+            run with other settings, is used by another living run (its lock,
+            `fault_tolerance.locked_folder`), cannot be made or written, or is inside the
+            image folder or holds it.
+        OSError: the ImageNet weights cannot be downloaded (before the scan), or the disk
+            is full. A run that fails removes its image cache and, where no epoch was
+            finished, every file it wrote.
     """
     pretrained = weights is not None
     options = _check_arguments(
