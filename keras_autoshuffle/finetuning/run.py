@@ -214,8 +214,7 @@ def _fine_tune(images, output_dir, weights, source, options, formats, given):
     """`finetune()` once its arguments are checked and its folder locked."""
     val_fraction, split_seed = given["val_fraction"], given["split_seed"]
     seed, verbose = options["seed"], options["verbose"]
-    pretrained, include_preprocessing = weights is not None, options["include_preprocessing"]
-    image_size = options["image_size"]
+    include_preprocessing = options["include_preprocessing"]
     replace = _finished(output_dir, given["overwrite"])
     record = os.path.join(output_dir, SPLIT_FILE)
     train_data, val_data, split = image_folder(
@@ -254,40 +253,14 @@ def _fine_tune(images, output_dir, weights, source, options, formats, given):
         label_smoothing=options["label_smoothing"],
         class_weight=weighting,
     )
-    build = dict(width=options["width"], classes=len(split.class_names), size=image_size)
-    start = weights
-    if options["head_epochs"]:
-        _run_phase(
-            lambda: network.freeze(_classifier(build, weights), network.FROZEN_BASE),
-            _recipe(options, HEAD_RATE_FACTOR * options["learning_rate"], "head_epochs"),
-            os.path.join(output_dir, HEAD_DIR),
-            {**settings, "frozen": network.FROZEN_BASE},
-            **phase,
-        )
-        start = os.path.join(output_dir, HEAD_DIR, "model.keras")
-    frozen = network.FROZEN_BATCH_NORM if pretrained else None
-    head_trained = bool(options["head_epochs"])
-    _run_phase(
-        lambda: network.freeze(_classifier(build, start, with_head=head_trained), frozen),
-        _recipe(options, options["learning_rate"], "epochs"),
-        os.path.join(output_dir, ALL_DIR),
-        {**settings, "frozen": frozen},
-        **phase,
-    )
+    build = dict(width=options["width"], classes=len(split.class_names), size=options["image_size"])
+    _train_phases(output_dir, weights, options, settings, build, phase)
     _atomic.remove(os.path.join(output_dir, CACHE_DIR))  # training's only: gone before exports
     model = keras.saving.load_model(
         os.path.join(output_dir, ALL_DIR, "model.keras"), compile=False, safe_mode=True
     )
     report = {
-        "data": {
-            "images": os.path.abspath(os.fspath(images)),
-            "classes": list(split.class_names),
-            "train_examples": train_data.num_examples,
-            "val_examples": val_data.num_examples,
-            "source": split.source,
-            "skipped": [list(entry) for entry in split.skipped],
-            "ignored_files": split.ignored,
-        },
+        "data": _data_record(images, split, train_data, val_data),
         "settings": {
             **settings,
             "weights": weights if weights is None else os.fspath(weights),
@@ -316,6 +289,44 @@ def _fine_tune(images, output_dir, weights, source, options, formats, given):
     report["written"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     write_report(output_dir, report)
     return report
+
+
+def _data_record(images, split, train_data, val_data):
+    """The report's "data": the images, the classes, the split and what was skipped."""
+    return {
+        "images": os.path.abspath(os.fspath(images)),
+        "classes": list(split.class_names),
+        "train_examples": train_data.num_examples,
+        "val_examples": val_data.num_examples,
+        "source": split.source,
+        "skipped": [list(entry) for entry in split.skipped],
+        "ignored_files": split.ignored,
+    }
+
+
+def _train_phases(output_dir, weights, options, settings, build, phase):
+    """The head phase (with pretrained weights) and the whole-net phase, each `train()`
+    into its folder (`_run_phase`: a finished one is not trained again)."""
+    pretrained = weights is not None
+    start = weights
+    if options["head_epochs"]:
+        _run_phase(
+            lambda: network.freeze(_classifier(build, weights), network.FROZEN_BASE),
+            _recipe(options, HEAD_RATE_FACTOR * options["learning_rate"], "head_epochs"),
+            os.path.join(output_dir, HEAD_DIR),
+            {**settings, "frozen": network.FROZEN_BASE},
+            **phase,
+        )
+        start = os.path.join(output_dir, HEAD_DIR, "model.keras")
+    frozen = network.FROZEN_BATCH_NORM if pretrained else None
+    head_trained = bool(options["head_epochs"])
+    _run_phase(
+        lambda: network.freeze(_classifier(build, start, with_head=head_trained), frozen),
+        _recipe(options, options["learning_rate"], "epochs"),
+        os.path.join(output_dir, ALL_DIR),
+        {**settings, "frozen": frozen},
+        **phase,
+    )
 
 
 def _check_arguments(pretrained, **given):
