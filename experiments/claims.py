@@ -241,7 +241,8 @@ def render_runtimes(root=ROOT):
             f"| {_runs_words(row['runs'])}, {warm} "
             f"| [{pathlib.Path(row['file']).name}](results/{pathlib.Path(row['file']).name}) |"
         )
-    machines = sorted({row["machine"] for row in table.values()})
+    # The machine itself; how busy it was (after a ";" in the rows) is a run fact.
+    machines = sorted({row["machine"].split(";")[0] for row in table.values()})
     lines += [
         "",
         f"ShuffleNet v2 1.0x, 224x224, batch 1, float32, torchvision's seeded weights; each "
@@ -279,8 +280,8 @@ def render_shuffle_costs(root=ROOT):
         f"Training step with learned (relaxed) shuffles / the manual net's (TensorFlow CPU, "
         f"32x32 batch 128 and 224x224 batch 32): v1 +{_training_cost(ratios, 'v1_g3_1.0')}, "
         f"v2 +{_training_cost(ratios, 'v2_1.0')}. Medians of 9 interleaved rounds in one "
-        f"process on the project's 2-core machine of 2026-11-26 (a CPU with AVX-512, not the "
-        f"AMD EPYC of the table above) with nothing else running, TensorFlow 2.21, "
+        f"process on a 2-core CPU with AVX-512 (not the AMD EPYC of the table above; the "
+        f"run's date and the machine's state: the lab notes), TensorFlow 2.21, "
         f"ai-edge-litert 2.3.0; command `{BENCHMARK_COMMAND}`; rows "
         f"[results/benchmark_cpu.json](results/benchmark_cpu.json). These rows were measured "
         f"when the builders padded with Keras's 'same' (before the PAD ops of PyTorch's "

@@ -1,7 +1,7 @@
 """Fine-tuning throughput (issue 40): the input pipeline alone against the training step.
 
     nohup python -m experiments.finetune_throughput \
-        --json docs/results/finetune_throughput.json > /tmp/finetune_throughput.log 2>&1 &
+        --json docs/results/finetune_throughput.json > runs/finetune_throughput.log 2>&1 &
 
 Measures, in one process and in interleaved rounds (a new random order each round, so a
 slow spell of the machine reaches every measurement):
@@ -400,7 +400,7 @@ def main(argv=None):
     parser.add_argument(
         "--photos", nargs="+", type=parse_photos, default=[parse_photos(p) for p in DEFAULT_PHOTOS]
     )
-    parser.add_argument("--folder", default="/tmp/finetune_throughput_photos")
+    parser.add_argument("--folder", default=os.path.join("runs", "finetune_throughput_photos"))
     parser.add_argument("--repeats", type=int, default=5, help="rounds")
     parser.add_argument("--steps", type=int, default=5, help="training steps per round")
     parser.add_argument("--warmup-steps", type=int, default=3)

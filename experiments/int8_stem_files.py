@@ -4,12 +4,12 @@ OpenVINO int8 files full-integer and with the first convolution in float (`float
 calibrated on 32 seeded random images; then `experiments.runtime_processes --files` times
 each pair in fresh processes (Lab notes: inference, "What raises int8 agreement").
 
-    python -m experiments.int8_stem_files /tmp/int8_stem
+    python -m experiments.int8_stem_files runs/int8_stem
     python -m experiments.runtime_processes --runtime onnxruntime --processes 8 \
-        --files full=/tmp/int8_stem/x1.0/full.onnx stem_float=/tmp/int8_stem/x1.0/stem_float.onnx
+        --files full=runs/int8_stem/x1.0/full.onnx stem_float=runs/int8_stem/x1.0/stem_float.onnx
     python -m experiments.runtime_processes --runtime openvino --processes 8 \
-        --files full=/tmp/int8_stem/x1.0/full_ov/model.xml \
-        stem_float=/tmp/int8_stem/x1.0/stem_float_ov/model.xml
+        --files full=runs/int8_stem/x1.0/full_ov/model.xml \
+        stem_float=runs/int8_stem/x1.0/stem_float_ov/model.xml
 """
 
 import os

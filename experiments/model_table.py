@@ -29,7 +29,9 @@ and the end, and the library versions.
 
 `render` makes the markdown table from the weights registry (`applications.list_weights()`:
 names, parameters, multiply-adds, torchvision's accuracies, not measured here) and the rows'
-times and file sizes, refusing a row whose counts differ from its entry's. Where every row
+times and file sizes, refusing a row whose counts differ from its entry's; its caption
+names the machine, the threads and the versions, while the run's facts (date, load averages,
+`--note`) stay in the rows, not on the front page. Where every row
 holds a runtime's int8 ms and bytes, a second table right under it gives each width's int8
 ms and MB in those runtimes, and a caption after the machine's line gives each runtime's
 int8 top-1 agreement with float and accuracy drop (mean and 95% interval over calibration
@@ -157,7 +159,6 @@ def _write_files(model, directory, formats, int8_formats):
                 "representative_data": calibration,
                 # Labels and agreement mean nothing with random weights: the limits are open.
                 "test_data": (calibration[:INT8_TEST], np.zeros(INT8_TEST, "int64")),
-                "min_top1_agreement": 0.0,
                 "max_accuracy_drop": 100.0,
             }
             if int8_formats
@@ -258,14 +259,6 @@ def measure(widths, threads, repeats, note, processes=3):
             }
         )
     return rows
-
-
-def _load(row):
-    """The row's load averages as words, or "" where it has none."""
-    if not row.get("load_average"):
-        return ""
-    start, end = row["load_average"]
-    return f"load average {start:.1f} at the start, {end:.1f} at the end"
 
 
 def _entries():
@@ -392,12 +385,13 @@ def render(rows, accuracy=None):
     ]
     if int8:
         lines += ["", *_int8_table(entries, by_width, int8)]
+    # What the reader needs to compare the times (the machine, its threads, the versions);
+    # the run's facts (its date, load averages, `--note`) stay in the rows.
     settings = {
-        (r["machine"], r["threads"], r["date"], r.get("tensorflow"), _load(r), r.get("note"))
-        + (r.get("processes_per_runtime"),)
+        (r["machine"], r["threads"], r.get("tensorflow"), r.get("processes_per_runtime"))
         for r in rows
     }
-    for machine, threads, date, tf_version, load, note, processes in sorted(settings, key=str):
+    for machine, threads, tf_version, processes in sorted(settings, key=str):
         timing = (
             f"each runtime alone in {processes} fresh process{'es' * (processes > 1)}, "
             "the medians' median"
@@ -405,7 +399,6 @@ def render(rows, accuracy=None):
             else "timed in the same interleaved rounds"
         )
         lines.append("")
-        details = "; ".join(x for x in (load, note) if x)
         lines.append(
             "Parameters, multiply-adds and top-1/top-5: the weights registry "
             "(`applications.get_weights(name)`); top-1/top-5 are torchvision's ImageNet-1K "
@@ -413,8 +406,8 @@ def render(rows, accuracy=None):
             f"Latency: the folded float32 net at {SIDE}x{SIDE}, batch 1, {threads} threads, "
             f"median ms (LiteRT with XNNPACK"
             + (", and the ONNX file in ONNX Runtime and OpenVINO" if extra else "")
-            + f", {timing}) on {machine} (TensorFlow {tf_version}, "
-            f"{date})" + (f"; {details}" if details else "") + "."
+            + f", {timing}) on {machine} (TensorFlow {tf_version}; the run's date and the "
+            "machine's load: in the rows)."
         )
     if int8:
         if accuracy is None:

@@ -1,6 +1,6 @@
 """The cached training pipeline before and after issue 40's speed-up, side by side.
 
-    python -m experiments.pipeline_speed --json /tmp/pipeline_speed.json
+    python -m experiments.pipeline_speed --json runs/pipeline_speed.json
 
 In one process, in interleaved rounds (a new random order each round), one training
 epoch through `ImageFolderData.fit_dataset` (as `model.fit` reads it) from the
@@ -94,7 +94,7 @@ def main(argv=None):
     parser.add_argument(
         "--photos", nargs="+", type=parse_photos, default=[parse_photos(p) for p in DEFAULT_PHOTOS]
     )
-    parser.add_argument("--folder", default="/tmp/finetune_throughput_photos")
+    parser.add_argument("--folder", default=os.path.join("runs", "finetune_throughput_photos"))
     parser.add_argument("--size", type=int, default=224)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=10, help="rounds")

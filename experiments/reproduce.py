@@ -67,7 +67,7 @@ def _study(args, parser):
 
 def main(argv=None):
     # Imported here, after TF_CPP_MIN_LOG_LEVEL is set.
-    from keras_autoshuffle._validation import positive_int_argument as positive
+    from keras_autoshuffle_cli._help import positive_int_argument as positive
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--output", required=True, help="output directory")

@@ -3,13 +3,15 @@
 torchvision's ImageNet weights for ShuffleNet v2, shuffles folded away for inference, LiteRT,
 ONNX and OpenVINO export, fine-tuning on a folder of images. Importing the package registers
 every custom object (layers, constraint, regularizer, optimizer pieces), so `.keras` files
-load with `safe_mode=True`. TensorFlow-only parts (`data`, `training`, `export`,
+load with `safe_mode=True`; the keras-hub classes (`hub`) register once keras-hub is
+imported. TensorFlow-only parts (`data`, `training`, `export`,
 `prediction`) are imported on use. The experiments that produced the docs' numbers live
 outside the package, in the repository's `experiments/`.
 """
 
 # First: it imports Keras (and with it TensorFlow) without TensorFlow's start-up lines in the
-# installed commands, whose scripts import this package before any of their own code runs.
+# installed commands, which import this package once their arguments are parsed
+# (`keras_autoshuffle_cli`: `--help` imports none of this).
 from keras_autoshuffle import _startup
 
 # isort: split
@@ -45,5 +47,10 @@ from keras_autoshuffle.permutations import (
     permutation_matrix,
 )
 from keras_autoshuffle.regularizers import L12Penalty, l12_penalty
+
+# The keras-hub classes (`keras_autoshuffle.hub`) register when keras-hub is imported.
+from keras_autoshuffle import _hub_hook  # isort: skip
+
+_hub_hook.install()
 
 __version__ = "0.1.0"

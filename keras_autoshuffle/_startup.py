@@ -9,8 +9,9 @@ the setting lets through.
 
 The package's `__init__` imports this module first, which imports Keras (and so TensorFlow)
 through `import_quietly`:
-- in an installed command (`autoshuffle-*`), whose script imports the package before any of
-  the command's own code runs, `TF_CPP_MIN_LOG_LEVEL` defaults to "2" (errors only);
+- in an installed command (`autoshuffle-*`), whose script parses its arguments first
+  (`keras_autoshuffle_cli`, no TensorFlow) and then imports the package for the work,
+  `TF_CPP_MIN_LOG_LEVEL` defaults to "2" (errors only);
 - elsewhere the user's `TF_CPP_MIN_LOG_LEVEL` is honoured for those lines too, and nothing
   is filtered where it is unset or "0" (a library import changes no setting).
 """
@@ -36,6 +37,10 @@ _LEVELS = {"I": 0, "W": 1, "E": 2, "F": 3}
 _ABSL_NOTICE = "WARNING: All log messages before absl::InitializeLog() is called"
 # A record's further lines (cpu_feature_guard.cc's second line starts so).
 _CONTINUATIONS = (" ", "\t", "To enable the following instructions")
+# Lines the runtimes write to descriptor 2 at every log level, notices a user can do nothing
+# with: LiteRT's interpreter, at each load ("INFO: Created TensorFlow Lite XNNPACK delegate
+# for CPU."), and its converter's settings of an int8 file ("fully_quantize: 0, ...").
+RUNTIME_NOTICES = re.compile(r"INFO: Created TensorFlow Lite XNNPACK delegate|fully_quantize: ")
 
 
 def running_as_command(argv0: str | None = None) -> bool:
@@ -75,13 +80,14 @@ def filter_log_lines(text: str, level: int) -> str:
 
 
 @contextlib.contextmanager
-def quiet_stderr(level: int | None = None, drop=lambda line: False):
+def quiet_stderr(level: int | None = None, drop=None):
     """Sends file descriptor 2 to a temporary file for the block, then writes back what
-    `filter_log_lines` keeps at `level` (default `TF_CPP_MIN_LOG_LEVEL`) and `drop` does not
-    reject; everything if the block raises (the lines may say why). A no-op at level 0."""
+    `filter_log_lines` keeps at `level` (default `TF_CPP_MIN_LOG_LEVEL`) and `drop` (a
+    function of a line) does not reject; everything if the block raises (the lines may say
+    why). A no-op at level 0 without `drop`."""
     level = min_log_level() if level is None else level
     saved = None
-    if level > 0:
+    if level > 0 or drop is not None:
         try:
             sys.stderr.flush()
             saved = os.dup(2)
@@ -104,10 +110,17 @@ def quiet_stderr(level: int | None = None, drop=lambda line: False):
             text = captured.read().decode("utf-8", "replace")
             if not failed:
                 text = filter_log_lines(text, level)
-                text = "".join(line for line in text.splitlines(True) if not drop(line))
+                if drop is not None:
+                    text = "".join(line for line in text.splitlines(True) if not drop(line))
             if text:
                 sys.stderr.write(text)
                 sys.stderr.flush()
+
+
+def quiet_runtime():
+    """`quiet_stderr` that also drops `RUNTIME_NOTICES`, around a runtime's load or a
+    converter's run (whatever `TF_CPP_MIN_LOG_LEVEL` says: they are not log records)."""
+    return quiet_stderr(drop=RUNTIME_NOTICES.match)
 
 
 def import_quietly(name: str):
@@ -134,7 +147,7 @@ def find_devices_quietly() -> list:
     def drop(line):
         return not found["gpu"] and bool(cuda.search(line))
 
-    with quiet_stderr(drop=drop):
+    with quiet_stderr(drop=drop if min_log_level() else None):  # level 0: every line
         devices = tf.config.list_physical_devices()
         found["gpu"] = any(device.device_type == "GPU" for device in devices)
     return devices

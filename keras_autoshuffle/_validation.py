@@ -102,18 +102,15 @@ def channel_axis(data_format_value=None):
     return -1 if value == "channels_last" else 1
 
 
-def positive_int_argument(text):
-    """An argparse `type=`: a positive integer (the command lines' counts), or a usage error
-    that quotes the text."""
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+def percentage_points(value, name):
+    """`value` as a float (-0.0 as 0.0); ValueError unless it is a number of percentage
+    points in [0, 100] (no NaN, no inf: an accuracy cannot drop by more than 100)."""
+    if not is_number(value) or not 0 <= value <= 100:
+        raise ValueError(
+            f"`{name}` must be a number of percentage points in [0, 100]. "
+            f"Received: {name}={value!r}"
+        )
+    return float(value) + 0.0
 
 
 def non_negative_float(value, name):

@@ -19,6 +19,7 @@ count is refused by name.
 import json
 import math
 import os
+import zipfile
 from collections.abc import Callable, Sequence
 
 import keras
@@ -53,6 +54,8 @@ MAX_PREPROCESSING_BYTES = 64 * 2**10
 PREPROCESSING_KEYS = ("image_size", "resize_size", "mean", "std", "exports_include_preprocessing")
 # Images per model call where the format takes batches (memory: 32 x 224 x 224 x 3 floats).
 BATCH_SIZE = 32
+# The most characters of a runtime's own error quoted in a refusal.
+_MAX_REASON = 300
 # How far outside [0, 1] an output may be and still be a probability (float rounding).
 _PROBABILITY_SLACK = 1e-4
 
@@ -122,8 +125,10 @@ class Classifier:
         Raises:
             FileNotFoundError: `path` or a side file does not exist.
             ValueError: an unknown suffix; a side file that does not hold what it should;
-                a model that cannot be loaded, does not take RGB images of the size
-                `preprocessing.json` names, or has another class count than `labels.txt`.
+                a model that cannot be loaded (its runtime not installed: the message names
+                the extra), does not take RGB images of the size `preprocessing.json`
+                names, or has another class count than `labels.txt`. A model that loads
+                but fails when run raises ValueError naming it from `predict`.
         """
         path = _check_path(path, "path")
         fmt, model_path, folder = _locate(path)
@@ -140,9 +145,15 @@ class Classifier:
         try:
             run, input_shape, output_shape, batch_size = _LOADERS[fmt](model_path)
         except Exception as error:  # each runtime raises its own types for a damaged file
+            if isinstance(error, ImportError) and fmt in _EXTRAS:  # the runtime is missing
+                raise ValueError(
+                    f"{model_path} needs {_RUNTIMES[fmt]}, which is not installed "
+                    f'({_one_line(error)}): pip install "keras-autoshuffle[{_EXTRAS[fmt]}]". '
+                    f"Received: path={path!r}"
+                ) from None
             raise ValueError(
                 f"{model_path} cannot be loaded as a model of format {fmt!r} "
-                f"({type(error).__name__}: {_one_line(error)}). Export it again. "
+                f"({type(error).__name__}: {_reason(error)}). Export it again. "
                 f"Received: path={path!r}"
             ) from None
         _check_input_shape(input_shape, raw, settings["image_size"], model_path, preprocessing_path)
@@ -157,6 +168,7 @@ class Classifier:
                 f"{os.path.join(folder, LABELS_FILE)} names {len(labels)} classes: they must "
                 f"be one name per output. Received: path={path!r}"
             )
+        run = _failures_named(run, model_path, fmt)
         return cls(run, labels, None if raw else preprocess, batch_size, model_path)
 
     @classmethod
@@ -210,9 +222,9 @@ class Classifier:
             A float32 array of shape (len(images), len(labels)).
 
         Raises:
-            ValueError: an image that is not a uint8 RGB array (naming its index), or a
+            ValueError: an image that is not a uint8 RGB array (naming its index), a
                 model whose outputs are not probabilities (not finite, outside [0, 1],
-                or of another shape).
+                or of another shape), or a model file that fails when run (naming it).
         """
         if isinstance(images, np.ndarray) and images.ndim != 4:
             raise ValueError(
@@ -629,6 +641,8 @@ def _check_input_shape(shape, raw, image_size, model_path, preprocessing_path):
 
 
 def _load_keras(path):
+    if not zipfile.is_zipfile(path):  # else Keras says "File not found" of a file that is
+        raise ValueError("not a Keras model file: a .keras file is a zip archive, this is not")
     model = keras.saving.load_model(path, safe_mode=True)
     if not isinstance(model, keras.Model) or len(model.inputs) != 1 or len(model.outputs) != 1:
         raise ValueError("not a Keras model with one input and one output")
@@ -692,6 +706,38 @@ def _load_openvino(path):
     return run, sides(compiled.inputs[0]), sides(compiled.outputs[0]), 1
 
 
+def _failures_named(run, model_path, fmt):
+    """`run`, a failure of its runtime (each raises its own types: a file that loads but
+    cannot run, e.g. a crafted one) made a ValueError naming the file and the reason."""
+
+    def checked(batch):
+        try:
+            return run(batch)
+        except Exception as error:
+            raise ValueError(
+                f"{model_path} failed when run by {_RUNTIMES[fmt]} ({type(error).__name__}: "
+                f"{_reason(error)}): a damaged file, or not an export of this package. "
+                "Export it again."
+            ) from None
+
+    return checked
+
+
+def _reason(error, limit=_MAX_REASON):
+    """A runtime's error in one line, cut at `limit` characters (Keras's can hold a whole
+    model config)."""
+    text = _one_line(error)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# Who runs each format, and the extra (pyproject.toml) that installs it; Keras always is.
+_RUNTIMES = {
+    "keras": "Keras",
+    "litert": "LiteRT (ai-edge-litert)",
+    "onnx": "ONNX Runtime",
+    "openvino": "OpenVINO",
+}
+_EXTRAS = {"litert": "litert", "onnx": "onnx", "openvino": "openvino"}
 # Each format's loader: `(run, input shape, output shape, images per run)`, the shapes
 # without the batch axis (None: any size, or not known until run). The first output is the
 # classifier's, as the export's own readers take it: Keras's OpenVINO exporter leaves a

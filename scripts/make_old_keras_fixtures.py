@@ -3,8 +3,8 @@
 Run with an older checkout's package first on the path (not this one), e.g. commit fc2abd0,
 before the builders were split and `applications` was regrouped:
 
-    git worktree add /tmp/old fc2abd0
-    PYTHONPATH=/tmp/old python scripts/make_old_keras_fixtures.py --output tests/fixtures/old_keras
+    git worktree add runs/old fc2abd0
+    PYTHONPATH=runs/old python scripts/make_old_keras_fixtures.py --output tests/fixtures/old_keras
 
 For each net it writes `<name>.keras`, the seeded input `<name>_input.npy` and the net's
 outputs on it `<name>_output.npy` (float32, `training=False`). The nets are tiny (the

@@ -19,20 +19,29 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _hidden():
-    """The names mkdocs.yml's `filters` leave off the pages, as one regex."""
+def _options():
+    """mkdocs.yml's options of the python handler."""
     plugins = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["plugins"]
     options = next(
         p["mkdocstrings"] for p in plugins if isinstance(p, dict) and "mkdocstrings" in p
     )
-    filters = options["handlers"]["python"]["options"]["filters"]
+    return options["handlers"]["python"]["options"]
+
+
+def _hidden():
+    """The names mkdocs.yml's `filters` leave off the pages, as one regex."""
+    filters = _options()["filters"]
     assert all(f.startswith("!") for f in filters), filters
     return re.compile("|".join(f"(?:{f[1:]})" for f in filters))
 
 
 def _rendered():
     """The functions, classes, properties and module constants the pages render, by path."""
-    package = griffe.load("keras_autoshuffle", search_paths=[ROOT], resolve_aliases=True)
+    loader = griffe.GriffeLoader(search_paths=[ROOT])
+    for module in _options().get("preload_modules", ()):  # as mkdocstrings preloads them
+        loader.load(module)
+    package = loader.load("keras_autoshuffle")
+    loader.resolve_aliases()
     hidden, found = _hidden(), {}
     for page in sorted((ROOT / "docs" / "reference").glob("*.md")):
         for match in re.finditer(r"^::: (\S+)\n((?:    .*\n|\n)*)", page.read_text(), re.M):

@@ -25,6 +25,8 @@ import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "keras_autoshuffle"
+# The commands' command lines, parsed before TensorFlow loads (a package of its own).
+CLI_PACKAGE = ROOT / "keras_autoshuffle_cli"
 COMMANDS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
 
 
@@ -120,6 +122,35 @@ def test_each_installed_command_answers_help_without_tensorflow_lines(command):
     assert result.stdout.startswith(f"usage: {command} ") and "\nexample:\n" in result.stdout
 
 
+def test_each_command_parses_its_arguments_without_importing_keras():
+    # Issue 52: `--help` took seconds and 830 MB, as the entry points imported the package
+    # and with it TensorFlow. One fresh process runs every entry point's --help and a usage
+    # error, then lists what was imported.
+    calls = [(COMMANDS[c], argv) for c in sorted(COMMANDS) for argv in (["--help"], ["--bogus"])]
+    code = (
+        "import importlib, sys\n"
+        f"for target, argv in {calls!r}:\n"
+        "    module, function = target.split(':')\n"
+        "    try:\n"
+        "        getattr(importlib.import_module(module), function)(argv)\n"
+        "    except SystemExit as exit:\n"
+        "        print(target, argv, exit.code)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('tensorflow', 'keras', 'numpy', 'keras_autoshuffle')))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = result.stdout.strip().splitlines()  # the help texts, the exits, the imports
+    exits = [line for line in lines if line.split(" ")[0] in COMMANDS.values()]
+    imported = lines[-1]
+    assert exits == [f"{target} {argv} {0 if argv == ['--help'] else 2}" for target, argv in calls]
+    assert imported == "[]"
+    assert result.stderr.count(": error: ") == len(COMMANDS)  # argparse's usage errors
+
+
 def test_tensorflow_start_up_lines_are_filtered_by_level():
     from keras_autoshuffle import _startup
 
@@ -166,7 +197,7 @@ def test_quiet_stderr_filters_the_file_descriptor_and_keeps_a_failures_lines(cap
 def test_messages_of_the_package_name_installed_commands_only():
     # The wheel holds no `scripts/`: a message sending users there names a missing file.
     named = set()
-    for path in PACKAGE.rglob("*.py"):
+    for path in [*PACKAGE.rglob("*.py"), *CLI_PACKAGE.rglob("*.py")]:
         text = path.read_text()
         assert "scripts/" not in text, path
         named.update(re.findall(r"\bautoshuffle-[a-z-]*[a-z]", text))
@@ -209,11 +240,13 @@ def test_the_wheel_installs_alone_and_its_commands_run(tmp_path):
     (wheel,) = wheels.glob("keras_autoshuffle-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     top = {name.split("/")[0] for name in names}
-    assert top == {"keras_autoshuffle", "keras_autoshuffle-0.1.0.dist-info"}, top
-    package_files = {name for name in names if name.startswith("keras_autoshuffle/")}
+    packages = {PACKAGE.name, CLI_PACKAGE.name}
+    assert top == {*packages, "keras_autoshuffle-0.1.0.dist-info"}, top
+    package_files = {name for name in names if name.split("/")[0] in packages}
     expected = {
         path.relative_to(ROOT).as_posix()
-        for path in PACKAGE.rglob("*")
+        for package in (PACKAGE, CLI_PACKAGE)
+        for path in package.rglob("*")
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
     }
     assert package_files == expected  # every module and data file, nothing else

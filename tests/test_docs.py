@@ -27,6 +27,7 @@ MODULES = [
     "export",
     "folding",
     "hardening",
+    "hub",
     "layers",
     "optimizers",
     "permutations",

@@ -259,7 +259,7 @@ def test_the_default_feature_extractor_exports(tmp_path):
         ("rtol", float("nan")),
         ("rtol", "1e-4"),
         ("atol", True),
-        ("min_top1_agreement", float("nan")),
+        ("max_accuracy_drop", float("nan")),
         ("max_accuracy_drop", -1.0),
         ("allow_relaxed", "yes"),
     ],

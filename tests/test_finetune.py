@@ -5,6 +5,7 @@ run of the command with SIGKILL mid-training (a real kill, in a child process) a
 the rerun ends with the weights of an uninterrupted run.
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -22,8 +23,9 @@ from test_pretrained_weights import cache as cache  # noqa: F401 (fixtures: the 
 from test_pretrained_weights import server as server  # noqa: F401
 
 from keras_autoshuffle import export, prediction
-from keras_autoshuffle.applications import ShuffleNetV2
+from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, ShuffleNetV2
 from keras_autoshuffle.commands import finetune as finetune_command
+from keras_autoshuffle.export import metadata as litert_metadata
 from keras_autoshuffle.finetuning import finetune, network
 from keras_autoshuffle.finetuning import run as run_module
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
@@ -152,6 +154,32 @@ def test_every_file_of_a_run_gives_the_same_top1_through_predict(run, images):
     }
     for name in files[1:]:
         np.testing.assert_array_equal(top1[name], top1["model.keras"], err_msg=name)
+
+
+@needs_extra("onnx")
+@needs_extra("openvino")
+def test_the_runs_exported_files_carry_their_class_names(run):
+    """Each exported file, float and int8, names its classes and its input's normalisation
+    (ImageNet's, per channel, on pixel values): LiteRT metadata, ONNX `metadata_props`,
+    OpenVINO `rt_info`."""
+    output, report = run
+    read = {
+        "litert": litert_metadata.read_litert_metadata,
+        "onnx": litert_metadata.read_onnx_metadata,
+        "openvino": litert_metadata.read_openvino_metadata,
+    }
+    if importlib.util.find_spec("mediapipe") is None:  # LiteRT metadata needs the extra
+        del read["litert"]
+    files = report["files"]
+    assert {"litert", "onnx", "openvino"} <= set(files)
+    for key in files:
+        fmt = export.INT8_FILES[key][0] if key in export.INT8_FILES else key
+        if fmt not in read:
+            continue
+        described = read[fmt](files[key]["path"])
+        assert described["labels"] == list(CLASSES), key
+        assert described["mean"] == pytest.approx([255 * m for m in IMAGENET_MEAN])
+        assert described["std"] == pytest.approx([255 * s for s in IMAGENET_STD])
 
 
 def test_the_split_and_preprocessing_records_describe_the_inputs(run, images):

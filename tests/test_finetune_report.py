@@ -283,6 +283,36 @@ def test_write_report_writes_json_markdown_and_png(tmp_path):
         assert cells in (5, 3, 8), line
 
 
+def test_report_md_gives_each_int8_check_beside_the_float_numbers(tmp_path):
+    check = {
+        "accuracy": 0.82,
+        "float_accuracy": 0.822,
+        "accuracy_drop": 0.2,
+        "max_accuracy_drop": 2.0,
+        "top1_agreement": 0.982,
+        "test_examples": 500,
+    }
+    refused = {**check, "accuracy": 0.792, "accuracy_drop": 3.0, "refused": "Beyond the bound."}
+    written = {**check, "path": str(tmp_path / "model_int8.tflite")}
+    report.write_report(tmp_path, {"int8": written, "onnx_int8": refused})
+    lines = (tmp_path / "report.md").read_text(encoding="utf-8").splitlines()
+    start = lines.index("## int8 LiteRT")
+    assert lines[start + 2 : start + 6] == [
+        "- Written: `model_int8.tflite`",
+        "- Accuracy: 82.00 %, the float model's 82.20 % (on 500 validation images)",
+        "- Accuracy drop from the float model: 0.20 percentage points (bound: 2, "
+        "`--int8-max-drop`)",
+        "- Top-1 agreement with the float model: 98.20 %",
+    ]
+    start = lines.index("## int8 ONNX")
+    assert lines[start + 2 : start + 5] == [
+        "- Refused: Beyond the bound.",
+        "- Accuracy: 79.20 %, the float model's 82.20 % (on 500 validation images)",
+        "- Accuracy drop from the float model: 3.00 percentage points (bound: 2, "
+        "`--int8-max-drop`)",
+    ]
+
+
 def test_write_report_leaves_out_what_is_absent(tmp_path):
     data = {"classes": ["golden_retriever", "_a", "$5"], "val_examples": 4}
     paths = report.write_report(tmp_path, {"data": data})

@@ -166,13 +166,13 @@ def _truncated(suffix, fraction=0.6):
 
 BAD_FILES = {
     "palette.bmp": (_bmp("P"), "reads this BMP variant"),
-    "bilevel.bmp": (_bmp("1"), "TensorFlow cannot decode this BMP"),
+    "bilevel.bmp": (_bmp("1"), "not a decodable BMP"),
     "notes.jpg": (lambda p: p.write_text("not an image"), "not an image file"),
     "empty.png": (lambda p: p.write_bytes(b""), "is empty"),
     "scan.png": (lambda p: _save(p, Image.fromarray(_pixels(3, 3)), format="TIFF"), "TIFF"),
-    "cut.jpg": (_truncated("JPEG"), "TensorFlow cannot decode this JPEG"),
-    "cut.png": (_truncated("PNG"), "TensorFlow cannot decode this PNG"),
-    "cut.gif": (_truncated("GIF"), "TensorFlow cannot decode this GIF"),
+    "cut.jpg": (_truncated("JPEG"), "not a decodable JPEG: its data is truncated or corrupt"),
+    "cut.png": (_truncated("PNG"), "not a decodable PNG"),
+    "cut.gif": (_truncated("GIF"), "not a decodable GIF"),
     "missing.png": (lambda p: None, "does not exist"),
     "folder.png": (lambda p: p.mkdir(), "is a folder"),
     "pipe.png": (os.mkfifo, "not a regular file"),  # opening it must not wait for a writer
@@ -399,7 +399,7 @@ BAD_FOLDERS = {
     "no images": (_classes({"a": 2, "b": 0}, "b"), r"0 usable image\(s\)"),
     "one image": (_classes({"a": 2, "b": 1}, "b"), "2 images to split"),
     "case": (_classes({"Cat": 2, "cat": 2, "dog": 2}), "differ only in case"),
-    "damaged": (_with(_truncated("PNG"), "a/x.png"), "TensorFlow cannot.*skip_damaged=True"),
+    "damaged": (_with(_truncated("PNG"), "a/x.png"), "not a decodable PNG.*skip_damaged=True"),
     "bomb": (_with(_bomb, "b/big.png"), "decompression bomb"),
     "too long": (
         _with(lambda path: _save(path, Image.new("RGB", (202, 2))), "a/strip.png"),
@@ -440,7 +440,7 @@ def test_damaged_files_can_be_skipped_and_are_recorded(tmp_path):
     (tmp_path / "b" / "readme.md").write_text("ignored")
     split = data.scan_image_folder(tmp_path, skip_damaged=True)
     assert [path for path, _ in split.skipped] == ["a/cut.jpg", "b/bomb.png", "b/text.png"]
-    assert "TensorFlow cannot decode" in split.skipped[0][1]
+    assert "not a decodable" in split.skipped[0][1]
     assert "decompression bomb" in split.skipped[1][1]
     assert len(split.train + split.val) == 5 and split.ignored == 1
 

@@ -71,7 +71,9 @@ def test_render_and_replace(tmp_path):
     assert line + "| 7.12 | 9.1 |" in table
     # An entry without a measured row keeps its registry numbers, its times unmeasured.
     assert "| `shufflenet_v2_x0_5.imagenet` | 1.37M | 40M | 60.6 / 81.7 | - | - |" in table
-    assert "Some CPU, 2 cores (TensorFlow 2.21.0, 2026-11-27); busy." in table
+    # The caption names the machine and versions; the run's date and note stay in the rows.
+    assert "Some CPU, 2 cores (TensorFlow 2.21.0; the run's date and the machine's load" in table
+    assert "2026-11-27" not in table and "busy" not in table
     both = model_table.render([{**row, "ort_ms": 5.5, "openvino_ms": 4.25}])
     assert "| LiteRT MB | ONNX Runtime ms | OpenVINO ms |" in both
     assert "| 7.12 | 9.1 | 5.50 | 4.25 |" in both

@@ -4,8 +4,8 @@ what they computed when written (issue 41, item 3: keep today's files loading).
 The files in `fixtures/old_keras/` were written at commit fc2abd0, before the builders were
 split and `applications` was regrouped (modules moved, registered names kept), by
 
-    git worktree add /tmp/old fc2abd0
-    PYTHONPATH=/tmp/old python scripts/make_old_keras_fixtures.py --output tests/fixtures/old_keras
+    git worktree add runs/old fc2abd0
+    PYTHONPATH=runs/old python scripts/make_old_keras_fixtures.py --output tests/fixtures/old_keras
 
 with Keras 3.15.1 on TensorFlow: each net's `.keras` file, a seeded input and the net's
 outputs on it, computed by that code.

@@ -13,6 +13,7 @@ import io
 import json
 import os
 import shutil
+import sys
 import zipfile
 
 import keras
@@ -326,6 +327,97 @@ def test_model_files_that_do_not_fit_are_named(exported, tmp_path):
         prediction.Classifier.from_file(copy / "model.missing.keras")
     with pytest.raises(ValueError, match="a folder without model.xml"):
         prediction.Classifier.from_file(copy)
+
+
+def test_a_keras_file_that_is_no_zip_archive_is_named(exported, tmp_path):
+    # Issue 52: Keras said "File not found" of a file that exists.
+    model = copy_export(exported[0], tmp_path / "copy") / "model.keras"
+    model.write_bytes(b"not a zip archive")
+    with pytest.raises(ValueError, match="not a Keras model file: .* zip archive") as info:
+        prediction.Classifier.from_file(model)
+    assert str(model) in str(info.value) and "not found" not in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "name, modules, extra",
+    [
+        ("model.tflite", ("ai_edge_litert", "ai_edge_litert.interpreter"), "litert"),
+        pytest.param("model.onnx", ("onnxruntime",), "onnx", marks=needs_extra("onnx")),
+        pytest.param("openvino", ("openvino",), "openvino", marks=needs_extra("openvino")),
+    ],
+)
+def test_a_missing_runtime_names_the_extra_that_installs_it(
+    exported, monkeypatch, name, modules, extra
+):
+    # Issue 52: "No module named 'ai_edge_litert'. Export it again." A module set to None in
+    # sys.modules fails to import for real (ImportError), as in an install without it.
+    for module in modules:
+        monkeypatch.setitem(sys.modules, module, None)
+    with pytest.raises(ValueError, match="is not installed") as info:
+        prediction.Classifier.from_file(exported[0] / name)
+    message = str(info.value)
+    assert f'pip install "keras-autoshuffle[{extra}]"' in message, message
+    assert "Export it again" not in message
+
+
+def test_a_keras_file_of_an_unknown_class_is_refused_in_a_short_line(exported, tmp_path):
+    # The probe of issue 52: Keras's error quoted the whole model config (1,900 characters).
+    model = copy_export(exported[0], tmp_path / "copy") / "model.keras"
+    with zipfile.ZipFile(model) as archive:
+        files = {name: archive.read(name) for name in archive.namelist()}
+    config = json.loads(files["config.json"])
+    config["config"]["layers"][-1].update(class_name="Evil", module="evil", registered_name="E")
+    with zipfile.ZipFile(model, "w") as archive:
+        for name, content in files.items():
+            archive.writestr(name, json.dumps(config) if name == "config.json" else content)
+    with pytest.raises(ValueError, match="cannot be loaded as a model of format 'keras'") as info:
+        prediction.Classifier.from_file(model)
+    assert str(model) in str(info.value) and len(str(info.value)) < 600, str(info.value)
+
+
+@needs_extra("onnx")
+def test_onnx_runtimes_warnings_stay_off_the_screen(exported, tmp_path, capfd):
+    # The probe of issue 52: an unused initializer (here declaring 10**12 values and holding
+    # none) loads, but ONNX Runtime printed a coloured warning about it.
+    import onnx
+
+    model = copy_export(exported[0], tmp_path / "copy", names=("model.onnx",)) / "model.onnx"
+    proto = onnx.load(model)
+    unused = proto.graph.initializer.add()
+    unused.name, unused.data_type = "unused", onnx.TensorProto.FLOAT
+    unused.dims.extend([10**6, 10**6])
+    onnx.save(proto, model)
+    capfd.readouterr()
+    classifier = prediction.Classifier.from_file(model)
+    assert classifier.predict([np.zeros((16, 16, 3), "uint8")]).shape == (1, 3)
+    assert "unused" not in capfd.readouterr().err
+
+
+@needs_extra("onnx")
+def test_a_model_that_fails_when_run_is_named_in_one_line(exported, photos, tmp_path):
+    # Issue 52: a crafted ONNX file that loads but cannot run (its Gather takes channel 5 of
+    # 3) ended autoshuffle-predict in a traceback.
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph(
+        [
+            helper.make_node("ReduceMean", ["image"], ["mean"], axes=[1, 2], keepdims=0),
+            helper.make_node("Gather", ["mean", "channels"], ["picked"], axis=1),
+            helper.make_node("Softmax", ["picked"], ["probabilities"]),
+        ],
+        "crafted",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, ["batch", 16, 16, 3])],
+        [helper.make_tensor_value_info("probabilities", TensorProto.FLOAT, ["batch", 3])],
+        [helper.make_tensor("channels", TensorProto.INT64, [3], [0, 1, 5])],
+    )
+    crafted = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    crafted.ir_version = 8
+    model = copy_export(exported[0], tmp_path / "copy", names=()) / "model.onnx"
+    onnx.save(crafted, model)
+    message = refused(model, photos[0] / "b.png")
+    assert message.startswith(f"autoshuffle-predict: error: {model} failed when run by ONNX")
+    assert "out of" in message and "bounds" in message, message  # ONNX Runtime's reason
 
 
 def test_a_model_of_another_size_or_without_softmax_is_refused(exported, photos, tmp_path):

@@ -304,6 +304,34 @@ def test_the_page_shows_the_intervals_and_the_verdict(tmp_path):
     )
 
 
+def test_the_page_shows_the_command_a_user_runs_and_the_rows_commit(tmp_path):
+    # Not the commands given so far (one with the machine's path), the rows' dates, nor
+    # the history words a row's `code` may hold: those stay in plan.json and the rows.
+    results = tmp_path / "results"
+    page_path = "/work/x/transfer.md"  # a machine's path, on purpose
+    given = f"python -m experiments.transfer_study --page {page_path}"
+    plan = ts.record_plan(ts.Settings(), results, command=given)
+    code = "87a292390e84754c7f58c76c3df6078921df5c9e (experiments/transfer_study.py at 9ea0fe2)"
+    for row in _fake_rows():
+        ts.append_row(results / ts.ROWS_FILE, {**row, "plan": plan["plan"], "code": code})
+    page = tmp_path / "docs" / "transfer.md"
+    ts.write_page(str(results), str(page))
+    text = page.read_text()
+    assert text.count("python -m experiments.transfer_study ") == 2  # the study; --summary
+    assert "\npython -m experiments.transfer_study   # every run without a row" in text
+    assert "- Code: commit 87a2923 (21 runs)" in text and "9ea0fe2" not in text
+    assert "/work/x" not in text  # a machine's path, on purpose
+    assert "2026-01-01" not in text and "load average" not in text
+    other = ts.Settings(
+        seeds=(0, 1), per_class=(20,), epochs=(5,), int8_per_class=20, end_to_end=False
+    )
+    assert ts.reproduce_command(other) == (
+        "python -m experiments.transfer_study --seeds 0 1 --per-class 20 --epochs 5 "
+        "--int8-per-class 20 --no-end-to-end"
+    )
+    assert "with uncommitted changes (2 runs)" in ts.code_commits({"abcdef1+dirty": 2})
+
+
 # -- resuming ---------------------------------------------------------------------------
 
 

@@ -1,4 +1,4 @@
-"""The package's shell commands (`[project.scripts]` in pyproject.toml), one module each:
+"""The package's shell commands' work (`[project.scripts]` in pyproject.toml), one module each:
 
 - `autoshuffle-finetune` (`finetune`): a pretrained ShuffleNet v2 fine-tuned on a folder of
   labelled images, exported and reported;
@@ -10,9 +10,11 @@
 - `autoshuffle-convert-weights` (`convert_weights`): a torchvision ShuffleNetV2
   checkpoint (`.pth`) to a Keras weights file, without torch.
 
-Each module's `parser()` is its argument parser (`_help.command_parser`: every option with a
-help text, the defaults shown, one example in the epilog), and `main(argv=None)` parses
-`argv` (default: the command line), then imports what the work needs, and returns 0 (1 from
+Each command's argument parser is `keras_autoshuffle_cli.<name>.parser()` (every option with
+a help text, the defaults shown, one example in the epilog; re-exported here as `parser`),
+outside this package so that `--help` imports no TensorFlow. The installed command parses
+there first, then calls this module's `main(argv=None)`, which parses `argv` (default: the
+command line) again, imports what the work needs, and returns 0 (1 from
 `autoshuffle-predict` when it skipped a damaged image); a refusal ends in SystemExit with
 the reason. TensorFlow's start-up lines are kept off the screen (`keras_autoshuffle._startup`).
 """

@@ -1,32 +1,17 @@
-"""Convert a torchvision ShuffleNetV2 checkpoint (`.pth`) into a Keras weights file.
-
-Reads the checkpoint with torch where it is installed, else with
-`keras_autoshuffle.applications.read_torch_checkpoint` (no torch needed; both of PyTorch's
-formats). The width and the class count are read from the checkpoint; the Keras net is
-`ShuffleNetV2(width, stem="imagenet", classes=...)`, whose logits equal torchvision's
-(max difference 1e-5 to 5e-5 measured at 224x224 and 225x225 for every width).
-
-Usage:
-    autoshuffle-convert-weights shufflenetv2_x1-5666bf0f80.pth shufflenet_v2_x1_0.weights.h5
-
-`--no-top` leaves the classifier out (for `include_top=False`, to fine-tune a new head).
-The output is written atomically (under a temporary name in its folder, then moved into
-place): an interrupted conversion leaves the old file or none, never half a file. Every
-refusal (a damaged checkpoint, a classifier of no classes, an output in a missing folder
-or that is a folder) ends the command with a message naming the file and the value.
-Then, in Keras (manual shuffles, or learned ones starting at the manual shuffle):
-    ShuffleNetV2(1.0, stem="imagenet", weights="shufflenet_v2_x1_0.weights.h5")
-    AutoShuffleNetV2(1.0, stem="imagenet", weights="shufflenet_v2_x1_0.weights.h5",
-                     shuffle_initializer="manual")
+"""`autoshuffle-convert-weights`'s work: `main` converts a torchvision ShuffleNetV2
+checkpoint into a Keras weights file, with `read_checkpoint`, `model_for`, `check_output` and
+`write_weights`. The command line (`parser`, the options' help, the command's description)
+is `keras_autoshuffle_cli.convert_weights`, which the installed command runs first: `--help`
+without TensorFlow.
 """
 
-import argparse
 import os
 import sys
 
 import numpy as np
 
 from keras_autoshuffle import _atomic, _startup
+from keras_autoshuffle._terminal import printable
 from keras_autoshuffle.applications import (
     CheckpointError,
     ShuffleNetV2,
@@ -36,7 +21,7 @@ from keras_autoshuffle.applications import (
 from keras_autoshuffle.applications.architecture import V2_CONFIGS
 from keras_autoshuffle.applications.weights.pretrained import mark_padding
 from keras_autoshuffle.applications.weights.torchvision import torchvision_width
-from keras_autoshuffle.commands._help import command_parser
+from keras_autoshuffle_cli.convert_weights import parser
 
 
 def read_checkpoint(path):
@@ -49,11 +34,15 @@ def read_checkpoint(path):
         try:
             return read_torch_checkpoint(path)
         except CheckpointError as error:
-            sys.exit(str(error))
+            sys.exit(printable(str(error)))
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many types for a damaged or foreign file
-        sys.exit(f"{path} is not a readable PyTorch checkpoint ({type(error).__name__}: {error})")
+        sys.exit(
+            printable(
+                f"{path} is not a readable PyTorch checkpoint ({type(error).__name__}: {error})"
+            )
+        )
     if isinstance(state, dict) and isinstance(state.get("state_dict"), dict):
         state = state["state_dict"]
     if not isinstance(state, dict):
@@ -69,7 +58,7 @@ def model_for(state_dict, include_top=True, path="the checkpoint"):
     try:
         width = torchvision_width(state_dict)
     except ValueError as error:
-        sys.exit(f"{path}: {error}")
+        sys.exit(printable(f"{path}: {error}"))
     if width is None:
         shape = tuple(np.shape(state_dict["conv5.0.weight"]))
         sys.exit(
@@ -96,7 +85,7 @@ def model_for(state_dict, include_top=True, path="the checkpoint"):
             classifier_activation=None,
         )
     except ValueError as error:
-        sys.exit(f"{path}: {error}")
+        sys.exit(printable(f"{path}: {error}"))
 
 
 def check_output(output, overwrite):
@@ -130,24 +119,11 @@ def write_weights(model, output):
         _atomic.write_atomically(output, write)
     except OSError as error:
         sys.exit(
-            f"Cannot write {output} ({type(error).__name__}: {error}); nothing was written. "
-            f"Received: output={output!r}"
+            printable(
+                f"Cannot write {output} ({type(error).__name__}: {error}); nothing was "
+                f"written. Received: output={output!r}"
+            )
         )
-
-
-EXAMPLE = "autoshuffle-convert-weights shufflenetv2_x1-5666bf0f80.pth x1_0.weights.h5"
-
-
-def parser() -> argparse.ArgumentParser:
-    """The command's argument parser (its `--help` shows an example)."""
-    p = command_parser("autoshuffle-convert-weights", __doc__.split("\n\n")[0], EXAMPLE)
-    p.add_argument("checkpoint", help="torchvision ShuffleNetV2 checkpoint (.pth)")
-    p.add_argument("output", help="Keras weights file to write (.weights.h5)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing output")
-    p.add_argument(
-        "--no-top", action="store_true", help="leave the classifier out (include_top=False)"
-    )
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         load_torchvision_weights(model, state_dict)
     except ValueError as error:
-        sys.exit(f"{args.checkpoint}: {error}")
+        sys.exit(printable(f"{args.checkpoint}: {error}"))
     write_weights(model, args.output)
     top = "no classifier" if args.no_top else f"{model.output_shape[-1]} classes"
     print(f"wrote {args.output}: {model.name}, {model.count_params():,} parameters, {top}")

@@ -1,25 +1,11 @@
-"""Fine-tune a pretrained ShuffleNet v2 on a folder of labelled images; export and report it.
-
-    autoshuffle-finetune photos/ --output runs/photos
-    autoshuffle-finetune photos/ --output runs/photos --width 0.5 --int8
-    autoshuffle-finetune photos/ --output runs/photos --include-preprocessing
-
-`photos/` holds one subfolder per class (or train/ and val/, each with one per class).
-Writes into --output: model.keras, labels.txt, preprocessing.json, model.tflite (and
-model.onnx and openvino/ where installed; with --int8 model_int8.tflite, model_int8.onnx
-and openvino_int8/ beside them), report.md,
-report.json, confusion_matrix.png; train_head/ and train_all/ hold each phase's
-history.csv and TensorBoard logs. A killed run started again with the same arguments
-resumes from its last finished epoch.
+"""`autoshuffle-finetune`'s work: `main` fine-tunes, exports and reports; `summary` is what
+it prints. The command line (`parser`, the options' help) is `keras_autoshuffle_cli.finetune`,
+which the installed command runs first: `--help` without TensorFlow.
 """
 
-import argparse
 import sys
 
-from keras_autoshuffle._validation import positive_int_argument
-from keras_autoshuffle.commands._help import command_parser
-
-EXAMPLE = "autoshuffle-finetune photos/ --output runs/photos --width 0.5 --int8"
+from keras_autoshuffle_cli.finetune import parse_args
 
 
 def _formats(given):
@@ -28,100 +14,12 @@ def _formats(given):
     return tuple(f for f in given if f != "none")
 
 
-def _weights(text):
-    return None if text.lower() == "none" else text
-
-
-def _class_weights(text):
-    return None if text.lower() == "none" else text
-
-
-def parser() -> argparse.ArgumentParser:
-    """The command's argument parser (its `--help` shows every default)."""
-    p = command_parser("autoshuffle-finetune", __doc__.split("\n\n")[0], EXAMPLE)
-    p.add_argument("images", help="the image folder: one subfolder per class")
-    p.add_argument("--output", required=True, help="the run's folder")
-    p.add_argument(
-        "--width", type=float, default=1.0, choices=(0.5, 1.0, 1.5, 2.0), help="network width"
-    )
-    p.add_argument(
-        "--weights",
-        type=_weights,
-        default="imagenet",
-        help='"imagenet", the path of a .keras ShuffleNet v2 of --width, or "none"',
-    )
-    p.add_argument("--image-size", type=positive_int_argument, default=224, help="input side")
-    p.add_argument(
-        "--epochs", type=positive_int_argument, default=10, help="epochs of the whole net"
-    )
-    p.add_argument(
-        "--head-epochs",
-        type=int,
-        default=None,
-        help="epochs of the head alone first (default: 3 with pretrained weights, else 0)",
-    )
-    p.add_argument("--batch-size", type=positive_int_argument, default=32, help="images a step")
-    p.add_argument(
-        "--learning-rate",
-        type=float,
-        default=None,
-        help="the whole net's initial rate (default: 0.01 pretrained, 0.1 from scratch); "
-        "the head's is 10x",
-    )
-    p.add_argument("--label-smoothing", type=float, default=0.1, help="in [0, 1)")
-    p.add_argument(
-        "--class-weights",
-        type=_class_weights,
-        default="balanced",
-        help='"balanced" (weigh classes by their image counts) or "none"',
-    )
-    p.add_argument(
-        "--val-fraction",
-        type=float,
-        default=0.2,
-        help="share of each class held out, without train/ and val/ subfolders",
-    )
-    p.add_argument("--split-seed", type=int, default=0, help="seed of that split")
-    p.add_argument("--no-flip", action="store_true", help="no horizontal flips (text, digits, ...)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the head, data order, crops")
-    p.add_argument(
-        "--export-formats",
-        nargs="+",
-        default=None,
-        choices=("litert", "onnx", "openvino", "none"),
-        help="files to export besides model.keras (default: litert, and onnx and openvino "
-        'where installed; "none": model.keras only)',
-    )
-    p.add_argument(
-        "--int8",
-        action="store_true",
-        help="also a full-integer file of each export (model_int8.tflite, model_int8.onnx, "
-        "openvino_int8/), each checked against the float model on the validation images",
-    )
-    p.add_argument(
-        "--include-preprocessing",
-        action="store_true",
-        help="exported files take raw uint8 RGB pixels of any size (resize, crop, normalise "
-        "inside); not with --int8",
-    )
-    p.add_argument(
-        "--no-cache",
-        action="store_true",
-        help="decode every image every epoch instead of once into OUTPUT/image_cache/",
-    )
-    p.add_argument(
-        "--skip-damaged", action="store_true", help="skip damaged images (counted) instead"
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace a finished run")
-    p.add_argument("--verbose", type=int, default=1, choices=(0, 1, 2), help="Keras's verbose")
-    return p
-
-
 def main(argv: list[str] | None = None) -> int:
     """Runs `autoshuffle-finetune` on `argv` (default: the command line); returns 0, or
     exits with status 2 and a one-line error on bad input."""
-    args = parser().parse_args(argv)
+    args = parse_args(argv)
     from keras_autoshuffle import _startup
+    from keras_autoshuffle._terminal import printable
     from keras_autoshuffle.finetuning import finetune
 
     _startup.find_devices_quietly()  # before TensorFlow first looks for them, noisily
@@ -144,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             export_formats=_formats(args.export_formats),
             int8=args.int8,
+            **({} if args.int8_max_drop is None else {"max_accuracy_drop": args.int8_max_drop}),
             include_preprocessing=args.include_preprocessing,
             cache_images=not args.no_cache,
             skip_damaged=args.skip_damaged,
@@ -152,14 +51,16 @@ def main(argv: list[str] | None = None) -> int:
         )
     # Bad input, a refused folder or file, a failed download, a full or read-only disk.
     except (ValueError, OSError) as error:
-        print(f"autoshuffle-finetune: error: {error}", file=sys.stderr)
+        print(f"autoshuffle-finetune: error: {printable(str(error))}", file=sys.stderr)
         return 2
     print(summary(report))
     return 0
 
 
 def summary(report: dict) -> str:
-    """The lines printed at the end: validation accuracy and each file written."""
+    """The lines printed at the end: validation accuracy, each file written, and each int8
+    file's check (its accuracy beside the float model's, the drop and its bound, the top-1
+    agreement), written or refused."""
     lines = [
         f"validation accuracy: {report['validation']['accuracy']:.4f} on "
         f"{report['validation']['examples']} images, {len(report['data']['classes'])} classes"
@@ -169,9 +70,13 @@ def summary(report: dict) -> str:
             f"  {entry['path']}  {entry['size_bytes'] / 1e6:.2f} MB  "
             f"accuracy {entry['accuracy']:.4f}"
         )
+    from keras_autoshuffle.finetuning.report import int8_check_line
+
     for key in ("int8", "onnx_int8", "openvino_int8"):
-        if report.get(key, {}).get("refused"):
-            lines.append(f"  {key} refused: {report[key]['refused']}")
+        if report.get(key):
+            lines.append(f"  {int8_check_line(key, report[key])}")
+            if report[key].get("refused"):
+                lines.append(f"    {report[key]['refused']}")
     for name, why in report.get("not_exported", {}).items():
         lines.append(f"  {name} not written: {why}")
     return "\n".join(lines)

@@ -7,7 +7,10 @@ folders of labelled images.
 - `sources`: one loader per data set (`digits`, `fashion_mnist`, `cifar10`, `imagenet`)
   and their statistics.
 - `registry`: `load(name)` over `DATASETS`.
-- `images`: one untrusted image file: `check_image_file`, `read_image`, `decode_rgb`.
+- `images`: one untrusted image file: `check_image_file`, `read_image`, `decode_rgb`
+  (upright: the EXIF orientation applied).
+- `exif`: a file's EXIF orientation read and applied with TensorFlow ops (`orientation`,
+  `upright`).
 - `image_folder`: a folder of labelled images: `scan_image_folder` (checked, split,
   recorded as an `ImageFolderSplit`), `ImageFolderData`, `image_folder`.
 

@@ -6,7 +6,8 @@ decoding alone takes longer than the training step's share of one image on a sma
 whatever the output size. The cache stores each training image once, decoded (a large
 JPEG by libjpeg's DCT scaling) and resized, antialiased, so that its shorter side is at
 most `min_side` pixels (the training decode's least side, twice the network's input): a
-random-resized crop then reads a few hundred kilobytes of pixels, no decoding.
+random-resized crop then reads a few hundred kilobytes of pixels, no decoding. The
+pixels are upright (`decode_rgb` applies the EXIF orientation).
 
 A cache file is `MAGIC`, the height and width (two native int32) and the RGB pixels
 (uint8, row-major). Its name is a hash of the image file's path, size, inode, modification
@@ -25,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_autoshuffle import _atomic, _validation
-from keras_autoshuffle.data.images import decode_rgb
+from keras_autoshuffle.data.images import check_image_file, decode_error, decode_rgb
 
 MAGIC = b"KAS1"
 HEADER_BYTES = len(MAGIC) + 8
@@ -86,8 +87,12 @@ def _estimated_bytes(paths, min_side):
 
     total = 0
     for path in paths:
-        with Image.open(path) as image:
-            width, height = image.size
+        try:
+            with Image.open(path) as image:
+                width, height = image.size
+        except Exception:  # changed since it was checked: the check says how, naming it
+            check_image_file(path)
+            raise
         scale = min(1.0, min_side / min(width, height))
         total += HEADER_BYTES + 3 * (round(width * scale) + 1) * (round(height * scale) + 1)
     return total
@@ -110,6 +115,8 @@ def build_image_cache(
     Raises:
         ImageCacheError: `folder` is not a folder, or its disk would keep less than
             `DISK_MARGIN_BYTES` free after the files still to write.
+        ImageFileError: an image file cannot be read or decoded any more (it was
+            changed or removed since it was checked); the message names it.
     """
     min_side = _validation.positive_int(min_side, "min_side")
     folder = os.fspath(folder)
@@ -136,7 +143,9 @@ def build_image_cache(
         num_parallel_calls=tf.data.AUTOTUNE,
         deterministic=True,
     )
-    for index, image in zip(missing, decoded.prefetch(2).as_numpy_iterator(), strict=True):
+    images = decoded.prefetch(2).as_numpy_iterator()
+    for index in missing:
+        image = _next_image(images, paths[index])
         header = MAGIC + np.array(image.shape[:2], np.int32).tobytes()
 
         def write(partial, image=image, header=header):
@@ -147,6 +156,16 @@ def build_image_cache(
         _atomic.write_atomically(files[index], write)
         shapes[index] = image.shape[:2]
     return [(file, int(h), int(w)) for file, (h, w) in zip(files, shapes, strict=True)]
+
+
+def _next_image(images, path):
+    """The next decoded image, that of `path`; an `ImageFileError` naming the file when it
+    cannot be read (changed since it was checked), not TensorFlow's internals."""
+    try:
+        return next(images)
+    except tf.errors.OpError as error:
+        check_image_file(path)  # raises the error that says what is wrong with the file
+        raise decode_error(path, error) from None
 
 
 def read_cached(contents: tf.Tensor, shape: tf.Tensor) -> tf.Tensor:

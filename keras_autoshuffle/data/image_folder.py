@@ -23,6 +23,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import unicodedata
 from collections.abc import Sequence
 
 import numpy as np
@@ -152,7 +153,10 @@ class ImageFolderSplit:
         class_names = _field(data, "class_names", list)
         if (
             len(class_names) < 2
-            or not all(isinstance(n, str) and _is_name(n) for n in class_names)
+            or not all(
+                isinstance(n, str) and _is_name(n) and not _class_name_problem(n)
+                for n in class_names
+            )
             or class_names != sorted(set(class_names))
         ):
             raise _field_error("class_names", class_names, "not 2 or more sorted folder names")
@@ -271,6 +275,36 @@ def _is_name(name):
     return name not in ("", ".", "..") and "/" not in name and "\0" not in name
 
 
+# Characters a class name may not hold: it is one line of labels.txt (every character
+# `str.splitlines` splits on), and it is printed (controls: ESC sequences clear or recolour
+# a terminal; bidirectional overrides show it reversed). Zero-width joiners stay allowed:
+# emoji sequences and some scripts need them.
+_LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
+_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def _class_name_problem(name):
+    """Why `name` cannot name a class (a line of labels.txt, printed), or None."""
+    if not name.strip():
+        return "is blank (labels.txt cannot hold a blank class name)"
+    for character in name:
+        if character in _LINE_BREAKS:
+            return f"holds a line break ({ascii(character)}): labels.txt holds one name a line"
+        if unicodedata.category(character) == "Cc":
+            return f"holds a control character ({ascii(character)})"
+        if character in _BIDI_CONTROLS:
+            return f"holds a text-direction control ({ascii(character)})"
+        if character == "\ufeff":  # read_labels drops one at the start of labels.txt
+            return "holds a byte-order mark ('\\ufeff')"
+    return None
+
+
+def _caseless(name):
+    """The form two names that file systems or readers may take for one share: Unicode's
+    canonical caseless match (NFD, case folded, NFD again)."""
+    return unicodedata.normalize("NFD", unicodedata.normalize("NFD", name).casefold())
+
+
 def _examples_field(data, name, class_names, source):
     """The (path, label) tuples of `train` or `val`: each path relative, inside its class's
     folder (`<class>/...`, or `train/<class>/...` and `val/<class>/...`)."""
@@ -329,17 +363,21 @@ def scan_image_folder(
         ImageFolderError: `root` is missing, not a folder or empty; fewer than 2 class
             folders; a class folder without images (or with fewer than 2 to split); the
             `train/` and `val/` folders' classes differ; two class names differ only in
-            case; a symbolic link loop, or a folder reached twice through links; a name
+            case or Unicode normalisation (`café` composed and decomposed); a class name
+            that is blank or holds a line break, a control character (ESC...), a byte-order
+            mark or a
+            text-direction control (labels.txt holds one name a line, and the names are
+            printed); a symbolic link loop, or a folder reached twice through links; a name
             that is not valid UTF-8; more than `MAX_FILES` files and folders; and unless
             `skip_damaged`, an image file that cannot be used (damaged, not an image, a
             decompression bomb, or its longer side over 100 times its shorter).
-        ValueError: an argument out of range.
+        ValueError: an argument out of range, or `root` not a path.
     """
     val_fraction, split_seed = _split_arguments(val_fraction, split_seed)
     max_pixels = _validation.positive_int(max_pixels, "max_pixels")
     if not isinstance(skip_damaged, bool):
         raise ValueError(f"`skip_damaged` must be True or False. Received: {skip_damaged=}")
-    root = os.fspath(root)
+    root = _check_root(root)
     if not os.path.isdir(root):
         problem = "is not a folder" if os.path.exists(root) else "does not exist"
         raise _error(f"The image folder {problem}", "Check the path.", "root", root)
@@ -397,6 +435,18 @@ _LAYOUT_ADVICE = (
     "Put the images in one folder per class (root/<class>/...), or in train/<class>/ and "
     "val/<class>/ folders."
 )
+
+
+def _check_root(root):
+    """`root` as a str path; ValueError naming it unless it is a str or os.PathLike path
+    (bytes are refused: the split record holds str paths)."""
+    path = os.fspath(root) if isinstance(root, (str, os.PathLike)) else None
+    if not isinstance(path, str):
+        raise ValueError(
+            "`root` (the image folder) must be a path, a str or os.PathLike. "
+            f"Received: root={root!r}"
+        )
+    return path
 
 
 def _split_arguments(val_fraction, split_seed):
@@ -486,12 +536,18 @@ class _Scan:
             )
         seen = {}
         for name in names:
-            _check_utf8(os.path.join(folder, name))
-            other = seen.setdefault(name.casefold(), name)
+            path = os.path.join(folder, name)
+            _check_utf8(path)
+            problem = _class_name_problem(name)
+            if problem:
+                raise _error(f"The class folder's name {problem}", "Rename it.", "path", path)
+            other = seen.setdefault(_caseless(name), name)
             if other != name:
+                how = "in case" if other.casefold() == name.casefold() else "in Unicode form"
                 raise _error(
-                    f"The class folders {other!r} and {name!r} differ only in case: they "
-                    "are one folder on case-insensitive file systems (macOS, Windows)",
+                    f"The class folders {ascii(other)} and {ascii(name)} differ only {how}: "
+                    "they are one folder on case- or normalisation-insensitive file systems "
+                    "(macOS, Windows) and look the same in a list of classes",
                     "Rename or merge them.",
                     "path",
                     folder,
@@ -802,10 +858,11 @@ def image_folder(
         ImageFolderError: as `scan_image_folder`; a record that cannot be read, was made
             with another `val_fraction` or `split_seed`, or lists files now missing or
             changed (named).
-        ValueError: an argument out of range.
+        ValueError: an argument out of range, or `root` not a path.
     """
     _evaluation_resize(image_size)  # refuse bad arguments before a long scan
     val_fraction, split_seed = _split_arguments(val_fraction, split_seed)
+    root = _check_root(root)
     if record is not None and os.path.exists(record):
         split = ImageFolderSplit.load(record, root)
         _check_record(split, record, val_fraction, split_seed)

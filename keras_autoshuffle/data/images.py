@@ -11,17 +11,24 @@ What TensorFlow's decoders do (`tf.io.decode_image`, as `keras.utils.
 image_dataset_from_directory`, but JPEGs with libjpeg's accurate inverse DCT, as Pillow):
 RGB, uint8; gray is repeated to three channels and alpha
 dropped (as PIL's `convert("RGB")`); a GIF gives its first frame; a 16-bit PNG keeps the
-high byte of each value (`x >> 8`); the EXIF orientation of a JPEG is not applied. Its BMP
+high byte of each value (`x >> 8`). Its BMP
 decoder reads a palette BMP as gray without an error, and cannot read 1-bit BMPs: BMPs are
 therefore also decoded by Pillow and must match exactly. It decodes every frame of a GIF
 to return the first: `max_pixels` bounds the frames' pixels together.
 
 Training pipelines may decode a large JPEG smaller, with libjpeg's DCT-domain scaling
 (`decode_rgb(contents, min_side)`); the checks decode every file at full size.
+
+Every decode turns the picture upright as its EXIF orientation says (a phone's photo
+stored sideways, `data.exif`), as galleries and Pillow's `ImageOps.exif_transpose` show
+it: the sizes `check_image_file` returns, `read_image`'s pixels and every pipeline's are
+the upright picture's. (TensorFlow's decoders and `keras.utils.load_img` do not apply
+it.)
 """
 
 import io
 import os
+import re
 import stat
 import struct
 import threading
@@ -31,6 +38,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_autoshuffle import _validation
+from keras_autoshuffle.data import exif
 
 IMAGE_EXTENSIONS = (".bmp", ".gif", ".jpeg", ".jpg", ".png")
 MAX_PIXELS = 50_000_000
@@ -74,8 +82,10 @@ def decode_rgb(contents: tf.Tensor, min_side: int | None = None) -> tf.Tensor:
     """Decodes an encoded JPEG, PNG, BMP or GIF to RGB pixels; graph-safe (`tf.data` maps).
 
     Gray is repeated to three channels, alpha dropped, a GIF's first frame kept; a JPEG is
-    decoded with the accurate inverse DCT (Pillow's, not `decode_image`'s fast one). Decode
-    untrusted files only after `check_image_file`: this op bounds nothing.
+    decoded with the accurate inverse DCT (Pillow's, not `decode_image`'s fast one). The
+    picture is turned upright as the file's EXIF orientation says (`data.exif`: Pillow's
+    `ImageOps.exif_transpose` pixels), at any scale. Decode untrusted files only after
+    `check_image_file`: this op bounds nothing.
 
     With `min_side`, a JPEG is decoded smaller, by libjpeg's DCT-domain scaling
     (`tf.io.decode_jpeg(..., ratio=r)`, each side `ceil(side / r)`): `r` is the largest of
@@ -93,9 +103,22 @@ def decode_rgb(contents: tf.Tensor, min_side: int | None = None) -> tf.Tensor:
             Python int, of a downscaled JPEG.
 
     Returns:
-        A uint8 tensor (height, width, 3), its static shape [None, None, 3].
+        A uint8 tensor (height, width, 3), upright, its static shape [None, None, 3].
     """
     min_side = _validation.optional_positive_int(min_side, "min_side")
+    return _decode(tf.convert_to_tensor(contents, tf.string), min_side)[0]
+
+
+@tf.function(reduce_retracing=True, autograph=False)
+def _decode(contents, min_side):
+    """`decode_rgb`'s pixels and the file's EXIF orientation, as one graph (run op by op,
+    the orientation's walk over the file's segments takes milliseconds)."""
+    orientation = exif.orientation(contents)
+    return exif.upright(_decode_stored(contents, min_side), orientation), orientation
+
+
+def _decode_stored(contents, min_side):
+    """The pixels as the file stores them (`decode_rgb` without the orientation)."""
 
     def jpeg():
         if min_side is None:
@@ -136,12 +159,14 @@ def check_image_file(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> t
             file may declare; refused before any pixel is decoded.
 
     Returns:
-        The image's (width, height).
+        The upright image's (width, height), the stored sides swapped when the EXIF
+            orientation turns it a quarter (5 to 8).
 
     Raises:
         ImageFileError: the file is missing, empty, larger than `MAX_FILE_BYTES`, not an
             image, an image of another format, declares more than `max_pixels` pixels,
-            or is damaged (TensorFlow or, for a BMP, Pillow cannot decode it).
+            or is damaged (TensorFlow or, for a BMP, Pillow cannot decode it: the
+            message says so in plain words, without TensorFlow's internals).
         ValueError: `max_pixels` is not a positive integer.
     """
     return _read_checked(path, max_pixels)[0]
@@ -155,7 +180,8 @@ def read_image(path: str | os.PathLike, max_pixels: int = MAX_PIXELS) -> np.ndar
         max_pixels: the most pixels the file may declare (see `check_image_file`).
 
     Returns:
-        A uint8 array (height, width, 3).
+        A uint8 array (height, width, 3), the picture upright (its EXIF orientation
+            applied).
 
     Raises:
         ImageFileError: as `check_image_file`.
@@ -174,10 +200,11 @@ def _read_checked(path, max_pixels):
     if kind == "GIF":
         _check_gif_frames(contents, path, max_pixels)
     try:
-        pixels = decode_rgb(tf.constant(contents)).numpy()
+        pixels, orientation = (t.numpy() for t in _decode(tf.constant(contents), None))
     except tf.errors.OpError as error:
-        reason = error.message.strip().splitlines()[0]
-        raise _error(path, f"TensorFlow cannot decode this {kind} file ({reason})") from None
+        raise decode_error(path, error, kind) from None
+    if orientation >= 5:  # turned a quarter: the upright picture's sides are swapped
+        width, height = height, width
     if pixels.shape != (height, width, 3):
         raise _error(
             path,
@@ -187,6 +214,39 @@ def _read_checked(path, max_pixels):
     if kind == "BMP":
         _check_bmp(image, pixels, path)
     return (width, height), pixels
+
+
+def decode_error(
+    path: str | os.PathLike, error: tf.errors.OpError, kind: str = "image"
+) -> ImageFileError:
+    """The `ImageFileError` for a file TensorFlow failed to decode (`decode_rgb`): it names
+    the file and says what is wrong in plain words, with the decoder's own reason but
+    none of TensorFlow's internals (graph nodes, devices, tracebacks).
+
+    Args:
+        path: the file.
+        error: what TensorFlow raised while decoding it.
+        kind: the file's format ("JPEG", "PNG", "BMP", "GIF"), or "image".
+
+    Returns:
+        The error to raise.
+    """
+    reason = _decoder_reason(error.message)
+    return _error(
+        os.fspath(path),
+        f"The file is not a decodable {kind}: its data is truncated or corrupt"
+        + (f" (the decoder says: {reason})" if reason else ""),
+    )
+
+
+def _decoder_reason(message):
+    """The decoder's own sentence in a TensorFlow error message: the last line left once
+    node names ({{...}}, [[...]]), op names ([Op:...]) and the traceback are removed."""
+    message = re.sub(r"\{\{.*?\}\}|\[\[.*?\]\]|\[Op:[^\]]*\]", "", message)
+    lines = [line.strip() for line in message.splitlines()]
+    skipped = ("Graph execution error", "Detected at node", "File ")
+    lines = [line for line in lines if line and not line.startswith(skipped)]
+    return lines[-1][:300].rstrip(".") if lines else ""
 
 
 def _error(path, problem, advice="Replace it with an intact JPEG or PNG, or remove it."):
@@ -235,8 +295,10 @@ def _open_header(contents, path, max_pixels):
 
     # catch_warnings changes process-wide filters: one header at a time (they are quick).
     with _HEADER_LOCK, warnings.catch_warnings():
-        # Our own limit decides below; Pillow's warning would only add noise.
+        # Our own limit decides below; Pillow's warning would only add noise. So would its
+        # "Corrupt EXIF data" (a damaged EXIF block reads as upright, `data.exif`).
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        warnings.filterwarnings("ignore", category=UserWarning, module="PIL")
         try:
             image = Image.open(io.BytesIO(contents))
         except Image.DecompressionBombError as error:

@@ -11,13 +11,14 @@ export leaves the previous file or the new one, never a truncated one.
 
 `quantize="int8"` adds a full-integer file of each float LiteRT, ONNX and OpenVINO file
 (`model_int8.tflite`, `model_int8.onnx`, `openvino_int8/`) calibrated on
-`representative_data`, whose check is top-1 agreement with the float model and accuracy on
-labelled test data (`export_int8`, `int8_runtimes`).
+`representative_data`, whose check is its accuracy drop from the float model's on labelled
+test data, within `max_accuracy_drop` points (`export_int8`, `int8_runtimes`).
 
 - `export_model`, the one call: checks, files, parity check, int8 (`pipeline.py`);
 - what is checked before anything is written (`checks.py`);
 - each format's writer and reader (`files.py`);
-- running `.tflite` files with the LiteRT interpreter (`litert.py`);
+- running `.tflite` files with the LiteRT interpreter (`litert.py`); their metadata, the
+  class names and the input's normalisation that MediaPipe Tasks reads (`metadata.py`);
 - the int8 LiteRT file and the int8 check (`int8.py`); the int8 ONNX and OpenVINO files
   (`int8_runtimes.py`);
 - ONNX and OpenVINO files, run with ONNX Runtime and OpenVINO (`onnx_runtimes.py`), written
@@ -49,10 +50,11 @@ from keras_autoshuffle.export.files import (
     size_bytes,
 )
 from keras_autoshuffle.export.int8 import (
+    MAX_ACCURACY_DROP,
+    MIN_CALIBRATION_IMAGES,
     Int8CheckError,
     _check_int8_arguments,
     _export_int8_checked,
-    _fraction,
     export_int8,
     int8_check,
 )
@@ -64,6 +66,11 @@ from keras_autoshuffle.export.litert import (
     litert_outputs,
     litert_predict,
     litert_run,
+)
+from keras_autoshuffle.export.metadata import (
+    describe_litert,
+    read_litert_metadata,
+    with_input_normalization,
 )
 from keras_autoshuffle.export.onnx_graph import onnx_graph, unsupported_layers
 from keras_autoshuffle.export.onnx_runtimes import (
@@ -94,6 +101,8 @@ __all__ = [
     "FORMATS",
     "INT8_FILENAME",
     "INT8_FILES",
+    "MAX_ACCURACY_DROP",
+    "MIN_CALIBRATION_IMAGES",
     "OPENVINO_PRECISION",
     "OPENVINO_PRECISIONS",
     "QUANTIZE",
@@ -101,6 +110,7 @@ __all__ = [
     "check_exportable",
     "check_formats",
     "compute_dtypes",
+    "describe_litert",
     "export_int8",
     "export_litert",
     "export_model",
@@ -126,10 +136,12 @@ __all__ = [
     "openvino_model",
     "openvino_outputs",
     "openvino_run",
+    "read_litert_metadata",
     "save_keras",
     "saved_model_outputs",
     "size_bytes",
     "unsupported_formats",
     "unsupported_int8",
     "unsupported_layers",
+    "with_input_normalization",
 ]

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
+from keras_autoshuffle._startup import quiet_runtime
 from keras_autoshuffle.export.files import keras_outputs
 
 if TYPE_CHECKING:
@@ -29,12 +30,13 @@ def litert_interpreter(
     (`input_shape=(None, None, 3)`) holds 1 x 1 placeholders for them."""
     from ai_edge_litert.interpreter import Interpreter
 
-    interpreter = Interpreter(model_path=path, num_threads=num_threads)
-    detail = interpreter.get_input_details()[0]
-    wanted = [batch, *detail["shape"][1:]] if shape is None else list(shape)
-    if [int(v) for v in detail["shape"]] != [int(v) for v in wanted]:
-        interpreter.resize_tensor_input(detail["index"], wanted)
-    interpreter.allocate_tensors()
+    with quiet_runtime():  # its "Created TensorFlow Lite XNNPACK delegate" line
+        interpreter = Interpreter(model_path=path, num_threads=num_threads)
+        detail = interpreter.get_input_details()[0]
+        wanted = [batch, *detail["shape"][1:]] if shape is None else list(shape)
+        if [int(v) for v in detail["shape"]] != [int(v) for v in wanted]:
+            interpreter.resize_tensor_input(detail["index"], wanted)
+        interpreter.allocate_tensors()
     return interpreter
 
 

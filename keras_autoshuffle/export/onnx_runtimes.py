@@ -7,7 +7,9 @@ any other model goes through Keras's own `Model.export(format="onnx" / "openvino
 The inputs and outputs are the Keras model's (NHWC images in).
 """
 
+import contextlib
 import os
+import sys
 import tempfile
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -52,6 +54,20 @@ def _keras_export(model, path, fmt):
     model.export(path, format=fmt, verbose=False)
 
 
+@contextlib.contextmanager
+def _argv_without_verbose():
+    """`sys.argv` without "--verbose" for the block: OpenVINO's converter prints its
+    arguments and times ("Model Conversion arguments:", "[ SUCCESS ] Total execution time")
+    whenever it is there (`is_verbose` in openvino/tools/ovc/convert_impl.py), as the
+    command's own option is (`autoshuffle-finetune --verbose 0`)."""
+    saved = sys.argv
+    sys.argv = [argument for argument in saved if argument != "--verbose"]
+    try:
+        yield
+    finally:
+        sys.argv = saved
+
+
 def export_onnx(model: keras.Model, path: str | os.PathLike) -> str | os.PathLike:
     """Writes `model` as an ONNX file (opset 17): `onnx_graph`'s NCHW graph, its convs
     padded to multiples of 8 channels (`onnx_align`) and its input read by the first conv
@@ -78,6 +94,7 @@ def onnx_session(
     import onnxruntime
 
     options = onnxruntime.SessionOptions()
+    options.log_severity_level = 3  # errors only: no warnings such as an unused initializer's
     if num_threads:
         options.intra_op_num_threads = num_threads
     return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
@@ -112,9 +129,10 @@ def export_openvino(model: keras.Model, path: str | os.PathLike) -> str | os.Pat
         os.makedirs(partial)
         xml = os.path.join(partial, OPENVINO_XML)
         if unsupported_layers(model):
-            _keras_export(model, xml, "openvino")
+            with _argv_without_verbose():
+                _keras_export(model, xml, "openvino")
             return
-        with tempfile.TemporaryDirectory() as scratch:
+        with tempfile.TemporaryDirectory() as scratch, _argv_without_verbose():
             source = os.path.join(scratch, "model.onnx")
             onnx.save(onnx_graph(model), source)
             # Float32 weights: the default fp16 compression fails the parity check.

@@ -557,14 +557,48 @@ def _files_lines(files: dict, output_dir: str, cpu: str) -> list[str]:
     return lines
 
 
+def int8_check_line(key: str, entry: dict) -> str:
+    """One line for the commands' summaries: the int8 file `key`'s ("int8", "onnx_int8",
+    "openvino_int8") check `entry`, its accuracy beside the float model's, the drop and its
+    bound, the top-1 agreement, and whether the file was written."""
+    drop = entry.get("accuracy_drop")
+    if drop is None:  # a check from before the drop was recorded
+        drop = 100 * (entry["float_accuracy"] - entry["accuracy"])
+    bound = entry.get("max_accuracy_drop")
+    line = (
+        f"int8 {INT8_RUNTIMES[key]}: accuracy {entry['accuracy']:.4f} (float "
+        f"{entry['float_accuracy']:.4f}), drop {drop:.2f} points"
+        + ("" if bound is None else f" (bound {bound:g})")
+        + f", top-1 agreement {entry['top1_agreement']:.4f}"
+    )
+    if entry.get("test_examples"):
+        line += f" on {entry['test_examples']} images"
+    if entry.get("refused"):
+        return line + ": refused (drop beyond --int8-max-drop), no file written"
+    return line + f", {entry['size_ratio']:.2f}x smaller: written"
+
+
 def _int8_lines(int8: dict, runtime: str) -> list[str]:
     lines = [f"## int8 {runtime}", ""]
     if int8.get("refused"):
         reason = int8["refused"]
         lines.append("- Refused" + ("" if reason is True else f": {_md(reason)}"))
+    elif int8.get("path"):
+        lines.append(f"- Written: `{os.path.basename(int8['path'])}`")
+    if int8.get("accuracy") is not None and int8.get("float_accuracy") is not None:
+        examples = int8.get("test_examples")
+        lines.append(
+            f"- Accuracy: {_percent(int8['accuracy'])}, the float model's "
+            f"{_percent(int8['float_accuracy'])}"
+            + (f" (on {examples} validation images)" if examples else "")
+        )
     if int8.get("accuracy_drop") is not None:
         drop = float(int8["accuracy_drop"])
-        lines.append(f"- Accuracy drop from the float model: {drop:.2f} percentage points")
+        bound = int8.get("max_accuracy_drop")
+        lines.append(
+            f"- Accuracy drop from the float model: {drop:.2f} percentage points"
+            + ("" if bound is None else f" (bound: {float(bound):g}, `--int8-max-drop`)")
+        )
     if int8.get("top1_agreement") is not None:
         lines.append(f"- Top-1 agreement with the float model: {_percent(int8['top1_agreement'])}")
     return lines + [""]
@@ -591,9 +625,10 @@ def write_report(output_dir: str | os.PathLike, report: dict) -> dict[str, str]:
       images, a fraction), "top1_agreement" (with the Keras model's top-1, a fraction),
       "latency": file_latency's dict}}`.
     - `report["int8"]` (the int8 LiteRT file), `report["onnx_int8"]`,
-      `report["openvino_int8"]`: `{"accuracy_drop" (percentage points below the float
-      model), "top1_agreement" (with the float model, a fraction), "refused" (True, or
-      why)}`.
+      `report["openvino_int8"]`: `{"accuracy", "float_accuracy" (fractions),
+      "accuracy_drop" (percentage points below the float model), "max_accuracy_drop" (its
+      bound), "top1_agreement" (with the float model, a fraction), "test_examples",
+      "path" (where written), "refused" (True, or why)}`.
     - `report["not_exported"]`: `{file name: why this install did not write it}`.
     - `report["cpu"]`: the CPU the latencies were measured on (default: this machine's,
       `cpu_name()`).

@@ -36,6 +36,7 @@ from keras_autoshuffle import export as export_lib
 from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, V2_WIDTHS
 from keras_autoshuffle.data.image_folder import image_folder
 from keras_autoshuffle.data.images import read_image
+from keras_autoshuffle.export import metadata
 from keras_autoshuffle.finetuning import evaluation, network
 from keras_autoshuffle.finetuning.raw_inputs import raw_input_model
 from keras_autoshuffle.finetuning.report import classification_metrics, cpu_name, write_report
@@ -97,6 +98,7 @@ def finetune(
     seed: int = 0,
     export_formats: tuple[str, ...] | None = None,
     int8: bool = False,
+    max_accuracy_drop: float = export_lib.MAX_ACCURACY_DROP,
     include_preprocessing: bool = False,
     cache_images: bool = True,
     skip_damaged: bool = False,
@@ -136,8 +138,12 @@ def finetune(
         int8: also full-integer files of the exports (`model_int8.tflite`,
             `model_int8.onnx`, `openvino_int8/`; OpenVINO's with the `openvino-int8`
             extra), calibrated on training images and checked against the float model
-            on the validation images (one past `export_model`'s limits is refused and
-            its numbers reported; the float files and the other int8 files stay).
+            on the validation images (one whose accuracy drop is beyond
+            `max_accuracy_drop` is refused and its numbers reported; the float files and
+            the other int8 files stay).
+        max_accuracy_drop: with `int8`, the most an int8 file's validation accuracy may
+            be below the float model's, in percentage points in [0, 100] (one image of
+            100 is 1 point); the drop and the top-1 agreement are reported either way.
         include_preprocessing: the exported files (LiteRT, ONNX, OpenVINO) take raw RGB
             pixels, uint8 (1, height, width, 3) of any size, and resize, crop and
             normalise inside (`finetuning.raw_input_model`), so an app feeds decoded
@@ -186,6 +192,7 @@ def finetune(
         seed=seed,
         pretrained=pretrained,
     )
+    options["int8_bound"] = _validation.percentage_points(max_accuracy_drop, "max_accuracy_drop")
     source = network.weights_source(weights)
     include_preprocessing = options["include_preprocessing"]
     formats = _check_formats(export_formats, options["int8"], include_preprocessing)
@@ -228,6 +235,7 @@ def _fine_tune(images, output_dir, weights, source, options, formats, given):
         record=None if replace else record,  # a finished run's split is not reused
     )
     _check_batch_size(options["batch_size"], train_data)  # before the cache is built
+    training_exports.check_calibration_images(train_data.num_examples, options["int8"])
     if replace:  # only now: a bad folder leaves the finished run as it was
         clear_run(output_dir)
         split.save(record)
@@ -282,7 +290,8 @@ def _fine_tune(images, output_dir, weights, source, options, formats, given):
         report.update(_export_raw_input(model, output_dir, val_data, formats, probabilities))
     else:
         exported = (model, output_dir, train_data, val_data, formats, probabilities)
-        report.update(_export(*exported, options["int8"]))
+        int8 = options["int8"], options["int8_bound"]
+        report.update(_export(*exported, *int8, split.class_names))
     if options["left_out"]:  # by default, what this install cannot write
         report["not_exported"] = options["left_out"]
     report["cpu"] = cpu_name()  # the latencies' machine
@@ -618,13 +627,20 @@ def _run_phase(model_fn, recipe, run_dir, settings, train_data, val_data, seed, 
     )
 
 
-def _export(model, output_dir, train_data, val_data, formats, probabilities, int8):
-    """`model.keras` and the folded exports with their checks (`training.exports`), then
-    each file's accuracy on the validation images, agreement with Keras, size, latency."""
+def _export(
+    model, output_dir, train_data, val_data, formats, probabilities, int8, int8_bound, class_names
+):
+    """`model.keras` and the folded exports with their checks (`training.exports`; int8
+    files within `int8_bound` points of accuracy drop), the files' metadata
+    (`_describe_files`), then each file's accuracy on the
+    validation images, agreement with Keras, size, latency."""
     sample = training_exports.check_savable(model, val_data, formats)
     if formats:
         int8_arrays = training_exports.int8_data(train_data, val_data) if int8 else None
-        written = training_exports.export_run(model, output_dir, sample, formats, int8_arrays)
+        written = training_exports.export_run(
+            model, output_dir, sample, formats, int8_arrays, int8_bound
+        )
+        _describe_files(written, class_names)
     else:  # model.keras alone
         path = os.path.join(output_dir, export_lib.FILENAMES["keras"])
         export_lib.save_keras(model, path)
@@ -638,11 +654,26 @@ def _export(model, output_dir, train_data, val_data, formats, probabilities, int
         files, val_data, probabilities, model.input_shape[1:]
     )
     entries["files"]["keras"] = _keras_entry(written["keras"]["path"], probabilities, val_data)
-    for key, entry in checks.items():
-        # In points, as `export_model`'s `max_accuracy_drop` is.
-        drop = 100 * (entry["float_accuracy"] - entry["accuracy"])
-        entries[key] = {**entry, "accuracy_drop": drop}
+    entries.update(checks)  # with `accuracy_drop` in points, as `max_accuracy_drop` is
     return entries
+
+
+def _describe_files(written, class_names):
+    """The class names and the input's normalisation (ImageNet's, per channel, on pixels) in
+    the exported files: LiteRT metadata (where the mediapipe extra is installed), ONNX
+    `metadata_props`, OpenVINO `rt_info` (`export.metadata`)."""
+    describe = {"onnx": metadata.describe_onnx, "openvino": metadata.describe_openvino}
+    if export_lib._installed("mediapipe"):
+        describe["litert"] = metadata.describe_litert
+    for key, entry in written.items():
+        fmt = export_lib.INT8_FILES[key][0] if key in export_lib.INT8_FILES else key
+        if fmt in describe and entry.get("path"):
+            describe[fmt](
+                entry["path"],
+                class_names,
+                metadata.IMAGENET_PIXEL_MEAN,
+                metadata.IMAGENET_PIXEL_STD,
+            )
 
 
 def _keras_entry(path, probabilities, val_data):

@@ -1,5 +1,6 @@
-"""The training commands' command line (`keras_autoshuffle.commands`): shared options,
-`run_from_args`, the summary."""
+"""The training commands' runs (`keras_autoshuffle.commands`): `run_from_args`, the summary.
+Their shared options (`add_arguments`) are `keras_autoshuffle_cli.train`'s: parsed before
+TensorFlow loads."""
 
 import argparse
 import contextlib
@@ -8,11 +9,11 @@ import functools
 import os
 import sys
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from keras_autoshuffle._validation import positive_int_argument as _positive_int
-from keras_autoshuffle.training.distribution import STRATEGIES, is_chief, make_strategy
+from keras_autoshuffle._terminal import printable
+from keras_autoshuffle.training.distribution import is_chief, make_strategy
 from keras_autoshuffle.training.divergence import TrainingDivergedError
 from keras_autoshuffle.training.fault_tolerance import (
     BACKUP,
@@ -24,6 +25,7 @@ from keras_autoshuffle.training.identity import RunIdentity, recipe_fields
 from keras_autoshuffle.training.loops import train
 from keras_autoshuffle.training.recipes import get_recipe
 from keras_autoshuffle.training.search import search_then_retrain
+from keras_autoshuffle_cli.train import add_arguments  # noqa: F401 (re-exported)
 
 if TYPE_CHECKING:
     import keras
@@ -57,279 +59,16 @@ def format_run_summary(report: dict[str, Any]) -> str:
         )
     for name, entry in report.get("export", {}).items():
         lines.append(f"  {name}: max |output - Keras| = {entry['max_abs_diff']:.2e}")
-    from keras_autoshuffle.finetuning.report import INT8_RUNTIMES
+    from keras_autoshuffle.finetuning.report import INT8_RUNTIMES, int8_check_line
 
-    for key, runtime in INT8_RUNTIMES.items():
-        if key not in report:
-            continue
-        entry = report[key]
-        lines.append(
-            f"  int8 {runtime}: accuracy {entry['accuracy']:.4f} "
-            f"(float {entry['float_accuracy']:.4f}), top-1 agreement "
-            f"{entry['top1_agreement']:.4f}, {entry['size_ratio']:.2f}x smaller"
-            + (" (refused: below the thresholds, no file written)" if entry.get("refused") else "")
-        )
+    for key in INT8_RUNTIMES:
+        if key in report:
+            lines.append(f"  {int8_check_line(key, report[key])}")
     for name, why in report.get("export_skipped", {}).items():
         lines.append(f"  {name}: not exported ({why})")
     lines.append("Files:")
     lines.extend(f"  {name:12s}{path}" for name, path in report["files"].items())
     return "\n".join(lines)
-
-
-def _sinkhorn_iterations(text):
-    from keras_autoshuffle.constraints import check_iterations
-
-    try:
-        return check_iterations(_positive_int(text), "sinkhorn_iterations")
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def _seed(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**32 - 1], got {text!r}")
-    return value
-
-
-def _export_formats(text):
-    from keras_autoshuffle.export import FORMATS
-
-    formats = tuple(f.strip() for f in text.split(","))
-    if not all(f in FORMATS for f in formats):
-        raise argparse.ArgumentTypeError(
-            f"must be formats of {','.join(FORMATS)} separated by commas, got {text!r}"
-        )
-    return formats
-
-
-class _FormatsAction(argparse.Action):
-    """`--export-formats onnx openvino` or `onnx,openvino`: one flat tuple of formats."""
-
-    def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, tuple(f for group in values for f in group))
-
-
-def _non_negative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
-
-
-def _non_negative_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
-
-
-def _penalty(text):
-    from keras_autoshuffle._validation import MAX_PENALTY
-
-    value = _non_negative_float(text)
-    if value > MAX_PENALTY:  # lambda x P(M) would overflow the loss
-        raise argparse.ArgumentTypeError(f"must be at most {MAX_PENALTY:g}, got {text!r}")
-    return value
-
-
-def _positive_float(text):
-    value = _non_negative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
-    return value
-
-
-def add_arguments(
-    parser: argparse.ArgumentParser, datasets: Sequence[str], default_dataset: str
-) -> argparse.ArgumentParser:
-    """The command-line options shared by the training commands."""
-    _add_network_arguments(parser, datasets, default_dataset)
-    _add_training_arguments(parser)
-    _add_run_arguments(parser)
-    return parser
-
-
-def _add_network_arguments(parser, datasets, default_dataset):
-    """The data, the network and its shuffles."""
-    parser.add_argument("--dataset", choices=datasets, default=default_dataset, help="data set")
-    parser.add_argument("--model", choices=("v1", "v2"), default="v2", help="ShuffleNet version")
-    parser.add_argument(
-        "--width",
-        type=float,
-        default=None,
-        help="width multiplier (default: 1.0 on cifar10 and imagenet2012, 0.5 on digits and "
-        "fashion_mnist)",
-    )
-    parser.add_argument(
-        "--groups", type=_positive_int, default=3, help="group count of ShuffleNet v1"
-    )
-    parser.add_argument(
-        "--shuffle",
-        choices=("manual", "auto"),
-        default="manual",
-        help="the channel shuffle: ShuffleNet's fixed one (manual, recommended) or "
-        "AutoShuffleNet's learned one (auto, a study: it tied or lost in this project's runs)",
-    )
-    parser.add_argument(
-        "--padding",
-        choices=("torch", "same"),
-        default="torch",
-        help="stride-2 padding: PyTorch's (torchvision-compatible) or Keras's 'same' (no PAD "
-        "ops in LiteRT)",
-    )
-    parser.add_argument(
-        "--sinkhorn-iterations",
-        type=_sinkhorn_iterations,
-        default=10,
-        help="constraint passes per step of each learned shuffle (1: the paper's Algorithm 1, "
-        "which stalled short of permutations in docs/training.md's runs; 10 ended on them); "
-        "--shuffle auto only",
-    )
-    parser.add_argument(
-        "--shuffle-initializer",
-        choices=("random", "manual"),
-        default="random",
-        help="where learned shuffles start: the paper's random matrix or the manual shuffle; "
-        "--shuffle auto only",
-    )
-    parser.add_argument(
-        "--shuffle-forward",
-        choices=("relaxed", "hard"),
-        default="relaxed",
-        help="learned shuffles compute M x (relaxed) or the nearest permutation of M, with a "
-        "straight-through gradient (hard); --shuffle auto only",
-    )
-
-
-def _add_training_arguments(parser):
-    """The search, the recipe's overrides, how the steps run, the data's origin."""
-    parser.add_argument(
-        "--search-epochs",
-        type=_non_negative_int,
-        default=None,
-        help="search, then retrain: learn the shuffles this many epochs (0: harden the fresh "
-        "net's matrices; with --balanced, balanced hardening), then train the net with them "
-        "fixed from fresh weights for the whole recipe (default: no search; --shuffle auto "
-        "only)",
-    )
-    parser.add_argument(
-        "--penalty",
-        "--lambda",
-        dest="penalty",
-        type=_penalty,
-        default=None,
-        help="lambda, the weight of the learned shuffles' l1-2 penalty (default: the "
-        "--dataset recipe's)",
-    )
-    parser.add_argument(
-        "--epochs",
-        type=_positive_int,
-        default=None,
-        help="epochs (per cycle; default: the --dataset recipe's)",
-    )
-    parser.add_argument(
-        "--batch-size",
-        type=_positive_int,
-        default=None,
-        help="global batch, over all replicas (default: the --dataset recipe's)",
-    )
-    parser.add_argument(
-        "--learning-rate",
-        type=_positive_float,
-        default=None,
-        help="the first cycle's initial learning rate (default: the --dataset recipe's)",
-    )
-    parser.add_argument(
-        "--strategy",
-        choices=STRATEGIES,
-        default="auto",
-        help="distribution strategy (auto: multi-worker when TF_CONFIG lists several "
-        "workers, mirrored over several local GPUs, else one device)",
-    )
-    parser.add_argument("--mixed-precision", action="store_true", help="fp16 GPU / bf16 CPU")
-    parser.add_argument("--jit-compile", action="store_true", help="XLA (slower on CPU)")
-    parser.add_argument(
-        "--data-dir",
-        default=None,
-        help="TFDS data directory (default: TFDS's, ~/tensorflow_datasets; Fashion-MNIST is "
-        "also looked for in Debian's folder)",
-    )
-    parser.add_argument(
-        "--download",
-        action="store_true",
-        help="download and prepare CIFAR-10 into --data-dir when it is missing there",
-    )
-
-
-def _add_run_arguments(parser):
-    """The output, the seed, the exports, the hardening, what is shown."""
-    parser.add_argument(
-        "--output", required=True, help="the run's folder (created; a killed run resumes there)"
-    )
-    parser.add_argument(
-        "--seed", type=_seed, default=0, help="seed of the weights, data order and augmentation"
-    )
-    parser.add_argument(
-        "--max-train-examples",
-        type=_positive_int,
-        default=None,
-        help="use only the first N training examples (default: all)",
-    )
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace a finished run in --output"
-    )
-    parser.add_argument(
-        "--no-export", action="store_true", help="write model.keras only: no SavedModel, LiteRT"
-    )
-    parser.add_argument(
-        "--export-formats",
-        type=_export_formats,
-        nargs="+",
-        action=_FormatsAction,
-        default=None,
-        help="export exactly these formats (e.g. saved_model,litert or onnx openvino), "
-        "refusing before training any this backend, precision or install cannot write (onnx, "
-        "openvino: pip install 'keras-autoshuffle[onnx,openvino]'; default: SavedModel and "
-        "LiteRT where possible, the others left out with a warning)",
-    )
-    parser.add_argument(
-        "--int8",
-        action="store_true",
-        help="also write full-integer files of the folded net (float32 in and out): "
-        "model_int8.tflite, and model_int8.onnx / openvino_int8/ with ONNX / OpenVINO exports "
-        "(OpenVINO's: pip install 'keras-autoshuffle[openvino-int8]'), calibrated on training "
-        "images, checked on the test set (top-1 agreement with the float model >= 0.99, "
-        "accuracy drop <= 0.5 points; refused below them)",
-    )
-    parser.add_argument(
-        "--balanced",
-        action="store_true",
-        help="balanced hardening: permutations that fold as cheaply as the manual shuffle "
-        "(--shuffle auto only)",
-    )
-    parser.add_argument(
-        "--harden-at-epoch",
-        type=_positive_int,
-        default=None,
-        help="harden after this many epochs and fine-tune the rest (default: at the end)",
-    )
-    parser.add_argument(
-        "--verbose",
-        type=int,
-        default=1,
-        choices=(0, 1, 2),
-        help="Keras's verbose: 0 silent, 1 progress bar, 2 one line per epoch",
-    )
 
 
 def make_model_fn(
@@ -412,6 +151,8 @@ def _argument_errors(args, recipe):
             "argument --export-formats: not allowed with argument --no-export, got "
             f"{','.join(args.export_formats)}"
         )
+    if args.int8_max_drop is not None and not args.int8:
+        errors.append(f"argument --int8-max-drop: needs --int8, got {args.int8_max_drop:g}")
     quantizable = ("litert", "onnx", "openvino")
     if args.int8 and (
         args.no_export
@@ -431,7 +172,7 @@ def _argument_errors(args, recipe):
 def _error(parser, message):
     """Ends the program as argparse's own errors do (usage, `error: ...`, status 2)."""
     if parser is None:
-        print(f"error: {message}", file=sys.stderr)
+        print(f"error: {printable(message)}", file=sys.stderr)
         sys.exit(2)
     parser.error(message)
 
@@ -484,6 +225,9 @@ def run_from_args(
     # train()'s options that are command-line options of the same name.
     passed = ("mixed_precision", "jit_compile", "seed", "harden_at_epoch", "balanced")
     passed += ("overwrite", "verbose", "int8")
+    options = {name: getattr(args, name) for name in passed}
+    if args.int8_max_drop is not None:
+        options["max_accuracy_drop"] = args.int8_max_drop
     # One run at a time in --output (a worker writes into its own folder inside it).
     lock = locked_folder(args.output) if is_chief(strategy) else contextlib.nullcontext()
     try:
@@ -497,7 +241,7 @@ def run_from_args(
                 strategy=strategy,
                 export=args.export_formats or not args.no_export,
                 settings=settings,
-                **{name: getattr(args, name) for name in passed},
+                **options,
             )
     # A refused folder or file, a full or read-only disk, a divergence: one line.
     except (ValueError, OSError, RuntimeError) as error:
@@ -507,7 +251,7 @@ def run_from_args(
         full = full_disk_error(error, args.output, needed)
         if full is None and not isinstance(error, (ValueError, OSError, TrainingDivergedError)):
             raise
-        sys.exit(f"error: {full or error}")
+        sys.exit(f"error: {printable(str(full or error))}")
     print(format_run_summary(report))
     return report
 
@@ -534,7 +278,7 @@ def _refuse_unexportable(args):
             dtypes = (keras.DTypePolicy(policy).compute_dtype,)
             plan_export(args.export_formats, dtypes, args.int8, received)
     except ValueError as error:
-        sys.exit(f"error: {error}")
+        sys.exit(f"error: {printable(str(error))}")
 
 
 def _load_data(args, recipe, manual_dir, parser):
@@ -550,17 +294,17 @@ def _load_data(args, recipe, manual_dir, parser):
             download=args.download,
         )
     except data.DataMissingError as error:
-        sys.exit(f"error: {error}")
+        sys.exit(f"error: {printable(str(error))}")
     except Exception as error:  # TFDS's download: the network, a mirror, a missing module
         if not args.download:
             raise
         folder = args.data_dir or "TFDS's folder"
-        sys.exit(
-            f"error: {args.dataset} could not be downloaded into {folder} "
-            f"({type(error).__name__}: {error}). Check the network and the folder, or prepare "
-            f"it on a machine with a network (`tfds build {args.dataset} --data_dir DIR`) and "
-            "pass --data-dir DIR."
+        message = (
+            f"{args.dataset} could not be downloaded into {folder} ({type(error).__name__}: "
+            f"{error}). Check the network and the folder, or prepare it on a machine with a "
+            f"network (`tfds build {args.dataset} --data_dir DIR`) and pass --data-dir DIR."
         )
+        sys.exit(f"error: {printable(message)}")
     if args.max_train_examples:
         train_data = train_data.subset(args.max_train_examples)
     if recipe.batch_size > train_data.num_examples:  # no full batch: nothing to train on

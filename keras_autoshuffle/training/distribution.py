@@ -13,8 +13,7 @@ from typing import Literal
 import tensorflow as tf
 
 from keras_autoshuffle import _validation
-
-STRATEGIES = ("auto", "one-device", "mirrored", "multi-worker")
+from keras_autoshuffle_cli.train import STRATEGIES  # the --strategy choices, defined once
 
 
 def make_strategy(

@@ -85,6 +85,19 @@ def int8_formats(formats):
     return tuple(f for f in formats if f in quantizable and f not in unsupported)
 
 
+def check_calibration_images(train_examples, int8):
+    """ValueError where `int8` is asked for but the `train_examples` training images are
+    fewer than the int8 calibration takes (`export_model`'s minimum): checked before any
+    training, not after it."""
+    minimum = export_lib.MIN_CALIBRATION_IMAGES
+    if int8 and train_examples < minimum:
+        raise ValueError(
+            f"`int8=True` calibrates the int8 files on the training images: at least {minimum} "
+            "are needed (a few hundred are usual). Leave out int8 or add images. Received: "
+            f"{train_examples} training images"
+        )
+
+
 def int8_data(train_data, test_data):
     """(calibration images, (test images, test labels)) for the int8 export."""
 
@@ -119,16 +132,24 @@ def check_savable(model, test_data, formats):
     return keras.ops.convert_to_numpy(next(iter(test_data.eval_dataset(8)))[0])
 
 
-def export_run(model, output_dir, sample, formats, int8_data=None):
+def export_run(
+    model,
+    output_dir,
+    sample,
+    formats,
+    int8_data=None,
+    max_accuracy_drop=export_lib.MAX_ACCURACY_DROP,
+):
     """`model.keras` as trained (hardened); `formats` (SavedModel, LiteRT, ONNX, OpenVINO)
     from the folded network, and with `int8_data` (calibration images, test data) the int8
-    file of each of them that has one (`int8_formats`).
+    file of each of them that has one (`int8_formats`), refused where its accuracy drop is
+    beyond `max_accuracy_drop` points.
 
     Folding (`folding.fold_model`) removes the shuffles' GATHERs, which split LiteRT's
     XNNPACK delegate; models it does not cover (not from `applications`, channels_first)
     are exported as they are. Every file's max abs difference is against the hardened
-    model. An int8 file past its check's limits does not cost the run: the export is
-    made again without it, and its entry holds the numbers and why it was refused.
+    model. An int8 file refused by its check does not cost the run: the export is made
+    again without it, and its entry holds the numbers and why it was refused.
     """
     from keras_autoshuffle import folding
 
@@ -145,6 +166,7 @@ def export_run(model, output_dir, sample, formats, int8_data=None):
                 representative_data=int8_data[0],
                 test_data=int8_data[1],
                 int8_formats=quantized,
+                max_accuracy_drop=max_accuracy_drop,
             )
         try:
             files = export_lib.export_model(

@@ -24,6 +24,7 @@ from keras_autoshuffle.data import EpochCounter, EpochData
 from keras_autoshuffle.losses import SmoothedSparseCrossentropy
 from keras_autoshuffle.training import distribution
 from keras_autoshuffle.training.exports import (
+    check_calibration_images,
     check_savable,
     export_formats,
     export_run,
@@ -67,6 +68,7 @@ def train(
     verbose: Literal[0, 1, 2] = 1,
     report_entries: dict[str, Any] | None = None,
     int8: bool = False,
+    max_accuracy_drop: float = export_lib.MAX_ACCURACY_DROP,
     label_smoothing: float = 0.0,
     class_weight: Sequence[float] | None = None,
 ) -> dict[str, Any]:
@@ -108,6 +110,9 @@ def train(
             (`exports.int8_data`, `export_model`): `model_int8.tflite`, and
             `model_int8.onnx` / `openvino_int8/` beside ONNX / OpenVINO exports (OpenVINO's
             with the `openvino-int8` extra); needs one of those exports.
+        max_accuracy_drop: with `int8`, the most an int8 file's test accuracy may be below
+            the float model's, in percentage points in [0, 100]; a file beyond it is not
+            written, its numbers reported (`export.export_model`'s, same default).
         label_smoothing: in [0, 1): the loss's (`losses.SmoothedSparseCrossentropy`);
             0 is sparse cross-entropy.
         class_weight: None, or a weight per class, a sequence as long as the classes
@@ -119,6 +124,7 @@ def train(
     _validation.choice(balanced, (False, True), "balanced")
     seed, formats = _check_seed(seed), export_formats(export)
     _validation.choice(int8, (False, True), "int8")
+    int8_bound = _validation.percentage_points(max_accuracy_drop, "max_accuracy_drop")
     _check_data(test_data, recipe, strategy)
     loss = dict(label_smoothing=_validation.fraction_below_one(label_smoothing, "label_smoothing"))
     loss["class_weights"] = _check_class_weight(class_weight, train_data, strategy)
@@ -133,6 +139,7 @@ def train(
         keras.utils.set_random_seed(seed)
         model, optimizer = _build(model_fn, strategy, train_data, recipe)
         formats, skipped = _plan(model, formats if chief else (), int8 and chief)
+        check_calibration_images(train_data.num_examples, int8 and chief)
         sample = check_savable(model, test_data, formats)
         hardening = dict(balanced=balanced, harden_at_epoch=harden_at_epoch)
         fields = dict(seed=seed, mixed_precision=policy, **hardening, **loss)
@@ -143,7 +150,7 @@ def train(
         job.label_smoothing, job.class_weights = loss["label_smoothing"], loss["class_weights"]
         with reproducible_steps():
             report = custom_loop(job) if distribution.is_multi_worker(strategy) else _fit(job)
-    files = _export(job, sample, (formats, skipped), int8 and chief, report)
+    files = _export(job, sample, (formats, skipped), (int8 and chief, int8_bound), report)
     return _write_report(job, report, files, identity, start, report_entries)
 
 
@@ -255,8 +262,9 @@ def _identity(settings, recipe, model, train_data, test_data, **fields):
 
 
 def _export(job, sample, plan, int8, report):
-    """Writes `model.keras` and the exports of `plan` ((formats, {format: why skipped}));
-    their entries go into `report`; returns the files."""
+    """Writes `model.keras` and the exports of `plan` ((formats, {format: why skipped}))
+    and, with `int8` ((wanted, max_accuracy_drop)), the int8 files; their entries go into
+    `report`; returns the files."""
     (model, own_dir), (formats, skipped) = (job.model, job.output_dir), plan
     files = {"keras": os.path.join(own_dir, "model.keras")}
     if skipped:
@@ -264,8 +272,8 @@ def _export(job, sample, plan, int8, report):
     if not formats:
         export_lib.save_keras(model, files["keras"])
         return files
-    int8_arrays = int8_data(job.train_data, job.test_data) if int8 else None
-    report["export"] = export_run(model, own_dir, sample, formats, int8_arrays)
+    int8_arrays = int8_data(job.train_data, job.test_data) if int8[0] else None
+    report["export"] = export_run(model, own_dir, sample, formats, int8_arrays, int8[1])
     # Each int8 file's check ("int8": LiteRT's, "onnx_int8", "openvino_int8") beside the
     # float files' parity checks; a refused one has no path.
     for key in export_lib.INT8_FILES:

@@ -1,0 +1,299 @@
+"""Exported files that describe themselves: class names and input normalisation in LiteRT
+metadata, ONNX `metadata_props` and OpenVINO `rt_info`.
+
+MediaPipe Tasks' `ImageClassifier` runs a described `.tflite` file as is. It takes one mean
+and one std for all channels: ImageNet's per-channel normalisation goes inside the net
+(`with_input_normalization`), the file takes RGB in [0, 1] and says mean 0, std 255 on
+pixels, as MediaPipe Model Maker's files do. The metadata is built with MediaPipe's
+`metadata_info` classes (the `mediapipe` extra) and attached as its writer does (the
+flatbuffer in the "TFLITE_METADATA" entry, the label file in a zip appended to the model):
+its `MetadataWriter` does not import in mediapipe 0.10.32 and 1.2.x (no
+`_pywrap_metadata_version` in the wheels).
+"""
+
+import io
+import json
+import os
+import pathlib
+import zipfile
+from collections.abc import Sequence
+
+import keras
+import numpy as np
+
+from keras_autoshuffle._atomic import write_atomically
+from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD
+
+# Model Maker's image classifier convention: the file takes pixel / 255.
+MEDIAPIPE_MEAN, MEDIAPIPE_STD = (0.0,), (255.0,)
+# ImageNet's per-channel normalisation on pixel values in [0, 255]: what a file of a net
+# taking normalised images is described with (MediaPipe refuses per-channel values).
+IMAGENET_PIXEL_MEAN = tuple(255 * m for m in IMAGENET_MEAN)
+IMAGENET_PIXEL_STD = tuple(255 * s for s in IMAGENET_STD)
+LABEL_FILE = "labels.txt"
+_METADATA_NAME = "TFLITE_METADATA"
+_METADATA_IDENTIFIER = b"M001"
+# The oldest metadata parser that reads what is written here (image input, label file).
+_MIN_PARSER_VERSION = "1.0.0"
+
+
+def with_input_normalization(
+    model: keras.Model,
+    mean: Sequence[float] = IMAGENET_MEAN,
+    std: Sequence[float] = IMAGENET_STD,
+) -> keras.Model:
+    """`model` behind a per-channel normalisation, `(x - mean) / std`: a model taking RGB
+    values in [0, 1] where `model` takes normalised images.
+
+    Keras's own `Normalization` layer ("input_normalization": loads with `safe_mode=True`)
+    at the new input: an exported file takes plain RGB, described by one mean and one std.
+
+    Args:
+        model: a single-input Keras model taking channels-last normalised images.
+        mean: the per-channel mean `model`'s inputs were normalised with.
+        std: the per-channel standard deviation, each > 0.
+    """
+    std = np.asarray(std, dtype="float64")
+    if std.ndim != 1 or len(std) != len(mean) or not np.all(std > 0):
+        raise ValueError(
+            "`std` must be as many positive numbers as `mean` has. "
+            f"Received: mean={tuple(mean)}, std={tuple(std.tolist())}"
+        )
+    inputs = keras.Input(model.input_shape[1:], name="image")
+    normalize = keras.layers.Normalization(
+        mean=list(mean), variance=list(std**2), name="input_normalization"
+    )
+    return keras.Model(inputs, model(normalize(inputs)), name=model.name)
+
+
+def describe_litert(
+    path: str | os.PathLike,
+    labels: Sequence[str],
+    mean: Sequence[float] = MEDIAPIPE_MEAN,
+    std: Sequence[float] = MEDIAPIPE_STD,
+    description: str = "Classifies the image into one of the classes of its label file.",
+) -> str | os.PathLike:
+    """Writes LiteRT metadata into the `.tflite` file at `path` (atomically): its class
+    names (a label file on the output, `TENSOR_AXIS_LABELS`) and its input (an RGB image,
+    normalised as `(pixel - mean) / std` with pixel values in [0, 255]).
+
+    The defaults describe a file taking RGB in [0, 1] (`with_input_normalization`), as
+    MediaPipe Tasks' `ImageClassifier` runs it. Metadata already in the file is replaced.
+
+    Args:
+        path: a single-input, single-output classifier `.tflite` file (float or int8).
+        labels: one class name per output, in output order; no name empty or holding a
+            line break.
+        mean: the normalisation's mean, one value or one per channel (MediaPipe: one).
+        std: its standard deviation, as many values as `mean`, each > 0.
+        description: the model's description in the metadata.
+
+    Returns:
+        `path`.
+
+    Raises:
+        ValueError: `labels` not one name per output, or a bad `mean` / `std`.
+        ImportError: mediapipe is not installed (`pip install keras-autoshuffle[mediapipe]`).
+    """
+    from ai_edge_litert import schema_py_generated as schema_fb
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model_from_bytearray(bytearray(pathlib.Path(path).read_bytes()))
+    labels = _check_labels(labels, _output_size(model), path)
+    metadata = _metadata_buffer(model, labels, mean, std, description)
+    model.metadata = [m for m in model.metadata or [] if m.name.decode() != _METADATA_NAME]
+    buffer = schema_fb.BufferT()
+    buffer.data = np.frombuffer(metadata, dtype=np.uint8)
+    model.buffers.append(buffer)
+    entry = schema_fb.MetadataT()
+    entry.name, entry.buffer = _METADATA_NAME, len(model.buffers) - 1
+    model.metadata.append(entry)
+    packed = io.BytesIO(bytes(flatbuffer_utils.convert_object_to_bytearray(model)))
+    with zipfile.ZipFile(packed, "a", zipfile.ZIP_STORED) as archive:
+        archive.writestr(LABEL_FILE, "".join(f"{name}\n" for name in labels))
+    return write_atomically(
+        path, lambda partial: pathlib.Path(partial).write_bytes(packed.getvalue())
+    )
+
+
+def read_litert_metadata(path: str | os.PathLike) -> dict | None:
+    """The metadata `describe_litert` wrote into a `.tflite` file: `{"labels": [...],
+    "mean": [...], "std": [...]}`, or None for a file without metadata."""
+    from ai_edge_litert.tools import flatbuffer_utils
+    from mediapipe.tasks.metadata import metadata_schema_py_generated as metadata_fb
+
+    model_bytes = pathlib.Path(path).read_bytes()
+    model = flatbuffer_utils.read_model_from_bytearray(bytearray(model_bytes))
+    entries = [m for m in model.metadata or [] if m.name.decode() == _METADATA_NAME]
+    if not entries:
+        return None
+    data = bytes(model.buffers[entries[0].buffer].data)
+    root = metadata_fb.ModelMetadataT.InitFromObj(
+        metadata_fb.ModelMetadata.GetRootAsModelMetadata(data, 0)
+    )
+    graph = root.subgraphMetadata[0]
+    options = graph.inputTensorMetadata[0].processUnits[0].options
+    label_file = graph.outputTensorMetadata[0].associatedFiles[0].name.decode()
+    with zipfile.ZipFile(io.BytesIO(model_bytes)) as archive:
+        labels = archive.read(label_file).decode("utf-8").splitlines()
+    mean, std = [float(v) for v in options.mean], [float(v) for v in options.std]
+    return {"labels": labels, "mean": mean, "std": std}
+
+
+def _output_size(model) -> int:
+    """The class count of a single-output classifier file: its output's last dimension."""
+    graph = model.subgraphs[0]
+    return int(graph.tensors[graph.outputs[0]].shape[-1])
+
+
+def _check_labels(labels, classes, path):
+    """`labels` as a list of strings, one per output of the file at `path`."""
+    if isinstance(labels, str) or not all(isinstance(name, str) for name in labels):
+        raise ValueError(f"`labels` must be a list of class names. Received: labels={labels!r}")
+    labels = list(labels)
+    if len(labels) != classes:
+        raise ValueError(
+            f"`labels` must name each of the {classes} outputs of {os.fspath(path)}. "
+            f"Received: {len(labels)} labels"
+        )
+    bad = [name for name in labels if not name.strip() or "\n" in name or "\r" in name]
+    if bad:
+        raise ValueError(
+            f"`labels` must be non-empty names without line breaks. Received: {bad[:3]!r}"
+        )
+    return labels
+
+
+def _check_normalization(mean, std):
+    """`mean` and `std` as lists of floats: equally many (one, or one per channel), std > 0."""
+    mean, std = [float(v) for v in mean], [float(v) for v in std]
+    if not mean or len(std) != len(mean) or not all(v > 0 for v in std):
+        raise ValueError(
+            "`mean` and `std` must be equally many numbers (one, or one per channel), each "
+            f"std > 0. Received: mean={mean}, std={std}"
+        )
+    return mean, std
+
+
+def _metadata_buffer(model, labels, mean, std, description):
+    """The ModelMetadata flatbuffer of an image classifier, built with MediaPipe's
+    `metadata_info` classes as its image classifier writer builds it."""
+    import flatbuffers
+    from mediapipe.tasks.metadata import metadata_schema_py_generated as metadata_fb
+    from mediapipe.tasks.python.metadata.metadata_writers import metadata_info
+
+    mean, std = _check_normalization(mean, std)
+    graph = model.subgraphs[0]
+    input_type = graph.tensors[graph.inputs[0]].type
+    image = metadata_info.InputImageTensorMd(
+        name="image",
+        description="RGB image",
+        norm_mean=mean,
+        norm_std=std,
+        color_space_type=metadata_fb.ColorSpaceType.RGB,
+        tensor_type=input_type,
+    )
+    scores = metadata_info.ClassificationTensorMd(
+        name="score",
+        description="The score of each class, in the order of the label file.",
+        label_files=[metadata_info.LabelFileMd(LABEL_FILE)],
+        tensor_type=graph.tensors[graph.outputs[0]].type,
+    )
+    subgraph = metadata_fb.SubGraphMetadataT()
+    subgraph.inputTensorMetadata = [image.create_metadata()]
+    subgraph.outputTensorMetadata = [scores.create_metadata()]
+    root = metadata_info.GeneralMd(name="ImageClassifier", description=description)
+    root = root.create_metadata()
+    root.subgraphMetadata = [subgraph]
+    root.minParserVersion = _MIN_PARSER_VERSION
+    builder = flatbuffers.Builder(0)
+    builder.Finish(root.Pack(builder), _METADATA_IDENTIFIER)
+    return bytes(builder.Output())
+
+
+def describe_onnx(
+    path: str | os.PathLike,
+    labels: Sequence[str],
+    mean: Sequence[float] = MEDIAPIPE_MEAN,
+    std: Sequence[float] = MEDIAPIPE_STD,
+) -> str | os.PathLike:
+    """Writes the class names and the input's normalisation (as `describe_litert`'s, on
+    pixel values in [0, 255]) into the `.onnx` file at `path` (atomically), as its
+    `metadata_props`: "labels", "image_mean", "image_std" (JSON lists), "color_space"."""
+    import onnx
+
+    model = onnx.load(path)
+    classes = model.graph.output[0].type.tensor_type.shape.dim[-1].dim_value
+    props = _props(_check_labels(labels, classes, path), mean, std)
+    kept = [p for p in model.metadata_props if p.key not in props]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    onnx.helper.set_model_props(model, {**{p.key: p.value for p in kept}, **props})
+    return write_atomically(path, lambda partial: onnx.save(model, partial))
+
+
+def describe_openvino(
+    path: str | os.PathLike,
+    labels: Sequence[str],
+    mean: Sequence[float] = MEDIAPIPE_MEAN,
+    std: Sequence[float] = MEDIAPIPE_STD,
+) -> str | os.PathLike:
+    """Writes what `describe_onnx` writes into the runtime info (`rt_info`, under
+    "keras_autoshuffle") of the OpenVINO IR folder at `path` (`model.xml`, `model.bin`),
+    saved again as a whole (atomically), its weights as they were (no fp16 compression)."""
+    import openvino
+
+    model = openvino.Core().read_model(os.path.join(path, "model.xml"))
+    classes = model.outputs[0].get_partial_shape()[-1].get_length()
+    for key, value in _props(_check_labels(labels, classes, path), mean, std).items():
+        model.set_rt_info(value, [_RT_INFO, key])
+
+    def write(partial):
+        os.makedirs(partial)
+        openvino.save_model(model, os.path.join(partial, "model.xml"), compress_to_fp16=False)
+
+    return write_atomically(path, write)
+
+
+def read_onnx_metadata(path: str | os.PathLike) -> dict | None:
+    """What `describe_onnx` wrote into an `.onnx` file (as `read_litert_metadata`'s), or
+    None."""
+    import onnx
+
+    props = {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
+    return _from_props(props)
+
+
+def read_openvino_metadata(path: str | os.PathLike) -> dict | None:
+    """What `describe_openvino` wrote into an OpenVINO IR folder, or None."""
+    import openvino
+
+    model = openvino.Core().read_model(os.path.join(path, "model.xml"))
+    keys = ("labels", "image_mean", "image_std")
+    if not model.has_rt_info([_RT_INFO, "labels"]):
+        return None
+    return _from_props({k: model.get_rt_info([_RT_INFO, k]).astype(str) for k in keys})
+
+
+_RT_INFO = "keras_autoshuffle"
+
+
+def _props(labels, mean, std):
+    """The ONNX / OpenVINO entries: JSON lists, checked as `describe_litert` checks them."""
+    _check_normalization(mean, std)
+    return {
+        "labels": json.dumps(labels, ensure_ascii=False),
+        "image_mean": json.dumps([float(v) for v in mean]),
+        "image_std": json.dumps([float(v) for v in std]),
+        "color_space": "RGB",
+    }
+
+
+def _from_props(props):
+    if "labels" not in props:
+        return None
+    return {
+        "labels": json.loads(props["labels"]),
+        "mean": json.loads(props["image_mean"]),
+        "std": json.loads(props["image_std"]),
+    }

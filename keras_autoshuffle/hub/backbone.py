@@ -1,0 +1,140 @@
+"""`ShuffleNetBackbone`: ShuffleNet v1 / v2 as a keras-hub `FeaturePyramidBackbone`.
+
+The layers are the keras.applications-style builders' (`applications.AutoShuffleNetV2` /
+`AutoShuffleNetV1` without the classifier), so a backbone has the same layer names as
+`applications.ShuffleNetV2(include_top=False)` and the package's folding, export and
+torchvision conversion read it alike; nothing of the architecture is written here.
+"""
+
+import os
+from typing import Any, Literal
+
+import keras
+from keras_hub.models import FeaturePyramidBackbone
+
+from keras_autoshuffle import _validation
+from keras_autoshuffle.applications import architecture
+from keras_autoshuffle.applications.shufflenet_v1 import AutoShuffleNetV1
+from keras_autoshuffle.applications.shufflenet_v2 import AutoShuffleNetV2
+from keras_autoshuffle.hub import presets
+from keras_autoshuffle.hub.presets import PRESET_VERSION
+
+FAMILIES = ("v1", "v2")
+# Feature map strides of the pyramid levels: P2 after the stem's pool, P3-P5 at the ends
+# of stages 2-4.
+PYRAMID_LEVELS = ("P2", "P3", "P4", "P5")
+
+
+def _build(family, width, groups, shuffle, image_shape, padding):
+    """The builder's feature extractor (no classifier): ImageNet stem, manual or learned
+    shuffles (learned ones start at the manual shuffle, the pretrained routing)."""
+    options = dict(
+        include_top=False,
+        input_shape=tuple(image_shape),
+        stem="imagenet",
+        padding=padding,
+        shuffle=shuffle,
+        shuffle_initializer="manual",
+    )
+    if family == "v2":
+        return AutoShuffleNetV2(width, **options)
+    return AutoShuffleNetV1(width, groups, **options)
+
+
+def _with_policy(dtype, build):
+    """`build()` with Keras's global dtype policy set to `dtype` (every layer the builder
+    makes then takes it, as keras-hub passes `dtype` to each layer); restored after."""
+    if dtype is None or isinstance(dtype, keras.dtype_policies.DTypePolicyMap):
+        return build()
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(keras.dtype_policies.get(dtype))
+    try:
+        return build()
+    finally:
+        keras.config.set_dtype_policy(previous)
+
+
+@keras.saving.register_keras_serializable(package="keras_autoshuffle")
+class ShuffleNetBackbone(FeaturePyramidBackbone):
+    """ShuffleNet v2 (or v1) features, with `pyramid_outputs` P2-P5 at strides 4-32.
+
+    The output is the last feature map: v2's head (`head_relu`, 1024 or 2048 channels),
+    v1's stage 4. `pyramid_outputs` holds `"P2"` (the stem's max-pool, stride 4) and
+    `"P3"`-`"P5"` (the ends of stages 2-4, strides 8, 16, 32), for keras-hub's
+    `RetinaNetObjectDetector` or `DeepLabV3ImageSegmenter`.
+
+    Args:
+        width: the width multiplier: 0.5, 1.0, 1.5 or 2.0 for v2 (torchvision's);
+            `applications.V1_WIDTHS` for v1.
+        family: "v2" (default) or "v1".
+        groups: v1's group count (`applications.V1_GROUPS`); ignored by v2.
+        shuffle: "manual" (the fixed channel shuffle) or "auto" (AutoShuffleNet's
+            learned shuffle, started at the manual one).
+        image_shape: the input's shape, (height, width, channels); default any size.
+        padding: "torch" (PyTorch's, which torchvision's weights need) or "same".
+        preset_version: the layout of this config (written by `get_config`; a later
+            one than this package's is refused).
+        dtype: the dtype policy of every layer (e.g. "mixed_float16").
+        **kwargs: other `keras.Model` arguments (`name`, `trainable`).
+
+    Example:
+        >>> backbone = ShuffleNetBackbone.from_preset("shufflenet_v2_x1_0_imagenet")
+        >>> features = keras.Model(backbone.inputs, backbone.pyramid_outputs)
+    """
+
+    def __init__(
+        self,
+        width: float = 1.0,
+        family: Literal["v1", "v2"] = "v2",
+        groups: int = 3,
+        shuffle: Literal["manual", "auto"] = "manual",
+        image_shape: tuple[int | None, int | None, int] = (None, None, 3),
+        padding: Literal["torch", "same"] = "torch",
+        preset_version: int = PRESET_VERSION,
+        dtype: Any = None,
+        **kwargs: Any,
+    ) -> None:
+        presets.check_preset_version(preset_version, "ShuffleNetBackbone config")
+        family = _validation.choice(family, FAMILIES, "family")
+        features = _with_policy(
+            dtype, lambda: _build(family, width, groups, shuffle, image_shape, padding)
+        )
+        super().__init__(inputs=features.input, outputs=features.output, dtype=dtype, **kwargs)
+        described = architecture.describe(features)
+        ends = [architecture.STEM_POOL] + [
+            architecture.unit_layer(stage, units, architecture.unit_parts(family, units)[-1])
+            for stage, units in described.stages()
+        ]
+        self.pyramid_outputs = {
+            level: features.get_layer(name).output
+            for level, name in zip(PYRAMID_LEVELS, ends, strict=True)
+        }
+        self.width, self.family, self.groups = width, family, groups
+        self.shuffle, self.image_shape, self.padding = shuffle, tuple(image_shape), padding
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(
+            width=self.width,
+            family=self.family,
+            groups=self.groups,
+            shuffle=self.shuffle,
+            image_shape=self.image_shape,
+            padding=self.padding,
+            preset_version=PRESET_VERSION,
+        )
+        return config
+
+    @classmethod
+    def from_preset(
+        cls, preset: str | os.PathLike, load_weights: bool = True, **kwargs: Any
+    ) -> "ShuffleNetBackbone":
+        """The backbone of a preset: a name of `hub.list_presets()` (built once from the
+        weights registry, then cached) or a folder written by `save_to_preset`.
+
+        Raises:
+            ValueError: a folder that is not a whole preset of this package, naming the
+                file and the field.
+        """
+        folder = presets.preset_folder(preset)
+        return presets.load_checked(folder, super().from_preset, load_weights, False, **kwargs)

@@ -1,0 +1,95 @@
+"""`ShuffleNetImageClassifier`: keras-hub's `ImageClassifier` on a `ShuffleNetBackbone`,
+with its class names; `from_preset` also builds the registry's presets
+(`shufflenet_v2_x1_0_imagenet`, ...: `hub.presets`)."""
+
+import os
+from typing import Any
+
+import keras
+from keras_hub.models import ImageClassifier
+
+from keras_autoshuffle.hub import presets
+from keras_autoshuffle.hub.backbone import ShuffleNetBackbone
+from keras_autoshuffle.hub.image_classifier_preprocessor import (
+    ShuffleNetImageClassifierPreprocessor,
+)
+
+
+def _check_class_names(class_names, num_classes):
+    """`class_names` as a list of strings, one per class, or None; ValueError otherwise."""
+    if class_names is None:
+        return None
+    if isinstance(class_names, str) or not all(isinstance(n, str) for n in class_names):
+        raise ValueError(
+            f"`class_names` must be a list of strings. Received: class_names={class_names!r:.80}"
+        )
+    if len(class_names) != num_classes:
+        raise ValueError(
+            f"`class_names` must name each of the num_classes={num_classes} outputs (pass "
+            "class_names=None, or new names, with a new num_classes). Received: "
+            f"{len(class_names)} class_names"
+        )
+    return list(class_names)
+
+
+@keras.saving.register_keras_serializable(package="keras_autoshuffle")
+class ShuffleNetImageClassifier(ImageClassifier):
+    """A ShuffleNet image classifier: `backbone`, average pooling, a Dense layer
+    (`predictions`), and a preprocessor that takes raw images (`fit`, `predict`).
+
+    Args:
+        backbone: a `ShuffleNetBackbone`.
+        num_classes: the number of classes.
+        preprocessor: a `ShuffleNetImageClassifierPreprocessor`, or None (inputs are
+            the model's already).
+        class_names: the name of each output, in order, or None; saved in the preset.
+        **kwargs: other `ImageClassifier` arguments: `activation` (of the Dense layer;
+            default None, logits, as torchvision's), `pooling`, `dropout`, `name`.
+
+    Example:
+        >>> classifier = ShuffleNetImageClassifier.from_preset("shufflenet_v2_x1_0_imagenet")
+        >>> classifier.predict(images)  # raw pixels, any size
+        >>> tuned = ShuffleNetImageClassifier.from_preset(
+        ...     "shufflenet_v2_x1_0_imagenet", num_classes=5)  # a new head
+    """
+
+    backbone_cls = ShuffleNetBackbone
+    preprocessor_cls = ShuffleNetImageClassifierPreprocessor
+
+    def __init__(
+        self,
+        backbone: ShuffleNetBackbone,
+        num_classes: int,
+        preprocessor: ShuffleNetImageClassifierPreprocessor | None = None,
+        class_names: list[str] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        class_names = _check_class_names(class_names, num_classes)
+        super().__init__(backbone, num_classes, preprocessor=preprocessor, **kwargs)
+        self.class_names = class_names
+
+    def get_config(self) -> dict:
+        config = super().get_config()
+        config.update(class_names=self.class_names)
+        return config
+
+    @classmethod
+    def from_preset(
+        cls, preset: str | os.PathLike, load_weights: bool = True, **kwargs: Any
+    ) -> "ShuffleNetImageClassifier":
+        """The classifier of a preset: a name of `presets` (built once from the weights
+        registry, then cached) or a folder written by `save_to_preset`. With
+        `num_classes`, a new head (and `class_names`, default none) on the preset's
+        backbone.
+
+        Raises:
+            ValueError: a folder that is not a whole preset of this package, naming the
+                file and the field.
+        """
+        folder = presets.preset_folder(preset)
+        new_head = "num_classes" in kwargs
+        if new_head:
+            kwargs.setdefault("class_names", None)
+        return presets.load_checked(
+            folder, super().from_preset, load_weights, not new_head, **kwargs
+        )

@@ -1,0 +1,205 @@
+"""The presets: the weights registry's checkpoints as keras-hub presets, and the checks of
+a preset folder before keras-hub loads it.
+
+One registry: each entry of `applications.CHECKPOINTS` is a preset named as keras-hub
+names its own (`shufflenet_v2_x1_0.imagenet` -> `shufflenet_v2_x1_0_imagenet`). The first
+`from_preset(name)` builds it from the registry (`ShuffleNetV2(width, weights=entry.name)`:
+download, hash check, conversion without torch, as `weights="imagenet"`), copies the
+weights layer by layer into a `ShuffleNetImageClassifier` with the checkpoint's
+evaluation transform and class names, and saves it with `save_to_preset` into Keras's
+cache (`<cache>/models/<preset name>/`), atomically; later calls load that folder.
+"""
+
+import json
+import os
+import re
+from collections.abc import Callable
+from typing import Any
+
+import keras
+
+from keras_autoshuffle import _atomic, _validation
+from keras_autoshuffle.applications.weights import registry
+
+# The layout of the configs this package writes into a preset (`config.json`'s
+# `preset_version`); a preset of a later layout is refused instead of misread.
+PRESET_VERSION = 1
+# The class that `from_preset(name)` builds, found as keras-hub finds a preset's classes:
+# by its registered name (its module imports this one).
+CLASSIFIER = "keras_autoshuffle>ShuffleNetImageClassifier"
+# torchvision's license, which its ImageNet weights are published under.
+LICENSE = "BSD-3-Clause"
+PACKAGE_PREFIX = "keras_autoshuffle>"
+# The files of a preset keras-hub's `save_to_preset` writes, each a serialized object.
+CONFIG_FILES = ("config.json", "task.json", "preprocessor.json", "image_converter.json")
+WEIGHTS_FILE, TASK_WEIGHTS_FILE = "model.weights.h5", "task.weights.h5"
+# The layers of keras-hub's `ImageClassifier` head (in `task.weights.h5`).
+TASK_LAYERS = ("pooler", "output_dropout", "predictions")
+# Keras's message when a saved variable's shape is not the layer's (Keras 3.15).
+_SHAPE_MISMATCH = re.compile(
+    r"name=(\w+).*?variable\.shape=(\([^)]*\)), Received: value\.shape=(\([^)]*\))", re.S
+)
+
+
+def check_preset_version(version: object, where: str) -> int:
+    """`version` as an int; ValueError naming `where` unless it is a layout this package
+    reads (1 to `PRESET_VERSION`)."""
+    if not _validation.is_integer(version) or not 1 <= version <= PRESET_VERSION:
+        raise ValueError(
+            f"{where}: `preset_version` {version!r} is not one this keras-autoshuffle reads "
+            f"(1 to {PRESET_VERSION}); the preset was written by a newer version: upgrade "
+            f"keras-autoshuffle. Received: preset_version={version!r}"
+        )
+    return int(version)
+
+
+def preset_name(entry: registry.Checkpoint) -> str:
+    """The preset name of a registry entry: `shufflenet_v2_x1_0_imagenet`."""
+    return entry.name.replace(".", "_")
+
+
+def _entries() -> dict[str, registry.Checkpoint]:
+    return {preset_name(e): e for e in map(registry.CHECKPOINTS.get, sorted(registry.CHECKPOINTS))}
+
+
+def list_presets() -> dict[str, dict]:
+    """The presets, as keras-hub's `presets` tables: {name: {"metadata": {...}}} with the
+    description, parameter count, accuracy as torchvision reports it, license, source."""
+    return {
+        name: {
+            "metadata": {
+                "description": (
+                    f"ShuffleNet v2 {entry.width}x trained on {entry.dataset} by torchvision, "
+                    f"evaluated at {entry.crop_size}x{entry.crop_size} (shorter side "
+                    f"resized to {entry.resize_size}, centre crop)."
+                ),
+                "params": entry.num_params,
+                "path": "shufflenet",
+                "metrics": entry.metrics,
+                "license": LICENSE,
+                "source": entry.url,
+                "weights": entry.name,
+            }
+        }
+        for name, entry in _entries().items()
+    }
+
+
+def preset_folder(preset: str | os.PathLike) -> str:
+    """The folder (or keras-hub handle) to load for `preset`: a preset name is built from
+    the registry once (`build_preset`); anything else is returned as it is."""
+    entry = _entries().get(preset) if isinstance(preset, str) else None
+    return build_preset(entry) if entry else os.fspath(preset)
+
+
+def build_preset(entry: registry.Checkpoint) -> str:
+    """The cached preset folder of registry `entry`, built and saved on the first call."""
+    folder = os.path.join(registry.cache_dir(), registry.CACHE_SUBDIR, preset_name(entry))
+    if not os.path.isfile(os.path.join(folder, TASK_WEIGHTS_FILE)):
+        _atomic.write_atomically(folder, lambda partial: _classifier(entry).save_to_preset(partial))
+    return folder
+
+
+def _classifier(entry):
+    """The registry checkpoint `entry` as a `ShuffleNetImageClassifier`, preprocessor and
+    class names included: the weights of `ShuffleNetV2(weights=entry.name)`, by layer."""
+    from keras_autoshuffle.applications import ShuffleNetV2
+
+    classifier_cls = keras.saving.get_registered_object(CLASSIFIER)
+    preprocessor_cls = classifier_cls.preprocessor_cls
+    source = ShuffleNetV2(
+        entry.width,
+        weights=entry.name,
+        classes=entry.classes,
+        classifier_activation=None,
+        stem="imagenet",
+        input_shape=(None, None, 3),
+    )
+    converter = preprocessor_cls.image_converter_cls(
+        image_size=(entry.crop_size, entry.crop_size),
+        resize_size=entry.resize_size,
+        scale=[1 / (255 * s) for s in entry.std],
+        offset=[-m / s for m, s in zip(entry.mean, entry.std, strict=True)],
+    )
+    classifier = classifier_cls(
+        classifier_cls.backbone_cls(entry.width),
+        entry.classes,
+        preprocessor_cls(converter),
+        class_names=entry.class_names(),
+    )
+    for layer in classifier.backbone.layers + [classifier.output_dense]:
+        if layer.weights:
+            layer.set_weights(source.get_layer(layer.name).get_weights())
+    return classifier
+
+
+def _read_config(folder, name):
+    """The JSON of `folder/name`, its class checked to be this package's; None if absent."""
+    path = os.path.join(folder, name)
+    if not os.path.exists(path):
+        return None
+    try:
+        with open(path) as handle:
+            config = json.load(handle)
+        registered = config["registered_name"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"{path} is not a keras-hub preset config ({type(error).__name__}: {error})."
+        ) from None
+    if not str(registered).startswith(PACKAGE_PREFIX):
+        raise ValueError(
+            f"{path}: `registered_name` names a class that is not keras_autoshuffle's; this "
+            f"package loads only its own. Received: registered_name={registered!r}"
+        )
+    return config
+
+
+def check_folder(folder: str, task: bool = True) -> None:
+    """Refuses a local preset folder that is not a whole preset of this package, with a
+    ValueError naming the file and the field: a missing config or weights file, a class
+    that is not this package's, a newer layout, class names of another count. Remote
+    handles (`kaggle://`, `hf://`) are left to keras-hub. `task=False`: the backbone's
+    files only (a backbone, or a classifier with a new head)."""
+    if "://" in folder:
+        return
+    if not os.path.isdir(folder):
+        raise ValueError(
+            f"`preset` must be a preset name ({sorted(_entries())}) or a preset folder. "
+            f"Received: preset={folder!r}"
+        )
+    configs = {name: _read_config(folder, name) for name in CONFIG_FILES}
+    needed = ["config.json", WEIGHTS_FILE]
+    if configs["task.json"] is not None and task:
+        needed.append(TASK_WEIGHTS_FILE)
+    for name in needed:
+        if not os.path.isfile(os.path.join(folder, name)):
+            raise ValueError(f"{os.path.join(folder, name)} is missing: not a whole preset.")
+    path = os.path.join(folder, "config.json")
+    check_preset_version(configs["config.json"]["config"].get("preset_version"), path)
+    if task and configs["task.json"] is not None:
+        task_config = configs["task.json"]["config"]
+        names, count = task_config.get("class_names"), task_config.get("num_classes")
+        if names is not None and len(names) != count:
+            raise ValueError(
+                f"{os.path.join(folder, 'task.json')}: `class_names` has {len(names)} names "
+                f"but `num_classes` is {count}. Received: {len(names)} class_names"
+            )
+
+
+def load_checked(folder: str, load: Callable, load_weights: bool, task: bool, **kwargs: Any) -> Any:
+    """`load(folder, load_weights, **kwargs)` (a keras-hub `from_preset`) after
+    `check_folder(folder, task)`; a weights file that does not fit the config (Keras's
+    shape mismatch) is named, with the first layer that does not fit."""
+    check_folder(folder, task)
+    try:
+        return load(folder, load_weights, **kwargs)
+    except ValueError as error:
+        found = _SHAPE_MISMATCH.search(str(error))
+        if "://" in folder or found is None:
+            raise
+        layer, wanted, saved = found.groups()
+        path = os.path.join(folder, TASK_WEIGHTS_FILE if layer in TASK_LAYERS else WEIGHTS_FILE)
+        raise ValueError(
+            f"{path} does not fit the net of config.json / task.json (weights of another width "
+            f"or class count?): layer {layer!r} has shape {wanted}. Received: {saved}"
+        ) from None

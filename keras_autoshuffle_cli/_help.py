@@ -1,0 +1,73 @@
+"""What the commands' command lines share: one help formatter, one way to make a parser,
+the count type, and the hand-over to the command's work."""
+
+import argparse
+import importlib
+import math
+from collections.abc import Sequence
+from typing import NoReturn
+
+from keras_autoshuffle_cli._terminal import printable
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Each option's default appended as "(default: ...)", the description and the example
+    kept as written. A default of None or a flag's False is not shown: "(default: None)" says
+    nothing, so such an option's help text says what happens without it."""
+
+    def _get_help_string(self, action):
+        if action.default is None or action.default is False or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+class _CommandParser(argparse.ArgumentParser):
+    """argparse's parser whose error messages are escaped (`printable`): its "unrecognized
+    arguments" and the commands' own `p.error` calls quote the command line raw."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(printable(message))
+
+
+def command_parser(prog: str, description: str, example: str) -> argparse.ArgumentParser:
+    """An argument parser for command `prog`: `description` on top, defaults shown, and
+    `example` (one command line) in the epilog."""
+    return _CommandParser(
+        prog=prog,
+        description=description,
+        epilog=f"example:\n  {example}",
+        formatter_class=HelpFormatter,
+    )
+
+
+def positive_int_argument(text: str) -> int:
+    """An argparse `type=`: a positive integer (the command lines' counts), or a usage error
+    that quotes the text."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def percentage_points_argument(text: str) -> float:
+    """An argparse `type=`: a number of percentage points in [0, 100] (--int8-max-drop), as
+    `keras_autoshuffle._validation.percentage_points` checks it in Python, or a usage error
+    that quotes the text (NaN, inf and 1e308 included)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(
+            f"must be a number of percentage points in [0, 100], got {text!r}"
+        )
+    return value + 0.0  # -0 as 0
+
+
+def run_command(name: str, argv: Sequence[str] | None) -> int:
+    """Runs `keras_autoshuffle.commands.<name>.main(argv)`, the command's work, imported only
+    now: the arguments were parsed without Keras (it parses them again, in microseconds)."""
+    return importlib.import_module(f"keras_autoshuffle.commands.{name}").main(argv)

@@ -1,0 +1,152 @@
+"""LiteRT metadata (`export.metadata`): the class names and the input's normalisation read
+back from float and int8 `.tflite` files, which compute what they did before; MediaPipe
+Tasks' `ImageClassifier` runs them as is and names the Keras model's classes."""
+
+import importlib.util
+
+import keras
+import numpy as np
+import pytest
+from helpers import needs_extra, tiny_v2
+
+from keras_autoshuffle import export
+from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD
+from keras_autoshuffle.export import metadata
+
+LABELS = ["zéro", "one", "two", "three"]
+# The digits 0-3 of sklearn's scans, upsampled to the net's 16 x 16 and tinted, so that
+# each channel differs and ImageNet's per-channel normalisation matters.
+TINT = np.array([1.0, 0.7, 0.4])
+
+needs_mediapipe = pytest.mark.skipif(
+    importlib.util.find_spec("mediapipe") is None,
+    reason="writing LiteRT metadata needs the mediapipe extra",
+)
+
+
+def _digits():
+    """Real images of 4 classes: (uint8 RGB (n, 16, 16, 3), labels)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    keep = digits.target < len(LABELS)
+    grey = np.kron(digits.images[keep] / 16.0, np.ones((2, 2)))[..., None]
+    return np.round(255 * grey * TINT).astype("uint8"), digits.target[keep]
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """(a tiny ShuffleNet v2 taking RGB in [0, 1], trained for 2 epochs on 600 digits, so
+    that it tells the images apart; its float file; held-out images; the file's outputs on
+    them before any metadata)."""
+    images, labels = _digits()
+    keras.utils.set_random_seed(0)
+    model = metadata.with_input_normalization(tiny_v2(classes=len(LABELS), weights=None))
+    model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
+    model.fit(images[:600] / 255, labels[:600], epochs=2, batch_size=64, verbose=0)
+    held_out = images[600:640]
+    folder = tmp_path_factory.mktemp("export")
+    path = export.export_model(model, folder, held_out[:8] / 255, formats=("litert",))
+    path = path["litert"]["path"]
+    return model, path, held_out, export.litert_outputs(path, held_out / np.float32(255))
+
+
+@needs_mediapipe
+@pytest.mark.slow  # the module's fixture trains and exports (~45 s on 2 busy cores)
+def test_float_file_carries_labels_and_normalization(exported):
+    _, path, images, before = exported
+    assert metadata.read_litert_metadata(path) is None
+    metadata.describe_litert(path, LABELS)
+    assert metadata.read_litert_metadata(path) == {"labels": LABELS, "mean": [0.0], "std": [255.0]}
+    # The interpreter ignores the metadata: the file computes what it did.
+    np.testing.assert_array_equal(export.litert_outputs(path, images / np.float32(255)), before)
+    # Described again: replaced, not added.
+    metadata.describe_litert(path, LABELS[::-1], mean=[127.5], std=[127.5])
+    assert metadata.read_litert_metadata(path)["labels"] == LABELS[::-1]
+
+
+@needs_mediapipe
+@pytest.mark.slow  # the module's fixture trains and exports (~45 s on 2 busy cores)
+def test_labels_of_another_count_are_refused(exported):
+    _, path, _, _ = exported
+    content = open(path, "rb").read()
+    with pytest.raises(ValueError, match=r"`labels` must name each of the 4 outputs.*3 labels"):
+        metadata.describe_litert(path, LABELS[:3])
+    with pytest.raises(ValueError, match="non-empty names without line breaks"):
+        metadata.describe_litert(path, ["a", "b\nc", "d", "e"])
+    with pytest.raises(ValueError, match="equally many numbers"):
+        metadata.describe_litert(path, LABELS, mean=[0.0, 0.0], std=[255.0])
+    assert open(path, "rb").read() == content  # nothing written
+
+
+def test_input_normalization_is_a_serializable_layer(tmp_path):
+    net = tiny_v2(classes=len(LABELS), weights=None)
+    model = metadata.with_input_normalization(net)
+    images = _digits()[0][:4]
+    normalized = (images / 255 - np.array(IMAGENET_MEAN)) / np.array(IMAGENET_STD)
+    expected = net.predict(normalized.astype("float32"), verbose=0)
+    np.testing.assert_allclose(model.predict(images / 255, verbose=0), expected, atol=1e-5)
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras", safe_mode=True)
+    np.testing.assert_allclose(loaded.predict(images / 255, verbose=0), expected, atol=1e-5)
+    with pytest.raises(ValueError, match=r"`std` must be.*Received: mean"):
+        metadata.with_input_normalization(net, std=(0.2, 0.0, 0.2))
+
+
+@needs_mediapipe
+@pytest.mark.slow
+def test_mediapipe_image_classifier_names_the_keras_models_classes(exported, tmp_path):
+    """MediaPipe Tasks' own ImageClassifier, given the float and the int8 file alone and
+    real images, names the class the Keras model predicts (int8: on most images)."""
+    from mediapipe import Image, ImageFormat
+    from mediapipe.tasks.python import BaseOptions, vision
+
+    model, float_path, images, _ = exported
+    expected = [LABELS[i] for i in np.argmax(model.predict(images / 255, verbose=0), -1)]
+    assert len(set(expected)) == len(LABELS)  # images the net tells apart
+    calibration = _digits()[0][:64] / 255
+    int8_path = export.export_int8(model, tmp_path / "model_int8.tflite", calibration)
+    named = {}
+    for path in (float_path, int8_path):
+        metadata.describe_litert(path, LABELS)
+        options = vision.ImageClassifierOptions(
+            base_options=BaseOptions(model_asset_path=str(path)), max_results=1
+        )
+        with vision.ImageClassifier.create_from_options(options) as classifier:
+            named[path] = [
+                classifier.classify(Image(image_format=ImageFormat.SRGB, data=image))
+                .classifications[0]
+                .categories[0]
+                .category_name
+                for image in images
+            ]
+    assert named[float_path] == expected
+    agreement = np.mean(np.array(named[int8_path]) == np.array(expected))
+    assert agreement >= 0.9, (named[int8_path], expected)
+
+
+@needs_extra("onnx")
+@needs_extra("openvino")
+def test_onnx_and_openvino_files_carry_labels_and_normalization(tmp_path):
+    """`metadata_props` and `rt_info`: read back, described again in place, refused for a
+    wrong count with nothing written; the files compute what they did."""
+    images = (_digits()[0][:4] / 255).astype("float32")
+    net = tiny_v2(classes=len(LABELS), weights=None)
+    written = export.export_model(net, tmp_path, images, formats=("onnx", "openvino"))
+    onnx_path, openvino_path = written["onnx"]["path"], written["openvino"]["path"]
+    before = export.onnx_outputs(onnx_path, images), export.openvino_outputs(openvino_path, images)
+    cases = (
+        (metadata.describe_onnx, metadata.read_onnx_metadata, onnx_path),
+        (metadata.describe_openvino, metadata.read_openvino_metadata, openvino_path),
+    )
+    for describe, read, path in cases:
+        assert read(path) is None
+        describe(path, LABELS, metadata.IMAGENET_PIXEL_MEAN, metadata.IMAGENET_PIXEL_STD)
+        describe(path, LABELS)
+        assert read(path) == {"labels": LABELS, "mean": [0.0], "std": [255.0]}
+        with pytest.raises(ValueError, match=r"each of the 4 outputs.*Received: 5 labels"):
+            describe(path, [*LABELS, "four"])
+        assert read(path)["labels"] == LABELS
+    after = export.onnx_outputs(onnx_path, images), export.openvino_outputs(openvino_path, images)
+    np.testing.assert_array_equal(after[0], before[0])
+    np.testing.assert_array_equal(after[1], before[1])
