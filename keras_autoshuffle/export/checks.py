@@ -67,7 +67,9 @@ def unsupported_formats(
                 f"KERAS_BACKEND={keras.backend.backend()}"
             )
         elif not _installed("ai_edge_litert"):
-            reasons["litert"] = "the LiteRT check needs ai_edge_litert (pip install ai-edge-litert)"
+            reasons["litert"] = (
+                "the LiteRT check needs ai_edge_litert (pip install 'keras-autoshuffle[litert]')"
+            )
         elif half:
             reasons["litert"] = (
                 f"a model computing in {half[0]} (mixed precision) converts to TensorFlow Flex "
