@@ -20,9 +20,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from keras_autoshuffle import _startup
     from keras_autoshuffle._terminal import printable
-    from keras_autoshuffle.data.image_cache import ImageCacheError
     from keras_autoshuffle.finetuning import finetune
-    from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 
     _startup.find_devices_quietly()  # before TensorFlow first looks for them, noisily
     try:
@@ -51,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
             overwrite=args.overwrite,
             verbose=args.verbose,
         )
-    except (ValueError, RunDirectoryError, ImageCacheError) as error:
+    # Bad input, a refused folder or file, a failed download, a full or read-only disk.
+    except (ValueError, OSError) as error:
         print(f"autoshuffle-finetune: error: {printable(str(error))}", file=sys.stderr)
         return 2
     print(summary(report))
@@ -78,6 +77,8 @@ def summary(report: dict) -> str:
             lines.append(f"  {int8_check_line(key, report[key])}")
             if report[key].get("refused"):
                 lines.append(f"    {report[key]['refused']}")
+    for name, why in report.get("not_exported", {}).items():
+        lines.append(f"  {name} not written: {why}")
     return "\n".join(lines)
 
 

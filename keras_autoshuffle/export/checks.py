@@ -103,7 +103,7 @@ def unsupported_formats(
 # beyond its float format's ({format: (modules, extra)}).
 INT8_QUANTIZERS = {
     "litert": ((), None),  # the TensorFlow converter
-    "onnx": (("onnxruntime",), "keras-autoshuffle[onnx]"),  # onnxruntime.quantization
+    "onnx": (("onnxruntime",), EXTRAS["onnx"]),  # onnxruntime.quantization
     "openvino": (("nncf",), "keras-autoshuffle[openvino-int8]"),
 }
 

@@ -59,6 +59,21 @@ def weights_source(weights: str | os.PathLike | None) -> str | None:
     return f"sha256:{digest.hexdigest()}"
 
 
+def check_weights(weights: str | os.PathLike | None, width: float, image_size: int) -> None:
+    """Makes sure the run can start from `weights` before any image is read: builds its
+    starting network once (`build_classifier`, two classes), so the ImageNet weights are
+    downloaded and converted now (or their download fails now) and a `.keras` file of
+    another width or architecture is refused by name.
+
+    Raises:
+        ValueError: a `.keras` file that does not fit (as `build_classifier`).
+        OSError: the ImageNet weights cannot be downloaded (the URL and the way to get
+            them by hand named).
+    """
+    if weights is not None:
+        build_classifier(width, 2, image_size, weights)
+
+
 def build_classifier(
     width: float,
     classes: int,

@@ -628,6 +628,7 @@ def write_report(output_dir: str | os.PathLike, report: dict) -> dict[str, str]:
       "accuracy_drop" (percentage points below the float model), "max_accuracy_drop" (its
       bound), "top1_agreement" (with the float model, a fraction), "test_examples",
       "path" (where written), "refused" (True, or why)}`.
+    - `report["not_exported"]`: `{file name: why this install did not write it}`.
     - `report["cpu"]`: the CPU the latencies were measured on (default: this machine's,
       `cpu_name()`).
     - `report["written"]`: the "Written" line's text (default: now, in UTC).
@@ -680,6 +681,8 @@ def write_report(output_dir: str | os.PathLike, report: dict) -> dict[str, str]:
         lines += _validation_lines(validation, CONFUSION_PNG if paths else None)
     if files:
         lines += _files_lines(files, output_dir, cpu)
+    for name, why in (report.get("not_exported") or {}).items():
+        lines += [f"Not written: {_md(name)} ({_md(why)}).", ""]
     for key, runtime in INT8_RUNTIMES.items():
         if int8[key]:
             lines += _int8_lines(int8[key], runtime)

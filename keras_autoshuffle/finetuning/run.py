@@ -41,7 +41,15 @@ from keras_autoshuffle.finetuning import evaluation, network
 from keras_autoshuffle.finetuning.raw_inputs import raw_input_model
 from keras_autoshuffle.finetuning.report import classification_metrics, cpu_name, write_report
 from keras_autoshuffle.training import exports as training_exports
-from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, read_json
+from keras_autoshuffle.training.fault_tolerance import (
+    BACKUP,
+    METADATA_FILE,
+    WEIGHTS_FILE,
+    RunDirectoryError,
+    full_disk_error,
+    locked_folder,
+    read_json,
+)
 from keras_autoshuffle.training.identity import differences, recipe_fields
 from keras_autoshuffle.training.loops import train
 from keras_autoshuffle.training.recipes import Recipe
@@ -63,6 +71,8 @@ RUN_FILES = (
     LABELS_FILE,
     SPLIT_FILE,
 )
+# What is exported beside model.keras by default, where this install can.
+EXPORT_FORMATS = ("litert", "onnx", "openvino")
 MOMENTUM, WEIGHT_DECAY, HEAD_RATE_FACTOR = 0.9, 4e-5, 10
 CLASS_WEIGHTS = ("balanced", None)
 # The resize before the centre crop: torchvision's 256 for 224.
@@ -154,9 +164,15 @@ def finetune(
             matrix, and each exported file's accuracy, size and latency.
 
     Raises:
-        ValueError: a bad argument, image folder or `weights` file, before any training.
+        ValueError: a bad argument, image folder or `weights` file, before any image is
+            decoded (a `batch_size` larger than the training images right after the scan).
         RunDirectoryError: `output_dir` holds a finished run (without `overwrite`) or a
-            run with other settings.
+            run with other settings, is used by another living run (its lock,
+            `fault_tolerance.locked_folder`), cannot be made or written, or is inside the
+            image folder or holds it.
+        OSError: the ImageNet weights cannot be downloaded (before the scan), or the disk
+            is full. A run that fails removes its image cache and, where no epoch was
+            finished, every file it wrote.
     """
     pretrained = weights is not None
     options = _check_arguments(
@@ -173,14 +189,40 @@ def finetune(
         include_preprocessing=include_preprocessing,
         cache_images=cache_images,
         verbose=verbose,
+        seed=seed,
         pretrained=pretrained,
     )
-    int8_bound = _validation.percentage_points(max_accuracy_drop, "max_accuracy_drop")
+    options["int8_bound"] = _validation.percentage_points(max_accuracy_drop, "max_accuracy_drop")
     source = network.weights_source(weights)
     include_preprocessing = options["include_preprocessing"]
     formats = _check_formats(export_formats, options["int8"], include_preprocessing)
-    output_dir = os.fspath(output_dir)
-    replace = _finished(output_dir, overwrite)
+    options["left_out"] = _left_out(export_formats)
+    output_dir = _check_output(output_dir, images)
+    # Downloaded (or refused) before any folder is made or image scanned.
+    network.check_weights(weights, options["width"], options["image_size"])
+    given = dict(
+        val_fraction=val_fraction,
+        split_seed=split_seed,
+        skip_damaged=skip_damaged,
+        overwrite=overwrite,
+    )
+    with locked_folder(output_dir):
+        try:
+            return _fine_tune(images, output_dir, weights, source, options, formats, given)
+        except BaseException as error:
+            remove_failed_run(output_dir)
+            full = _full_disk(error, output_dir, formats)
+            if full is not None:
+                raise full from None
+            raise
+
+
+def _fine_tune(images, output_dir, weights, source, options, formats, given):
+    """`finetune()` once its arguments are checked and its folder locked."""
+    val_fraction, split_seed = given["val_fraction"], given["split_seed"]
+    seed, verbose = options["seed"], options["verbose"]
+    include_preprocessing = options["include_preprocessing"]
+    replace = _finished(output_dir, given["overwrite"])
     record = os.path.join(output_dir, SPLIT_FILE)
     train_data, val_data, split = image_folder(
         images,
@@ -189,9 +231,10 @@ def finetune(
         split_seed=split_seed,
         seed=seed,
         flip=options["flip"],
-        skip_damaged=skip_damaged,
+        skip_damaged=given["skip_damaged"],
         record=None if replace else record,  # a finished run's split is not reused
     )
+    _check_batch_size(options["batch_size"], train_data)  # before the cache is built
     training_exports.check_calibration_images(train_data.num_examples, options["int8"])
     if replace:  # only now: a bad folder leaves the finished run as it was
         clear_run(output_dir)
@@ -218,40 +261,14 @@ def finetune(
         label_smoothing=options["label_smoothing"],
         class_weight=weighting,
     )
-    build = dict(width=options["width"], classes=len(split.class_names), size=image_size)
-    start = weights
-    if options["head_epochs"]:
-        _run_phase(
-            lambda: network.freeze(_classifier(build, weights), network.FROZEN_BASE),
-            _recipe(options, HEAD_RATE_FACTOR * options["learning_rate"], "head_epochs"),
-            os.path.join(output_dir, HEAD_DIR),
-            {**settings, "frozen": network.FROZEN_BASE},
-            **phase,
-        )
-        start = os.path.join(output_dir, HEAD_DIR, "model.keras")
-    frozen = network.FROZEN_BATCH_NORM if pretrained else None
-    head_trained = bool(options["head_epochs"])
-    _run_phase(
-        lambda: network.freeze(_classifier(build, start, with_head=head_trained), frozen),
-        _recipe(options, options["learning_rate"], "epochs"),
-        os.path.join(output_dir, ALL_DIR),
-        {**settings, "frozen": frozen},
-        **phase,
-    )
+    build = dict(width=options["width"], classes=len(split.class_names), size=options["image_size"])
+    _train_phases(output_dir, weights, options, settings, build, phase)
     _atomic.remove(os.path.join(output_dir, CACHE_DIR))  # training's only: gone before exports
     model = keras.saving.load_model(
         os.path.join(output_dir, ALL_DIR, "model.keras"), compile=False, safe_mode=True
     )
     report = {
-        "data": {
-            "images": os.path.abspath(os.fspath(images)),
-            "classes": list(split.class_names),
-            "train_examples": train_data.num_examples,
-            "val_examples": val_data.num_examples,
-            "source": split.source,
-            "skipped": [list(entry) for entry in split.skipped],
-            "ignored_files": split.ignored,
-        },
+        "data": _data_record(images, split, train_data, val_data),
         "settings": {
             **settings,
             "weights": weights if weights is None else os.fspath(weights),
@@ -273,11 +290,52 @@ def finetune(
         report.update(_export_raw_input(model, output_dir, val_data, formats, probabilities))
     else:
         exported = (model, output_dir, train_data, val_data, formats, probabilities)
-        report.update(_export(*exported, options["int8"], int8_bound, split.class_names))
+        int8 = options["int8"], options["int8_bound"]
+        report.update(_export(*exported, *int8, split.class_names))
+    if options["left_out"]:  # by default, what this install cannot write
+        report["not_exported"] = options["left_out"]
     report["cpu"] = cpu_name()  # the latencies' machine
     report["written"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     write_report(output_dir, report)
     return report
+
+
+def _data_record(images, split, train_data, val_data):
+    """The report's "data": the images, the classes, the split and what was skipped."""
+    return {
+        "images": os.path.abspath(os.fspath(images)),
+        "classes": list(split.class_names),
+        "train_examples": train_data.num_examples,
+        "val_examples": val_data.num_examples,
+        "source": split.source,
+        "skipped": [list(entry) for entry in split.skipped],
+        "ignored_files": split.ignored,
+    }
+
+
+def _train_phases(output_dir, weights, options, settings, build, phase):
+    """The head phase (with pretrained weights) and the whole-net phase, each `train()`
+    into its folder (`_run_phase`: a finished one is not trained again)."""
+    pretrained = weights is not None
+    start = weights
+    if options["head_epochs"]:
+        _run_phase(
+            lambda: network.freeze(_classifier(build, weights), network.FROZEN_BASE),
+            _recipe(options, HEAD_RATE_FACTOR * options["learning_rate"], "head_epochs"),
+            os.path.join(output_dir, HEAD_DIR),
+            {**settings, "frozen": network.FROZEN_BASE},
+            **phase,
+        )
+        start = os.path.join(output_dir, HEAD_DIR, "model.keras")
+    frozen = network.FROZEN_BATCH_NORM if pretrained else None
+    head_trained = bool(options["head_epochs"])
+    _run_phase(
+        lambda: network.freeze(_classifier(build, start, with_head=head_trained), frozen),
+        _recipe(options, options["learning_rate"], "epochs"),
+        os.path.join(output_dir, ALL_DIR),
+        {**settings, "frozen": frozen},
+        **phase,
+    )
 
 
 def _check_arguments(pretrained, **given):
@@ -307,6 +365,11 @@ def _check_arguments(pretrained, **given):
     )
     for name in ("flip", "int8", "include_preprocessing", "cache_images"):
         options[name] = _validation.boolean(given[name], name)
+    options["seed"] = _validation.non_negative_int(given["seed"], "seed")
+    if options["seed"] >= 2**32:  # NumPy's and TensorFlow's seeds are 32-bit
+        raise ValueError(
+            f"`seed` must be an integer in [0, 2**32 - 1]. Received: seed={given['seed']!r}"
+        )
     if given["int8"] and given["include_preprocessing"]:
         raise ValueError(
             "The int8 file quantizes the classifier alone; with its preprocessing inside, the "
@@ -322,9 +385,8 @@ def _check_formats(export_formats, int8, include_preprocessing=False):
     """The export formats: the given ones (each refused by name here where it cannot be
     written), or LiteRT and the installed ones of ONNX and OpenVINO."""
     if export_formats is None:
-        candidates = ("litert", "onnx", "openvino")
-        unsupported = export_lib.unsupported_formats(candidates)
-        formats = tuple(f for f in candidates if f not in unsupported)
+        unsupported = export_lib.unsupported_formats(EXPORT_FORMATS)
+        formats = tuple(f for f in EXPORT_FORMATS if f not in unsupported)
     else:
         if isinstance(export_formats, str) or not all(isinstance(f, str) for f in export_formats):
             raise ValueError(
@@ -359,6 +421,75 @@ def _check_formats(export_formats, int8, include_preprocessing=False):
             f"OpenVINO. Received: include_preprocessing=True, export_formats={formats}"
         )
     return formats
+
+
+def _left_out(export_formats):
+    """{file name: why it is not written and what installs it} of the default exports this
+    install cannot write (none where `export_formats` names the formats: those are
+    written or refused)."""
+    if export_formats is not None:
+        return {}
+    reasons = export_lib.unsupported_formats(EXPORT_FORMATS)
+    return {export_lib.FILENAMES[fmt]: why for fmt, why in reasons.items()}
+
+
+def _check_output(output_dir, images):
+    """`output_dir` as a path, refused where it names no folder of its own: None, empty,
+    a file, or the image folder, inside it or holding it (the next scan would take the
+    run for a class; the run's clean-up could remove images)."""
+    if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir).strip():
+        raise ValueError(
+            "`output_dir` must be the path of the run's folder. "
+            f"Received: output_dir={output_dir!r}"
+        )
+    output_dir = os.fspath(output_dir)
+    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
+        raise RunDirectoryError(f"The output folder is a file. Received: output_dir={output_dir!r}")
+    if isinstance(images, (str, os.PathLike)):
+        inside = os.path.realpath(output_dir), os.path.realpath(images)
+        if os.path.commonpath(inside) in inside:
+            raise RunDirectoryError(
+                "The output folder and the image folder must be apart (neither inside the "
+                "other): the next scan would take the run for a class of images. Received: "
+                f"output_dir={output_dir!r}, images={os.fspath(images)!r}"
+            )
+    return output_dir
+
+
+def _check_batch_size(batch_size, train_data):
+    if train_data.steps(batch_size) < 1:
+        raise ValueError(
+            f"`batch_size` must be at most the {train_data.num_examples} training images "
+            f"(no full batch per epoch). Received: batch_size={batch_size}"
+        )
+
+
+def remove_failed_run(output_dir: str) -> None:
+    """After a run in `output_dir` failed: removes its image cache, and every file of the
+    run (`RUN_FILES`) where no phase holds a finished epoch (its backup) or is finished.
+    What a resume needs stays."""
+    try:
+        _atomic.remove(os.path.join(output_dir, CACHE_DIR))
+        phases = [os.path.join(output_dir, name) for name in (HEAD_DIR, ALL_DIR)]
+        kept = [REPORT_FILE] + [os.path.join(BACKUP, f) for f in (METADATA_FILE, WEIGHTS_FILE)]
+        if any(os.path.exists(os.path.join(p, name)) for p in phases for name in kept):
+            return
+        if os.path.exists(os.path.join(output_dir, REPORT_FILE)):
+            return  # a finished run (refused, or replaced by nothing yet)
+        clear_run(output_dir)
+    except OSError:
+        pass  # what cannot be removed stays (named by the error being raised)
+
+
+def _full_disk(error, output_dir, formats):
+    """`full_disk_error` of a failed run: its exports take at most `model.keras`'s size
+    each."""
+    trained = os.path.join(output_dir, ALL_DIR, "model.keras")
+    try:
+        needed = os.path.getsize(trained) * (1 + len(formats)) if os.path.exists(trained) else 0
+    except OSError:
+        needed = 0
+    return full_disk_error(error, output_dir, needed)
 
 
 def _finished(output_dir, overwrite):

@@ -3,17 +3,24 @@ Their shared options (`add_arguments`) are `keras_autoshuffle_cli.train`'s: pars
 TensorFlow loads."""
 
 import argparse
+import contextlib
 import dataclasses
 import functools
+import os
 import sys
 import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from keras_autoshuffle._terminal import printable
-from keras_autoshuffle.training.distribution import make_strategy
+from keras_autoshuffle.training.distribution import is_chief, make_strategy
 from keras_autoshuffle.training.divergence import TrainingDivergedError
-from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
+from keras_autoshuffle.training.fault_tolerance import (
+    BACKUP,
+    WEIGHTS_FILE,
+    full_disk_error,
+    locked_folder,
+)
 from keras_autoshuffle.training.identity import RunIdentity, recipe_fields
 from keras_autoshuffle.training.loops import train
 from keras_autoshuffle.training.recipes import get_recipe
@@ -221,20 +228,30 @@ def run_from_args(
     options = {name: getattr(args, name) for name in passed}
     if args.int8_max_drop is not None:
         options["max_accuracy_drop"] = args.int8_max_drop
+    # One run at a time in --output (a worker writes into its own folder inside it).
+    lock = locked_folder(args.output) if is_chief(strategy) else contextlib.nullcontext()
     try:
-        report = run(
-            model_fn,
-            train_data,
-            test_data,
-            recipe,
-            args.output,
-            strategy=strategy,
-            export=args.export_formats or not args.no_export,
-            settings=settings,
-            **options,
-        )
-    except (RunDirectoryError, TrainingDivergedError) as error:
-        sys.exit(f"error: {printable(str(error))}")
+        with lock:
+            report = run(
+                model_fn,
+                train_data,
+                test_data,
+                recipe,
+                args.output,
+                strategy=strategy,
+                export=args.export_formats or not args.no_export,
+                settings=settings,
+                **options,
+            )
+    # A refused folder or file, a full or read-only disk, a divergence: one line.
+    except (ValueError, OSError, RuntimeError) as error:
+        # The exports take at most the backup's size each (weights and optimizer state).
+        backup = os.path.join(args.output, BACKUP, WEIGHTS_FILE)
+        needed = os.path.getsize(backup) * 4 if os.path.isfile(backup) else 0
+        full = full_disk_error(error, args.output, needed)
+        if full is None and not isinstance(error, (ValueError, OSError, TrainingDivergedError)):
+            raise
+        sys.exit(f"error: {printable(str(full or error))}")
     print(format_run_summary(report))
     return report
 
@@ -278,6 +295,16 @@ def _load_data(args, recipe, manual_dir, parser):
         )
     except data.DataMissingError as error:
         sys.exit(f"error: {printable(str(error))}")
+    except Exception as error:  # TFDS's download: the network, a mirror, a missing module
+        if not args.download:
+            raise
+        folder = args.data_dir or "TFDS's folder"
+        message = (
+            f"{args.dataset} could not be downloaded into {folder} ({type(error).__name__}: "
+            f"{error}). Check the network and the folder, or prepare it on a machine with a "
+            f"network (`tfds build {args.dataset} --data_dir DIR`) and pass --data-dir DIR."
+        )
+        sys.exit(f"error: {printable(message)}")
     if args.max_train_examples:
         train_data = train_data.subset(args.max_train_examples)
     if recipe.batch_size > train_data.num_examples:  # no full batch: nothing to train on
