@@ -6,10 +6,15 @@ check a suffix accept), flushed to disk, then moved into place with `os.replace`
 within a file system. A folder cannot replace a non-empty folder in one rename: the old
 one is renamed aside first (`.old`), so for an instant the path is missing, never a mix.
 A leftover temporary of a killed writer is removed by the next write.
+
+A cache entry that several processes may build at once (`write_shared`) is written under a
+name of its own writer (pid and a random suffix) and moved into place only if no other
+writer's copy got there first.
 """
 
 import json
 import os
+import secrets
 import shutil
 
 
@@ -64,8 +69,13 @@ def move_into_place(temporary, path):
         remove(old)
     else:
         os.replace(temporary, path)
-    # The parent's entry only: walking the parent's tree would flush every file beside
-    # `path` (all of /tmp, a run's checkpoints) and block on a named pipe there.
+    _sync_entry(path)
+
+
+def _sync_entry(path):
+    """Flushes `path`'s entry in its folder: the parent's entry only, as walking the
+    parent's tree would flush every file beside `path` (all of /tmp, a run's checkpoints)
+    and block on a named pipe there."""
     _fsync(os.path.dirname(os.path.abspath(path)), os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
 
 
@@ -81,6 +91,27 @@ def write_atomically(path, write):
         remove(temporary)
         raise
     move_into_place(temporary, path)
+    return path
+
+
+def write_shared(path, write, is_whole):
+    """Like `write_atomically`, for a folder that concurrent processes may write with the
+    same content (a cache entry): each writes under a temporary of its own; the first to
+    move it into place wins and the others keep the winner's folder. A folder at `path`
+    that `is_whole(path)` refuses is replaced; returns `path`."""
+    path = os.fspath(path)
+    temporary = sibling_path(path, f"partial-{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        write(temporary)
+        sync(temporary)
+        try:
+            os.rename(temporary, path)  # fails if another writer's folder is there
+        except OSError:
+            if not is_whole(path):
+                move_into_place(temporary, path)
+        _sync_entry(path)
+    finally:
+        remove(temporary)
     return path
 
 

@@ -42,6 +42,7 @@ from keras_autoshuffle.export import (
     openvino_model,
     openvino_run,
 )
+from keras_autoshuffle.export.checks import EXTRAS
 
 LABELS_FILE = "labels.txt"
 PREPROCESSING_FILE = "preprocessing.json"
@@ -145,10 +146,10 @@ class Classifier:
         try:
             run, input_shape, output_shape, batch_size = _LOADERS[fmt](model_path)
         except Exception as error:  # each runtime raises its own types for a damaged file
-            if isinstance(error, ImportError) and fmt in _EXTRAS:  # the runtime is missing
+            if isinstance(error, ImportError) and fmt in EXTRAS:  # the runtime is missing
                 raise ValueError(
                     f"{model_path} needs {_RUNTIMES[fmt]}, which is not installed "
-                    f'({_one_line(error)}): pip install "keras-autoshuffle[{_EXTRAS[fmt]}]". '
+                    f'({_one_line(error)}): pip install "{EXTRAS[fmt]}". '
                     f"Received: path={path!r}"
                 ) from None
             raise ValueError(
@@ -730,14 +731,13 @@ def _reason(error, limit=_MAX_REASON):
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-# Who runs each format, and the extra (pyproject.toml) that installs it; Keras always is.
+# Who runs each format (`export.checks.EXTRAS`: the extra that installs it; Keras always is).
 _RUNTIMES = {
     "keras": "Keras",
     "litert": "LiteRT (ai-edge-litert)",
     "onnx": "ONNX Runtime",
     "openvino": "OpenVINO",
 }
-_EXTRAS = {"litert": "litert", "onnx": "onnx", "openvino": "openvino"}
 # Each format's loader: `(run, input shape, output shape, images per run)`, the shapes
 # without the batch axis (None: any size, or not known until run). The first output is the
 # classifier's, as the export's own readers take it: Keras's OpenVINO exporter leaves a

@@ -28,6 +28,7 @@ from keras_autoshuffle.hub import (
     ShuffleNetImageClassifierPreprocessor,
     ShuffleNetImageConverter,
     list_presets,
+    presets,
 )
 from keras_autoshuffle.layers import RelaxedShuffle
 
@@ -191,6 +192,38 @@ def test_the_presets_are_the_registry(cache):
     assert metadata["source"] == entry.url
 
 
+@pytest.mark.slow  # two preset builds: 6 s on 2 busy cores
+def test_two_builds_racing_into_one_cache_keep_one_whole_folder(cache, tmp_path, monkeypatch):
+    # Two processes build a preset at once: the other finishes between this one's write
+    # and its move. It removed this one's temporary (one fixed name) and the move failed.
+    models = tmp_path / "models"
+    models.mkdir()
+    files = [name for name in os.listdir(cache) if os.path.isfile(cache / name)]
+    for name in files:
+        shutil.copyfile(cache / name, models / name)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    build = presets._classifier
+
+    def build_and_race(entry):
+        classifier = build(entry)
+        save = classifier.save_to_preset
+
+        def save_then_race(folder):
+            save(folder)
+            monkeypatch.setattr(presets, "_classifier", build)
+            presets.build_preset(entry)  # the other process, start to end
+
+        classifier.save_to_preset = save_then_race
+        return classifier
+
+    monkeypatch.setattr(presets, "_classifier", build_and_race)
+    folder = presets.build_preset(registry.CHECKPOINTS[0.5])
+    assert folder == str(models / NAME)
+    presets.check_folder(folder)
+    # One folder, no temporaries left beside it.
+    assert [name for name in os.listdir(models) if name.startswith(NAME)] == [NAME]
+
+
 ROUND_TRIP = """
 import sys
 import numpy as np
@@ -238,6 +271,41 @@ def test_a_saved_preset_loads_bit_identical_in_a_fresh_process(preset, tmp_path)
         assert list(saved["names"]) == preset.class_names
 
 
+HOOK = """
+import importlib.util
+import sys
+import warnings
+import keras_autoshuffle
+from keras_autoshuffle import _hub_hook
+assert importlib.util.find_spec("keras_hub") is not None  # a probe, as libraries make
+assert "keras_hub" not in sys.modules
+import keras
+import keras_hub
+assert keras.saving.get_registered_object("keras_autoshuffle>ShuffleNetBackbone"), "no hub"
+# keras-hub imported again (its submodules cached), keras_autoshuffle.hub failing this time
+del sys.modules["keras_hub"]
+sys.modules["keras_autoshuffle.hub"] = None
+_hub_hook.install()
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import keras_hub
+assert keras_hub.models.ImageClassifier
+print("WARNED:", *[str(w.message) for w in caught])
+"""
+
+
+@pytest.mark.slow  # a fresh Python process importing TensorFlow and keras-hub: 10 s
+def test_the_hub_hook_survives_a_probe_and_a_failing_hub_module():
+    # The hook is process state: a fresh process. A `find_spec` probe before the import
+    # left the hook off; a failing keras_autoshuffle.hub broke the user's `import keras_hub`.
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    command = [sys.executable, "-c", textwrap.dedent(HOOK)]
+    run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "WARNED: keras_autoshuffle.hub could not be imported" in run.stdout
+    assert "ModuleNotFoundError" in run.stdout
+
+
 def _edit_json(name, edit):
     def tamper(folder):
         path = folder / name
@@ -283,6 +351,18 @@ BAD_FOLDERS = {
         _edit_json("config.json", lambda c: c["config"].update(preset_version=2)),
         r"config\.json: `preset_version` 2 .*newer version.*Received: preset_version=2",
     ),
+    "no config object": (
+        _edit_json("config.json", lambda c: c.pop("config")),
+        r"config\.json: `config` must be an object .*Received: config=None$",
+    ),
+    "class names not a list": (
+        _edit_json("task.json", lambda c: c["config"].update(class_names=5)),
+        r"task\.json: `class_names` must be a list of strings\. Received: class_names=5$",
+    ),
+    "class names not strings": (
+        _edit_json("task.json", lambda c: c["config"].update(class_names=list(range(10)))),
+        r"task\.json: `class_names` must be a list of strings\. Received: class_names=\[0, 1",
+    ),
     "not JSON": (
         lambda folder: (folder / "task.json").write_text("{"),
         r"task\.json is not a keras-hub preset config",
@@ -310,6 +390,15 @@ def test_a_bad_preset_folder_is_named_and_nothing_written(cache, preset, tmp_pat
         ShuffleNetImageClassifier.from_preset(str(folder))
     assert _snapshot(folder) == before and _snapshot(cache) == cached
     assert sorted(os.listdir(tmp_path)) == ["preset"]
+
+
+def test_a_preset_without_a_version_is_of_the_first_layout(cache, preset, tmp_path):
+    # `ShuffleNetBackbone` defaults `preset_version` to 1; the folder check refused it as newer.
+    folder = tmp_path / "preset"
+    shutil.copytree(cache / NAME, folder)
+    _edit_json("config.json", lambda c: c["config"].pop("preset_version"))(folder)
+    backbone = ShuffleNetBackbone.from_preset(str(folder))
+    assert backbone.get_config()["preset_version"] == 1
 
 
 def test_a_preset_that_is_neither_a_name_nor_a_folder(cache, tmp_path):

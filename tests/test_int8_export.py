@@ -447,8 +447,10 @@ def test_int8_openvino_without_nncf_is_refused_before_writing(untrained, tmp_pat
     # As where NNCF is not installed: the check names the extra to install.
     from keras_autoshuffle.export import checks
 
-    installed = checks._installed
-    monkeypatch.setattr(checks, "_installed", lambda module: module != "nncf" and installed(module))
+    installed = checks.is_installed
+    monkeypatch.setattr(
+        checks, "is_installed", lambda module: module != "nncf" and installed(module)
+    )
     with pytest.raises(
         ValueError, match=r"needs nncf \(pip install 'keras-autoshuffle\[openvino-int8\]'\)"
     ):

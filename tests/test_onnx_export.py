@@ -144,8 +144,8 @@ def test_other_layers_go_through_keras_exporter(tmp_path):
 
 
 def _without(monkeypatch, module):
-    real = checks._installed
-    monkeypatch.setattr(checks, "_installed", lambda name: name != module and real(name))
+    real = checks.is_installed
+    monkeypatch.setattr(checks, "is_installed", lambda name: name != module and real(name))
 
 
 @pytest.mark.parametrize(
@@ -164,7 +164,7 @@ def test_a_missing_extra_is_refused_before_writing(monkeypatch, tmp_path, fmt, m
 
 def test_float32_only(monkeypatch):
     # As if every extra were installed: what is left is the dtype (on any install).
-    monkeypatch.setattr(checks, "_installed", lambda module: True)
+    monkeypatch.setattr(checks, "is_installed", lambda module: True)
     reasons = export.unsupported_formats(("onnx", "openvino"), ("float32", "bfloat16"))
     assert set(reasons) == {"onnx", "openvino"}
     assert all("bfloat16" in why for why in reasons.values())

@@ -26,11 +26,11 @@ test data, within `max_accuracy_drop` points (`export_int8`, `int8_runtimes`).
 """
 
 from keras_autoshuffle.export.checks import (
-    _installed,
     _single_input,
     check_exportable,
     check_formats,
     compute_dtypes,
+    is_installed,
     make_folder,
     unsupported_formats,
     unsupported_int8,

@@ -34,7 +34,16 @@ def check_formats(formats: str | Sequence[str]) -> tuple[str, ...]:
     return checked
 
 
-def _installed(module):
+# The extra (pyproject.toml) that installs each format's runtime.
+EXTRAS = {
+    "litert": "keras-autoshuffle[litert]",
+    "onnx": "keras-autoshuffle[onnx]",
+    "openvino": "keras-autoshuffle[openvino]",
+}
+
+
+def is_installed(module: str) -> bool:
+    """Whether the Python module `module` can be imported here (found, not imported)."""
     return importlib.util.find_spec(module) is not None
 
 
@@ -57,7 +66,7 @@ def unsupported_formats(
         dtypes: the compute dtypes of the model's layers (`compute_dtypes(model)`).
     """
     reasons = {}
-    if "saved_model" in formats and not _installed("tensorflow"):
+    if "saved_model" in formats and not is_installed("tensorflow"):
         reasons["saved_model"] = "SavedModel export needs TensorFlow (pip install tensorflow)"
     if "litert" in formats:
         half = sorted(set(dtypes) & {"bfloat16", "float16"})
@@ -66,9 +75,9 @@ def unsupported_formats(
                 "LiteRT export needs Keras's TensorFlow backend; this is "
                 f"KERAS_BACKEND={keras.backend.backend()}"
             )
-        elif not _installed("ai_edge_litert"):
+        elif not is_installed("ai_edge_litert"):
             reasons["litert"] = (
-                "the LiteRT check needs ai_edge_litert (pip install 'keras-autoshuffle[litert]')"
+                f"the LiteRT check needs ai_edge_litert (pip install '{EXTRAS['litert']}')"
             )
         elif half:
             reasons["litert"] = (
@@ -78,11 +87,10 @@ def unsupported_formats(
     for name in ("onnx", "openvino"):
         if name not in formats:
             continue
-        missing = [m for m in onnx_runtimes.MODULES[name] if not _installed(m)]
+        missing = [m for m in onnx_runtimes.MODULES[name] if not is_installed(m)]
         if missing:
             reasons[name] = (
-                f"the {name} export needs {', '.join(missing)} "
-                f"(pip install '{onnx_runtimes.EXTRAS[name]}')"
+                f"the {name} export needs {', '.join(missing)} (pip install '{EXTRAS[name]}')"
             )
         elif set(dtypes) != {"float32"}:
             reasons[name] = f"the {name} export needs float32 layers; the model computes in " + (
@@ -95,7 +103,7 @@ def unsupported_formats(
 # beyond its float format's ({format: (modules, extra)}).
 INT8_QUANTIZERS = {
     "litert": ((), None),  # the TensorFlow converter
-    "onnx": (("onnxruntime",), "keras-autoshuffle[onnx]"),  # onnxruntime.quantization
+    "onnx": (("onnxruntime",), EXTRAS["onnx"]),  # onnxruntime.quantization
     "openvino": (("nncf",), "keras-autoshuffle[openvino-int8]"),
 }
 
@@ -107,7 +115,7 @@ def unsupported_int8(formats: Collection[str]) -> dict[str, str]:
     reasons = {}
     for name in formats:
         modules, extra = INT8_QUANTIZERS.get(name, ((), None))
-        missing = [m for m in modules if not _installed(m)]
+        missing = [m for m in modules if not is_installed(m)]
         if missing:
             needs = ", ".join(missing)
             reasons[name] = f"the int8 {name} file needs {needs} (pip install '{extra}')"

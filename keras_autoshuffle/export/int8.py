@@ -260,8 +260,8 @@ def _export_int8_checked(
     return {**entry, "calibration_examples": len(calibration)}
 
 
-# The runtime each int8 result key names in messages.
-_RUNTIMES = {"int8": "LiteRT", "onnx_int8": "ONNX", "openvino_int8": "OpenVINO"}
+# The runtime of each int8 file's key (in messages and reports).
+INT8_RUNTIMES = {"int8": "LiteRT", "onnx_int8": "ONNX", "openvino_int8": "OpenVINO"}
 
 
 def refuse_beyond_bound(entry: dict, key: str, filename: str) -> None:
@@ -276,7 +276,7 @@ def refuse_beyond_bound(entry: dict, key: str, filename: str) -> None:
         return
     raise Int8CheckError(
         entry,
-        f"The int8 {_RUNTIMES[key]} model loses {drop:.2f} points of accuracy "
+        f"The int8 {INT8_RUNTIMES[key]} model loses {drop:.2f} points of accuracy "
         f"({entry['accuracy']:.4f} against the float model's {entry['float_accuracy']:.4f} on "
         f"{count} test image{'s' * (count != 1)}, one image = {100 / count:.2f} points; top-1 "
         f"agreement {entry['top1_agreement']:.4f}), more than the bound of {bound:g} points: no "

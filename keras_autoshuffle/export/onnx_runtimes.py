@@ -28,9 +28,8 @@ if TYPE_CHECKING:
     import onnxruntime
     import openvino
 
-# Python modules each format needs, and the extra that installs them.
+# Python modules each format needs (`checks.EXTRAS`: the extra that installs them).
 MODULES = {"onnx": ("onnx", "onnxruntime", "tf2onnx"), "openvino": ("openvino", "onnx")}
-EXTRAS = {"onnx": "keras-autoshuffle[onnx]", "openvino": "keras-autoshuffle[openvino]"}
 OPENVINO_XML = "model.xml"
 # OpenVINO's CPU plugin computes a float32 model in bfloat16 by default on CPUs with
 # AVX512_BF16 or AMX (0.5e-3 to 1.8e-2 off a float32 Keras model: no parity check passes

@@ -18,12 +18,11 @@ import numpy as np
 
 from keras_autoshuffle import _validation
 from keras_autoshuffle._atomic import write_atomically, write_json
+from keras_autoshuffle.export.int8 import INT8_RUNTIMES
 
 # The formats `file_latency` runs: "int8" is the full-integer `.tflite`, run by LiteRT;
 # "onnx_int8" and "openvino_int8" the full-integer ONNX file and OpenVINO folder.
 LATENCY_FORMATS = ("litert", "int8", "onnx", "openvino", "onnx_int8", "openvino_int8")
-# The int8 files' checks in a report: {key: its runtime}.
-INT8_RUNTIMES = {"int8": "LiteRT", "onnx_int8": "ONNX", "openvino_int8": "OpenVINO"}
 REPORT_JSON, REPORT_MD, CONFUSION_PNG = "report.json", "report.md", "confusion_matrix.png"
 # Above this many classes the cells of the confusion matrix hold no count (too small to
 # read); the colours still show the matrix.

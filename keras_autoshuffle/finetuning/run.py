@@ -663,7 +663,7 @@ def _describe_files(written, class_names):
     the exported files: LiteRT metadata (where the mediapipe extra is installed), ONNX
     `metadata_props`, OpenVINO `rt_info` (`export.metadata`)."""
     describe = {"onnx": metadata.describe_onnx, "openvino": metadata.describe_openvino}
-    if export_lib._installed("mediapipe"):
+    if export_lib.is_installed("mediapipe"):
         describe["litert"] = metadata.describe_litert
     for key, entry in written.items():
         fmt = export_lib.INT8_FILES[key][0] if key in export_lib.INT8_FILES else key

@@ -17,7 +17,7 @@ from keras_autoshuffle.applications import architecture
 from keras_autoshuffle.applications.shufflenet_v1 import AutoShuffleNetV1
 from keras_autoshuffle.applications.shufflenet_v2 import AutoShuffleNetV2
 from keras_autoshuffle.hub import presets
-from keras_autoshuffle.hub.presets import PRESET_VERSION
+from keras_autoshuffle.hub.presets import FIRST_PRESET_VERSION, PRESET_VERSION
 
 FAMILIES = ("v1", "v2")
 # Feature map strides of the pyramid levels: P2 after the stem's pool, P3-P5 at the ends
@@ -73,7 +73,7 @@ class ShuffleNetBackbone(FeaturePyramidBackbone):
         image_shape: the input's shape, (height, width, channels); default any size.
         padding: "torch" (PyTorch's, which torchvision's weights need) or "same".
         preset_version: the layout of this config (written by `get_config`; a later
-            one than this package's is refused).
+            one than this package's is refused; none is the first layout).
         dtype: the dtype policy of every layer (e.g. "mixed_float16").
         **kwargs: other `keras.Model` arguments (`name`, `trainable`).
 
@@ -90,7 +90,7 @@ class ShuffleNetBackbone(FeaturePyramidBackbone):
         shuffle: Literal["manual", "auto"] = "manual",
         image_shape: tuple[int | None, int | None, int] = (None, None, 3),
         padding: Literal["torch", "same"] = "torch",
-        preset_version: int = PRESET_VERSION,
+        preset_version: int = FIRST_PRESET_VERSION,
         dtype: Any = None,
         **kwargs: Any,
     ) -> None:

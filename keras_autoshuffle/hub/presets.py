@@ -7,7 +7,8 @@ names its own (`shufflenet_v2_x1_0.imagenet` -> `shufflenet_v2_x1_0_imagenet`). 
 download, hash check, conversion without torch, as `weights="imagenet"`), copies the
 weights layer by layer into a `ShuffleNetImageClassifier` with the checkpoint's
 evaluation transform and class names, and saves it with `save_to_preset` into Keras's
-cache (`<cache>/models/<preset name>/`), atomically; later calls load that folder.
+cache (`<cache>/models/<preset name>/`), atomically (two processes building it at once
+keep the first one's folder); later calls load that folder.
 """
 
 import json
@@ -24,6 +25,8 @@ from keras_autoshuffle.applications.weights import registry
 # The layout of the configs this package writes into a preset (`config.json`'s
 # `preset_version`); a preset of a later layout is refused instead of misread.
 PRESET_VERSION = 1
+# The layout of a config without `preset_version` (the first one).
+FIRST_PRESET_VERSION = 1
 # The class that `from_preset(name)` builds, found as keras-hub finds a preset's classes:
 # by its registered name (its module imports this one).
 CLASSIFIER = "keras_autoshuffle>ShuffleNetImageClassifier"
@@ -43,11 +46,12 @@ _SHAPE_MISMATCH = re.compile(
 
 def check_preset_version(version: object, where: str) -> int:
     """`version` as an int; ValueError naming `where` unless it is a layout this package
-    reads (1 to `PRESET_VERSION`)."""
-    if not _validation.is_integer(version) or not 1 <= version <= PRESET_VERSION:
+    reads (`FIRST_PRESET_VERSION` to `PRESET_VERSION`)."""
+    first, last = FIRST_PRESET_VERSION, PRESET_VERSION
+    if not _validation.is_integer(version) or not first <= version <= last:
         raise ValueError(
             f"{where}: `preset_version` {version!r} is not one this keras-autoshuffle reads "
-            f"(1 to {PRESET_VERSION}); the preset was written by a newer version: upgrade "
+            f"({first} to {last}); the preset was written by a newer version: upgrade "
             f"keras-autoshuffle. Received: preset_version={version!r}"
         )
     return int(version)
@@ -95,9 +99,21 @@ def preset_folder(preset: str | os.PathLike) -> str:
 def build_preset(entry: registry.Checkpoint) -> str:
     """The cached preset folder of registry `entry`, built and saved on the first call."""
     folder = os.path.join(registry.cache_dir(), registry.CACHE_SUBDIR, preset_name(entry))
-    if not os.path.isfile(os.path.join(folder, TASK_WEIGHTS_FILE)):
-        _atomic.write_atomically(folder, lambda partial: _classifier(entry).save_to_preset(partial))
+    if not _is_built(folder):
+
+        def write(partial):
+            _classifier(entry).save_to_preset(partial)
+
+        _atomic.write_shared(folder, write, _is_built)
     return folder
+
+
+def _is_built(folder):
+    """Whether `folder` holds a whole preset (another process may have built it first)."""
+    if not os.path.isfile(os.path.join(folder, TASK_WEIGHTS_FILE)):
+        return False
+    check_folder(folder)
+    return True
 
 
 def _classifier(entry):
@@ -154,6 +170,17 @@ def _read_config(folder, name):
     return config
 
 
+def _arguments(configs, folder, name):
+    """The `config` object (the class's arguments) of `folder/name`'s JSON, named if absent."""
+    arguments = configs[name].get("config")
+    if not isinstance(arguments, dict):
+        raise ValueError(
+            f"{os.path.join(folder, name)}: `config` must be an object of the class's "
+            f"arguments. Received: config={arguments!r:.100}"
+        )
+    return arguments
+
+
 def check_folder(folder: str, task: bool = True) -> None:
     """Refuses a local preset folder that is not a whole preset of this package, with a
     ValueError naming the file and the field: a missing config or weights file, a class
@@ -175,10 +202,18 @@ def check_folder(folder: str, task: bool = True) -> None:
         if not os.path.isfile(os.path.join(folder, name)):
             raise ValueError(f"{os.path.join(folder, name)} is missing: not a whole preset.")
     path = os.path.join(folder, "config.json")
-    check_preset_version(configs["config.json"]["config"].get("preset_version"), path)
+    version = _arguments(configs, folder, "config.json").get("preset_version")
+    check_preset_version(FIRST_PRESET_VERSION if version is None else version, path)
     if task and configs["task.json"] is not None:
-        task_config = configs["task.json"]["config"]
+        task_config = _arguments(configs, folder, "task.json")
         names, count = task_config.get("class_names"), task_config.get("num_classes")
+        if names is not None and not (
+            isinstance(names, list) and all(isinstance(name, str) for name in names)
+        ):
+            raise ValueError(
+                f"{os.path.join(folder, 'task.json')}: `class_names` must be a list of "
+                f"strings. Received: class_names={names!r:.100}"
+            )
         if names is not None and len(names) != count:
             raise ValueError(
                 f"{os.path.join(folder, 'task.json')}: `class_names` has {len(names)} names "
