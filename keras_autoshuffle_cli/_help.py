@@ -67,6 +67,20 @@ def percentage_points_argument(text: str) -> float:
     return value + 0.0  # -0 as 0
 
 
+def add_int8_max_drop(parser: argparse.ArgumentParser, held_out: str) -> None:
+    """Adds `--int8-max-drop POINTS` (the int8 policy's bound) to `parser`; `held_out` names
+    the images the drop is measured on ("validation", "test")."""
+    parser.add_argument(
+        "--int8-max-drop",
+        type=percentage_points_argument,
+        default=None,  # export.MAX_ACCURACY_DROP, written in the help: --help imports nothing
+        metavar="POINTS",
+        help=f"with --int8: an int8 file is written when its {held_out} accuracy is at most "
+        "this many percentage points below the float model's, else refused (default: 2; "
+        "100: always written); its drop and top-1 agreement are reported either way",
+    )
+
+
 def run_command(name: str, argv: Sequence[str] | None) -> int:
     """Runs `keras_autoshuffle.commands.<name>.main(argv)`, the command's work, imported only
     now: the arguments were parsed without Keras (it parses them again, in microseconds)."""

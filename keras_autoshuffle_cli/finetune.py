@@ -18,8 +18,8 @@ import sys
 from collections.abc import Sequence
 
 from keras_autoshuffle_cli._help import (
+    add_int8_max_drop,
     command_parser,
-    percentage_points_argument,
     positive_int_argument,
     run_command,
 )
@@ -97,15 +97,7 @@ def parser() -> argparse.ArgumentParser:
         help="also a full-integer file of each export (model_int8.tflite, model_int8.onnx, "
         "openvino_int8/), each checked against the float model on the validation images",
     )
-    p.add_argument(
-        "--int8-max-drop",
-        type=percentage_points_argument,
-        default=None,  # export.MAX_ACCURACY_DROP, written in the help: --help imports nothing
-        metavar="POINTS",
-        help="with --int8: an int8 file is written when its validation accuracy is at most "
-        "this many percentage points below the float model's, else refused (default: 2; "
-        "100: always written); its drop and top-1 agreement are reported either way",
-    )
+    add_int8_max_drop(p, "validation")
     p.add_argument(
         "--include-preprocessing",
         action="store_true",

@@ -17,8 +17,8 @@ import sys
 from collections.abc import Sequence
 
 from keras_autoshuffle_cli._help import (
+    add_int8_max_drop,
     command_parser,
-    percentage_points_argument,
     positive_int_argument,
     run_command,
 )
@@ -284,15 +284,7 @@ def _add_run_arguments(parser):
         "images, each written when its test accuracy is within --int8-max-drop of the float "
         "model's",
     )
-    parser.add_argument(
-        "--int8-max-drop",
-        type=percentage_points_argument,
-        default=None,  # export.MAX_ACCURACY_DROP, written in the help: --help imports nothing
-        metavar="POINTS",
-        help="with --int8: an int8 file is written when its test accuracy is at most this "
-        "many percentage points below the float model's, else refused (default: 2; 100: "
-        "always written); its drop and top-1 agreement are reported either way",
-    )
+    add_int8_max_drop(parser, "test")
     parser.add_argument(
         "--balanced",
         action="store_true",
