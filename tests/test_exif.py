@@ -146,6 +146,24 @@ def test_a_damaged_exif_block_reads_as_upright_silently(tmp_path):
             np.testing.assert_array_equal(data.read_image(path), _stored(plain), err_msg=name)
 
 
+# Files that end at or just after the EXIF header (the segment or chunk declares more).
+CUT_OFF = {
+    "JPEG, at the header": b"\xff\xd8\xff\xe1\x00\x10Exif",
+    "JPEG, a byte later": b"\xff\xd8\xff\xe1\x00\x10Exif\x00",
+    "PNG, at the header": b"\x89PNG\r\n\x1a\n\x00\x00\x00\x20eXIfExif",
+    "PNG, at the chunk type": b"\x89PNG\r\n\x1a\n\x00\x00\x00\x20eXIf",
+}
+
+
+def test_a_file_cut_off_after_its_exif_header_reads_as_upright():
+    read_in_graph = tf.function(exif.orientation)
+    mapped = tf.data.Dataset.from_tensor_slices(list(CUT_OFF.values())).map(exif.orientation)
+    for name, contents in CUT_OFF.items():
+        assert int(exif.orientation(tf.constant(contents))) == 1, name
+        assert int(read_in_graph(tf.constant(contents))) == 1, name
+    assert [int(value) for value in mapped] == [1] * len(CUT_OFF)
+
+
 def test_garbled_exif_blocks_never_fail():
     """Random bytes after the EXIF header, and random bytes in a TIFF structure: an
     orientation from 1 to 8 every time, no error."""
