@@ -9,6 +9,7 @@ built by hand where Pillow would not write them.
 
 import io
 import os
+import pathlib
 import struct
 import time
 import warnings
@@ -306,3 +307,17 @@ def test_predict_names_a_damaged_file_without_tensorflows_internals(tmp_path):
     _assert_plain(caught.value, path)
     (result,) = prediction.predict_files(classifier, [path], skip_damaged=True)
     _assert_plain(result["error"], path)
+
+
+def test_a_cache_file_written_before_the_upright_pixels_is_rebuilt(tmp_path):
+    # "KAS1" files hold the stored (sideways) pixels under the names of today's files.
+    from keras_autoshuffle.data import image_cache
+
+    path = tmp_path / "photo.jpg"
+    path.write_bytes(_encoded(PICTURE, "JPEG"))
+    [(file, height, width)] = image_cache.build_image_cache([str(path)], tmp_path / "c", 64)
+    fresh = pathlib.Path(file).read_bytes()
+    old = b"KAS1" + fresh[4 : image_cache.HEADER_BYTES] + bytes(3 * height * width)
+    pathlib.Path(file).write_bytes(old)
+    image_cache.build_image_cache([str(path)], tmp_path / "c", 64)
+    assert pathlib.Path(file).read_bytes() == fresh
