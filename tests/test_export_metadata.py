@@ -236,3 +236,10 @@ def test_onnx_and_openvino_files_carry_labels_and_normalization(tmp_path):
     after = export.onnx_outputs(onnx_path, images), export.openvino_outputs(openvino_path, images)
     np.testing.assert_array_equal(after[0], before[0])
     np.testing.assert_array_equal(after[1], before[1])
+
+
+def test_every_format_s_metadata_functions_are_on_the_api_page():
+    # The reference page renders keras_autoshuffle.export's __all__.
+    for fmt in ("litert", "onnx", "openvino"):
+        for name in (f"describe_{fmt}", f"read_{fmt}_metadata"):
+            assert name in export.__all__ and getattr(export, name) is getattr(metadata, name)
