@@ -26,7 +26,6 @@ import keras
 import numpy as np
 
 from keras_autoshuffle import _validation, applications
-from keras_autoshuffle._class_names import class_name_problem
 from keras_autoshuffle._resize_crop import MAX_ASPECT_RATIO, check_sides
 from keras_autoshuffle.applications.weights.registry import CHECKPOINTS, imagenet_class_index
 from keras_autoshuffle.data.images import (
@@ -567,9 +566,6 @@ def _check_labels(labels, source):
                 f"{source}: class name {line} is blank or not a string; every class needs a "
                 f"name. Received: {label!r} on line {line}"
             )
-        problem = class_name_problem(label)
-        if problem:
-            raise ValueError(f"{source}: class name {line} {problem}. Received: {label!r}")
     return tuple(labels)
 
 
