@@ -22,6 +22,7 @@ import os
 import re
 import sys
 import tempfile
+import threading
 
 # The installed commands' names start so (pyproject.toml's [project.scripts]).
 COMMAND_PREFIX = "autoshuffle-"
@@ -41,6 +42,9 @@ _CONTINUATIONS = (" ", "\t", "To enable the following instructions")
 # with: LiteRT's interpreter, at each load ("INFO: Created TensorFlow Lite XNNPACK delegate
 # for CPU."), and its converter's settings of an int8 file ("fully_quantize: 0, ...").
 RUNTIME_NOTICES = re.compile(r"INFO: Created TensorFlow Lite XNNPACK delegate|fully_quantize: ")
+# Descriptor 2 is the process's: one redirection at a time, or two overlapping threads would
+# restore each other's temporary file (reentrant: a quiet block may hold another).
+_REDIRECT_LOCK = threading.RLock()
 
 
 def running_as_command(argv0: str | None = None) -> bool:
@@ -86,41 +90,46 @@ def quiet_stderr(level: int | None = None, drop=None):
     function of a line) does not reject; everything if the block raises (the lines may say
     why). A no-op at level 0 without `drop`."""
     level = min_log_level() if level is None else level
-    saved = None
-    if level > 0 or drop is not None:
+    if level == 0 and drop is None:
+        yield
+        return
+    with _REDIRECT_LOCK:  # from the saving of descriptor 2 to its restoring
         try:
             sys.stderr.flush()
             saved = os.dup(2)
         except (AttributeError, OSError, ValueError):  # no descriptor 2 (pythonw, closed)
             saved = None
-    if saved is None:
-        yield
-        return
-    with tempfile.TemporaryFile() as captured:
-        os.dup2(captured.fileno(), 2)
-        failed = True
-        try:
+        if saved is None:
             yield
-            failed = False
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
-            captured.seek(0)
-            text = captured.read().decode("utf-8", "replace")
-            if not failed:
-                text = filter_log_lines(text, level)
-                if drop is not None:
-                    text = "".join(line for line in text.splitlines(True) if not drop(line))
-            if text:
-                sys.stderr.write(text)
+            return
+        with tempfile.TemporaryFile() as captured:
+            os.dup2(captured.fileno(), 2)
+            failed = True
+            try:
+                yield
+                failed = False
+            finally:
                 sys.stderr.flush()
+                os.dup2(saved, 2)
+                os.close(saved)
+                captured.seek(0)
+                text = captured.read().decode("utf-8", "replace")
+                if not failed:
+                    text = filter_log_lines(text, level)
+                    if drop is not None:
+                        text = "".join(line for line in text.splitlines(True) if not drop(line))
+                if text:
+                    sys.stderr.write(text)
+                    sys.stderr.flush()
 
 
 def quiet_runtime():
     """`quiet_stderr` that also drops `RUNTIME_NOTICES`, around a runtime's load or a
-    converter's run (whatever `TF_CPP_MIN_LOG_LEVEL` says: they are not log records)."""
-    return quiet_stderr(drop=RUNTIME_NOTICES.match)
+    converter's run: in an installed command or where `TF_CPP_MIN_LOG_LEVEL` is above 0
+    (they are not log records); elsewhere at level 0 nothing is redirected or filtered."""
+    if running_as_command() or min_log_level() > 0:
+        return quiet_stderr(drop=RUNTIME_NOTICES.match)
+    return contextlib.nullcontext()
 
 
 def import_quietly(name: str):

@@ -194,6 +194,52 @@ def test_quiet_stderr_filters_the_file_descriptor_and_keeps_a_failures_lines(cap
     assert capfd.readouterr().err == noise.decode()
 
 
+def test_quiet_runtime_filters_nothing_in_a_library_at_level_0(capfd, monkeypatch):
+    # The module's rule: a library import at level 0 (or unset) has nothing filtered.
+    from keras_autoshuffle._startup import quiet_runtime
+
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    monkeypatch.setattr(sys, "argv", ["/usr/bin/python3"])
+    notice = b"INFO: Created TensorFlow Lite XNNPACK delegate for CPU.\n"
+    with quiet_runtime():
+        os.write(2, notice)
+    assert capfd.readouterr().err == notice.decode()
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "1")
+    with quiet_runtime():
+        os.write(2, notice)
+    assert capfd.readouterr().err == ""
+
+
+def test_quiet_stderr_in_overlapping_threads_restores_descriptor_2(capfd):
+    import threading
+
+    from keras_autoshuffle._startup import quiet_stderr
+
+    before = os.fstat(2).st_ino
+    first_in, second_in, first_out = (threading.Event() for _ in range(3))
+
+    def first():
+        with quiet_stderr(level=2):
+            first_in.set()
+            second_in.wait(timeout=0.5)  # unlocked, the second's block would start meanwhile
+        first_out.set()
+
+    def second():
+        first_in.wait(timeout=5)
+        with quiet_stderr(level=2):
+            second_in.set()
+            first_out.wait(timeout=0.5)
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=10)
+    assert os.fstat(2).st_ino == before
+    os.write(2, b"still shown\n")
+    assert capfd.readouterr().err == "still shown\n"
+
+
 def test_messages_of_the_package_name_installed_commands_only():
     # The wheel holds no `scripts/`: a message sending users there names a missing file.
     named = set()

@@ -9,6 +9,7 @@ built by hand where Pillow would not write them.
 
 import io
 import os
+import pathlib
 import struct
 import time
 import warnings
@@ -144,6 +145,24 @@ def test_a_damaged_exif_block_reads_as_upright_silently(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no "Corrupt EXIF data" from Pillow either
             np.testing.assert_array_equal(data.read_image(path), _stored(plain), err_msg=name)
+
+
+# Files that end at or just after the EXIF header (the segment or chunk declares more).
+CUT_OFF = {
+    "JPEG, at the header": b"\xff\xd8\xff\xe1\x00\x10Exif",
+    "JPEG, a byte later": b"\xff\xd8\xff\xe1\x00\x10Exif\x00",
+    "PNG, at the header": b"\x89PNG\r\n\x1a\n\x00\x00\x00\x20eXIfExif",
+    "PNG, at the chunk type": b"\x89PNG\r\n\x1a\n\x00\x00\x00\x20eXIf",
+}
+
+
+def test_a_file_cut_off_after_its_exif_header_reads_as_upright():
+    read_in_graph = tf.function(exif.orientation)
+    mapped = tf.data.Dataset.from_tensor_slices(list(CUT_OFF.values())).map(exif.orientation)
+    for name, contents in CUT_OFF.items():
+        assert int(exif.orientation(tf.constant(contents))) == 1, name
+        assert int(read_in_graph(tf.constant(contents))) == 1, name
+    assert [int(value) for value in mapped] == [1] * len(CUT_OFF)
 
 
 def test_garbled_exif_blocks_never_fail():
@@ -288,3 +307,17 @@ def test_predict_names_a_damaged_file_without_tensorflows_internals(tmp_path):
     _assert_plain(caught.value, path)
     (result,) = prediction.predict_files(classifier, [path], skip_damaged=True)
     _assert_plain(result["error"], path)
+
+
+def test_a_cache_file_written_before_the_upright_pixels_is_rebuilt(tmp_path):
+    # "KAS1" files hold the stored (sideways) pixels under the names of today's files.
+    from keras_autoshuffle.data import image_cache
+
+    path = tmp_path / "photo.jpg"
+    path.write_bytes(_encoded(PICTURE, "JPEG"))
+    [(file, height, width)] = image_cache.build_image_cache([str(path)], tmp_path / "c", 64)
+    fresh = pathlib.Path(file).read_bytes()
+    old = b"KAS1" + fresh[4 : image_cache.HEADER_BYTES] + bytes(3 * height * width)
+    pathlib.Path(file).write_bytes(old)
+    image_cache.build_image_cache([str(path)], tmp_path / "c", 64)
+    assert pathlib.Path(file).read_bytes() == fresh

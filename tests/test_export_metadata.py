@@ -3,6 +3,8 @@ back from float and int8 `.tflite` files, which compute what they did before; Me
 Tasks' `ImageClassifier` runs them as is and names the Keras model's classes."""
 
 import importlib.util
+import os
+import pathlib
 
 import keras
 import numpy as np
@@ -61,8 +63,12 @@ def test_float_file_carries_labels_and_normalization(exported):
     # The interpreter ignores the metadata: the file computes what it did.
     np.testing.assert_array_equal(export.litert_outputs(path, images / np.float32(255)), before)
     # Described again: replaced, not added.
+    size = os.path.getsize(path)
     metadata.describe_litert(path, LABELS[::-1], mean=[127.5], std=[127.5])
     assert metadata.read_litert_metadata(path)["labels"] == LABELS[::-1]
+    assert os.path.getsize(path) == size
+    names = [m.name for m in _flatbuffer(path).metadata]
+    assert names.count(b"TFLITE_METADATA") == 1, names
 
 
 @needs_mediapipe
@@ -72,11 +78,92 @@ def test_labels_of_another_count_are_refused(exported):
     content = open(path, "rb").read()
     with pytest.raises(ValueError, match=r"`labels` must name each of the 4 outputs.*3 labels"):
         metadata.describe_litert(path, LABELS[:3])
-    with pytest.raises(ValueError, match="non-empty names without line breaks"):
+    with pytest.raises(ValueError, match="holds a line break"):
         metadata.describe_litert(path, ["a", "b\nc", "d", "e"])
-    with pytest.raises(ValueError, match="equally many numbers"):
+    with pytest.raises(ValueError, match="equally many"):
         metadata.describe_litert(path, LABELS, mean=[0.0, 0.0], std=[255.0])
     assert open(path, "rb").read() == content  # nothing written
+
+
+def _flatbuffer(path):
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    return flatbuffer_utils.read_model_from_bytearray(bytearray(pathlib.Path(path).read_bytes()))
+
+
+@pytest.fixture
+def small_file(tmp_path):
+    """A tiny two-class `.tflite` file (a dense layer), written in a second or two."""
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((4, 4, 3)), keras.layers.Flatten(), keras.layers.Dense(2)]
+    )
+    path = str(tmp_path / "small.tflite")
+    model.export(path, format="litert", verbose=False)
+    return path
+
+
+@needs_mediapipe
+def test_describing_keeps_a_file_holding_a_zip_end_marker_whole(small_file):
+    # "PK\x05\x06" (a zip's end record) in the file's last 64 KB, as weights may hold it.
+    images = np.random.default_rng(0).random((2, 4, 4, 3), dtype="float32")
+    before = export.litert_outputs(small_file, images)
+    marker = "PK\x05\x06" + "\x00" * 18
+    metadata.describe_litert(small_file, ["a", "b"], description=marker)
+    metadata.describe_litert(small_file, ["a", "b"], description=marker)
+    assert metadata.read_litert_metadata(small_file)["labels"] == ["a", "b"]
+    np.testing.assert_array_equal(export.litert_outputs(small_file, images), before)
+
+
+@needs_mediapipe
+def test_describing_a_file_again_keeps_one_metadata_buffer(small_file):
+    metadata.describe_litert(small_file, ["a", "b"])
+    size, buffers = os.path.getsize(small_file), len(_flatbuffer(small_file).buffers)
+    for _ in range(3):
+        metadata.describe_litert(small_file, ["a", "b"])
+    assert os.path.getsize(small_file) == size
+    assert len(_flatbuffer(small_file).buffers) == buffers
+
+
+@needs_mediapipe
+@pytest.mark.parametrize("label", ["cat\u2028dog", "cat\x85dog", "cat\u202edog", " "])
+def test_labels_read_back_other_than_written_are_refused(small_file, label):
+    with pytest.raises(ValueError, match="labels"):
+        metadata.describe_litert(small_file, [label, "bird"])
+
+
+@needs_mediapipe
+def test_other_metadata_or_a_missing_label_file_is_a_clear_error(small_file):
+    import flatbuffers
+    from ai_edge_litert.tools import flatbuffer_utils
+    from mediapipe.tasks.metadata import metadata_schema_py_generated as metadata_fb
+
+    metadata.describe_litert(small_file, ["a", "b"])
+    model = _flatbuffer(small_file)
+    without_zip = bytes(flatbuffer_utils.convert_object_to_bytearray(model))
+    pathlib.Path(small_file).write_bytes(without_zip)  # the label file's zip cut off
+    with pytest.raises(ValueError, match=r"small\.tflite"):
+        metadata.read_litert_metadata(small_file)
+    root = metadata_fb.ModelMetadataT()  # another writer's: a subgraph described by name only
+    subgraph = metadata_fb.SubGraphMetadataT()
+    subgraph.name = "main"
+    root.subgraphMetadata = [subgraph]
+    builder = flatbuffers.Builder(0)
+    builder.Finish(root.Pack(builder), b"M001")
+    model.buffers[model.metadata[0].buffer].data = np.frombuffer(builder.Output(), np.uint8)
+    pathlib.Path(small_file).write_bytes(bytes(flatbuffer_utils.convert_object_to_bytearray(model)))
+    with pytest.raises(ValueError, match=r"small\.tflite"):
+        metadata.read_litert_metadata(small_file)
+
+
+@pytest.mark.parametrize(
+    "mean, std",
+    [(0.5, 0.2), ([0.5, 0.5], [0.2, 0.2]), ([float("nan")], [0.2]), ([0.5], [float("inf")])],
+)
+def test_input_normalization_refuses_bad_mean_or_std(mean, std):
+    net = keras.Sequential([keras.Input((4, 4, 3)), keras.layers.Flatten(), keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match=r"`mean` and `std` must.*Received: mean="):
+        metadata.with_input_normalization(net, mean=mean, std=std)
 
 
 def test_input_normalization_is_a_serializable_layer(tmp_path):
@@ -150,3 +237,10 @@ def test_onnx_and_openvino_files_carry_labels_and_normalization(tmp_path):
     after = export.onnx_outputs(onnx_path, images), export.openvino_outputs(openvino_path, images)
     np.testing.assert_array_equal(after[0], before[0])
     np.testing.assert_array_equal(after[1], before[1])
+
+
+def test_every_format_s_metadata_functions_are_on_the_api_page():
+    # The reference page renders keras_autoshuffle.export's __all__.
+    for fmt in ("litert", "onnx", "openvino"):
+        for name in (f"describe_{fmt}", f"read_{fmt}_metadata"):
+            assert name in export.__all__ and getattr(export, name) is getattr(metadata, name)

@@ -408,3 +408,11 @@ def test_a_preset_that_is_neither_a_name_nor_a_folder(cache, tmp_path):
         ShuffleNetBackbone(0.5, preset_version=2)
     classes = [ShuffleNetImageClassifierPreprocessor, ShuffleNetImageConverter]
     assert all(c.backbone_cls is ShuffleNetBackbone for c in classes)
+
+
+@pytest.mark.parametrize("name", ["cat\u2028dog", "cat\x1bdog", "\u202ecat"])
+def test_class_names_read_back_other_than_written_are_refused(name):
+    # One rule for class names (keras_autoshuffle._class_names), as image folders apply it.
+    backbone = ShuffleNetBackbone(width=0.5, image_shape=(32, 32, 3))
+    with pytest.raises(ValueError, match=r"`class_names`.*Received:"):
+        ShuffleNetImageClassifier(backbone, 2, class_names=[name, "bird"])

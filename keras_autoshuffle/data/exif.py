@@ -137,8 +137,10 @@ def _walk(contents, first, step):
 def _tiff_orientation(contents, start, size):
     """The Orientation of the TIFF structure (EXIF data) at `start`: the first one-SHORT
     Orientation entry of IFD0 that lies whole within the data, 2..8; else 1."""
+    # A file may end just after the EXIF header: substr fails at a start past the end.
+    start = tf.minimum(start, tf.cast(tf.strings.length(contents), tf.int64))
     raw = tf.io.decode_raw(
-        tf.strings.substr(contents, start, tf.minimum(size, MAX_EXIF_BYTES)), tf.uint8
+        tf.strings.substr(contents, start, tf.clip_by_value(size, 0, MAX_EXIF_BYTES)), tf.uint8
     )
     length = tf.shape(raw, out_type=tf.int64)[0]
     data = tf.pad(tf.cast(raw, tf.int64), [[0, 4]])

@@ -28,7 +28,9 @@ import tensorflow as tf
 from keras_autoshuffle import _atomic, _validation
 from keras_autoshuffle.data.images import check_image_file, decode_error, decode_rgb
 
-MAGIC = b"KAS1"
+# The layout's version: "KAS1" files were written before the pixels were upright (EXIF
+# orientation), under the same names; their header reads as damaged, so they are rebuilt.
+MAGIC = b"KAS2"
 HEADER_BYTES = len(MAGIC) + 8
 SUFFIX = ".rgb"
 # Free disk space left after the cache, beside its own bytes.

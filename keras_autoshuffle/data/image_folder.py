@@ -30,6 +30,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_autoshuffle import _atomic, _validation, applications
+from keras_autoshuffle._class_names import class_name_problem
 from keras_autoshuffle._resize_crop import MAX_ASPECT_RATIO
 from keras_autoshuffle.data import transforms
 from keras_autoshuffle.data.image_cache import build_image_cache, read_cached
@@ -154,7 +155,7 @@ class ImageFolderSplit:
         if (
             len(class_names) < 2
             or not all(
-                isinstance(n, str) and _is_name(n) and not _class_name_problem(n)
+                isinstance(n, str) and _is_name(n) and not class_name_problem(n)
                 for n in class_names
             )
             or class_names != sorted(set(class_names))
@@ -273,30 +274,6 @@ def _is_pair(item, first, second):
 def _is_name(name):
     """Whether `name` is one plain file or folder name (no separator, not . or ..)."""
     return name not in ("", ".", "..") and "/" not in name and "\0" not in name
-
-
-# Characters a class name may not hold: it is one line of labels.txt (every character
-# `str.splitlines` splits on), and it is printed (controls: ESC sequences clear or recolour
-# a terminal; bidirectional overrides show it reversed). Zero-width joiners stay allowed:
-# emoji sequences and some scripts need them.
-_LINE_BREAKS = frozenset("\n\r\v\f\x1c\x1d\x1e\x85\u2028\u2029")
-_BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
-
-
-def _class_name_problem(name):
-    """Why `name` cannot name a class (a line of labels.txt, printed), or None."""
-    if not name.strip():
-        return "is blank (labels.txt cannot hold a blank class name)"
-    for character in name:
-        if character in _LINE_BREAKS:
-            return f"holds a line break ({ascii(character)}): labels.txt holds one name a line"
-        if unicodedata.category(character) == "Cc":
-            return f"holds a control character ({ascii(character)})"
-        if character in _BIDI_CONTROLS:
-            return f"holds a text-direction control ({ascii(character)})"
-        if character == "\ufeff":  # read_labels drops one at the start of labels.txt
-            return "holds a byte-order mark ('\\ufeff')"
-    return None
 
 
 def _caseless(name):
@@ -538,7 +515,7 @@ class _Scan:
         for name in names:
             path = os.path.join(folder, name)
             _check_utf8(path)
-            problem = _class_name_problem(name)
+            problem = class_name_problem(name)
             if problem:
                 raise _error(f"The class folder's name {problem}", "Rename it.", "path", path)
             other = seen.setdefault(_caseless(name), name)

@@ -17,8 +17,10 @@ test data, within `max_accuracy_drop` points (`export_int8`, `int8_runtimes`).
 - `export_model`, the one call: checks, files, parity check, int8 (`pipeline.py`);
 - what is checked before anything is written (`checks.py`);
 - each format's writer and reader (`files.py`);
-- running `.tflite` files with the LiteRT interpreter (`litert.py`); their metadata, the
-  class names and the input's normalisation that MediaPipe Tasks reads (`metadata.py`);
+- running `.tflite` files with the LiteRT interpreter (`litert.py`); the files' metadata,
+  the class names and the input's normalisation, that MediaPipe Tasks reads in a `.tflite`
+  file, in ONNX `metadata_props` and OpenVINO `rt_info` (`metadata.py`: `describe_*`,
+  `read_*_metadata`);
 - the int8 LiteRT file and the int8 check (`int8.py`); the int8 ONNX and OpenVINO files
   (`int8_runtimes.py`);
 - ONNX and OpenVINO files, run with ONNX Runtime and OpenVINO (`onnx_runtimes.py`), written
@@ -69,7 +71,11 @@ from keras_autoshuffle.export.litert import (
 )
 from keras_autoshuffle.export.metadata import (
     describe_litert,
+    describe_onnx,
+    describe_openvino,
     read_litert_metadata,
+    read_onnx_metadata,
+    read_openvino_metadata,
     with_input_normalization,
 )
 from keras_autoshuffle.export.onnx_graph import onnx_graph, unsupported_layers
@@ -111,6 +117,8 @@ __all__ = [
     "check_formats",
     "compute_dtypes",
     "describe_litert",
+    "describe_onnx",
+    "describe_openvino",
     "export_int8",
     "export_litert",
     "export_model",
@@ -137,6 +145,8 @@ __all__ = [
     "openvino_outputs",
     "openvino_run",
     "read_litert_metadata",
+    "read_onnx_metadata",
+    "read_openvino_metadata",
     "save_keras",
     "saved_model_outputs",
     "size_bytes",

@@ -22,6 +22,7 @@ import keras
 import numpy as np
 
 from keras_autoshuffle._atomic import write_atomically
+from keras_autoshuffle._class_names import class_name_problem
 from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD
 
 # Model Maker's image classifier convention: the file takes pixel / 255.
@@ -53,12 +54,8 @@ def with_input_normalization(
         mean: the per-channel mean `model`'s inputs were normalised with.
         std: the per-channel standard deviation, each > 0.
     """
-    std = np.asarray(std, dtype="float64")
-    if std.ndim != 1 or len(std) != len(mean) or not np.all(std > 0):
-        raise ValueError(
-            "`std` must be as many positive numbers as `mean` has. "
-            f"Received: mean={tuple(mean)}, std={tuple(std.tolist())}"
-        )
+    mean, std = _check_normalization(mean, std, channels=(1, 3))
+    std = np.asarray(std)
     inputs = keras.Input(model.input_shape[1:], name="image")
     normalize = keras.layers.Normalization(
         mean=list(mean), variance=list(std**2), name="input_normalization"
@@ -82,8 +79,8 @@ def describe_litert(
 
     Args:
         path: a single-input, single-output classifier `.tflite` file (float or int8).
-        labels: one class name per output, in output order; no name empty or holding a
-            line break.
+        labels: one class name per output, in output order; no name blank or holding a
+            line break, control or text-direction character.
         mean: the normalisation's mean, one value or one per channel (MediaPipe: one).
         std: its standard deviation, as many values as `mean`, each > 0.
         description: the model's description in the metadata.
@@ -100,20 +97,25 @@ def describe_litert(
 
     model = flatbuffer_utils.read_model_from_bytearray(bytearray(pathlib.Path(path).read_bytes()))
     labels = _check_labels(labels, _output_size(model), path)
-    metadata = _metadata_buffer(model, labels, mean, std, description)
-    model.metadata = [m for m in model.metadata or [] if m.name.decode() != _METADATA_NAME]
-    buffer = schema_fb.BufferT()
-    buffer.data = np.frombuffer(metadata, dtype=np.uint8)
-    model.buffers.append(buffer)
-    entry = schema_fb.MetadataT()
-    entry.name, entry.buffer = _METADATA_NAME, len(model.buffers) - 1
-    model.metadata.append(entry)
-    packed = io.BytesIO(bytes(flatbuffer_utils.convert_object_to_bytearray(model)))
-    with zipfile.ZipFile(packed, "a", zipfile.ZIP_STORED) as archive:
+    metadata = np.frombuffer(_metadata_buffer(model, labels, mean, std, description), np.uint8)
+    entries = [m for m in model.metadata or [] if m.name.decode() == _METADATA_NAME]
+    if entries:  # described before: its buffer takes the new metadata (the file keeps its size)
+        model.buffers[entries[0].buffer].data = metadata
+        model.metadata = [m for m in model.metadata if m not in entries[1:]]
+    else:
+        buffer = schema_fb.BufferT()
+        buffer.data = metadata
+        model.buffers.append(buffer)
+        entry = schema_fb.MetadataT()
+        entry.name, entry.buffer = _METADATA_NAME, len(model.buffers) - 1
+        model.metadata = [*(model.metadata or []), entry]
+    # The label file in a zip of its own after the model (a zip opened in "a" mode on the
+    # model's bytes would take a zip end marker in its weights for its own and cut them).
+    archive_bytes = io.BytesIO()
+    with zipfile.ZipFile(archive_bytes, "w", zipfile.ZIP_STORED) as archive:
         archive.writestr(LABEL_FILE, "".join(f"{name}\n" for name in labels))
-    return write_atomically(
-        path, lambda partial: pathlib.Path(partial).write_bytes(packed.getvalue())
-    )
+    packed = bytes(flatbuffer_utils.convert_object_to_bytearray(model)) + archive_bytes.getvalue()
+    return write_atomically(path, lambda partial: pathlib.Path(partial).write_bytes(packed))
 
 
 def read_litert_metadata(path: str | os.PathLike) -> dict | None:
@@ -128,15 +130,21 @@ def read_litert_metadata(path: str | os.PathLike) -> dict | None:
     if not entries:
         return None
     data = bytes(model.buffers[entries[0].buffer].data)
-    root = metadata_fb.ModelMetadataT.InitFromObj(
-        metadata_fb.ModelMetadata.GetRootAsModelMetadata(data, 0)
-    )
-    graph = root.subgraphMetadata[0]
-    options = graph.inputTensorMetadata[0].processUnits[0].options
-    label_file = graph.outputTensorMetadata[0].associatedFiles[0].name.decode()
-    with zipfile.ZipFile(io.BytesIO(model_bytes)) as archive:
-        labels = archive.read(label_file).decode("utf-8").splitlines()
-    mean, std = [float(v) for v in options.mean], [float(v) for v in options.std]
+    try:  # another writer's metadata may describe no normalisation or label file
+        root = metadata_fb.ModelMetadataT.InitFromObj(
+            metadata_fb.ModelMetadata.GetRootAsModelMetadata(data, 0)
+        )
+        graph = root.subgraphMetadata[0]
+        options = graph.inputTensorMetadata[0].processUnits[0].options
+        label_file = graph.outputTensorMetadata[0].associatedFiles[0].name.decode()
+        mean, std = [float(v) for v in options.mean], [float(v) for v in options.std]
+        with zipfile.ZipFile(io.BytesIO(model_bytes)) as archive:
+            labels = archive.read(label_file).decode("utf-8").splitlines()
+    except (TypeError, IndexError, KeyError, AttributeError, zipfile.BadZipFile) as error:
+        raise ValueError(
+            f"The metadata of {os.fspath(path)} does not hold an image classifier's label "
+            f"file and normalisation as `describe_litert` writes them. Received: {error!r}"
+        ) from None
     return {"labels": labels, "mean": mean, "std": std}
 
 
@@ -156,22 +164,32 @@ def _check_labels(labels, classes, path):
             f"`labels` must name each of the {classes} outputs of {os.fspath(path)}. "
             f"Received: {len(labels)} labels"
         )
-    bad = [name for name in labels if not name.strip() or "\n" in name or "\r" in name]
-    if bad:
-        raise ValueError(
-            f"`labels` must be non-empty names without line breaks. Received: {bad[:3]!r}"
-        )
+    for name in labels:
+        problem = class_name_problem(name)
+        if problem:
+            raise ValueError(
+                f"`labels` must be class names: {name!r} {problem}. Received: {name!r}"
+            )
     return labels
 
 
-def _check_normalization(mean, std):
-    """`mean` and `std` as lists of floats: equally many (one, or one per channel), std > 0."""
-    mean, std = [float(v) for v in mean], [float(v) for v in std]
-    if not mean or len(std) != len(mean) or not all(v > 0 for v in std):
+def _check_normalization(mean, std, channels=None):
+    """`mean` and `std` as lists of finite floats: equally many (one, or one per channel;
+    as many as one of `channels` says, where given), each std > 0."""
+    try:
+        mean, std = [float(v) for v in mean], [float(v) for v in std]
+    except (TypeError, ValueError):
         raise ValueError(
-            "`mean` and `std` must be equally many numbers (one, or one per channel), each "
-            f"std > 0. Received: mean={mean}, std={std}"
+            f"`mean` and `std` must be lists of numbers. Received: mean={mean!r}, std={std!r}"
+        ) from None
+    count_ok = len(mean) in channels if channels else bool(mean)
+    if not count_ok or len(std) != len(mean) or not np.all(np.isfinite(mean + std)):
+        raise ValueError(
+            "`mean` and `std` must be equally many finite numbers (one, or one per channel), "
+            f"each std > 0. Received: mean={mean}, std={std}"
         )
+    if not all(v > 0 for v in std):
+        raise ValueError(f"`std` must be positive numbers. Received: mean={mean}, std={std}")
     return mean, std
 
 

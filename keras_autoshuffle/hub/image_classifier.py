@@ -8,6 +8,7 @@ from typing import Any
 import keras
 from keras_hub.models import ImageClassifier
 
+from keras_autoshuffle._class_names import class_name_problem
 from keras_autoshuffle.hub import presets
 from keras_autoshuffle.hub.backbone import ShuffleNetBackbone
 from keras_autoshuffle.hub.image_classifier_preprocessor import (
@@ -29,6 +30,10 @@ def _check_class_names(class_names, num_classes):
             "class_names=None, or new names, with a new num_classes). Received: "
             f"{len(class_names)} class_names"
         )
+    for name in class_names:
+        problem = class_name_problem(name)
+        if problem:
+            raise ValueError(f"`class_names`: {name!r} {problem}. Received: {name!r}")
     return list(class_names)
 
 
