@@ -10,6 +10,11 @@ import io
 import re
 import zipfile
 
+# The weights files of a keras-hub preset folder (`keras_hub.src.utils.preset_utils`'s
+# MODEL_WEIGHTS_FILE and TASK_WEIGHTS_FILE): keras-hub exports no name for them, and a
+# preset folder's check must name the file a user is missing.
+PRESET_WEIGHTS_FILES = ("model.weights.h5", "task.weights.h5")
+
 
 def has_no_value(variable):
     """True while a variable's value lives outside it: Keras's JAX trainer detaches the

@@ -223,3 +223,11 @@ def test_graph_walk_internals():
     assert sequential.built and not internals.is_called(sequential)
     sequential(np.zeros((1, 2), "float32"))
     assert internals.is_called(sequential)
+
+
+def test_preset_weights_file_names():
+    from keras_hub.src.utils import preset_utils
+
+    from keras_autoshuffle._keras_internals import PRESET_WEIGHTS_FILES
+
+    assert PRESET_WEIGHTS_FILES == (preset_utils.MODEL_WEIGHTS_FILE, preset_utils.TASK_WEIGHTS_FILE)

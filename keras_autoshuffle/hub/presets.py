@@ -20,6 +20,7 @@ from typing import Any
 import keras
 
 from keras_autoshuffle import _atomic, _validation
+from keras_autoshuffle._keras_internals import PRESET_WEIGHTS_FILES
 from keras_autoshuffle.applications.weights import registry
 
 # The layout of the configs this package writes into a preset (`config.json`'s
@@ -35,7 +36,7 @@ LICENSE = "BSD-3-Clause"
 PACKAGE_PREFIX = "keras_autoshuffle>"
 # The files of a preset keras-hub's `save_to_preset` writes, each a serialized object.
 CONFIG_FILES = ("config.json", "task.json", "preprocessor.json", "image_converter.json")
-WEIGHTS_FILE, TASK_WEIGHTS_FILE = "model.weights.h5", "task.weights.h5"
+WEIGHTS_FILE, TASK_WEIGHTS_FILE = PRESET_WEIGHTS_FILES
 # The layers of keras-hub's `ImageClassifier` head (in `task.weights.h5`).
 TASK_LAYERS = ("pooler", "output_dropout", "predictions")
 # Keras's message when a saved variable's shape is not the layer's (Keras 3.15).
