@@ -105,6 +105,14 @@ def test_an_image_folder_that_is_not_a_path_is_named(call):
         call()
 
 
+def test_finetune_names_its_images_argument(tmp_path):
+    from keras_autoshuffle.finetuning import finetune
+
+    with pytest.raises(ValueError, match=r"`images` must be .* Received: images=None"):
+        finetune(None, tmp_path / "out", weights=None)
+    assert not (tmp_path / "out").exists()
+
+
 def test_predict_input_that_is_not_a_path_is_named(tmp_path):
     with pytest.raises(ValueError, match="Received: paths=None"):
         prediction.image_paths(None)
@@ -195,3 +203,18 @@ def test_finetune_errors_print_file_names_escaped(tmp_path):
     status, _, errors = _run(finetune.main, root, "--output", output, "--weights", "none")
     assert status == 2 and "a/0\\x1b[2J.png (The file does not exist)" in errors, errors
     assert "\x1b" not in errors
+
+
+def test_the_finetune_summary_prints_paths_escaped():
+    from keras_autoshuffle.commands.finetune import summary
+
+    report = {
+        "validation": {"accuracy": 1.0, "examples": 2},
+        "data": {"classes": ["a", "b"]},
+        "files": {
+            "litert": {"path": "runs/\x1b]0;x\x07/model.tflite", "size_bytes": 1e6, "accuracy": 1.0}
+        },
+    }
+    text = summary(report)
+    assert "\x1b" not in text and "\x07" not in text
+    assert "runs/\\x1b]0;x\\x07/model.tflite" in text

@@ -79,7 +79,9 @@ def summary(report: dict) -> str:
                 lines.append(f"    {report[key]['refused']}")
     for name, why in report.get("not_exported", {}).items():
         lines.append(f"  {name} not written: {why}")
-    return "\n".join(lines)
+    from keras_autoshuffle._terminal import printable
+
+    return "\n".join(printable(line) for line in lines)  # paths and reasons: users' text
 
 
 if __name__ == "__main__":

@@ -435,24 +435,27 @@ def _left_out(export_formats):
 
 def _check_output(output_dir, images):
     """`output_dir` as a path, refused where it names no folder of its own: None, empty,
-    a file, or the image folder, inside it or holding it (the next scan would take the
-    run for a class; the run's clean-up could remove images)."""
+    a file, or the image folder, inside it or holding it (the next scan would take the run
+    for a class; the run's clean-up could remove images). `images` must be a path too."""
     if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir).strip():
         raise ValueError(
             "`output_dir` must be the path of the run's folder. "
             f"Received: output_dir={output_dir!r}"
         )
+    if not isinstance(images, (str, os.PathLike)):
+        raise ValueError(
+            f"`images` must be the path of the image folder. Received: images={images!r}"
+        )
     output_dir = os.fspath(output_dir)
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
         raise RunDirectoryError(f"The output folder is a file. Received: output_dir={output_dir!r}")
-    if isinstance(images, (str, os.PathLike)):
-        inside = os.path.realpath(output_dir), os.path.realpath(images)
-        if os.path.commonpath(inside) in inside:
-            raise RunDirectoryError(
-                "The output folder and the image folder must be apart (neither inside the "
-                "other): the next scan would take the run for a class of images. Received: "
-                f"output_dir={output_dir!r}, images={os.fspath(images)!r}"
-            )
+    inside = os.path.realpath(output_dir), os.path.realpath(images)
+    if os.path.commonpath(inside) in inside:
+        raise RunDirectoryError(
+            "The output folder and the image folder must be apart (neither inside the "
+            "other): the next scan would take the run for a class of images. Received: "
+            f"output_dir={output_dir!r}, images={os.fspath(images)!r}"
+        )
     return output_dir
 
 
