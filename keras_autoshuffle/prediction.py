@@ -158,6 +158,8 @@ class Classifier:
                 f"Received: path={path!r}"
             ) from None
         _check_input_shape(input_shape, raw, settings["image_size"], model_path, preprocessing_path)
+        if fmt == "litert" and not raw:  # its own metadata's normalisation, where described
+            preprocess = _described_preprocessing(model_path, settings) or preprocess
         if len(output_shape) != 1:
             raise ValueError(
                 f"{model_path} outputs shape (batch, *{output_shape}), not class probabilities "
@@ -639,6 +641,27 @@ def _check_input_shape(shape, raw, image_size, model_path, preprocessing_path):
             f"image_size {image_size}: the two files are of different exports. "
             f"Received: input shape {shape}"
         )
+
+
+def _described_preprocessing(path, settings):
+    """The resize and crop of `settings`, then `(pixel - mean) / std` as the LiteRT
+    metadata of the `.tflite` file at `path` says (None for a file without metadata)."""
+    from keras_autoshuffle.applications.preprocessing import _evaluation_model, evaluation_sizes
+    from keras_autoshuffle.export import metadata
+
+    try:
+        described = metadata.read_litert_metadata(path)
+    except ImportError as error:
+        raise ValueError(
+            f"{path} describes its input in LiteRT metadata, read with mediapipe, which is "
+            f'not installed ({_one_line(error)}): pip install "keras-autoshuffle[mediapipe]"'
+        ) from None
+    if described is None:
+        return None
+    # Its normalisation on [0, 1] values: the layers' `Rescaling(1 / 255)` comes first.
+    mean, std = (np.broadcast_to(described[key], 3) / 255 for key in ("mean", "std"))
+    size, resize = evaluation_sizes(settings["image_size"], settings["resize_size"])
+    return _evaluation_model(size, resize, mean, std, None, f"described_preprocessing_{size}")
 
 
 def _load_keras(path):

@@ -22,12 +22,31 @@ def _runner(fmt, path):
     """`run(batch) -> outputs` for one file, one image at a time (any batch file)."""
     if fmt in ("litert", "int8"):
         interpreter = export_lib.litert_interpreter(path, batch=1, num_threads=1)
-        return lambda image: export_lib.litert_run(interpreter, image)
+        to_input = _described_input(path)
+        return lambda image: export_lib.litert_run(interpreter, to_input(image))
     if fmt in ("onnx", "onnx_int8"):
         session = export_lib.onnx_session(path, num_threads=1)
         return lambda image: export_lib.onnx_run(session, image)
     compiled = export_lib.openvino_model(path, num_threads=1, batch=1)
     return lambda image: export_lib.openvino_run(compiled, image)
+
+
+def _described_input(path):
+    """The validation pipeline's images (ImageNet-normalised) as the `.tflite` file at
+    `path` takes them: `(pixel - mean) / std` as its metadata says; as they are without."""
+    from keras_autoshuffle.export import metadata
+
+    described = (
+        metadata.read_litert_metadata(path) if export_lib.is_installed("mediapipe") else None
+    )
+    if described is None:
+        return lambda image: image
+    pixel_mean, pixel_std = (
+        np.float32(metadata.IMAGENET_PIXEL_MEAN),
+        np.float32(metadata.IMAGENET_PIXEL_STD),
+    )
+    mean, std = np.float32(described["mean"]), np.float32(described["std"])
+    return lambda image: (image * pixel_std + pixel_mean - mean) / std
 
 
 def measure_files(files: dict, val_data, keras_probabilities: np.ndarray, input_shape) -> dict:

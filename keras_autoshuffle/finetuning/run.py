@@ -27,6 +27,7 @@ import datetime
 import hashlib
 import json
 import os
+import tempfile
 
 import keras
 import numpy as np
@@ -640,9 +641,16 @@ def _export(
     sample = training_exports.check_savable(model, val_data, formats)
     if formats:
         int8_arrays = training_exports.int8_data(train_data, val_data) if int8 else None
+        # Described (the mediapipe extra), the LiteRT files take RGB in [0, 1] (MediaPipe's).
+        unit_rgb = "litert" in formats and export_lib.is_installed("mediapipe")
+        others = tuple(f for f in formats if not (unit_rgb and f == "litert"))
         written = training_exports.export_run(
-            model, output_dir, sample, formats, int8_arrays, int8_bound
+            model, output_dir, sample, others, int8_arrays, int8_bound
         )
+        if unit_rgb:
+            written.update(
+                _export_unit_rgb_litert(model, output_dir, sample, int8_arrays, int8_bound)
+            )
         _describe_files(written, class_names)
     else:  # model.keras alone
         path = os.path.join(output_dir, export_lib.FILENAMES["keras"])
@@ -661,22 +669,58 @@ def _export(
     return entries
 
 
+def _export_unit_rgb_litert(model, output_dir, sample, int8_arrays, int8_bound):
+    """`model.tflite` (and with `int8_arrays`, `model_int8.tflite` within `int8_bound`) of
+    the folded net behind ImageNet's normalisation (`metadata.with_input_normalization`):
+    files taking RGB in [0, 1], checked against the hardened net behind the same layer.
+    Written in a folder of their own, then moved beside the others: `export_model` keeps
+    no file of other inputs in its folder."""
+    from keras_autoshuffle import folding
+
+    inference = folding.fold_model(model, name=model.name) if folding.is_foldable(model) else model
+    net, reference = (metadata.with_input_normalization(m) for m in (inference, model))
+    int8 = {}
+    if int8_arrays is not None:
+        calibration, (images, labels) = int8_arrays
+        int8 = dict(
+            quantize="int8",
+            representative_data=_unit_rgb(calibration),
+            test_data=(_unit_rgb(images), labels),
+            max_accuracy_drop=int8_bound,
+        )
+    with tempfile.TemporaryDirectory(prefix=".litert-", dir=output_dir) as folder:
+        export = dict(formats=("litert",), reference=reference)
+        try:
+            files = export_lib.export_model(net, folder, _unit_rgb(sample), **export, **int8)
+        except export_lib.Int8CheckError as error:  # the float file stays, as `export_run`'s
+            files = export_lib.export_model(net, folder, _unit_rgb(sample), **export)
+            files[error.key] = {**error.check, "path": None, "refused": str(error)}
+        for entry in files.values():
+            if entry.get("path"):
+                moved = os.path.join(output_dir, os.path.basename(entry["path"]))
+                os.replace(entry["path"], moved)
+                entry["path"] = moved
+    return {name: {**entry, "folded": inference is not model} for name, entry in files.items()}
+
+
+def _unit_rgb(images):
+    """ImageNet-normalised images (the validation pipeline's) as RGB in [0, 1]."""
+    return np.asarray(images) * np.float32(IMAGENET_STD) + np.float32(IMAGENET_MEAN)
+
+
 def _describe_files(written, class_names):
-    """The class names and the input's normalisation (ImageNet's, per channel, on pixels) in
-    the exported files: LiteRT metadata (where the mediapipe extra is installed), ONNX
-    `metadata_props`, OpenVINO `rt_info` (`export.metadata`)."""
+    """The class names and the input's normalisation in the exported files: LiteRT
+    metadata (where the mediapipe extra is installed; the files take RGB in [0, 1]: mean 0,
+    std 255 on pixels, as MediaPipe Tasks runs them), ONNX `metadata_props` and OpenVINO
+    `rt_info` (ImageNet's per-channel normalisation, on pixels) (`export.metadata`)."""
     describe = {"onnx": metadata.describe_onnx, "openvino": metadata.describe_openvino}
+    pixels = {"mean": metadata.IMAGENET_PIXEL_MEAN, "std": metadata.IMAGENET_PIXEL_STD}
     if export_lib.is_installed("mediapipe"):
         describe["litert"] = metadata.describe_litert
     for key, entry in written.items():
         fmt = export_lib.INT8_FILES[key][0] if key in export_lib.INT8_FILES else key
         if fmt in describe and entry.get("path"):
-            describe[fmt](
-                entry["path"],
-                class_names,
-                metadata.IMAGENET_PIXEL_MEAN,
-                metadata.IMAGENET_PIXEL_STD,
-            )
+            describe[fmt](entry["path"], class_names, **({} if fmt == "litert" else pixels))
 
 
 def _keras_entry(path, probabilities, val_data):
