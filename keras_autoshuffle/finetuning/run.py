@@ -639,23 +639,21 @@ def _export(
     (`_describe_files`), then each file's accuracy on the
     validation images, agreement with Keras, size, latency."""
     sample = training_exports.check_savable(model, val_data, formats)
-    if formats:
-        int8_arrays = training_exports.int8_data(train_data, val_data) if int8 else None
-        # Described (the mediapipe extra), the LiteRT files take RGB in [0, 1] (MediaPipe's).
-        unit_rgb = "litert" in formats and export_lib.is_installed("mediapipe")
-        others = tuple(f for f in formats if not (unit_rgb and f == "litert"))
+    int8_arrays = training_exports.int8_data(train_data, val_data) if formats and int8 else None
+    # Described (the mediapipe extra), the LiteRT files take RGB in [0, 1] (MediaPipe's).
+    unit_rgb = "litert" in formats and export_lib.is_installed("mediapipe")
+    others = tuple(f for f in formats if not (unit_rgb and f == "litert"))
+    if others:
         written = training_exports.export_run(
             model, output_dir, sample, others, int8_arrays, int8_bound
         )
-        if unit_rgb:
-            written.update(
-                _export_unit_rgb_litert(model, output_dir, sample, int8_arrays, int8_bound)
-            )
-        _describe_files(written, class_names)
     else:  # model.keras alone
         path = os.path.join(output_dir, export_lib.FILENAMES["keras"])
         export_lib.save_keras(model, path)
         written = {"keras": {"path": path}}
+    if unit_rgb:
+        written.update(_export_unit_rgb_litert(model, output_dir, sample, int8_arrays, int8_bound))
+    _describe_files(written, class_names)
     entries = {}
     # Each int8 file's check ("int8": LiteRT's, "onnx_int8", "openvino_int8").
     checks = {key: written.pop(key) for key in export_lib.INT8_FILES if key in written}
