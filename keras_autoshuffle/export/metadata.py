@@ -46,8 +46,9 @@ def with_input_normalization(
     """`model` behind a per-channel normalisation, `(x - mean) / std`: a model taking RGB
     values in [0, 1] where `model` takes normalised images.
 
-    Keras's own `Normalization` layer ("input_normalization": loads with `safe_mode=True`)
-    at the new input: an exported file takes plain RGB, described by one mean and one std.
+    Keras's own `Rescaling` layer ("input_normalization", `x / std - mean / std`: loads
+    with `safe_mode=True`) at the new input: an exported file takes plain RGB, described by
+    one mean and one std; its int8 file keeps the input's 256 levels per channel.
 
     Args:
         model: a single-input Keras model taking channels-last normalised images.
@@ -55,10 +56,13 @@ def with_input_normalization(
         std: the per-channel standard deviation, each > 0.
     """
     mean, std = _check_normalization(mean, std, channels=(1, 3))
-    std = np.asarray(std)
+    mean, std = np.asarray(mean), np.asarray(std)
     inputs = keras.Input(model.input_shape[1:], name="image")
-    normalize = keras.layers.Normalization(
-        mean=list(mean), variance=list(std**2), name="input_normalization"
+    # `x * (1 / std) - mean / std`: in the int8 file the product keeps ~170 levels of
+    # [0, 1]; `Normalization`'s `x - mean` first got the output's scale, ~55 levels
+    # (tests/test_export_metadata.py; twice the int8 file's mean output error).
+    normalize = keras.layers.Rescaling(
+        scale=list(1 / std), offset=list(-mean / std), name="input_normalization"
     )
     return keras.Model(inputs, model(normalize(inputs)), name=model.name)
 
