@@ -542,7 +542,8 @@ def _check_split(split, images, val_fraction, split_seed, output_dir):
 
 def _write_inputs(output_dir, class_names, image_size, include_preprocessing):
     """labels.txt (a class name per line, in output order) and preprocessing.json (what the
-    exported files' inputs are), for `autoshuffle-predict` and apps."""
+    exported files' inputs are; a described `.tflite` file's own metadata says its
+    normalisation), for `autoshuffle-predict` and apps."""
     names = "".join(f"{name}\n" for name in class_names)
     _atomic.write_atomically(
         os.path.join(output_dir, LABELS_FILE),
