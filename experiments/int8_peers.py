@@ -1,5 +1,5 @@
 """int8 ShuffleNet v2 1.0x on a CPU: the package's files against torchvision's int8 peers,
-side by side in one run (issue 42, item 3). Not in CI.
+each runtime timed alone in fresh processes (issue 42, item 3; issue 53, item 3). Not in CI.
 
 Two stages, because no one venv holds both TensorFlow and torch:
 

@@ -81,3 +81,10 @@ def test_the_page_marks_one_process_figures_that_differ_from_each_runtime_alone(
     alone = {**peers[1], "method": "alone"}
     assert "distorted" not in int8_peers.render([alone], table)
     assert "not claims" not in int8_peers.render([alone], table)
+
+
+@pytest.mark.parametrize("flag", ["--processes=0", "--rounds=0", "--calls=0", "--calibration=0"])
+def test_too_small_settings_are_argparse_errors_naming_them(flag, capsys):
+    with pytest.raises(SystemExit):
+        int8_peers.main(["measure", flag])
+    assert f"Received: {flag[2:]}" in capsys.readouterr().err
