@@ -192,28 +192,37 @@ def peer_files(out, tv_images):
     """{peer name: path} of every file to time (torchvision's peers written into `out`),
     and {peer name: why it is missing} for a peer that could not be made."""
     files, failures = {}, {}
-    makers = {
-        ("ort_tv_fp32", "torch_tv_int8"): (
+    # (peers, their files, the peer whose file they are made from, how).
+    makers = (
+        (
+            ("ort_tv_fp32", "torch_tv_int8"),
             ("tv_fp32.onnx", "tv_int8_torch.pt"),
+            None,
             lambda paths: _torchvision(tv_images, *paths),
         ),
-        ("ort_tv_int8",): (
+        (
+            ("ort_tv_int8",),
             ("tv_int8_qdq.onnx",),
+            "ort_tv_fp32",
             lambda paths: _ort_quantize(files["ort_tv_fp32"], paths[0], tv_images),
         ),
-        ("ov_tv_int8",): (
+        (
+            ("ov_tv_int8",),
             ("tv_int8_nncf.xml",),
+            "ort_tv_fp32",
             lambda paths: _nncf_quantize(files["ort_tv_fp32"], paths[0], tv_images),
         ),
-    }
-    for names, (file_names, make) in makers.items():
+    )
+    for names, file_names, source, make in makers:
+        if source is not None and source not in files:
+            failures.update(dict.fromkeys(names, f"not made: {source} is missing"))
+            continue
         paths = [os.path.join(out, name) for name in file_names]
         try:
             make(paths)
             files.update(zip(names, paths, strict=True))
         except Exception as error:  # reported in the rows, not hidden
-            for name in names:
-                failures[name] = f"{type(error).__name__}: {error}"[:500]
+            failures.update(dict.fromkeys(names, f"{type(error).__name__}: {error}"[:500]))
     files.update(_ours(out))
     return files, failures
 
@@ -312,14 +321,17 @@ def _read_json(path):
 
 
 def _versions():
-    import nncf
-    import onnxruntime
-    import openvino
-    import torch
-    import torchvision
+    """{module: version} of the peers' packages (None where one is not installed: its
+    peers are then missing, and the row's failures say why)."""
+    import importlib
 
-    modules = (torch, torchvision, onnxruntime, openvino, nncf)
-    return {module.__name__: module.__version__ for module in modules}
+    versions = {}
+    for name in ("torch", "torchvision", "onnxruntime", "openvino", "nncf", "ai_edge_litert"):
+        try:
+            versions[name] = importlib.import_module(name).__version__
+        except ImportError:
+            versions[name] = None
+    return versions
 
 
 def measure(args):
@@ -391,6 +403,8 @@ def _ratio(entry):
 
 def alone_ratios(table_rows, cpu):
     """{(a, b): int8 / float ms} of the model table's v2 1.0x row on `cpu` (None: none)."""
+    if not cpu:
+        return None
     for row in table_rows:
         if row.get("width") == 1.0 and row.get("machine", "").startswith(cpu):
             return {
