@@ -232,7 +232,7 @@ def peer_files(out, tv_images):
 # A peer's name starts with its runtime's prefix; the runtime as
 # experiments.runtime_processes' children name it.
 RUNTIMES = {"torch": "torch", "litert": "litert", "ort": "onnxruntime", "ov": "openvino"}
-# How a row's times were taken (its "method"; rows without one are the first runs').
+# How a row's times were taken (its "method": the first two runs' is "one_process").
 METHODS = {
     "one_process": "every runtime in one process, interleaved rounds",
     "alone": "each runtime alone, one fresh process per runtime and repeat",
