@@ -16,10 +16,10 @@ are read up to a bound, and a model whose outputs are not probabilities of its l
 count is refused by name.
 """
 
+import dataclasses
 import json
 import math
 import os
-import zipfile
 from collections.abc import Callable, Sequence
 
 import keras
@@ -27,6 +27,7 @@ import numpy as np
 
 from keras_autoshuffle import _validation, applications
 from keras_autoshuffle._resize_crop import MAX_ASPECT_RATIO, check_sides
+from keras_autoshuffle.applications.preprocessing import ResizeCenterCrop, evaluation_sizes
 from keras_autoshuffle.applications.weights.registry import CHECKPOINTS, imagenet_class_index
 from keras_autoshuffle.data.images import (
     IMAGE_EXTENSIONS,
@@ -34,29 +35,20 @@ from keras_autoshuffle.data.images import (
     has_image_extension,
     read_image,
 )
-from keras_autoshuffle.export import (
-    litert_interpreter,
-    litert_run,
-    onnx_run,
-    onnx_session,
-    openvino_model,
-    openvino_run,
-)
-from keras_autoshuffle.export.checks import EXTRAS
+from keras_autoshuffle.export.metadata import IMAGENET_PIXEL_MEAN, IMAGENET_PIXEL_STD
+from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML
+from keras_autoshuffle.export.runner import Runner, open_runner
 
 LABELS_FILE = "labels.txt"
 PREPROCESSING_FILE = "preprocessing.json"
-# Formats by file suffix; a folder is an OpenVINO IR folder (`openvino/`, holding model.xml).
-SUFFIXES = {".keras": "keras", ".tflite": "litert", ".onnx": "onnx", ".xml": "openvino"}
-OPENVINO_XML = "model.xml"
+# The files of a keras-hub preset folder that tell it from an OpenVINO IR folder.
+PRESET_FILES = ("config.json", "metadata.json")
 # Bounds on the side files (a user's file may be anything): a million short class names.
 MAX_LABELS_BYTES = 16 * 2**20
 MAX_PREPROCESSING_BYTES = 64 * 2**10
 PREPROCESSING_KEYS = ("image_size", "resize_size", "mean", "std", "exports_include_preprocessing")
 # Images per model call where the format takes batches (memory: 32 x 224 x 224 x 3 floats).
 BATCH_SIZE = 32
-# The most characters of a runtime's own error quoted in a refusal.
-_MAX_REASON = 300
 # How far outside [0, 1] an output may be and still be a probability (float rounding).
 _PROBABILITY_SLACK = 1e-4
 
@@ -107,70 +99,69 @@ class Classifier:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "Classifier":
-        """Loads an exported classifier with the class names and preprocessing beside it.
+        """Loads an exported classifier, a `.keras` file or a keras-hub preset folder.
 
-        The format is chosen by the suffix: `.keras` (loaded with `safe_mode=True`),
-        `.tflite` (LiteRT, float or int8), `.onnx` (ONNX Runtime) or `.xml` (OpenVINO; a
-        folder holding `model.xml` too, e.g. `openvino/`). `labels.txt` and
-        `preprocessing.json` are read from the model's folder (for OpenVINO, the IR folder
-        if it holds `labels.txt`, else its parent, where `autoshuffle-finetune` writes
-        them). A `.keras` model takes the normalised image; the other formats take raw
-        pixels where `preprocessing.json` says `"exports_include_preprocessing": true`.
+        An exported file is run by `export.runner.open_runner`: `.keras` (loaded with
+        `safe_mode=True`), `.tflite` (LiteRT, float or int8), `.onnx` (ONNX Runtime) or
+        `.xml` (OpenVINO; a folder holding `model.xml` too, e.g. `openvino/`). A file's own
+        metadata suffices: its class names, when no `labels.txt` is beside it; its input's
+        normalisation (`(pixel - mean) / std` on the resized, centre-cropped RGB pixels)
+        and, without `preprocessing.json`, the image size from its input shape. The side
+        files of older runs (`labels.txt`, `preprocessing.json`, in the model's folder; for
+        OpenVINO the IR folder if it holds `labels.txt`, else its parent) are read where
+        present: a file without metadata takes ImageNet's normalisation, and raw pixels
+        where `preprocessing.json` says `"exports_include_preprocessing": true`.
+
+        A keras-hub preset folder (`config.json` and `metadata.json`, as `save_to_preset`
+        writes) is loaded with `keras_hub.models.ImageClassifier.from_preset`: its
+        preprocessor resizes, crops and normalises, its `class_names` name the outputs.
 
         Args:
-            path: the model file, or an OpenVINO IR folder.
+            path: the model file, an OpenVINO IR folder, or a preset folder.
 
         Returns:
             The Classifier.
 
         Raises:
-            FileNotFoundError: `path` or a side file does not exist.
+            FileNotFoundError: `path` does not exist; a file without class names in its
+                metadata and no `labels.txt`.
             ValueError: an unknown suffix; a side file that does not hold what it should;
-                a model that cannot be loaded (its runtime not installed: the message names
+                a side file and the file's metadata that disagree (naming the field); a
+                model that cannot be loaded (its runtime not installed: the message names
                 the extra), does not take RGB images of the size `preprocessing.json`
-                names, or has another class count than `labels.txt`. A model that loads
-                but fails when run raises ValueError naming it from `predict`.
+                names, or has another class count than its labels. A model that loads but
+                fails when run raises ValueError naming it from `predict`.
         """
         path = _check_path(path, "path")
-        fmt, model_path, folder = _locate(path)
-        labels = read_labels(os.path.join(folder, LABELS_FILE))
-        preprocessing_path = os.path.join(folder, PREPROCESSING_FILE)
-        settings = read_preprocessing(preprocessing_path)
-        try:  # its checks of the sizes, named after the file
-            preprocess = applications.evaluation_preprocessing(
-                settings["image_size"], settings["resize_size"]
-            )
-        except ValueError as error:
-            raise ValueError(f"{preprocessing_path}: {_one_line(error)}") from None
-        raw = settings["exports_include_preprocessing"] and fmt != "keras"
-        try:
-            run, input_shape, output_shape, batch_size = _LOADERS[fmt](model_path)
-        except Exception as error:  # each runtime raises its own types for a damaged file
-            if isinstance(error, ImportError) and fmt in EXTRAS:  # the runtime is missing
-                raise ValueError(
-                    f"{model_path} needs {_RUNTIMES[fmt]}, which is not installed "
-                    f'({_one_line(error)}): pip install "{EXTRAS[fmt]}". '
-                    f"Received: path={path!r}"
-                ) from None
+        if _is_preset(path):
+            return _from_preset(cls, path)
+        if os.path.isdir(path) and not os.path.isfile(os.path.join(path, OPENVINO_XML)):
             raise ValueError(
-                f"{model_path} cannot be loaded as a model of format {fmt!r} "
-                f"({type(error).__name__}: {_reason(error)}). Export it again. "
+                f"{path} is a folder without {OPENVINO_XML} (an OpenVINO IR) nor "
+                f"{' and '.join(PRESET_FILES)} (a keras-hub preset); give one of them or a "
+                f"model file (.keras, .tflite, .onnx, .xml). Received: path={path!r}"
+            )
+        runner = open_runner(path)
+        folder = os.path.dirname(os.path.abspath(runner.path))
+        if runner.format == "openvino" and not os.path.lexists(os.path.join(folder, LABELS_FILE)):
+            folder = os.path.dirname(folder)  # autoshuffle-finetune's openvino/ subfolder
+        labels_path = os.path.join(folder, LABELS_FILE)
+        labels = _labels(runner, labels_path)
+        preprocess = _preprocessing(runner, os.path.join(folder, PREPROCESSING_FILE))
+        if len(runner.output_shape) != 1:
+            raise ValueError(
+                f"{runner.path} outputs shape (batch, *{runner.output_shape}), not class "
+                f"probabilities (batch, classes). Received: path={path!r}"
+            )
+        if runner.output_shape[0] not in (None, len(labels)):  # None: checked on each run
+            named = labels_path if os.path.lexists(labels_path) else "its metadata"
+            raise ValueError(
+                f"{runner.path} has {runner.output_shape[0]} outputs but {named} names "
+                f"{len(labels)} classes: they must be one name per output. "
                 f"Received: path={path!r}"
-            ) from None
-        _check_input_shape(input_shape, raw, settings["image_size"], model_path, preprocessing_path)
-        if len(output_shape) != 1:
-            raise ValueError(
-                f"{model_path} outputs shape (batch, *{output_shape}), not class probabilities "
-                f"(batch, classes). Received: path={path!r}"
             )
-        if output_shape[0] not in (None, len(labels)):  # None: checked on each run
-            raise ValueError(
-                f"{model_path} has {output_shape[0]} outputs but "
-                f"{os.path.join(folder, LABELS_FILE)} names {len(labels)} classes: they must "
-                f"be one name per output. Received: path={path!r}"
-            )
-        run = _failures_named(run, model_path, fmt)
-        return cls(run, labels, None if raw else preprocess, batch_size, model_path)
+        batch_size = BATCH_SIZE if preprocess is not None else 1
+        return cls(runner.run, labels, preprocess, batch_size, runner.path)
 
     @classmethod
     def imagenet(cls, width: float = 1.0) -> "Classifier":
@@ -593,28 +584,106 @@ def _read_text(path, limit, what):
         ) from None
 
 
-def _locate(path):
-    """`(format, model path, side-file folder)` of the model at `path`."""
-    if os.path.isdir(path):
-        xml = os.path.join(path, OPENVINO_XML)
-        if not os.path.isfile(xml):
-            raise ValueError(
-                f"{path} is a folder without {OPENVINO_XML}; give a model file (.keras, "
-                f".tflite, .onnx, .xml) or an OpenVINO IR folder. Received: path={path!r}"
+def _labels(runner: Runner, labels_path: str) -> list[str]:
+    """The class names: `labels.txt` where present (equal to the file's metadata's, where
+    it has some), else the metadata's; FileNotFoundError where neither is."""
+    if not os.path.lexists(labels_path):
+        if runner.labels is None:
+            raise FileNotFoundError(
+                f"{labels_path} is missing and {runner.path} holds no class names in its "
+                "metadata: one of them must hold the class names, one per line in the "
+                f"model's output order. Received: path={runner.path!r}"
             )
-        path = xml
-    fmt = SUFFIXES.get(os.path.splitext(path)[1].lower())
-    if fmt is None:
+        return list(_check_labels(runner.labels, f"{runner.path} (metadata field `labels`)"))
+    labels = read_labels(labels_path)
+    theirs = runner.labels
+    if theirs is not None and len(labels) != len(theirs):
         raise ValueError(
-            f"{path} is no model format this reads: the suffix must be one of "
-            f"{', '.join(SUFFIXES)} (or an OpenVINO IR folder). Received: path={path!r}"
+            f"{labels_path} names {len(labels)} classes but the metadata field `labels` of "
+            f"{runner.path} names {len(theirs)}: they are of different exports. Remove "
+            f"{LABELS_FILE}, or export again. Received: {len(labels)} and {len(theirs)} labels"
         )
-    if not os.path.isfile(path):
-        raise ValueError(f"{path} is not a regular file. Received: path={path!r}")
-    folder = os.path.dirname(os.path.abspath(path))
-    if fmt == "openvino" and not os.path.lexists(os.path.join(folder, LABELS_FILE)):
-        folder = os.path.dirname(folder)  # autoshuffle-finetune's openvino/ subfolder
-    return fmt, path, folder
+    if theirs is not None and tuple(labels) != theirs:
+        i = next(i for i, (a, b) in enumerate(zip(labels, theirs, strict=True)) if a != b)
+        raise ValueError(
+            f"{labels_path} and the metadata field `labels` of {runner.path} disagree on "
+            f"class {i}: they are of different exports. Remove {LABELS_FILE}, or export "
+            f"again. Received: {labels[i]!r} and {theirs[i]!r}"
+        )
+    return labels
+
+
+def _preprocessing(runner: Runner, settings_path: str):
+    """The function from a uint8 image batch to the file's input: the resize and centre
+    crop of `preprocessing.json` (else of the file's input shape), then the normalisation
+    the file's metadata declares (else ImageNet's); None for a file that takes raw pixels
+    (`exports_include_preprocessing`)."""
+    if os.path.lexists(settings_path):
+        settings = read_preprocessing(settings_path)
+        raw = settings["exports_include_preprocessing"] and runner.format != "keras"
+        image_size, resize_size = settings["image_size"], settings["resize_size"]
+        source = settings_path
+    else:
+        if runner.input.mean is None:
+            raise FileNotFoundError(
+                f"{settings_path} is missing and {runner.path} describes no input "
+                "normalisation in its metadata: one of them must say how to preprocess "
+                f"images. Received: path={runner.path!r}"
+            )
+        raw, (image_size, resize_size), source = False, (runner.input.shape[0], None), None
+        if runner.input.shape[:2] != (image_size, image_size) or image_size is None:
+            raise ValueError(
+                f"{runner.path} takes inputs of shape {runner.input.shape}: without "
+                f"{PREPROCESSING_FILE} beside it, the image size comes from a square input "
+                f"shape. Received: input shape {runner.input.shape}"
+            )
+    _check_input_shape(runner.input.shape, raw, image_size, runner.path, source)
+    if raw:
+        return None
+    try:  # its checks of the sizes, named after the file
+        image_size, resize_size = evaluation_sizes(image_size, resize_size)
+    except ValueError as error:
+        raise ValueError(f"{source or runner.path}: {_one_line(error)}") from None
+    crop = ResizeCenterCrop(resize_size, image_size)
+    described = runner.input
+    if described.mean is None:  # an older run's file: preprocessing.json's normalisation
+        described = dataclasses.replace(described, mean=IMAGENET_PIXEL_MEAN, std=IMAGENET_PIXEL_STD)
+    return lambda images: described.normalize(keras.ops.convert_to_numpy(crop(images)))
+
+
+def _is_preset(path: str) -> bool:
+    """Whether `path` is a keras-hub preset folder (its `config.json` and
+    `metadata.json`)."""
+    return all(os.path.isfile(os.path.join(path, name)) for name in PRESET_FILES)
+
+
+def _from_preset(cls, folder):
+    """The Classifier of the keras-hub preset `folder`: its preprocessor, its class names,
+    a softmax on its outputs where it gives logits."""
+    import keras_hub
+
+    import keras_autoshuffle.hub  # noqa: F401 (registers the classes keras-hub finds)
+
+    try:
+        model = keras_hub.models.ImageClassifier.from_preset(folder)
+    except (ValueError, OSError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"{folder} cannot be loaded as a keras-hub preset ({type(error).__name__}: "
+            f"{_one_line(error)[:300]}). Received: path={folder!r}"
+        ) from None
+    labels = getattr(model, "class_names", None)
+    if not labels:
+        raise ValueError(
+            f"{folder}: the preset's classifier has no `class_names` to name its outputs. "
+            f"Save it with class_names. Received: class_names={labels!r}"
+        )
+    logits = keras.activations.serialize(model.output_dense.activation) != "softmax"
+
+    def run(batch):
+        outputs = model(batch, training=False)
+        return keras.ops.convert_to_numpy(keras.ops.softmax(outputs) if logits else outputs)
+
+    return cls(run, labels, model.preprocessor, BATCH_SIZE, folder)
 
 
 def _check_input_shape(shape, raw, image_size, model_path, preprocessing_path):
@@ -639,112 +708,3 @@ def _check_input_shape(shape, raw, image_size, model_path, preprocessing_path):
             f"image_size {image_size}: the two files are of different exports. "
             f"Received: input shape {shape}"
         )
-
-
-def _load_keras(path):
-    if not zipfile.is_zipfile(path):  # else Keras says "File not found" of a file that is
-        raise ValueError("not a Keras model file: a .keras file is a zip archive, this is not")
-    model = keras.saving.load_model(path, safe_mode=True)
-    if not isinstance(model, keras.Model) or len(model.inputs) != 1 or len(model.outputs) != 1:
-        raise ValueError("not a Keras model with one input and one output")
-
-    def run(batch):
-        return keras.ops.convert_to_numpy(model(batch, training=False))
-
-    return run, tuple(model.inputs[0].shape[1:]), tuple(model.outputs[0].shape[1:]), BATCH_SIZE
-
-
-def _load_litert(path):
-    interpreter = litert_interpreter(path)
-    inputs, outputs = interpreter.get_input_details(), interpreter.get_output_details()
-    if len(inputs) != 1:
-        raise ValueError(f"{len(inputs)} inputs, not one")
-    # The signature has -1 for unknown sides (the shape holds 1 x 1 placeholders).
-    shape = tuple(None if side < 0 else int(side) for side in inputs[0]["shape_signature"][1:])
-    current = {"shape": tuple(inputs[0]["shape"]), "interpreter": interpreter}
-
-    def run(batch):
-        if batch.shape != current["shape"]:  # a raw image of another size
-            current.update(
-                shape=batch.shape, interpreter=litert_interpreter(path, shape=batch.shape)
-            )
-        return litert_run(current["interpreter"], batch)
-
-    return run, shape, tuple(_side(int(v)) for v in outputs[0]["shape_signature"][1:]), 1
-
-
-def _side(value):
-    return value if isinstance(value, int) and value > 0 else None
-
-
-def _load_onnx(path):
-    session = onnx_session(path)
-    inputs, outputs = session.get_inputs(), session.get_outputs()
-    if len(inputs) != 1:
-        raise ValueError(f"{len(inputs)} inputs, not one")
-    batch = _side(inputs[0].shape[0])  # a fixed batch (1): one image per call
-    if batch not in (None, 1):
-        raise ValueError(f"a fixed batch of {batch} images; an export takes 1, or any number")
-    shape = tuple(_side(v) for v in inputs[0].shape[1:])
-
-    def run(images):
-        return onnx_run(session, images)
-
-    return run, shape, tuple(_side(v) for v in outputs[0].shape[1:]), batch or BATCH_SIZE
-
-
-def _load_openvino(path):
-    compiled = openvino_model(path, batch=1)
-    if len(compiled.inputs) != 1:
-        raise ValueError(f"{len(compiled.inputs)} inputs, not one")
-
-    def sides(port):
-        return tuple(d.get_length() if d.is_static else None for d in port.get_partial_shape()[1:])
-
-    def run(batch):
-        return openvino_run(compiled, batch)
-
-    return run, sides(compiled.inputs[0]), sides(compiled.outputs[0]), 1
-
-
-def _failures_named(run, model_path, fmt):
-    """`run`, a failure of its runtime (each raises its own types: a file that loads but
-    cannot run, e.g. a crafted one) made a ValueError naming the file and the reason."""
-
-    def checked(batch):
-        try:
-            return run(batch)
-        except Exception as error:
-            raise ValueError(
-                f"{model_path} failed when run by {_RUNTIMES[fmt]} ({type(error).__name__}: "
-                f"{_reason(error)}): a damaged file, or not an export of this package. "
-                "Export it again."
-            ) from None
-
-    return checked
-
-
-def _reason(error, limit=_MAX_REASON):
-    """A runtime's error in one line, cut at `limit` characters (Keras's can hold a whole
-    model config)."""
-    text = _one_line(error)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-# Who runs each format (`export.checks.EXTRAS`: the extra that installs it; Keras always is).
-_RUNTIMES = {
-    "keras": "Keras",
-    "litert": "LiteRT (ai-edge-litert)",
-    "onnx": "ONNX Runtime",
-    "openvino": "OpenVINO",
-}
-# Each format's loader: `(run, input shape, output shape, images per run)`, the shapes
-# without the batch axis (None: any size, or not known until run). The first output is the
-# classifier's, as the export's own readers take it: Keras's OpenVINO exporter leaves a
-# net with unknown sides the scalar shape values of its shuffles as further outputs.
-_LOADERS = {
-    "keras": _load_keras,
-    "litert": _load_litert,
-    "onnx": _load_onnx,
-    "openvino": _load_openvino,
-}
