@@ -585,6 +585,21 @@ def test_a_described_file_needs_no_side_file(described, photos, kind):
     np.testing.assert_allclose(classifier.predict(images), expected, atol=2e-5, rtol=0)
 
 
+@pytest.mark.parametrize("kind", ["imagenet", "mediapipe"])
+def test_the_finetune_evaluation_feeds_each_file_its_normalisation(described, photos, kind):
+    # `measure_files` has the validation pipeline's ImageNet-normalised images: a file with
+    # the normalisation inside (mean 0, std 255) takes them back as pixel / 255.
+    from keras_autoshuffle.export.runner import open_runner
+    from keras_autoshuffle.finetuning.evaluation import _file_inputs
+
+    root, model = described
+    preprocess = applications.evaluation_preprocessing(16)
+    normalised = np.concatenate([preprocess(image[None]) for image in photos[1].values()])
+    runner = open_runner(root / kind / "model.tflite")
+    expected = keras.ops.convert_to_numpy(model(normalised))
+    np.testing.assert_allclose(runner.run(_file_inputs(runner, normalised)), expected, atol=2e-5)
+
+
 def test_side_files_that_disagree_with_the_metadata_are_named(described, tmp_path):
     model = tmp_path / "model.tflite"
     shutil.copy(described[0] / "mediapipe" / "model.tflite", model)
