@@ -600,6 +600,16 @@ def test_the_finetune_evaluation_feeds_each_file_its_normalisation(described, ph
     np.testing.assert_allclose(runner.run(_file_inputs(runner, normalised)), expected, atol=2e-5)
 
 
+def test_metadata_without_the_mediapipe_extra_names_it(described, exported, monkeypatch):
+    # A described .tflite cannot be read right without the reader of its metadata; a file
+    # without metadata still runs (LiteRT alone).
+    for module in [m for m in sys.modules if m.split(".")[0] == "mediapipe"] + ["mediapipe"]:
+        monkeypatch.setitem(sys.modules, module, None)  # as in an install without it
+    with pytest.raises(ValueError, match=r'pip install "keras-autoshuffle\[mediapipe\]"'):
+        prediction.Classifier.from_file(described[0] / "mediapipe" / "model.tflite")
+    assert prediction.Classifier.from_file(exported[0] / "model.tflite").labels == LABELS
+
+
 def test_side_files_that_disagree_with_the_metadata_are_named(described, tmp_path):
     model = tmp_path / "model.tflite"
     shutil.copy(described[0] / "mediapipe" / "model.tflite", model)
