@@ -87,8 +87,8 @@ def retinanet_detector(
             `anchor_generator`, `name`, ...).
 
     Returns:
-        The detector, with its `RetinaNetObjectDetectorPreprocessor` (raw pixel values in
-        [0, 255]); compile it and `fit` on `(images, {"boxes": ..., "labels": ...})`.
+        The detector, with its `RetinaNetObjectDetectorPreprocessor` (raw pixel values
+            in [0, 255]); compile it and `fit` on `(images, {"boxes": ..., "labels": ...})`.
 
     Example:
         >>> detector = retinanet_detector("shufflenet_v2_x1_0_imagenet", num_classes=3)
@@ -154,9 +154,9 @@ def deeplab_segmenter(
         **kwargs: other `DeepLabV3ImageSegmenter` arguments (`activation`, `name`, ...).
 
     Returns:
-        The segmenter, with its `DeepLabV3ImageSegmenterPreprocessor` (raw pixel values in
-        [0, 255]); compile it with a sparse categorical cross-entropy from logits and `fit`
-        on `(images, masks)`, masks (batch, height, width, 1) of class indices.
+        The segmenter, with its `DeepLabV3ImageSegmenterPreprocessor` (raw pixel values
+            in [0, 255]); compile it with a sparse categorical cross-entropy from logits
+            and `fit` on `(images, masks)`, masks (batch, height, width, 1) of class indices.
 
     Example:
         >>> segmenter = deeplab_segmenter("shufflenet_v2_x1_0_imagenet", num_classes=11)
