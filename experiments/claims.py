@@ -4,8 +4,11 @@ The README, the site's home page, the evidence summary and docs/inference.md quo
 figures: the folded ShuffleNet v2 1.0x against torchvision's graph in ONNX Runtime, OpenVINO
 and LiteRT (`experiments.runtime_processes`' rows), what hardened, folded and balanced
 shuffles cost in LiteRT (`experiments.benchmark`'s rows) and the Fashion-MNIST study's
-verdict (`experiments.study`'s rows). This module computes each from its row file, so that
-every page states the same number:
+verdict (`experiments.study`'s rows); the export guide, the evidence summary and
+`export.int8`'s comment quote int8 figures (`experiments.int8_claims`: the int8 accuracy,
+transfer study and int8 speed rows), and the lab notes hold the int8 peers' rows with the
+way each was timed (`experiments.int8_peers`). This module computes each from its row file,
+so that every page states the same number:
 
 - `render` writes the blocks between `<!-- claims:NAME -->` and `<!-- /claims:NAME -->` in
   the pages that hold them (`--write`), or fails when a page's block differs from the rows
@@ -28,6 +31,8 @@ import json
 import pathlib
 import sys
 
+from experiments import int8_claims
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RESULTS = pathlib.Path("docs") / "results"
 ROWS = {
@@ -37,10 +42,13 @@ ROWS = {
     "benchmark": RESULTS / "benchmark_cpu.json",
     "gpu": RESULTS / "h200_jax_train_throughput.json",
     "study": pathlib.Path("docs") / "fashion_mnist" / "results.json",
+    **int8_claims.ROWS,
 }
 # The pages that hold generated blocks, and the blocks each holds.
 PAGES = {
     pathlib.Path("docs") / "inference.md": ("runtimes", "shuffle-costs"),
+    pathlib.Path("docs") / "guide" / "export.md": ("int8-drops",),
+    pathlib.Path("docs") / "lab-notes" / "inference.md": ("int8-peers",),
 }
 RUNTIME_COMMAND = "python -m experiments.runtime_processes --torchvision tv/ --processes 8"
 BENCHMARK_COMMAND = (
@@ -212,6 +220,7 @@ def figures(root=ROOT):
         "study v2 paper rounding": f"{-paper['rounding_change']:.1f} points",
         "study ten passes rounding": ten_passes_rounding(root),
         "study v2 seeds": len(search["seeds"]),
+        **int8_claims.figures(root),
     }
 
 
@@ -291,7 +300,12 @@ def render_shuffle_costs(root=ROOT):
     return "\n".join(lines)
 
 
-BLOCKS = {"runtimes": render_runtimes, "shuffle-costs": render_shuffle_costs}
+BLOCKS = {
+    "runtimes": render_runtimes,
+    "shuffle-costs": render_shuffle_costs,
+    "int8-drops": int8_claims.render_drops,
+    "int8-peers": int8_claims.render_peers,
+}
 
 
 def markers(name):

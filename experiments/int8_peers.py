@@ -1,5 +1,5 @@
 """int8 ShuffleNet v2 1.0x on a CPU: the package's files against torchvision's int8 peers,
-side by side in one run (issue 42, item 3). Not in CI.
+each runtime timed alone in fresh processes (issue 42, item 3; issue 53, item 3). Not in CI.
 
 Two stages, because no one venv holds both TensorFlow and torch:
 
@@ -11,29 +11,40 @@ weights: no ImageNet download here; a file's speed does not depend on its values
 int8 check's agreement is meaningless, so its limits are opened (the numbers are kept in
 the rows). It saves the images as `calibration.npy` (NHWC float32, 0..255) for stage 2.
 
-`measure` (a torch venv: torch, torchvision, onnx, onnxruntime, openvino, nncf,
+`measure` (a torch venv: torch, torchvision, onnx, onnxruntime, openvino, nncf, scipy,
 ai-edge-litert) builds the peers from torchvision's `shufflenet_v2_x1_0` (the quantizable
-variant, `quantize=False`, seeded random weights, inputs normalized as torchvision's):
+variant, `quantize=False`, seeded random weights, inputs normalized as torchvision's) and
+writes each as a file beside stage 1's:
   - torch_tv_int8: torch's eager flow (fused, `x86` qconfig and engine, calibrated on the
-    same images);
+    same images), traced to TorchScript (`tv_int8_torch.pt`);
   - ort_tv_int8: torchvision's float graph exported by `torch.onnx.export` and quantized by
     `onnxruntime.quantization.quantize_static` (QDQ, per-channel, same images);
-  - ov_tv_int8: that ONNX file read by OpenVINO and quantized by `nncf.quantize`;
+  - ov_tv_int8: that ONNX file read by OpenVINO, quantized by `nncf.quantize` and saved;
   - ort_tv_fp32: torchvision's float ONNX file in ONNX Runtime (context);
   - litert/ort/ov_our_int8 and _fp32: the files of stage 1 that exist.
-Every runtime at 2 threads (torch.set_num_threads(2); ORT intra_op 2, inter_op 1; OpenVINO
-INFERENCE_NUM_THREADS 2, latency hint, f32 precision hint for float files; LiteRT
-num_threads 2). Each round times every runtime once in a rotated order: batch 1 (ms per
-call over `--calls` calls after one untimed call) and batch 32 (ms per batch over 2 calls
-after one untimed call). Every round's times are kept in the rows; the ratios are paired
-(per-round time ratios, their geometric mean, a bootstrap 95% interval over rounds).
+Then each runtime is timed alone: per repeat (`--processes`), one fresh process per runtime
+(`experiments.runtime_processes`' child: it imports that runtime and NumPy only), the
+runtimes in a rotated order, each process timing its runtime's files in `--rounds` rounds of
+`--calls` calls (a new random order each round, as many untimed calls of the same file
+before each block), batch 1, 2 threads (torch.set_num_threads(2); ORT intra_op 2; OpenVINO
+INFERENCE_NUM_THREADS 2, latency hint, f32 inference precision; LiteRT num_threads 2).
+A ratio of two files of one runtime is the median of their per-round ratios in a process
+(paired by round); of two runtimes (our LiteRT against torch), the ratio of the two
+processes' medians in the same repeat; each is given as the mean over repeats with a 95% t
+interval. The row records this `method` ("alone"); rows of the first runs (every runtime
+timed in one process, interleaved rounds, batches 1 and 32) record "one_process": there
+the runtimes' thread pools disturb each other (issue 53), and `page` says which of their
+figures differ from the runtimes timed alone.
+
+`page` prints the rows' table (docs/lab-notes/inference.md holds it between
+`claims:int8-peers` markers: `python -m experiments.claims --write`).
 
 Usage:
     . .venv/bin/activate
     python -m experiments.int8_peers write --out runs/int8_peers [--calibration 300]
     . runs/torchvenv/bin/activate   # torch, torchvision, onnx, onnxruntime, openvino, nncf,
                                     # ai-edge-litert
-    python experiments/int8_peers.py measure --out runs/int8_peers --rounds 12 \
+    python experiments/int8_peers.py measure --out runs/int8_peers --processes 3 \
         --json docs/results/int8_peers_cpu.json --note "..."
 """
 
@@ -42,7 +53,6 @@ import datetime
 import json
 import os
 import subprocess
-import time
 
 import numpy as np
 
@@ -103,8 +113,9 @@ def _cpu():
     return {"model_name": fields.get("Model name", "").strip(), "flags": keep}
 
 
-def _torchvision(images, onnx_path):
-    """torchvision's float net, its torch int8 net and its float ONNX file."""
+def _torchvision(images, onnx_path, torch_path):
+    """torchvision's float net written as an ONNX file, and its torch int8 net (eager flow)
+    written as TorchScript."""
     import torch
     import torchvision
 
@@ -131,8 +142,8 @@ def _torchvision(images, onnx_path):
     with torch.no_grad():
         for start in range(0, len(images), 32):
             qnet(torch.from_numpy(images[start : start + 32]))
-    torch.ao.quantization.convert(qnet, inplace=True)
-    return qnet
+        torch.ao.quantization.convert(qnet, inplace=True)
+        torch.jit.save(torch.jit.trace(qnet, torch.from_numpy(images[:1])), torch_path)
 
 
 def _ort_quantize(src, dst, images):
@@ -151,68 +162,15 @@ def _ort_quantize(src, dst, images):
     )  # fmt: skip
 
 
-def _nncf_quantize(src, images):
+def _nncf_quantize(src, dst, images):
+    """torchvision's ONNX file quantized by NNCF, saved as an OpenVINO IR at `dst` (.xml)."""
     import nncf
     import openvino
 
     model = openvino.Core().read_model(src)
     data = nncf.Dataset([images[i : i + 1] for i in range(len(images))])
-    return nncf.quantize(model, data, subset_size=len(images))
-
-
-def _calls(name, target, batch):
-    """A function running `target` once on a batch of `batch` inputs (NHWC 0..255 for our
-    LiteRT file; NCHW for the graphs the runtime reads as NCHW)."""
-    rng = np.random.default_rng(batch)
-    if name.startswith("torch"):
-        import torch
-
-        x = torch.from_numpy(rng.normal(size=(batch, 3, SIDE, SIDE)).astype("float32"))
-
-        def call():
-            with torch.no_grad():
-                return target(x)
-
-        return call
-    if name.startswith("litert"):
-        from ai_edge_litert.interpreter import Interpreter
-
-        interpreter = Interpreter(model_path=target, num_threads=THREADS)
-        detail = interpreter.get_input_details()[0]
-        interpreter.resize_tensor_input(detail["index"], [batch, SIDE, SIDE, 3])
-        interpreter.allocate_tensors()
-        x = rng.uniform(0, 255, (batch, SIDE, SIDE, 3)).astype("float32")
-        out = interpreter.get_output_details()[0]["index"]
-
-        def call():
-            interpreter.set_tensor(detail["index"], x)
-            interpreter.invoke()
-            return interpreter.get_tensor(out)
-
-        return call
-    if name.startswith("ort"):
-        import onnxruntime
-
-        options = onnxruntime.SessionOptions()
-        options.intra_op_num_threads = THREADS
-        options.inter_op_num_threads = 1
-        session = onnxruntime.InferenceSession(target, options, providers=["CPUExecutionProvider"])
-        spec = session.get_inputs()[0]
-        shape = [batch] + [d if isinstance(d, int) else SIDE for d in spec.shape[1:]]
-        feed = {spec.name: rng.normal(size=shape).astype("float32")}
-        return lambda: session.run(None, feed)
-    import openvino
-
-    core = openvino.Core()
-    model = core.read_model(target) if isinstance(target, str) else target.clone()
-    shape = [batch] + [d.get_length() for d in model.inputs[0].get_partial_shape()[1:]]
-    model.reshape({model.inputs[0]: shape})
-    config = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_NUM_THREADS": THREADS}
-    if "fp32" in name:
-        config["INFERENCE_PRECISION_HINT"] = "f32"
-    compiled = core.compile_model(model, "CPU", config)
-    x = rng.normal(size=shape).astype("float32")
-    return lambda: compiled(x)
+    quantized = nncf.quantize(model, data, subset_size=len(images))
+    openvino.save_model(quantized, dst, compress_to_fp16=False)
 
 
 def _ours(out):
@@ -230,13 +188,129 @@ def _ours(out):
     return {n: p for n, p in paths.items() if os.path.exists(p)}
 
 
-def _interval(times, a, b, draws=2000):
-    """Geometric mean of the per-round time ratios a/b and its bootstrap 95% interval."""
-    logs = np.log(np.asarray(times[a]) / np.asarray(times[b]))
-    rng = np.random.default_rng(0)
-    boot = rng.choice(logs, (draws, len(logs))).mean(axis=1)
-    low, high = np.exp(np.percentile(boot, [2.5, 97.5]))
-    return {"ratio": float(np.exp(logs.mean())), "low": float(low), "high": float(high)}
+def peer_files(out, tv_images):
+    """{peer name: path} of every file to time (torchvision's peers written into `out`),
+    and {peer name: why it is missing} for a peer that could not be made."""
+    files, failures = {}, {}
+    # (peers, their files, the peer whose file they are made from, how).
+    makers = (
+        (
+            ("ort_tv_fp32", "torch_tv_int8"),
+            ("tv_fp32.onnx", "tv_int8_torch.pt"),
+            None,
+            lambda paths: _torchvision(tv_images, *paths),
+        ),
+        (
+            ("ort_tv_int8",),
+            ("tv_int8_qdq.onnx",),
+            "ort_tv_fp32",
+            lambda paths: _ort_quantize(files["ort_tv_fp32"], paths[0], tv_images),
+        ),
+        (
+            ("ov_tv_int8",),
+            ("tv_int8_nncf.xml",),
+            "ort_tv_fp32",
+            lambda paths: _nncf_quantize(files["ort_tv_fp32"], paths[0], tv_images),
+        ),
+    )
+    for names, file_names, source, make in makers:
+        if source is not None and source not in files:
+            failures.update(dict.fromkeys(names, f"not made: {source} is missing"))
+            continue
+        paths = [os.path.join(out, name) for name in file_names]
+        try:
+            make(paths)
+            files.update(zip(names, paths, strict=True))
+        except Exception as error:  # reported in the rows, not hidden
+            failures.update(dict.fromkeys(names, f"{type(error).__name__}: {error}"[:500]))
+    files.update(_ours(out))
+    return files, failures
+
+
+# -- timing: each runtime alone, in fresh processes -------------------------------------
+
+# A peer's name starts with its runtime's prefix; the runtime as
+# experiments.runtime_processes' children name it.
+RUNTIMES = {"torch": "torch", "litert": "litert", "ort": "onnxruntime", "ov": "openvino"}
+# How a row's times were taken (its "method": the first two runs' is "one_process").
+METHODS = {
+    "one_process": "every runtime in one process, interleaved rounds",
+    "alone": "each runtime alone, one fresh process per runtime and repeat",
+}
+
+
+def child_name(peer):
+    """The name a child times `peer` under: "torchvision_<kind>" (NCHW input, see
+    `runtime_processes.NCHW_PREFIX`) or "ours_<kind>"."""
+    prefix, source, kind = peer.split("_")
+    return f"{'torchvision' if source == 'tv' else 'ours'}_{kind}"
+
+
+def peer_name(runtime, child):
+    """The peer a child's file name stands for in `runtime` (`child_name`'s inverse)."""
+    (prefix,) = [p for p, r in RUNTIMES.items() if r == runtime]
+    source, kind = child.split("_")
+    return f"{prefix}_{'tv' if source == 'torchvision' else 'our'}_{kind}"
+
+
+def time_alone(files, processes, rounds, calls, side=SIDE, threads=THREADS):
+    """Process rows: per repeat, each runtime's files {peer: path} timed in one fresh process
+    of that runtime (`runtime_processes.run_child`; the runtimes in a rotated order); each
+    row with its "runtime" and "repeat" added to the child's (median_ms, times_ms, pid,
+    loaded, versions)."""
+    from experiments.runtime_processes import run_child
+
+    groups = {}
+    for peer, path in files.items():
+        runtime = RUNTIMES[peer.split("_")[0]]
+        groups.setdefault(runtime, {})[child_name(peer)] = os.path.abspath(path)
+    runtimes, rows = list(groups), []
+    for repeat in range(processes):
+        shift = repeat % len(runtimes)
+        for runtime in runtimes[shift:] + runtimes[:shift]:
+            settings = (threads, rounds, calls, repeat, 0.0, side, calls)
+            row = run_child(runtime, groups[runtime], *settings, against_first=True)
+            rows.append({"runtime": runtime, "repeat": repeat, **row})
+    return rows
+
+
+def _mean_interval(values):
+    """{"ratio", "low", "high", "processes"}: the mean of `values` and its 95% t interval
+    (None bounds for fewer than two)."""
+    from experiments.runtime_processes import summary
+
+    if len(values) < 2:
+        return {"ratio": float(np.mean(values)), "low": None, "high": None, "processes": 1}
+    mean, low, high, n = summary([{"ratios": {"r": v}} for v in values])["r"]
+    return {"ratio": mean, "low": low, "high": high, "processes": n}
+
+
+def peer_ratios(rows):
+    """Each of RATIOS at batch 1 over the process rows of `time_alone`: two files of one
+    runtime paired by round in each process (`runtime_processes.median_ratio`), two
+    runtimes by the two processes' medians in the same repeat; the mean over repeats with
+    its 95% t interval, or "missing" where a file was not timed."""
+    from experiments.runtime_processes import median_ratio
+
+    medians = {}  # repeat -> {peer: median ms}
+    for row in rows:
+        for child, ms in row["median_ms"].items():
+            medians.setdefault(row["repeat"], {})[peer_name(row["runtime"], child)] = ms
+    ratios = []
+    for a, b in RATIOS:
+        same = RUNTIMES[a.split("_")[0]] == RUNTIMES[b.split("_")[0]]
+        if same:
+            values = [
+                median_ratio(row["times_ms"], child_name(a), child_name(b))
+                for row in rows
+                if row["runtime"] == RUNTIMES[a.split("_")[0]]
+                and {child_name(a), child_name(b)} <= set(row["times_ms"])
+            ]
+        else:
+            values = [m[a] / m[b] for m in medians.values() if a in m and b in m]
+        entry = {"batch": 1, "a": a, "b": b, "paired": "round" if same else "repeat"}
+        ratios.append({**entry, **_mean_interval(values)} if values else {**entry, "missing": True})
+    return ratios
 
 
 def _read_json(path):
@@ -246,91 +320,51 @@ def _read_json(path):
         return json.load(f)
 
 
-def measure(args):
-    """Stage 2: the peers built, every target timed in interleaved rounds, rows written."""
-    import torch
+def _versions():
+    """{module: version} of the peers' packages (None where one is not installed: its
+    peers are then missing, and the row's failures say why)."""
+    import importlib
 
-    torch.set_num_threads(THREADS)
+    versions = {}
+    for name in ("torch", "torchvision", "onnxruntime", "openvino", "nncf", "ai_edge_litert"):
+        try:
+            versions[name] = importlib.import_module(name).__version__
+        except ImportError:
+            versions[name] = None
+    return versions
+
+
+def measure(args):
+    """Stage 2: the peers written, each runtime timed alone in fresh processes, a row
+    appended to `args.json`."""
     images = np.load(os.path.join(args.out, "calibration.npy"))
     tv_images = ((images - MEAN) / STD).transpose(0, 3, 1, 2).astype("float32").copy()
-    failures = {}
-    targets = {}
-    tv_onnx = os.path.join(args.out, "tv_fp32.onnx")
-    targets["torch_tv_int8"] = _torchvision(tv_images, tv_onnx)
-    targets["ort_tv_fp32"] = tv_onnx
-    try:
-        _ort_quantize(tv_onnx, os.path.join(args.out, "tv_int8_qdq.onnx"), tv_images)
-        targets["ort_tv_int8"] = os.path.join(args.out, "tv_int8_qdq.onnx")
-    except Exception as error:  # reported in the rows, not hidden
-        failures["ort_tv_int8"] = f"{type(error).__name__}: {error}"
-    try:
-        targets["ov_tv_int8"] = _nncf_quantize(tv_onnx, tv_images)
-    except Exception as error:
-        failures["ov_tv_int8"] = f"{type(error).__name__}: {error}"
-    targets.update(_ours(args.out))
-    calls = {}
-    for name, target in targets.items():
-        for batch in (1, 32):
-            try:
-                calls[(name, batch)] = _calls(name, target, batch)
-                calls[(name, batch)]()
-            except Exception as error:
-                calls.pop((name, batch), None)
-                failures[f"{name}@{batch}"] = f"{type(error).__name__}: {error}"[:500]
-    names = list(targets)
-    times = {key: [] for key in calls}
-    for round_ in range(args.rounds):
-        order = names[round_ % len(names) :] + names[: round_ % len(names)]
-        for name in order:
-            for batch, number in ((1, args.calls), (32, 2)):
-                if (name, batch) not in calls:
-                    continue
-                call = calls[(name, batch)]
-                call()
-                start = time.perf_counter()
-                for _ in range(number):
-                    call()
-                times[(name, batch)].append((time.perf_counter() - start) * 1e3 / number)
-        print(f"round {round_ + 1}/{args.rounds}", flush=True)
-    ratios = []
-    for batch in (1, 32):
-        per = {name: times[(name, batch)] for name in names if (name, batch) in times}
-        for a, b in RATIOS:
-            if a in per and b in per:
-                ratios.append({"batch": batch, "a": a, "b": b, **_interval(per, a, b)})
-            else:
-                ratios.append({"batch": batch, "a": a, "b": b, "missing": True})
-    import nncf
-    import onnxruntime
-    import openvino
-    import torchvision
-
+    files, failures = peer_files(args.out, tv_images)
+    processes = time_alone(files, args.processes, args.rounds, args.calls)
+    median_ms = {}
+    for row in processes:
+        for child, ms in row["median_ms"].items():
+            median_ms.setdefault(f"{peer_name(row['runtime'], child)}@1", []).append(ms)
     row = {
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": "python experiments/int8_peers.py measure "
-        f"--rounds {args.rounds} --calls {args.calls}",
+        "command": "python -m experiments.int8_peers measure "
+        f"--processes {args.processes} --rounds {args.rounds} --calls {args.calls}",
+        "method": "alone",
+        "processes_per_runtime": args.processes,
         "note": args.note,
         "cpu": _cpu(),
         "threads": THREADS,
         "weights": "random (seeded); torchvision and ours differ",
         "calibration_images": int(len(images)),
-        "versions": {
-            "torch": torch.__version__,
-            "torchvision": torchvision.__version__,
-            "onnxruntime": onnxruntime.__version__,
-            "openvino": openvino.__version__,
-            "nncf": nncf.__version__,
-        },
+        "versions": _versions(),
         "failures": failures,
         "export": _read_json(os.path.join(args.out, "export.json")),
-        "median_ms": {f"{n}@{b}": float(np.median(t)) for (n, b), t in times.items() if len(t)},
-        "times_ms": {f"{n}@{b}": t for (n, b), t in times.items()},
-        "ratios": ratios,
+        # The median over processes of each process's median (ms per call, batch 1).
+        "median_ms": {key: float(np.median(values)) for key, values in median_ms.items()},
+        "processes": processes,
+        "ratios": peer_ratios(processes),
     }
-    rows = []
-    if os.path.exists(args.json):
-        with open(args.json) as f:
-            rows = json.load(f)
+    rows = _read_json(args.json) or []
     rows.append(row)
     with open(args.json, "w") as f:
         json.dump(rows, f, indent=1)
@@ -338,20 +372,119 @@ def measure(args):
     print(json.dumps({k: row[k] for k in ("cpu", "failures", "median_ms", "ratios")}, indent=1))
 
 
-def main():
+# -- the page ----------------------------------------------------------------------------
+
+# The table's columns: (numerator, denominator) of a ratio at batch 1, and its header.
+COLUMNS = {
+    ("litert_our_int8", "litert_our_fp32"): "ours, int8 / float: LiteRT",
+    ("ort_our_int8", "ort_our_fp32"): "ONNX Runtime",
+    ("ov_our_int8", "ov_our_fp32"): "OpenVINO",
+    ("litert_our_int8", "torch_tv_int8"): "our int8 / torchvision's: LiteRT / torch",
+    ("ort_our_int8", "ort_tv_int8"): "ONNX Runtime",
+    ("ov_our_int8", "ov_tv_int8"): "OpenVINO",
+    ("ort_tv_int8", "ort_tv_fp32"): "torchvision's, int8 / float: ONNX Runtime",
+}
+# The model table's keys (experiments.model_table's rows) of each runtime's float and int8
+# ms: the same folded ShuffleNet v2 1.0x, each runtime alone in fresh processes.
+ALONE_KEYS = {
+    ("litert_our_int8", "litert_our_fp32"): ("litert_int8_ms", "litert_ms"),
+    ("ort_our_int8", "ort_our_fp32"): ("ort_int8_ms", "ort_ms"),
+    ("ov_our_int8", "ov_our_fp32"): ("openvino_int8_ms", "openvino_ms"),
+}
+
+
+def _ratio(entry):
+    if entry is None or entry.get("missing"):
+        return None
+    if entry.get("low") is None:
+        return f"{entry['ratio']:.2f}"
+    return f"{entry['ratio']:.2f} [{entry['low']:.2f}, {entry['high']:.2f}]"
+
+
+def alone_ratios(table_rows, cpu):
+    """{(a, b): int8 / float ms} of the model table's v2 1.0x row on `cpu` (None: none)."""
+    if not cpu:
+        return None
+    for row in table_rows:
+        if row.get("width") == 1.0 and row.get("machine", "").startswith(cpu):
+            return {
+                pair: row[i8] / row[fp]
+                for pair, (i8, fp) in ALONE_KEYS.items()
+                if i8 in row and fp in row
+            }
+    return None
+
+
+def render(rows, table_rows, table_file="../results/model_table_cpu.json"):
+    """The peers' rows as a table at batch 1, each row's method named; a ratio of a row
+    timed in one process whose 95% interval excludes the same ratio with each runtime
+    alone (`table_rows`, experiments.model_table's, on the same CPU) is marked distorted."""
+    header = "| run | CPU | method | " + " | ".join(COLUMNS.values()) + " |"
+    lines = [
+        "Time ratios at batch 1, ShuffleNet v2 1.0x at 224, random weights, 2 threads "
+        "(rows: [int8_peers_cpu.json](../results/int8_peers_cpu.json); mean, or geometric "
+        "mean, [95% interval]):",
+        "",
+        header,
+        "|" + "---|" * (3 + len(COLUMNS)),
+    ]
+    marked = []
+    for number, row in enumerate(rows, start=1):
+        by_pair = {(r["a"], r["b"]): r for r in row["ratios"] if r["batch"] == 1}
+        alone = alone_ratios(table_rows, row["cpu"]["model_name"])
+        cells = []
+        for pair in COLUMNS:
+            text, entry = _ratio(by_pair.get(pair)), by_pair.get(pair)
+            if text and row["method"] == "one_process" and alone and pair in alone:
+                if not entry["low"] <= alone[pair] <= entry["high"]:
+                    text += " (distorted)"
+                    marked.append((number, COLUMNS[pair], alone[pair]))
+            cells.append(text or "-")
+        lines.append(
+            f"| {number} ({row['date'][:10]}) | {row['cpu']['model_name']} "
+            f"| {METHODS[row['method']]} | " + " | ".join(cells) + " |"
+        )
+    old = [n for n, row in enumerate(rows, start=1) if row["method"] == "one_process"]
+    if old:
+        words = ", ".join(
+            f"run {n}'s {name} int8 / float against {value:.2f} alone" for n, name, value in marked
+        )
+        lines += [
+            "",
+            f"Runs {', '.join(map(str, old))} timed every runtime in one process, where the "
+            "runtimes' thread pools disturb each other (issue 53 found ONNX Runtime's int8 / "
+            "float slower and OpenVINO's faster in one process than alone, on a Xeon with "
+            "VNNI): their figures are not claims until re-measured with each runtime alone. "
+            f"Distorted: a ratio whose interval excludes the same ratio timed with each runtime "
+            f"alone in fresh processes on the same CPU (the model table's v2 1.0x row, "
+            f"[{table_file.split('/')[-1]}]({table_file}), int8 calibrated on random images)"
+            + (f": {words}." if words else ": none."),
+        ]
+    return "\n".join(lines)
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("stage", choices=("write", "measure"))
+    parser.add_argument("stage", choices=("write", "measure", "page"))
     parser.add_argument("--out", default="runs/int8_peers")
     parser.add_argument("--calibration", type=int, default=300)
-    parser.add_argument("--rounds", type=int, default=12)
-    parser.add_argument("--calls", type=int, default=10, help="batch-1 calls per block")
+    parser.add_argument("--processes", type=int, default=3, help="fresh processes per runtime")
+    parser.add_argument("--rounds", type=int, default=30, help="rounds in each process")
+    parser.add_argument("--calls", type=int, default=20, help="batch-1 calls per block")
     parser.add_argument("--json", default=os.path.join("docs", "results", "int8_peers_cpu.json"))
     parser.add_argument("--note", default="")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    for name in ("calibration", "processes", "rounds", "calls"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1. Received: {name}={getattr(args, name)}")
     if args.stage == "write":
         write(args.out, args.calibration)
-    else:
+    elif args.stage == "measure":
         measure(args)
+    else:
+        table = _read_json(os.path.join("docs", "results", "model_table_cpu.json")) or []
+        print(render(_read_json(args.json) or [], table))
+    return 0
 
 
 if __name__ == "__main__":

@@ -36,8 +36,13 @@ control: the folded ONNX file in ONNX Runtime is timed in the same rounds, and i
 torchvision's graph must match what ONNX Runtime alone gives.
 
 `--files NAME=PATH ...` times files of one runtime given as they are, each against the
-first, in the same way: a paired comparison of two ways of writing a file (a file named
-"torchvision" gets NCHW input, every other NHWC).
+first, in the same way: a paired comparison of two ways of writing a file (a file whose
+name starts with "torchvision" gets NCHW input, every other NHWC).
+
+A child also runs TorchScript files (`.pt`, torch's engine, NCHW input: the int8 peers of
+`experiments.int8_peers`), and reports each file's per-round times (`times_ms`), its process
+id and the runtimes it had loaded (`loaded`: only its own), so that a caller can pair any
+two of its files (`median_ratio`) and check that each runtime ran alone.
 
 Usage:
     python -m experiments.runtime_processes --torchvision DIR [--runtime openvino]
@@ -68,22 +73,45 @@ OPENVINO_PRECISIONS = ("f32", "bf16", "f16")
 OPENVINO_PRECISION = "f32"
 
 
+# Files whose name starts with this get NCHW input (torchvision's graphs), every other NHWC.
+NCHW_PREFIX = "torchvision"
+# The runtimes a child may load, as `sys.modules` names them (the row's `loaded`).
+RUNTIME_MODULES = ("onnxruntime", "openvino", "ai_edge_litert", "torch", "tensorflow")
+
+
 def _engine(runtime, path):
-    """What runs `path` when timing `runtime`: LiteRT's files in LiteRT, ONNX files beside
-    them in ONNX Runtime."""
+    """What runs `path` when timing `runtime`: LiteRT's files in LiteRT, TorchScript files in
+    torch, ONNX files beside LiteRT's in ONNX Runtime."""
     if path.endswith(".tflite"):
         return "litert"
+    if path.endswith(".pt"):
+        return "torch"
     return "onnxruntime" if runtime == "litert" else runtime
 
 
 def _calls(runtime, files, threads, x, precision=OPENVINO_PRECISION):
-    """{name: a call running that file once} in `runtime` (NCHW input for "torchvision";
-    OpenVINO at the inference precision `precision`)."""
+    """{name: a call running that file once} in `runtime` (NCHW input for names starting
+    with "torchvision" and for TorchScript files; OpenVINO at the inference precision
+    `precision`)."""
     calls = {}
     for name, path in files.items():
-        inputs = x.transpose(0, 3, 1, 2).copy() if name == "torchvision" else x
         engine = _engine(runtime, path)
-        if engine == "litert":
+        nchw = name.startswith(NCHW_PREFIX) or engine == "torch"
+        inputs = x.transpose(0, 3, 1, 2).copy() if nchw else x
+        if engine == "torch":
+            import torch
+
+            torch.set_num_threads(threads)
+            if "x86" in torch.backends.quantized.supported_engines:
+                torch.backends.quantized.engine = "x86"  # what the int8 peer was made for
+            net, tensor = torch.jit.load(path), torch.from_numpy(inputs)
+
+            def call(n=net, t=tensor, torch=torch):
+                with torch.no_grad():
+                    return n(t)
+
+            calls[name] = call
+        elif engine == "litert":
             from ai_edge_litert.interpreter import Interpreter
 
             interpreter = Interpreter(model_path=path, num_threads=threads)
@@ -136,7 +164,8 @@ def time_sessions(
     precision=OPENVINO_PRECISION,
 ):
     """Per-round milliseconds per call of each file {name: path} in `runtime` (a `side` x
-    `side` NHWC input, or NCHW for the name "torchvision"), each round in a new random order,
+    `side` NHWC input, or NCHW for names starting with "torchvision" and TorchScript files),
+    each round in a new random order,
     `pause` seconds and `warmup` untimed calls of the same file before each block of calls;
     OpenVINO at the inference precision `precision`."""
     if precision not in OPENVINO_PRECISIONS:
@@ -212,6 +241,12 @@ def ratios_of(files, against_first=False):
     return RATIOS + (((CONTROL, "torchvision"),) if CONTROL in files else ())
 
 
+def median_ratio(samples, a, b):
+    """The median over rounds of the per-round time ratio a / b of one process's samples
+    {name: [ms per round]} (the two files timed in the same rounds: paired)."""
+    return float(np.median(np.asarray(samples[a]) / np.asarray(samples[b])))
+
+
 def summary(processes):
     """{"a/b": (mean, low, high, n)} over the processes' medians of per-round ratios."""
     from scipy import stats
@@ -257,10 +292,7 @@ def child(argv):
     samples = time_sessions(
         files, threads, rounds, calls, seed, side, runtime, pause, warmup, precision
     )
-    ratios = {
-        f"{a}/{b}": float(np.median(np.array(samples[a]) / np.array(samples[b])))
-        for a, b in ratios_of(files, against_first)
-    }
+    ratios = {f"{a}/{b}": median_ratio(samples, a, b) for a, b in ratios_of(files, against_first)}
     medians = {name: float(np.median(ms)) for name, ms in samples.items()}
     engines = {_engine(runtime, path) for path in files.values()}
     versions = {
@@ -268,7 +300,12 @@ def child(argv):
     }
     if "openvino" in engines:
         versions["openvino_precision"] = precision
-    print(json.dumps({"median_ms": medians, "ratios": ratios, **versions}))
+    facts = {
+        "times_ms": samples,
+        "pid": os.getpid(),
+        "loaded": [m for m in RUNTIME_MODULES if m in sys.modules],
+    }
+    print(json.dumps({"median_ms": medians, "ratios": ratios, **versions, **facts}))
 
 
 def _given_files(parser, pairs):

@@ -32,6 +32,7 @@ from numpy.typing import ArrayLike
 
 from keras_autoshuffle import permutations
 from keras_autoshuffle.applications import architecture as arch
+from keras_autoshuffle.applications.common import pyramid_outputs
 from keras_autoshuffle.layers import (
     ChannelShuffle,
     ChannelSlice,
@@ -245,8 +246,12 @@ def _route_slices(x, counts, prefix):
     return _concat(slices, f"{prefix}_route")
 
 
-def _fold_v1(model, architecture, inputs, route_manual=True):
+def _fold_v1(model, architecture, inputs, route_manual=True, ends=None):
+    """The folded v1; `ends`, when a list, receives `(tensor, None)` for the stem and each
+    stage's end (their channels keep the model's order: v1 folds inside each unit)."""
     x = _stem(model, inputs)
+    ends = [] if ends is None else ends
+    ends.append((x, None))
     last = None
     for stage, repeats in architecture.stages():
         for unit in range(1, repeats + 1):
@@ -261,6 +266,7 @@ def _fold_v1(model, architecture, inputs, route_manual=True):
             else:
                 x = _copy(get("relu2"), _copy(get("add"), [shortcut, branch]))
                 last = get("relu2").name
+        ends.append((x, None))
     return _apply_tail(model, x, last)
 
 
@@ -369,9 +375,13 @@ def _v2_left(get, x, rows, columns):
     return _copy(relu, x)
 
 
-def _fold_v2(model, architecture, inputs):
+def _fold_v2(model, architecture, inputs, ends=None):
+    """The folded v2; `ends`, when a list, receives `(tensor, rows)` for the stem and each
+    stage's end: physical channel k of the tensor is the model's channel `rows[k]`."""
     x = _stem(model, inputs)
     rows = np.arange(x.shape[-1])
+    ends = [] if ends is None else ends
+    ends.append((x, rows))
     for stage, repeats in architecture.stages():
         consumers, orders = _v2_plan(model, stage, repeats)
         get, prefix = _unit(model, stage, 1), arch.unit_prefix(stage, 1)
@@ -389,6 +399,7 @@ def _fold_v2(model, architecture, inputs):
             output = _v2_branch(get, unit, branch_input, branch_rows, columns[unit])
             pieces[unit] = _producer_pieces(output, orders[unit], prefix)
         x, rows = _gather_input("end", consumers["end"], pieces, f"stage{stage}_end")
+        ends.append((x, rows))
     conv, bn, relu = (model.get_layer(name) for name in arch.V2_HEAD)
     weights = conv.get_weights()
     x = _copy(conv, x, [weights[0][:, :, rows, :], *weights[1:]])
@@ -437,6 +448,51 @@ def fold_model(
     else:
         outputs = _fold_v2(model, architecture, inputs)
     return keras.Model(inputs, outputs, name=name or f"{model.name}_folded")
+
+
+def fold_pyramid(model: keras.Model, name: str | None = None) -> keras.Model:
+    """`fold_model` for the feature pyramid: a model whose output is the dict P2-P5 of
+    `applications.common.pyramid_outputs(model)` (equal up to float rounding), every
+    shuffle folded into the weights.
+
+    A folded v2 stage end holds its channels in the order the next units read them; one
+    fixed gather per level (3, not one per unit) puts back the model's order, which a
+    detector's or segmenter's head was trained on. v1 stage ends keep the model's order.
+
+    Args:
+        model: a ShuffleNet v1 / v2 from `keras_autoshuffle.applications` (or a
+            `hub.ShuffleNetBackbone`), channels_last, ImageNet stem, manual or hardened
+            shuffles.
+        name: the new model's name (default `<model.name>_folded_pyramid`).
+
+    Returns:
+        A `keras.Model` with outputs {"P2": ..., "P5": ...}.
+
+    Example:
+        >>> features = fold_pyramid(ShuffleNetBackbone.from_preset("shufflenet_v2_x1_0_imagenet"))
+    """
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"`model` must be a keras.Model. Received: model={model!r}")
+    if name is not None and not isinstance(name, str):
+        raise TypeError(f"`name` must be a string or None. Received: name={name!r}")
+    levels = tuple(pyramid_outputs(model))  # refuses the CIFAR stem, by name
+    architecture = _describe(model)
+    for layer in model.layers:
+        if isinstance(layer, (RelaxedShuffle, ChannelShuffle)):
+            shuffle_permutation(layer)
+    inputs = keras.Input(shape=model.inputs[0].shape[1:])
+    ends = []
+    if architecture.family == "v1":
+        _fold_v1(model, architecture, inputs, ends=ends)
+    else:
+        _fold_v2(model, architecture, inputs, ends=ends)
+    outputs = {}
+    for level, (x, rows) in zip(levels, ends, strict=True):
+        if rows is not None and not np.array_equal(rows, np.arange(len(rows))):
+            # y[..., j] = x[..., k] where rows[k] == j: the model's channel order.
+            x = RelaxedShuffle(permutation=np.argsort(rows), name=f"{level}_order")(x)
+        outputs[level] = x
+    return keras.Model(inputs, outputs, name=name or f"{model.name}_folded_pyramid")
 
 
 def count_gathers(model: keras.Model) -> int:

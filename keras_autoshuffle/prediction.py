@@ -1,9 +1,10 @@
 """Classifying images with a trained classifier of any exported format.
 
-`Classifier.from_file` loads what `autoshuffle-finetune` writes into its output folder:
-the model (`model.keras`, `model.tflite`, `model_int8.tflite`, `model.onnx` or the
-`openvino/` IR folder), its class names (`labels.txt`, one per line, in output order) and
-its preprocessing (`preprocessing.json`). `Classifier.imagenet` is torchvision's
+`Classifier.from_file` loads what `autoshuffle-finetune` writes into its output folder: a
+model (`model.keras`, `model.tflite`, `model_int8.tflite`, `model.onnx` or the `openvino/`
+IR folder), run by `export.runner`, with the class names and normalisation its metadata
+holds or those of an older run's side files (`labels.txt`, `preprocessing.json`:
+`side_files`); or a keras-hub preset folder. `Classifier.imagenet` is torchvision's
 pretrained ShuffleNetV2 with ImageNet's class names. `predict_files` classifies image
 files and folders; the command `autoshuffle-predict` prints what it returns.
 
@@ -12,14 +13,11 @@ files and folders; the command `autoshuffle-predict` prints what it returns.
         print(result["path"], result["top"][0]["label"])
 
 Every file is read as untrusted: `.keras` files load with `safe_mode=True`, the side files
-are read up to a bound, and a model whose outputs are not probabilities of its labels'
-count is refused by name.
+are read up to a bound, side files that disagree with the file's metadata are refused, and
+a model whose outputs are not probabilities of its labels' count is refused by name.
 """
 
-import json
-import math
 import os
-import zipfile
 from collections.abc import Callable, Sequence
 
 import keras
@@ -34,29 +32,24 @@ from keras_autoshuffle.data.images import (
     has_image_extension,
     read_image,
 )
-from keras_autoshuffle.export import (
-    litert_interpreter,
-    litert_run,
-    onnx_run,
-    onnx_session,
-    openvino_model,
-    openvino_run,
+from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML
+from keras_autoshuffle.export.runner import open_runner
+from keras_autoshuffle.side_files import (  # noqa: F401 (read_*: this module's API, as before)
+    LABELS_FILE,
+    PREPROCESSING_FILE,
+    _check_labels,
+    _is_int,
+    _one_line,
+    class_names,
+    preprocessing,
+    read_labels,
+    read_preprocessing,
 )
-from keras_autoshuffle.export.checks import EXTRAS
 
-LABELS_FILE = "labels.txt"
-PREPROCESSING_FILE = "preprocessing.json"
-# Formats by file suffix; a folder is an OpenVINO IR folder (`openvino/`, holding model.xml).
-SUFFIXES = {".keras": "keras", ".tflite": "litert", ".onnx": "onnx", ".xml": "openvino"}
-OPENVINO_XML = "model.xml"
-# Bounds on the side files (a user's file may be anything): a million short class names.
-MAX_LABELS_BYTES = 16 * 2**20
-MAX_PREPROCESSING_BYTES = 64 * 2**10
-PREPROCESSING_KEYS = ("image_size", "resize_size", "mean", "std", "exports_include_preprocessing")
+# The files of a keras-hub preset folder that tell it from an OpenVINO IR folder.
+PRESET_FILES = ("config.json", "metadata.json")
 # Images per model call where the format takes batches (memory: 32 x 224 x 224 x 3 floats).
 BATCH_SIZE = 32
-# The most characters of a runtime's own error quoted in a refusal.
-_MAX_REASON = 300
 # How far outside [0, 1] an output may be and still be a probability (float rounding).
 _PROBABILITY_SLACK = 1e-4
 
@@ -107,72 +100,69 @@ class Classifier:
 
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "Classifier":
-        """Loads an exported classifier with the class names and preprocessing beside it.
+        """Loads an exported classifier, a `.keras` file or a keras-hub preset folder.
 
-        The format is chosen by the suffix: `.keras` (loaded with `safe_mode=True`),
-        `.tflite` (LiteRT, float or int8), `.onnx` (ONNX Runtime) or `.xml` (OpenVINO; a
-        folder holding `model.xml` too, e.g. `openvino/`). `labels.txt` and
-        `preprocessing.json` are read from the model's folder (for OpenVINO, the IR folder
-        if it holds `labels.txt`, else its parent, where `autoshuffle-finetune` writes
-        them). A `.keras` model takes the normalised image; the other formats take raw
-        pixels where `preprocessing.json` says `"exports_include_preprocessing": true`.
+        An exported file is run by `export.runner.open_runner`: `.keras` (loaded with
+        `safe_mode=True`), `.tflite` (LiteRT, float or int8), `.onnx` (ONNX Runtime) or
+        `.xml` (OpenVINO; a folder holding `model.xml` too, e.g. `openvino/`). A file's own
+        metadata suffices: its class names, when no `labels.txt` is beside it; its input's
+        normalisation (`(pixel - mean) / std` on the resized, centre-cropped RGB pixels)
+        and, without `preprocessing.json`, the image size from its input shape. The side
+        files of older runs (`labels.txt`, `preprocessing.json`, in the model's folder; for
+        OpenVINO the IR folder if it holds `labels.txt`, else its parent) are read where
+        present: a file without metadata takes ImageNet's normalisation, and raw pixels
+        where `preprocessing.json` says `"exports_include_preprocessing": true`.
+
+        A keras-hub preset folder (`config.json` and `metadata.json`, as `save_to_preset`
+        writes) is loaded with `keras_hub.models.ImageClassifier.from_preset`: its
+        preprocessor resizes, crops and normalises, its `class_names` name the outputs.
 
         Args:
-            path: the model file, or an OpenVINO IR folder.
+            path: the model file, an OpenVINO IR folder, or a preset folder.
 
         Returns:
             The Classifier.
 
         Raises:
-            FileNotFoundError: `path` or a side file does not exist.
+            FileNotFoundError: `path` does not exist; a file without class names in its
+                metadata and no `labels.txt`.
             ValueError: an unknown suffix; a side file that does not hold what it should;
-                a model that cannot be loaded (its runtime not installed: the message names
+                a side file and the file's metadata that disagree (naming the field); a
+                model that cannot be loaded (its runtime not installed: the message names
                 the extra), does not take RGB images of the size `preprocessing.json`
-                names, or has another class count than `labels.txt`. A model that loads
-                but fails when run raises ValueError naming it from `predict`.
+                names, or has another class count than its labels. A model that loads but
+                fails when run raises ValueError naming it from `predict`.
         """
         path = _check_path(path, "path")
-        fmt, model_path, folder = _locate(path)
-        labels = read_labels(os.path.join(folder, LABELS_FILE))
-        preprocessing_path = os.path.join(folder, PREPROCESSING_FILE)
-        settings = read_preprocessing(preprocessing_path)
-        try:  # its checks of the sizes, named after the file
-            preprocess = applications.evaluation_preprocessing(
-                settings["image_size"], settings["resize_size"]
-            )
-        except ValueError as error:
-            raise ValueError(f"{preprocessing_path}: {_one_line(error)}") from None
-        raw = settings["exports_include_preprocessing"] and fmt != "keras"
-        try:
-            run, input_shape, output_shape, batch_size = _LOADERS[fmt](model_path)
-        except Exception as error:  # each runtime raises its own types for a damaged file
-            if isinstance(error, ImportError) and fmt in EXTRAS:  # the runtime is missing
-                raise ValueError(
-                    f"{model_path} needs {_RUNTIMES[fmt]}, which is not installed "
-                    f'({_one_line(error)}): pip install "{EXTRAS[fmt]}". '
-                    f"Received: path={path!r}"
-                ) from None
+        if _is_preset(path):
+            return _from_preset(cls, path)
+        if os.path.isdir(path) and not os.path.isfile(os.path.join(path, OPENVINO_XML)):
             raise ValueError(
-                f"{model_path} cannot be loaded as a model of format {fmt!r} "
-                f"({type(error).__name__}: {_reason(error)}). Export it again. "
+                f"{path} is a folder without {OPENVINO_XML} (an OpenVINO IR) nor "
+                f"{' and '.join(PRESET_FILES)} (a keras-hub preset); give one of them or a "
+                f"model file (.keras, .tflite, .onnx, .xml). Received: path={path!r}"
+            )
+        runner = open_runner(path)
+        folder = os.path.dirname(os.path.abspath(runner.path))
+        if runner.format == "openvino" and not os.path.lexists(os.path.join(folder, LABELS_FILE)):
+            folder = os.path.dirname(folder)  # autoshuffle-finetune's openvino/ subfolder
+        labels_path = os.path.join(folder, LABELS_FILE)
+        labels = class_names(runner, labels_path)
+        preprocess = preprocessing(runner, os.path.join(folder, PREPROCESSING_FILE))
+        if len(runner.output_shape) != 1:
+            raise ValueError(
+                f"{runner.path} outputs shape (batch, *{runner.output_shape}), not class "
+                f"probabilities (batch, classes). Received: path={path!r}"
+            )
+        if runner.output_shape[0] not in (None, len(labels)):  # None: checked on each run
+            named = labels_path if os.path.lexists(labels_path) else "its metadata"
+            raise ValueError(
+                f"{runner.path} has {runner.output_shape[0]} outputs but {named} names "
+                f"{len(labels)} classes: they must be one name per output. "
                 f"Received: path={path!r}"
-            ) from None
-        _check_input_shape(input_shape, raw, settings["image_size"], model_path, preprocessing_path)
-        if fmt == "litert" and not raw:  # its own metadata's normalisation, where described
-            preprocess = _described_preprocessing(model_path, settings) or preprocess
-        if len(output_shape) != 1:
-            raise ValueError(
-                f"{model_path} outputs shape (batch, *{output_shape}), not class probabilities "
-                f"(batch, classes). Received: path={path!r}"
             )
-        if output_shape[0] not in (None, len(labels)):  # None: checked on each run
-            raise ValueError(
-                f"{model_path} has {output_shape[0]} outputs but "
-                f"{os.path.join(folder, LABELS_FILE)} names {len(labels)} classes: they must "
-                f"be one name per output. Received: path={path!r}"
-            )
-        run = _failures_named(run, model_path, fmt)
-        return cls(run, labels, None if raw else preprocess, batch_size, model_path)
+        batch_size = BATCH_SIZE if preprocess is not None else 1
+        return cls(runner.run, labels, preprocess, batch_size, runner.path)
 
     @classmethod
     def imagenet(cls, width: float = 1.0) -> "Classifier":
@@ -291,105 +281,6 @@ class Classifier:
                 f"output={outputs[row, column]}"
             )
         return np.clip(outputs, 0.0, 1.0).astype("float32")
-
-
-def read_labels(path: str | os.PathLike) -> list[str]:
-    """The class names in a `labels.txt` file: UTF-8, one per line, in output order.
-
-    Args:
-        path: the file.
-
-    Returns:
-        The names, a non-empty list of distinct, non-blank strings.
-
-    Raises:
-        FileNotFoundError: there is no file at `path`.
-        ValueError: the file is not a regular file, larger than `MAX_LABELS_BYTES`, not
-            UTF-8, empty, or holds a blank or repeated name (naming the lines).
-    """
-    what = "the class names, one per line in the model's output order (UTF-8)"
-    text = _read_text(path, MAX_LABELS_BYTES, what)
-    lines = text.removeprefix("\ufeff").splitlines()
-    if not lines:
-        raise ValueError(f"{path} is empty; it must hold {what}. Received: path={str(path)!r}")
-    _check_labels(lines, str(path))
-    first = {}
-    for line, label in enumerate(lines, 1):
-        if label in first:  # two outputs of one name: a mistake in a file of one's own
-            raise ValueError(
-                f"{path}: the class name {label!r} is on lines {first[label]} and {line}; "
-                f"each output needs a name of its own. Received: {label!r} twice"
-            )
-        first[label] = line
-    return lines
-
-
-def read_preprocessing(path: str | os.PathLike) -> dict:
-    """The preprocessing settings in a `preprocessing.json` file.
-
-    The file holds one JSON object with exactly these keys: `image_size` (the model's
-    input side) and `resize_size` (the shorter side before the central crop, or null for
-    the default), integers in the ranges `applications.evaluation_preprocessing` takes
-    (checked there); `mean` and `std`, ImageNet's (the normalisation
-    `evaluation_preprocessing` computes); `exports_include_preprocessing`, true or false.
-
-    Args:
-        path: the file.
-
-    Returns:
-        The settings, a dict with the keys above.
-
-    Raises:
-        FileNotFoundError: there is no file at `path`.
-        ValueError: the file is not a regular file of at most `MAX_PREPROCESSING_BYTES`,
-            not JSON, or a key is missing, unknown or of a wrong value (naming it).
-    """
-    what = (
-        'a JSON object such as {"image_size": 224, "resize_size": 256, "mean": [0.485, '
-        '0.456, 0.406], "std": [0.229, 0.224, 0.225], "exports_include_preprocessing": false}'
-    )
-    text = _read_text(path, MAX_PREPROCESSING_BYTES, what)
-    try:
-        settings = json.loads(text)
-    except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
-        raise ValueError(
-            f"{path} is not JSON ({_one_line(error)}); it must hold {what}. "
-            f"Received: path={str(path)!r}"
-        ) from None
-
-    def refuse(problem, received):
-        return ValueError(f"{path}: {problem}; the file must hold {what}. Received: {received}")
-
-    if not isinstance(settings, dict):
-        raise refuse("not a JSON object", f"a JSON {type(settings).__name__}")
-    missing = [key for key in PREPROCESSING_KEYS if key not in settings]
-    unknown = sorted(set(settings) - set(PREPROCESSING_KEYS))
-    if missing or unknown:
-        raise refuse("keys missing or unknown", f"missing keys {missing}, unknown keys {unknown}")
-    for key in ("image_size", "resize_size"):
-        value = settings[key]
-        if not (_is_int(value) or (key == "resize_size" and value is None)):
-            kind = "an integer" if key == "image_size" else "an integer or null"
-            raise refuse(f"{key} must be {kind}", f"{key}={value!r}")
-    for key, reference in (
-        ("mean", applications.IMAGENET_MEAN),
-        ("std", applications.IMAGENET_STD),
-    ):
-        value = settings[key]
-        numbers = isinstance(value, list) and len(value) == 3 and all(map(_is_number, value))
-        if not numbers or not np.allclose(value, reference, rtol=0, atol=1e-6):
-            raise refuse(
-                f"{key} must be ImageNet's {list(reference)} (the normalisation "
-                "evaluation_preprocessing computes)",
-                f"{key}={value!r}",
-            )
-    include = settings["exports_include_preprocessing"]
-    if not isinstance(include, bool):
-        raise refuse(
-            "exports_include_preprocessing must be true or false",
-            f"exports_include_preprocessing={include!r}",
-        )
-    return settings
 
 
 def image_paths(paths: Sequence[str | os.PathLike]) -> list[str]:
@@ -524,18 +415,6 @@ def _read(path):
     return image
 
 
-def _one_line(error):
-    return " ".join(str(error).split())
-
-
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
 def _positive_int(value, name):
     if not (_is_int(value) or isinstance(value, np.integer)) or value < 1:
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
@@ -556,218 +435,36 @@ def _check_path(path, name):
     return path
 
 
-def _check_labels(labels, source):
-    """`labels` as a tuple of non-blank strings; ValueError naming `source` (ImageNet's
-    names repeat a few: "crane" is a bird and a machine)."""
-    if isinstance(labels, str) or not isinstance(labels, Sequence) or not labels:
-        raise ValueError(
-            f"`labels` must be a non-empty list of class names. Received: labels={labels!r}"
-        )
-    for line, label in enumerate(labels, 1):
-        if not isinstance(label, str) or not label.strip():
-            raise ValueError(
-                f"{source}: class name {line} is blank or not a string; every class needs a "
-                f"name. Received: {label!r} on line {line}"
-            )
-    return tuple(labels)
+def _is_preset(path: str) -> bool:
+    """Whether `path` is a keras-hub preset folder (its `config.json` and
+    `metadata.json`)."""
+    return all(os.path.isfile(os.path.join(path, name)) for name in PRESET_FILES)
 
 
-def _read_text(path, limit, what):
-    """The UTF-8 text of the regular file `path`, at most `limit` bytes; errors say the
-    file must hold `what`."""
-    path = os.fspath(path)
-    if not os.path.lexists(path):
-        raise FileNotFoundError(f"{path} is missing: it must hold {what}. Received: path={path!r}")
-    if not os.path.isfile(path):  # a folder, or a FIFO that would block the read
-        raise ValueError(f"{path} is not a regular file; it must hold {what}. Received: {path=}")
-    with open(path, "rb") as handle:
-        data = handle.read(limit + 1)
-    if len(data) > limit:
-        raise ValueError(
-            f"{path} is larger than {limit} bytes; it must hold {what}. Received: {path=}"
-        )
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise ValueError(
-            f"{path} is not UTF-8 text ({error.reason} at byte {error.start}); it must hold "
-            f"{what}. Received: {path=}"
-        ) from None
+def _from_preset(cls, folder):
+    """The Classifier of the keras-hub preset `folder`: its preprocessor, its class names,
+    a softmax on its outputs where it gives logits."""
+    import keras_hub
 
-
-def _locate(path):
-    """`(format, model path, side-file folder)` of the model at `path`."""
-    if os.path.isdir(path):
-        xml = os.path.join(path, OPENVINO_XML)
-        if not os.path.isfile(xml):
-            raise ValueError(
-                f"{path} is a folder without {OPENVINO_XML}; give a model file (.keras, "
-                f".tflite, .onnx, .xml) or an OpenVINO IR folder. Received: path={path!r}"
-            )
-        path = xml
-    fmt = SUFFIXES.get(os.path.splitext(path)[1].lower())
-    if fmt is None:
-        raise ValueError(
-            f"{path} is no model format this reads: the suffix must be one of "
-            f"{', '.join(SUFFIXES)} (or an OpenVINO IR folder). Received: path={path!r}"
-        )
-    if not os.path.isfile(path):
-        raise ValueError(f"{path} is not a regular file. Received: path={path!r}")
-    folder = os.path.dirname(os.path.abspath(path))
-    if fmt == "openvino" and not os.path.lexists(os.path.join(folder, LABELS_FILE)):
-        folder = os.path.dirname(folder)  # autoshuffle-finetune's openvino/ subfolder
-    return fmt, path, folder
-
-
-def _check_input_shape(shape, raw, image_size, model_path, preprocessing_path):
-    """Refuses a model whose input (without the batch axis; None: any) is not RGB images
-    of the size `preprocessing.json` gives: `image_size` squares, or any size when the
-    exports take raw pixels (`raw`)."""
-    if len(shape) != 3 or shape[-1] not in (3, None):
-        raise ValueError(
-            f"{model_path} takes inputs of shape {shape}, not RGB images (height, width, 3). "
-            f"Received: input shape {shape}"
-        )
-    sides = tuple(shape[:2])
-    if raw and sides != (None, None):
-        raise ValueError(
-            f"{preprocessing_path} says the exports take raw pixels of any size "
-            f"(exports_include_preprocessing: true), but {model_path} takes {sides} images: "
-            f"the two files are of different exports. Received: input shape {shape}"
-        )
-    if not raw and any(side not in (None, image_size) for side in sides):
-        raise ValueError(
-            f"{model_path} takes {sides[0]}x{sides[1]} images but {preprocessing_path} gives "
-            f"image_size {image_size}: the two files are of different exports. "
-            f"Received: input shape {shape}"
-        )
-
-
-def _described_preprocessing(path, settings):
-    """The resize and crop of `settings`, then `(pixel - mean) / std` as the LiteRT
-    metadata of the `.tflite` file at `path` says (None for a file without metadata)."""
-    from keras_autoshuffle.applications.preprocessing import _evaluation_model, evaluation_sizes
-    from keras_autoshuffle.export import metadata
+    import keras_autoshuffle.hub  # noqa: F401 (registers the classes keras-hub finds)
 
     try:
-        described = metadata.read_litert_metadata(path)
-    except ImportError as error:
+        model = keras_hub.models.ImageClassifier.from_preset(folder)
+    except (ValueError, OSError, KeyError, TypeError) as error:
         raise ValueError(
-            f"{path} describes its input in LiteRT metadata, read with mediapipe, which is "
-            f'not installed ({_one_line(error)}): pip install "keras-autoshuffle[mediapipe]"'
+            f"{folder} cannot be loaded as a keras-hub preset ({type(error).__name__}: "
+            f"{_one_line(error)[:300]}). Received: path={folder!r}"
         ) from None
-    if described is None:
-        return None
-    # Its normalisation on [0, 1] values: the layers' `Rescaling(1 / 255)` comes first.
-    mean, std = (np.broadcast_to(described[key], 3) / 255 for key in ("mean", "std"))
-    size, resize = evaluation_sizes(settings["image_size"], settings["resize_size"])
-    return _evaluation_model(size, resize, mean, std, None, f"described_preprocessing_{size}")
-
-
-def _load_keras(path):
-    if not zipfile.is_zipfile(path):  # else Keras says "File not found" of a file that is
-        raise ValueError("not a Keras model file: a .keras file is a zip archive, this is not")
-    model = keras.saving.load_model(path, safe_mode=True)
-    if not isinstance(model, keras.Model) or len(model.inputs) != 1 or len(model.outputs) != 1:
-        raise ValueError("not a Keras model with one input and one output")
+    labels = getattr(model, "class_names", None)
+    if not labels:
+        raise ValueError(
+            f"{folder}: the preset's classifier has no `class_names` to name its outputs. "
+            f"Save it with class_names. Received: class_names={labels!r}"
+        )
+    logits = keras.activations.serialize(model.output_dense.activation) != "softmax"
 
     def run(batch):
-        return keras.ops.convert_to_numpy(model(batch, training=False))
+        outputs = model(batch, training=False)
+        return keras.ops.convert_to_numpy(keras.ops.softmax(outputs) if logits else outputs)
 
-    return run, tuple(model.inputs[0].shape[1:]), tuple(model.outputs[0].shape[1:]), BATCH_SIZE
-
-
-def _load_litert(path):
-    interpreter = litert_interpreter(path)
-    inputs, outputs = interpreter.get_input_details(), interpreter.get_output_details()
-    if len(inputs) != 1:
-        raise ValueError(f"{len(inputs)} inputs, not one")
-    # The signature has -1 for unknown sides (the shape holds 1 x 1 placeholders).
-    shape = tuple(None if side < 0 else int(side) for side in inputs[0]["shape_signature"][1:])
-    current = {"shape": tuple(inputs[0]["shape"]), "interpreter": interpreter}
-
-    def run(batch):
-        if batch.shape != current["shape"]:  # a raw image of another size
-            current.update(
-                shape=batch.shape, interpreter=litert_interpreter(path, shape=batch.shape)
-            )
-        return litert_run(current["interpreter"], batch)
-
-    return run, shape, tuple(_side(int(v)) for v in outputs[0]["shape_signature"][1:]), 1
-
-
-def _side(value):
-    return value if isinstance(value, int) and value > 0 else None
-
-
-def _load_onnx(path):
-    session = onnx_session(path)
-    inputs, outputs = session.get_inputs(), session.get_outputs()
-    if len(inputs) != 1:
-        raise ValueError(f"{len(inputs)} inputs, not one")
-    batch = _side(inputs[0].shape[0])  # a fixed batch (1): one image per call
-    if batch not in (None, 1):
-        raise ValueError(f"a fixed batch of {batch} images; an export takes 1, or any number")
-    shape = tuple(_side(v) for v in inputs[0].shape[1:])
-
-    def run(images):
-        return onnx_run(session, images)
-
-    return run, shape, tuple(_side(v) for v in outputs[0].shape[1:]), batch or BATCH_SIZE
-
-
-def _load_openvino(path):
-    compiled = openvino_model(path, batch=1)
-    if len(compiled.inputs) != 1:
-        raise ValueError(f"{len(compiled.inputs)} inputs, not one")
-
-    def sides(port):
-        return tuple(d.get_length() if d.is_static else None for d in port.get_partial_shape()[1:])
-
-    def run(batch):
-        return openvino_run(compiled, batch)
-
-    return run, sides(compiled.inputs[0]), sides(compiled.outputs[0]), 1
-
-
-def _failures_named(run, model_path, fmt):
-    """`run`, a failure of its runtime (each raises its own types: a file that loads but
-    cannot run, e.g. a crafted one) made a ValueError naming the file and the reason."""
-
-    def checked(batch):
-        try:
-            return run(batch)
-        except Exception as error:
-            raise ValueError(
-                f"{model_path} failed when run by {_RUNTIMES[fmt]} ({type(error).__name__}: "
-                f"{_reason(error)}): a damaged file, or not an export of this package. "
-                "Export it again."
-            ) from None
-
-    return checked
-
-
-def _reason(error, limit=_MAX_REASON):
-    """A runtime's error in one line, cut at `limit` characters (Keras's can hold a whole
-    model config)."""
-    text = _one_line(error)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-# Who runs each format (`export.checks.EXTRAS`: the extra that installs it; Keras always is).
-_RUNTIMES = {
-    "keras": "Keras",
-    "litert": "LiteRT (ai-edge-litert)",
-    "onnx": "ONNX Runtime",
-    "openvino": "OpenVINO",
-}
-# Each format's loader: `(run, input shape, output shape, images per run)`, the shapes
-# without the batch axis (None: any size, or not known until run). The first output is the
-# classifier's, as the export's own readers take it: Keras's OpenVINO exporter leaves a
-# net with unknown sides the scalar shape values of its shuffles as further outputs.
-_LOADERS = {
-    "keras": _load_keras,
-    "litert": _load_litert,
-    "onnx": _load_onnx,
-    "openvino": _load_openvino,
-}
+    return cls(run, labels, model.preprocessor, BATCH_SIZE, folder)

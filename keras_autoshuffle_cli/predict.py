@@ -2,11 +2,12 @@
 
 MODEL is what `autoshuffle-finetune` wrote: `model.keras`, `model.tflite`,
 `model_int8.tflite`, `model.onnx`, `model_int8.onnx`, the `openvino/` or `openvino_int8/`
-folder, with `labels.txt` and
-`preprocessing.json` beside it. IMAGE is a JPEG, PNG, BMP or GIF file, or a folder (its
-images, not its subfolders). Prints each image's most probable classes, or with --json a
-JSON list `[{"path", "top": [{"label", "probability"}]}]`. A refused input ends the
-command with a one-line error and exit status 1 (2 for a wrong command line).
+folder (an exported file's metadata names its classes and normalisation; `labels.txt` and
+`preprocessing.json` beside it are read where present), or a keras-hub preset folder.
+IMAGE is a JPEG, PNG, BMP or GIF file, or a folder (its images, not its subfolders).
+Prints each image's most probable classes, or with --json a JSON list `[{"path", "top":
+[{"label", "probability"}]}]`. A refused input ends the command with a one-line error and
+exit status 1 (2 for a wrong command line).
 """
 
 import argparse

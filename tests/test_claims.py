@@ -181,3 +181,111 @@ def test_check_fails_on_a_page_edited_by_hand(tmp_path):
     assert claims.main(["--check", "--root", str(tmp_path)]) == 1
     assert claims.main(["--write", "--root", str(tmp_path)]) == 0
     assert claims.main(["--check", "--root", str(tmp_path)]) == 0
+    # An int8 figure edited by hand in the export guide's table fails the same way.
+    guide = tmp_path / "docs" / "guide" / "export.md"
+    guide.write_text(guide.read_text().replace("| 13 of 15 |", "| 3 of 15 |", 1))
+    assert claims.main(["--check", "--root", str(tmp_path)]) == 1
+
+
+# -- int8 (issue 53, item 5): every int8 figure from its rows -------------------------------
+
+
+def test_int8_figures_recomputed_from_the_rows():
+    accuracy = json.loads((ROOT / "docs/results/int8_accuracy.json").read_text())
+    drops = [row["accuracy_drop"] for row in accuracy["rows"]]
+    assert FIGURES["int8 fm drop range"] == f"{min(drops):.2f} to {max(drops):.2f}"
+    assert FIGURES["int8 fm drop range"] == "-0.12 to 0.26"
+    transfer = [
+        json.loads(line)
+        for line in (ROOT / "docs/results/transfer/rows.jsonl").read_text().splitlines()
+    ]
+    int8 = [r["int8"] for r in transfer if r["arm"] == "transfer" and r.get("int8")]
+    mean = sum(r["accuracy_drop_points"] for r in int8) / len(int8)
+    assert FIGURES["int8 transfer mean drop"] == f"{mean:.2f}" == "0.56"
+    assert FIGURES["int8 fm litert"] == "LiteRT 98.98% [98.89, 99.07], 0.12 [0.02, 0.22]"
+    # 5 transfer files + 15 + 10 Fashion-MNIST files; the old check refused 4 + 13 + 9.
+    assert FIGURES["int8 refused by the bound"] == "0 of 30"
+    assert FIGURES["int8 under 99% agreement"] == "26 of 30"
+
+
+def test_export_guide_states_the_rows_int8_figures():
+    text = _text("docs/guide/export.md")
+    f = FIGURES
+    expected = [
+        f"{f['int8 noise error']} points at {f['int8 noise agreement']} agreement on "
+        f"{f['int8 noise images']} images",
+        f"the transfer study's mean {f['int8 noise mean drop']} points measures more than 1 "
+        f"point one time in {f['int8 noise past 1']}, more than 2 points about one time in "
+        f"{f['int8 noise past 2']}",
+        f"float test accuracy {f['int8 fm float accuracy']}",
+        f"{f['int8 fm calibration images']} training images drawn with each of "
+        f"{f['int8 fm seeds']} seeds, checked on all {f['int8 fm test images']} test images",
+        f"{f['int8 fm litert']}; {f['int8 fm onnx']}; {f['int8 fm openvino']};",
+        f"LiteRT's file {f['int8 fm litert bytes']} ({f['int8 fm litert smaller']} smaller)",
+        f"({f['int8 fm agreement means']}, {f['int8 fm seeds']} calibration seeds)",
+        f"by {f['int8 stem onnx agreement gain']} points in ONNX Runtime and "
+        f"{f['int8 stem openvino agreement gain']} in OpenVINO",
+        f"about {f['int8 stem openvino cost']} more latency in OpenVINO and "
+        f"{f['int8 stem onnx cost']} in ONNX Runtime",
+    ]
+    for phrase in expected:
+        assert phrase in text, phrase
+
+
+def test_evidence_summary_and_readme_state_the_rows_int8_figures():
+    f = FIGURES
+    expected = [
+        f"top-1 agreement with float is under 99% in {f['int8 under 99% agreement']} files",
+        f"({f['int8 fm seeds']} calibration seeds x 3 runtimes, {f['int8 fm test images']} test "
+        f"images): drops of {f['int8 fm drop range']} points, top-1 agreement "
+        f"{f['int8 fm agreement range']}",
+        f"the transfer study's {f['int8 transfer runs']} fine-tuned nets (LiteRT, "
+        f"{f['int8 noise images']} images each): a mean drop of {f['int8 transfer mean drop']} "
+        f"points {f['int8 transfer drop interval']}, agreement {f['int8 transfer agreement']}",
+        f"LiteRT's file {f['int8 fm litert smaller']} smaller",
+        f"{f['int8 refused by the bound']} files refused at the default 2-point bound",
+    ]
+    text = _text("docs/evidence/index.md")
+    for phrase in expected:
+        assert phrase in text, phrase
+    # The README's int8 caption (experiments.model_table's, from the same rows) and the
+    # export guide give the same agreement and drop per runtime.
+    readme = _text("README.md")
+    for runtime in ("litert", "onnx", "openvino"):
+        assert f[f"int8 fm {runtime}"] in readme, runtime
+
+
+def test_transfer_page_int8_figures_are_its_rows(tmp_path):
+    from experiments import transfer_study
+
+    page = tmp_path / "transfer.md"
+    transfer_study.write_page(str(ROOT / "docs/results/transfer"), str(page))
+
+    def int8_part(text):  # from "## int8" to the runs at chance (which read the work folder)
+        return text.split("## int8", 1)[1].split("**Runs that ended at chance**", 1)[0]
+
+    committed = (ROOT / "docs/evidence/transfer.md").read_text()
+    assert int8_part(page.read_text()) == int8_part(committed)
+
+
+def test_export_int8_comment_states_the_rows_figures():
+    # export.int8's comment on MAX_ACCURACY_DROP argues the default from the rows' figures.
+    source = (ROOT / "keras_autoshuffle/export/int8.py").read_text()
+    comment = " ".join(
+        line.strip().lstrip("#").strip() for line in source.splitlines() if line.strip()
+    )
+    f = FIGURES
+    low, high = (float(v) for v in f["int8 transfer drop range"].split("-"))
+    words = {5: "five"}
+    expected = [
+        f"Measured drops: {low:.1f}-{high:.1f} on the transfer study's",
+        f"({f['int8 noise images']} validation images; mean {f['int8 transfer mean drop']})",
+        f"{f['int8 fm drop range'].replace(' to ', '-')} on the Fashion-MNIST net "
+        f"({f['int8 fm test images']} images, 3 runtimes x {f['int8 fm seeds']} seeds)",
+        f"On {f['int8 noise images']} images at {f['int8 noise agreement']} agreement the drop's "
+        f"own sampling noise is about {f['int8 noise error']} points",
+        f"past 1 point one time in {words[f['int8 noise past 1']]}; past 2, about one time in "
+        f"{f['int8 noise past 2']}",
+    ]
+    for phrase in expected:
+        assert phrase in comment, phrase

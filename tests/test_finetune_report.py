@@ -173,7 +173,7 @@ def exported(tmp_path_factory):
     ],
 )
 def test_file_latency_times_each_format(exported, fmt):
-    result = report.file_latency(exported[fmt], fmt, (1, 16, 16, 3), 2, warmup=1, runs=4)
+    result = report.file_latency(exported[fmt], (1, 16, 16, 3), 2, warmup=1, runs=4)
     assert set(result) == {"median_ms", "p90_ms", "runs", "num_threads"}
     assert result["runs"] == 4 and result["num_threads"] == 2
     for key in ("median_ms", "p90_ms"):
@@ -184,7 +184,7 @@ def test_file_latency_times_each_format(exported, fmt):
 @pytest.mark.parametrize(
     "arguments, match",
     [
-        ({"fmt": "tflite"}, "Received: fmt='tflite'"),
+        ({}, r"model\.tflite cannot be loaded as a model of format 'litert'"),
         ({"path": "missing.tflite"}, r"Received: path='.*missing\.tflite'"),
         ({"input_shape": (2, 16, 16, 3)}, r"Received: input_shape=\(2, 16, 16, 3\)"),
         ({"input_shape": (1, 0, 16, 3)}, "Received: input_shape="),
@@ -197,8 +197,8 @@ def test_file_latency_times_each_format(exported, fmt):
 )
 def test_file_latency_refuses_bad_arguments(tmp_path, arguments, match):
     path = tmp_path / "model.tflite"
-    path.write_bytes(b"")  # never read: the arguments are checked first
-    call = {"path": str(path), "fmt": "litert", "input_shape": (1, 16, 16, 3), **arguments}
+    path.write_bytes(b"")  # read only once the arguments are checked: a damaged file
+    call = {"path": str(path), "input_shape": (1, 16, 16, 3), **arguments}
     call["path"] = str(tmp_path / call["path"])
     with pytest.raises(ValueError, match=match):
         report.file_latency(**call)

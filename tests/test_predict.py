@@ -27,7 +27,7 @@ from keras_autoshuffle.applications.weights import registry
 from keras_autoshuffle.applications.weights.pretrained import mark_padding
 from keras_autoshuffle.commands import predict as command
 from keras_autoshuffle.data.images import ImageFileError
-from keras_autoshuffle.export import FILENAMES, export_model, unsupported_formats
+from keras_autoshuffle.export import FILENAMES, export_litert, export_model, unsupported_formats
 
 LABELS = ("cat", "dog", "bird")
 SETTINGS = {
@@ -506,3 +506,153 @@ def test_the_pretrained_imagenet_classifier(tmp_path, monkeypatch, photos):
         np.testing.assert_allclose(got, probabilities[best], atol=1e-6, rtol=0)
     assert status == 0
     assert "Received: width=0.75" in refused("--imagenet", "0.75", paths[0])
+
+
+# --- files that describe themselves, old run folders, preset folders ---------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["model.keras", "model.tflite", pytest.param("model.onnx", marks=needs_extra("onnx"))]
+)
+def test_an_old_run_folder_still_predicts(name):
+    # Files without metadata beside labels.txt and preprocessing.json, written at 43628d2
+    # (tests/fixtures/old_run/make_old_run.py), with the probabilities that code gave.
+    folder = os.path.join(FIXTURES, "old_run")
+    with open(os.path.join(folder, "expected.json")) as handle:
+        expected = json.load(handle)[name]
+    classifier = prediction.Classifier.from_file(os.path.join(folder, name))
+    assert classifier.labels == LABELS
+    results = prediction.predict_files(classifier, [os.path.join(folder, "images")], k=3)
+    got = [
+        [dict((t["label"], t["probability"]) for t in r["top"])[n] for n in LABELS] for r in results
+    ]
+    np.testing.assert_allclose(got, expected, atol=2e-5, rtol=0)
+
+
+def small_classifier():
+    """A conv net of 16 x 16 images, 3 classes (LiteRT converts it in a second, the tiny
+    ShuffleNet in ten): its outputs differ with the normalisation of its inputs."""
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((16, 16, 3))
+    x = keras.layers.Conv2D(8, 3, strides=2, activation="relu")(inputs)
+    x = keras.layers.GlobalAveragePooling2D()(x)
+    outputs = keras.layers.Dense(3, activation="softmax", kernel_initializer="he_normal")(x)
+    return keras.Model(inputs, outputs)
+
+
+@pytest.fixture(scope="module")
+def described(tmp_path_factory):
+    """`(root, model)`: `model`'s `.tflite` files with LiteRT metadata and no side files:
+    `imagenet/` takes the normalised image (described with ImageNet's per-channel pixel
+    mean and std, today's files), `mediapipe/` RGB in [0, 1] with the normalisation inside
+    (described mean 0, std 255, as MediaPipe Model Maker's files)."""
+    from keras_autoshuffle.export import metadata
+
+    model = small_classifier()
+    root = tmp_path_factory.mktemp("described")
+    for name, net, mean, std in (
+        ("imagenet", model, metadata.IMAGENET_PIXEL_MEAN, metadata.IMAGENET_PIXEL_STD),
+        ("mediapipe", metadata.with_input_normalization(model), (0.0,), (255.0,)),
+    ):
+        (root / name).mkdir()
+        path = export_litert(net, str(root / name / "model.tflite"))
+        metadata.describe_litert(path, LABELS, mean, std)
+    return root, model
+
+
+@pytest.mark.parametrize("kind", ["imagenet", "mediapipe"])
+def test_a_described_file_needs_no_side_file(described, photos, kind):
+    from keras_autoshuffle.export.runner import open_runner
+
+    root, model = described
+    runner = open_runner(root / kind / "model.tflite")
+    assert runner.labels == LABELS and runner.input.shape == (16, 16, 3)
+    pixels = np.array([[[0.0, 127.5, 255.0]]])
+    if kind == "mediapipe":  # the runner feeds pixel / 255
+        assert runner.input.mean == (0.0,) and runner.input.std == (255.0,)
+        np.testing.assert_allclose(runner.input.normalize(pixels), pixels / 255)
+    else:  # the normalised image
+        np.testing.assert_allclose(
+            runner.input.normalize(pixels)[0, 0],
+            ([0, 0.5, 1] - np.array(applications.IMAGENET_MEAN)) / applications.IMAGENET_STD,
+            rtol=1e-6,
+        )
+    classifier = prediction.Classifier.from_file(root / kind / "model.tflite")
+    assert classifier.labels == LABELS
+    images = list(photos[1].values())
+    # The image size from the file's input (16), torchvision's resize for it (18).
+    expected = outputs(model, images, applications.evaluation_preprocessing(16))
+    np.testing.assert_allclose(classifier.predict(images), expected, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("kind", ["imagenet", "mediapipe"])
+def test_the_finetune_evaluation_feeds_each_file_its_normalisation(described, photos, kind):
+    # `measure_files` has the validation pipeline's ImageNet-normalised images: a file with
+    # the normalisation inside (mean 0, std 255) takes them back as pixel / 255.
+    from keras_autoshuffle.export.runner import open_runner
+    from keras_autoshuffle.finetuning.evaluation import _file_inputs
+
+    root, model = described
+    preprocess = applications.evaluation_preprocessing(16)
+    normalised = np.concatenate([preprocess(image[None]) for image in photos[1].values()])
+    runner = open_runner(root / kind / "model.tflite")
+    expected = keras.ops.convert_to_numpy(model(normalised))
+    np.testing.assert_allclose(runner.run(_file_inputs(runner, normalised)), expected, atol=2e-5)
+
+
+def test_metadata_without_the_mediapipe_extra_names_it(described, exported, monkeypatch):
+    # A described .tflite cannot be read right without the reader of its metadata; a file
+    # without metadata still runs (LiteRT alone).
+    for module in [m for m in sys.modules if m.split(".")[0] == "mediapipe"] + ["mediapipe"]:
+        monkeypatch.setitem(sys.modules, module, None)  # as in an install without it
+    with pytest.raises(ValueError, match=r'pip install "keras-autoshuffle\[mediapipe\]"'):
+        prediction.Classifier.from_file(described[0] / "mediapipe" / "model.tflite")
+    assert prediction.Classifier.from_file(exported[0] / "model.tflite").labels == LABELS
+
+
+def test_side_files_that_disagree_with_the_metadata_are_named(described, tmp_path):
+    model = tmp_path / "model.tflite"
+    shutil.copy(described[0] / "mediapipe" / "model.tflite", model)
+    write_side_files(tmp_path, labels=("cat", "dog", "fish"))
+    with pytest.raises(ValueError, match=r"field `labels` .* class 2.*'fish' and 'bird'"):
+        prediction.Classifier.from_file(model)
+    write_side_files(tmp_path, labels=("cat", "dog", "bird", "fish"))
+    with pytest.raises(ValueError, match=r"labels.txt names 4 classes but the metadata field"):
+        prediction.Classifier.from_file(model)
+    (tmp_path / "labels.txt").unlink()
+    (tmp_path / "preprocessing.json").unlink()
+    assert prediction.Classifier.from_file(model).labels == LABELS
+
+
+@needs_extra("onnx")
+def test_metadata_naming_another_class_count_is_refused(exported, tmp_path):
+    import onnx
+
+    model = copy_export(exported[0], tmp_path / "copy", names=("model.onnx",)) / "model.onnx"
+    proto = onnx.load(model)
+    props = {"labels": '["cat", "dog"]', "image_mean": "[0.0]", "image_std": "[255.0]"}
+    onnx.helper.set_model_props(proto, props)
+    onnx.save(proto, model)
+    with pytest.raises(ValueError, match="field `labels` names 2 classes but the file has 3"):
+        prediction.Classifier.from_file(model)
+
+
+@pytest.mark.slow  # 15 s: building and loading a 0.5x backbone
+def test_a_keras_hub_preset_folder(photos, tmp_path):
+    from keras_autoshuffle import hub
+
+    keras.utils.set_random_seed(0)
+    backbone = hub.ShuffleNetBackbone(width=0.5, image_shape=(32, 32, 3))
+    preprocessor = hub.ShuffleNetImageClassifierPreprocessor(hub.ShuffleNetImageConverter((32, 32)))
+    model = hub.ShuffleNetImageClassifier(
+        backbone, 3, preprocessor=preprocessor, class_names=list(LABELS)
+    )
+    folder = tmp_path / "preset"
+    model.save_to_preset(str(folder))
+    classifier = prediction.Classifier.from_file(folder)
+    assert classifier.labels == LABELS
+    images = list(photos[1].values())
+    # keras-hub's own path: its preprocessor, then the classifier's logits.
+    logits = np.concatenate([model(model.preprocessor(image[None])) for image in images])
+    expected = keras.ops.convert_to_numpy(keras.ops.softmax(logits))
+    np.testing.assert_allclose(classifier.predict(images), expected, atol=2e-5, rtol=0)

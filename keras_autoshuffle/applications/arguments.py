@@ -45,6 +45,7 @@ COMMON_ARGUMENTS = (
     "sinkhorn_iterations",
     "shuffle_forward",
     "shuffle_permutations",
+    "features_only",
 )
 # The arguments only learned shuffles use: `AutoShuffleNetV1/V2` take them; the manual
 # builders (`ShuffleNetV1/V2`) build with these values.
@@ -129,6 +130,7 @@ def check_common_args(
     sinkhorn_iterations,
     shuffle_forward="relaxed",
     shuffle_permutations=None,
+    features_only=False,
 ):
     """Validates the arguments shared by both families, in a fixed order.
 
@@ -159,6 +161,7 @@ def check_common_args(
         )
     _validation.choice(stem, STEMS, "stem")
     _check_top(include_top, pooling, classes, classifier_activation)
+    _check_features_only(features_only, include_top, pooling, classes)
     _validation.choice(shuffle_forward, FORWARDS, "shuffle_forward")
     shuffle_permutations = _check_permutations(shuffle_permutations, shuffle)
     check_image_data_format()
@@ -222,6 +225,31 @@ def _check_top(include_top, pooling, classes, classifier_activation):
                 "`classifier_activation` must be None or a Keras activation. "
                 f"Received: classifier_activation={classifier_activation!r}"
             ) from error
+
+
+def _check_features_only(features_only, include_top, pooling, classes):
+    """`features_only=True` builds the feature pyramid: no classifier, no pooling."""
+    if not isinstance(features_only, bool):
+        raise ValueError(
+            f"`features_only` must be True or False. Received: features_only={features_only!r}"
+        )
+    if not features_only:
+        return
+    if include_top:
+        raise ValueError(
+            "`features_only=True` returns the feature maps P2-P5, without the classifier: "
+            "pass include_top=False. Received: include_top=True"
+        )
+    if pooling is not None:
+        raise ValueError(
+            "`features_only=True` returns the 4D feature maps P2-P5; it takes no pooling. "
+            f"Received: pooling={pooling!r}"
+        )
+    if classes != 1000:
+        raise ValueError(
+            "`features_only=True` builds no classifier, so `classes` has no use: leave it "
+            f"out. Received: classes={classes!r}"
+        )
 
 
 def check_shared_arguments(shared):

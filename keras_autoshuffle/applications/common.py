@@ -184,6 +184,7 @@ def manual_twin(rebuild, shared, image_shape):
         "shuffle_initializer": "random",
         "shuffle_forward": "relaxed",
         "shuffle_permutations": None,
+        "features_only": False,
     }
     return functools.partial(rebuild, **twin)
 
@@ -208,6 +209,37 @@ def _top(x, shared):
     return x
 
 
+# The feature pyramid's levels (keras-hub's names: Pk has stride 2**k): P2 after the
+# ImageNet stem's max-pool, P3-P5 at the ends of stages 2-4.
+PYRAMID_LEVELS = ("P2", "P3", "P4", "P5")
+
+
+def pyramid_outputs(model: keras.Model) -> dict:
+    """`{"P2": ..., "P5": ...}`: the outputs of the layers that end the stem and stages 2-4
+    of a ShuffleNet built here (the one place that says which layers end them).
+
+    Raises:
+        ValueError: a model without the ImageNet stem (the CIFAR stem has no max-pool:
+            its strides are not 4-32), naming the stem.
+    """
+    if arch.STEM_POOL not in {layer.name for layer in model.layers}:
+        raise ValueError(
+            "The feature pyramid (P2-P5, strides 4-32) needs the ImageNet stem; this net has "
+            "the CIFAR stem (stride 1, no max-pool), picked by stem='cifar' or by stem='auto' "
+            "with input sides of 64 or less. Build it with stem='imagenet'. "
+            "Received: stem='cifar'"
+        )
+    described = arch.describe(model)
+    ends = [arch.STEM_POOL] + [
+        arch.unit_layer(stage, units, arch.unit_parts(described.family, units)[-1])
+        for stage, units in described.stages()
+    ]
+    return {
+        level: model.get_layer(name).output
+        for level, name in zip(PYRAMID_LEVELS, ends, strict=True)
+    }
+
+
 def finish(inputs, x, name, rebuild, shared, options, image_shape):
     """Adds the classifier (or the optional pooling), makes the Model, loads `weights`.
 
@@ -222,7 +254,8 @@ def finish(inputs, x, name, rebuild, shared, options, image_shape):
     converted from torchvision) given to a learned-shuffle model is loaded into its
     manual twin and copied layer by layer by name; Keras's `load_weights` cannot take
     it, the file has no matrices. Last, `shuffle_permutations` entries that name no
-    shuffle are refused.
+    shuffle are refused. With `features_only` the model returned is the pyramid's
+    (`pyramid_outputs`: a dict P2-P5) on the same layers.
     """
     model = keras.Model(inputs, _top(x, shared), name=name)
     weights = shared["weights"]
@@ -240,6 +273,8 @@ def finish(inputs, x, name, rebuild, shared, options, image_shape):
     elif weights is not None:
         model.load_weights(weights)
     options.check_permutations_used(model)
+    if shared["features_only"]:
+        return keras.Model(model.inputs, pyramid_outputs(model), name=name)
     return model
 
 

@@ -180,6 +180,7 @@ def ShuffleNetV1(
     name: str | None = None,
     stem: Literal["auto", "imagenet", "cifar"] = "auto",
     padding: Literal["torch", "same"] = "torch",
+    features_only: bool = False,
 ) -> keras.Model:
     """Instantiates the ShuffleNet v1 architecture.
 
@@ -217,6 +218,11 @@ def ShuffleNetV1(
             give torchvision's outputs) or "same" (Keras's 'same' everywhere: the
             stride-2 layers sample a grid one pixel off on even sides, no PAD ops in
             LiteRT, 5-10% faster there; for nets trained from scratch).
+        features_only: return the feature pyramid instead (like timm's
+            `features_only=True`): a model whose output is the dict {"P2": ..., "P5": ...}
+            of the maps that end the stem and stages 2-4 (strides 4, 8, 16, 32; the
+            `pyramid_outputs` of `hub.ShuffleNetBackbone`). Needs `include_top=False`, no
+            `pooling` and the ImageNet stem; `weights` load as without it.
 
     Returns:
         A `keras.Model`.
@@ -248,6 +254,7 @@ def AutoShuffleNetV1(
     sinkhorn_iterations: int = 10,
     shuffle_forward: Literal["relaxed", "hard"] = "relaxed",
     shuffle_permutations: Mapping[str, Sequence[int]] | None = None,
+    features_only: bool = False,
 ) -> keras.Model:
     """Instantiates the AutoShuffleNet v1 architecture.
 
@@ -308,6 +315,11 @@ def AutoShuffleNetV1(
             learned shuffle from the first step (the layers start hardened; e.g. the
             permutations of an earlier, hardened net: "search, then retrain"). Needs
             shuffle="auto"; one entry per shuffle layer.
+        features_only: return the feature pyramid instead (like timm's
+            `features_only=True`): a model whose output is the dict {"P2": ..., "P5": ...}
+            of the maps that end the stem and stages 2-4 (strides 4, 8, 16, 32; the
+            `pyramid_outputs` of `hub.ShuffleNetBackbone`). Needs `include_top=False`, no
+            `pooling` and the ImageNet stem; `weights` load as without it.
 
     Returns:
         A `keras.Model`.

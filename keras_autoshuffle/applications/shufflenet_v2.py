@@ -149,6 +149,7 @@ def ShuffleNetV2(
     name: str | None = None,
     stem: Literal["auto", "imagenet", "cifar"] = "auto",
     padding: Literal["torch", "same"] = "torch",
+    features_only: bool = False,
 ) -> keras.Model:
     """Instantiates the ShuffleNet v2 architecture.
 
@@ -196,6 +197,11 @@ def ShuffleNetV2(
             give torchvision's outputs) or "same" (Keras's 'same' everywhere: the
             stride-2 layers sample a grid one pixel off on even sides, no PAD ops in
             LiteRT, 5-10% faster there; for nets trained from scratch).
+        features_only: return the feature pyramid instead (like timm's
+            `features_only=True`): a model whose output is the dict {"P2": ..., "P5": ...}
+            of the maps that end the stem and stages 2-4 (strides 4, 8, 16, 32; the
+            `pyramid_outputs` of `hub.ShuffleNetBackbone`). Needs `include_top=False`, no
+            `pooling` and the ImageNet stem; `weights` load as without it.
 
     Returns:
         A `keras.Model`.
@@ -226,6 +232,7 @@ def AutoShuffleNetV2(
     sinkhorn_iterations: int = 10,
     shuffle_forward: Literal["relaxed", "hard"] = "relaxed",
     shuffle_permutations: Mapping[str, Sequence[int]] | None = None,
+    features_only: bool = False,
 ) -> keras.Model:
     """Instantiates the AutoShuffleNet v2 architecture.
 
@@ -296,6 +303,11 @@ def AutoShuffleNetV2(
             learned shuffle from the first step (the layers start hardened; e.g. the
             permutations of an earlier, hardened net: "search, then retrain"). Needs
             shuffle="auto"; one entry per shuffle layer.
+        features_only: return the feature pyramid instead (like timm's
+            `features_only=True`): a model whose output is the dict {"P2": ..., "P5": ...}
+            of the maps that end the stem and stages 2-4 (strides 4, 8, 16, 32; the
+            `pyramid_outputs` of `hub.ShuffleNetBackbone`). Needs `include_top=False`, no
+            `pooling` and the ImageNet stem; `weights` load as without it.
 
     Returns:
         A `keras.Model`.

@@ -17,6 +17,8 @@ test data, within `max_accuracy_drop` points (`export_int8`, `int8_runtimes`).
 - `export_model`, the one call: checks, files, parity check, int8 (`pipeline.py`);
 - what is checked before anything is written (`checks.py`);
 - each format's writer and reader (`files.py`);
+- the one place that runs an exported file in any runtime, with its input description,
+  class names and size (`runner.py`: `open_runner`);
 - running `.tflite` files with the LiteRT interpreter (`litert.py`); the files' metadata,
   the class names and the input's normalisation, that MediaPipe Tasks reads in a `.tflite`
   file, in ONNX `metadata_props` and OpenVINO `rt_info` (`metadata.py`: `describe_*`,
@@ -100,6 +102,7 @@ from keras_autoshuffle.export.pipeline import (
     _max_abs_diff,
     export_model,
 )
+from keras_autoshuffle.export.runner import InputDescription, Runner, open_runner
 
 __all__ = [
     "DEFAULT_FORMATS",
@@ -112,7 +115,9 @@ __all__ = [
     "OPENVINO_PRECISION",
     "OPENVINO_PRECISIONS",
     "QUANTIZE",
+    "InputDescription",
     "Int8CheckError",
+    "Runner",
     "check_exportable",
     "check_formats",
     "compute_dtypes",
@@ -144,6 +149,7 @@ __all__ = [
     "openvino_model",
     "openvino_outputs",
     "openvino_run",
+    "open_runner",
     "read_litert_metadata",
     "read_onnx_metadata",
     "read_openvino_metadata",

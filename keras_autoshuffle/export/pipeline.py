@@ -10,7 +10,15 @@ from numpy.typing import ArrayLike
 
 from keras_autoshuffle import _validation
 from keras_autoshuffle._atomic import remove_written
-from keras_autoshuffle.export import checks, files, int8, int8_runtimes, litert, onnx_runtimes
+from keras_autoshuffle.export import (
+    checks,
+    files,
+    int8,
+    int8_runtimes,
+    litert,
+    onnx_runtimes,
+    runner,
+)
 from keras_autoshuffle.layers import relaxed_shuffles
 
 QUANTIZE = (None, "int8")
@@ -32,12 +40,21 @@ _WRITERS = {
     "onnx": onnx_runtimes.export_onnx,
     "openvino": onnx_runtimes.export_openvino,
 }
+
+
+def _file_outputs(path, inputs):
+    """The file at `path` run on `inputs` by its runtime (`runner.open_runner`)."""
+    return runner.open_runner(path).run(inputs)
+
+
+# Each format's file read back and run: the SavedModel by TensorFlow, the others by the
+# one place that runs an exported file.
 _READERS = {
-    "keras": files.load_keras_outputs,
+    "keras": _file_outputs,
     "saved_model": files.saved_model_outputs,
-    "litert": litert.litert_outputs,
-    "onnx": onnx_runtimes.onnx_outputs,
-    "openvino": onnx_runtimes.openvino_outputs,
+    "litert": _file_outputs,
+    "onnx": _file_outputs,
+    "openvino": _file_outputs,
 }
 
 

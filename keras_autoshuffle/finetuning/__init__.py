@@ -7,7 +7,8 @@ exported for phones (LiteRT, int8), ONNX Runtime and OpenVINO, and reported.
 - `evaluation.py`: each exported file measured on the validation images;
 - `raw_inputs.py`: the exported network with its preprocessing inside, for raw pixels of
   any size;
-- `report.py`: the metrics, the confusion matrix, `report.json` and `report.md`.
+- `metrics.py`: the validation metrics, the confusion matrix, each file's latency;
+- `report.py`: `report.json` and `report.md`.
 
 The `autoshuffle-finetune` command is `finetune()` on the command line.
 """

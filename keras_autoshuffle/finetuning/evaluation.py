@@ -8,8 +8,11 @@ validation image files as decoded, through `prediction.Classifier` (as an app wo
 import keras
 import numpy as np
 
-from keras_autoshuffle import export as export_lib
-from keras_autoshuffle.finetuning.report import file_latency
+from keras_autoshuffle.export.files import size_bytes
+from keras_autoshuffle.export.metadata import IMAGENET_PIXEL_MEAN as PIXEL_MEAN
+from keras_autoshuffle.export.metadata import IMAGENET_PIXEL_STD as PIXEL_STD
+from keras_autoshuffle.export.runner import open_runner
+from keras_autoshuffle.finetuning.metrics import file_latency
 
 # Validation images each exported file is run on (every one, up to this many).
 MAX_CHECKED_IMAGES = 10_000
@@ -18,50 +21,20 @@ MAX_CHECKED_IMAGES = 10_000
 MAX_RAW_CHECKED_IMAGES = 500
 
 
-def _runner(fmt, path):
-    """`run(batch) -> outputs` for one file, one image at a time (any batch file)."""
-    if fmt in ("litert", "int8"):
-        interpreter = export_lib.litert_interpreter(path, batch=1, num_threads=1)
-        to_input = _described_input(path)
-        return lambda image: export_lib.litert_run(interpreter, to_input(image))
-    if fmt in ("onnx", "onnx_int8"):
-        session = export_lib.onnx_session(path, num_threads=1)
-        return lambda image: export_lib.onnx_run(session, image)
-    compiled = export_lib.openvino_model(path, num_threads=1, batch=1)
-    return lambda image: export_lib.openvino_run(compiled, image)
-
-
-def _described_input(path):
-    """The validation pipeline's images (ImageNet-normalised) as the `.tflite` file at
-    `path` takes them: `(pixel - mean) / std` as its metadata says; as they are without."""
-    from keras_autoshuffle.export import metadata
-
-    described = (
-        metadata.read_litert_metadata(path) if export_lib.is_installed("mediapipe") else None
-    )
-    if described is None:
-        return lambda image: image
-    pixel_mean, pixel_std = (
-        np.float32(metadata.IMAGENET_PIXEL_MEAN),
-        np.float32(metadata.IMAGENET_PIXEL_STD),
-    )
-    mean, std = np.float32(described["mean"]), np.float32(described["std"])
-    return lambda image: (image * pixel_std + pixel_mean - mean) / std
-
-
 def measure_files(files: dict, val_data, keras_probabilities: np.ndarray, input_shape) -> dict:
     """{format: {"path", "size_bytes", "accuracy", "top1_agreement", "examples",
     "latency"}} for `files` ({format: path}; "int8", "onnx_int8", "openvino_int8" for the
     full-integer `.tflite`, `.onnx` and OpenVINO folder), run on
     `val_data`'s evaluation images (the first MAX_CHECKED_IMAGES), against the Keras
     model's `keras_probabilities` on them."""
-    runners = {fmt: _runner(fmt, path) for fmt, path in files.items()}
+    runners = {fmt: open_runner(path, num_threads=1) for fmt, path in files.items()}
     predictions = {fmt: [] for fmt in files}
     labels, count = [], 0
     for images, batch_labels in val_data.eval_dataset(64):
         images = keras.ops.convert_to_numpy(images)[: MAX_CHECKED_IMAGES - count]
-        for fmt, run in runners.items():
-            outputs = [run(np.ascontiguousarray(image[None])) for image in images]
+        for fmt, runner in runners.items():  # one image at a time, as an app runs them
+            inputs = _file_inputs(runner, images)
+            outputs = [runner.run(np.ascontiguousarray(image[None])) for image in inputs]
             predictions[fmt].extend(int(np.argmax(out)) for out in outputs)
         labels.extend(keras.ops.convert_to_numpy(batch_labels)[: len(images)])
         count += len(images)
@@ -70,10 +43,20 @@ def measure_files(files: dict, val_data, keras_probabilities: np.ndarray, input_
     return {
         fmt: {
             **_entry(path, predictions[fmt], np.asarray(labels), keras_probabilities),
-            "latency": file_latency(path, fmt, (1, *input_shape), num_threads=1),
+            "latency": file_latency(path, (1, *input_shape), num_threads=1),
         }
         for fmt, path in files.items()
     }
+
+
+def _file_inputs(runner, images):
+    """The pipeline's ImageNet-normalised `images` as the file of `runner` takes them: back
+    to pixels, then normalised as its metadata declares (pixel / 255 for a file with
+    ImageNet's normalisation inside, described mean 0, std 255); as they are for a file
+    without metadata (it takes the network's input)."""
+    if runner.input.mean is None:
+        return images
+    return runner.input.normalize(images * np.float32(PIXEL_STD) + np.float32(PIXEL_MEAN))
 
 
 def _entry(path, predicted, labels, keras_probabilities):
@@ -82,7 +65,7 @@ def _entry(path, predicted, labels, keras_probabilities):
     reference = np.argmax(keras_probabilities[:count], axis=-1)
     return {
         "path": path,
-        "size_bytes": export_lib.size_bytes(path),
+        "size_bytes": size_bytes(path),
         "accuracy": float(np.mean(predicted == labels)),
         "top1_agreement": float(np.mean(predicted == reference)),
         "examples": int(count),
@@ -111,7 +94,7 @@ def measure_raw_files(
     return {
         fmt: {
             **_entry(path, predictions[fmt], val_data.labels[:count], keras_probabilities),
-            "latency": file_latency(path, fmt, shape, num_threads=1, pixels=True),
+            "latency": file_latency(path, shape, num_threads=1, pixels=True),
             "latency_input_shape": list(shape),
         }
         for fmt, path in files.items()

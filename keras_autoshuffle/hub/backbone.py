@@ -13,16 +13,15 @@ import keras
 from keras_hub.models import FeaturePyramidBackbone
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle.applications import architecture
+from keras_autoshuffle.applications import common
 from keras_autoshuffle.applications.shufflenet_v1 import AutoShuffleNetV1
 from keras_autoshuffle.applications.shufflenet_v2 import AutoShuffleNetV2
 from keras_autoshuffle.hub import presets
 from keras_autoshuffle.hub.presets import FIRST_PRESET_VERSION, PRESET_VERSION
 
 FAMILIES = ("v1", "v2")
-# Feature map strides of the pyramid levels: P2 after the stem's pool, P3-P5 at the ends
-# of stages 2-4.
-PYRAMID_LEVELS = ("P2", "P3", "P4", "P5")
+# The pyramid's levels: P2 after the stem's pool, P3-P5 at the ends of stages 2-4.
+PYRAMID_LEVELS = common.PYRAMID_LEVELS
 
 
 def _build(family, width, groups, shuffle, image_shape, padding):
@@ -100,15 +99,7 @@ class ShuffleNetBackbone(FeaturePyramidBackbone):
             dtype, lambda: _build(family, width, groups, shuffle, image_shape, padding)
         )
         super().__init__(inputs=features.input, outputs=features.output, dtype=dtype, **kwargs)
-        described = architecture.describe(features)
-        ends = [architecture.STEM_POOL] + [
-            architecture.unit_layer(stage, units, architecture.unit_parts(family, units)[-1])
-            for stage, units in described.stages()
-        ]
-        self.pyramid_outputs = {
-            level: features.get_layer(name).output
-            for level, name in zip(PYRAMID_LEVELS, ends, strict=True)
-        }
+        self.pyramid_outputs = common.pyramid_outputs(features)
         self.width, self.family, self.groups = width, family, groups
         self.shuffle, self.image_shape, self.padding = shuffle, tuple(image_shape), padding
 
