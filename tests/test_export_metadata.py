@@ -239,27 +239,6 @@ def test_onnx_and_openvino_files_carry_labels_and_normalization(tmp_path):
     np.testing.assert_array_equal(after[1], before[1])
 
 
-@needs_extra("onnx")
-def test_an_onnx_file_whose_labels_are_not_its_outputs_is_refused_naming_them(tmp_path):
-    """Metadata changed after the file was described (3 names, 4 outputs): the reader
-    names the file and `labels`."""
-    import onnx
-
-    images = (_digits()[0][:4] / 255).astype("float32")
-    net = tiny_v2(classes=len(LABELS), weights=None)
-    path = export.export_model(net, tmp_path, images, formats=("onnx",))["onnx"]["path"]
-    metadata.describe_onnx(path, LABELS)
-    model = onnx.load(path)
-    onnx.helper.set_model_props(
-        model, {"labels": '["a", "b", "c"]', "image_mean": "[0.0]", "image_std": "[255.0]"}
-    )
-    onnx.save(model, path)
-    with pytest.raises(
-        ValueError, match=r"model\.onnx names 3 classes in `labels` but .* 4 outputs"
-    ):
-        metadata.read_onnx_metadata(path)
-
-
 def test_every_format_s_metadata_functions_are_on_the_api_page():
     # The reference page renders keras_autoshuffle.export's __all__.
     for fmt in ("litert", "onnx", "openvino"):

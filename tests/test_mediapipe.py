@@ -136,8 +136,8 @@ def test_mediapipe_names_the_classes_predict_names(run, images):
 @pytest.mark.slow
 def test_a_file_whose_metadata_names_another_class_count_is_refused(run, tmp_path):
     """A `.tflite` whose label file names another count of classes than its outputs: a
-    clear error naming the file and the field, from the metadata reader and from predict;
-    the file is left as it was."""
+    clear error naming the file and the field from predict (`export.runner`); the file is
+    left as it was."""
     output, _ = run
     folder = tmp_path / "tampered"
     folder.mkdir()
@@ -151,9 +151,7 @@ def test_a_file_whose_metadata_names_another_class_count_is_refused(run, tmp_pat
         labels.writestr(metadata.LABEL_FILE, "a\nb\n")
     tampered = content[:start] + archive.getvalue()
     pathlib.Path(path).write_bytes(tampered)
-    message = r"model\.tflite names 2 classes in `labels` but the file has 3 outputs"
-    with pytest.raises(ValueError, match=message):
-        metadata.read_litert_metadata(path)
+    message = r"model\.tflite: its metadata's field `labels` names 2 classes but the file has 3"
     with pytest.raises(ValueError, match=message):
         prediction.Classifier.from_file(path)
     assert path.read_bytes() == tampered and sorted(os.listdir(folder)) == sorted(

@@ -48,7 +48,8 @@ def with_input_normalization(
 
     Keras's own `Rescaling` layer ("input_normalization", `x / std - mean / std`: loads
     with `safe_mode=True`) at the new input: an exported file takes plain RGB, described by
-    one mean and one std; its int8 file keeps the input's 256 levels per channel.
+    one mean and one std; its int8 file keeps most of the input's levels (about 170 of 256
+    per channel; `x - mean` first kept about 55).
 
     Args:
         model: a single-input Keras model taking channels-last normalised images.
@@ -124,22 +125,15 @@ def describe_litert(
 
 def read_litert_metadata(path: str | os.PathLike) -> dict | None:
     """The metadata `describe_litert` wrote into a `.tflite` file: `{"labels": [...],
-    "mean": [...], "std": [...]}`, or None for a file without metadata.
-
-    Raises:
-        ValueError: metadata not as `describe_litert` writes it, or naming another count of
-            classes than the file's outputs.
-        ImportError: a file with metadata, and mediapipe not installed.
-    """
+    "mean": [...], "std": [...]}`, or None for a file without metadata."""
     from ai_edge_litert.tools import flatbuffer_utils
+    from mediapipe.tasks.metadata import metadata_schema_py_generated as metadata_fb
 
     model_bytes = pathlib.Path(path).read_bytes()
     model = flatbuffer_utils.read_model_from_bytearray(bytearray(model_bytes))
     entries = [m for m in model.metadata or [] if m.name.decode() == _METADATA_NAME]
     if not entries:
         return None
-    from mediapipe.tasks.metadata import metadata_schema_py_generated as metadata_fb
-
     data = bytes(model.buffers[entries[0].buffer].data)
     try:  # another writer's metadata may describe no normalisation or label file
         root = metadata_fb.ModelMetadataT.InitFromObj(
@@ -156,7 +150,7 @@ def read_litert_metadata(path: str | os.PathLike) -> dict | None:
             f"The metadata of {os.fspath(path)} does not hold an image classifier's label "
             f"file and normalisation as `describe_litert` writes them. Received: {error!r}"
         ) from None
-    return _checked(path, {"labels": labels, "mean": mean, "std": std}, _output_size(model))
+    return {"labels": labels, "mean": mean, "std": std}
 
 
 def _output_size(model) -> int:
@@ -289,9 +283,8 @@ def read_onnx_metadata(path: str | os.PathLike) -> dict | None:
     None."""
     import onnx
 
-    model = onnx.load(path, load_external_data=False)
-    classes = model.graph.output[0].type.tensor_type.shape.dim[-1].dim_value
-    return _checked(path, _from_props({p.key: p.value for p in model.metadata_props}), classes)
+    props = {p.key: p.value for p in onnx.load(path, load_external_data=False).metadata_props}
+    return _from_props(props)
 
 
 def read_openvino_metadata(path: str | os.PathLike) -> dict | None:
@@ -302,19 +295,7 @@ def read_openvino_metadata(path: str | os.PathLike) -> dict | None:
     keys = ("labels", "image_mean", "image_std")
     if not model.has_rt_info([_RT_INFO, "labels"]):
         return None
-    described = _from_props({k: model.get_rt_info([_RT_INFO, k]).astype(str) for k in keys})
-    return _checked(path, described, model.outputs[0].get_partial_shape()[-1].get_length())
-
-
-def _checked(path, described, classes):
-    """`described` (or None), its class names one per output of the file's `classes`."""
-    if described is not None and len(described["labels"]) != classes:
-        raise ValueError(
-            f"The metadata of {os.fspath(path)} names {len(described['labels'])} classes in "
-            f"`labels` but the file has {classes} outputs: it was changed after it was "
-            f"described. Export it again. Received: labels={described['labels']!r}"
-        )
-    return described
+    return _from_props({k: model.get_rt_info([_RT_INFO, k]).astype(str) for k in keys})
 
 
 _RT_INFO = "keras_autoshuffle"
