@@ -32,6 +32,7 @@ import tensorflow as tf
 from keras_autoshuffle import _atomic, _validation, applications
 from keras_autoshuffle._class_names import class_name_problem
 from keras_autoshuffle._resize_crop import MAX_ASPECT_RATIO
+from keras_autoshuffle.applications.preprocessing import evaluation_sizes
 from keras_autoshuffle.data import transforms
 from keras_autoshuffle.data.image_cache import build_image_cache, read_cached
 from keras_autoshuffle.data.images import (
@@ -621,13 +622,6 @@ def _check_utf8(path):
         ) from None
 
 
-def _evaluation_resize(image_size):
-    """The resize before the central crop of `evaluation_preprocessing(image_size)`, which
-    checks `image_size`: the evaluation images are its pixels."""
-    preprocessing = applications.evaluation_preprocessing(image_size)
-    return preprocessing.get_layer("resize_crop").resize_size
-
-
 class ImageFolderData(EpochData):
     """Images read from files, as `EpochData`: an epoch is a pure function of `(seed,
     epoch)`.
@@ -678,8 +672,7 @@ class ImageFolderData(EpochData):
         seed: int = 0,
     ) -> None:
         super().__init__(_validation.non_negative_int(seed, "seed"))
-        self.resize_size = _evaluation_resize(image_size)
-        self.image_size = int(image_size)
+        self.image_size, self.resize_size = evaluation_sizes(image_size)
         self.num_classes = _validation.positive_int(num_classes, "num_classes")
         self.input_shape = (self.image_size, self.image_size, 3)
         self.decode_min_side = TRAINING_DECODE_FACTOR * self.image_size
@@ -837,7 +830,7 @@ def image_folder(
             changed (named).
         ValueError: an argument out of range, or `root` not a path.
     """
-    _evaluation_resize(image_size)  # refuse bad arguments before a long scan
+    evaluation_sizes(image_size)  # refuse bad arguments before a long scan
     val_fraction, split_seed = _split_arguments(val_fraction, split_seed)
     root = _check_root(root)
     if record is not None and os.path.exists(record):

@@ -17,7 +17,7 @@ Example:
     >>> entry.acc1, entry.num_params, entry.url
     (69.362, 2278604, 'https://download.pytorch.org/models/shufflenetv2_x1-5666bf0f80.pth')
     >>> model = applications.ShuffleNetV2(1.0, weights=entry.name)
-    >>> preprocess = entry.preprocessing()
+    >>> preprocess = applications.imagenet_preprocessing(entry.width)
 
 Test seam: `CHECKPOINTS` is a plain dict {width: Checkpoint}, read at each call; a test may
 replace an entry (e.g. `monkeypatch.setitem(CHECKPOINTS, 0.5, dataclasses.replace(
@@ -31,6 +31,7 @@ import os
 import pathlib
 import tempfile
 import urllib.parse
+import warnings
 from typing import Any
 
 import keras
@@ -62,8 +63,8 @@ class Checkpoint:
     an entry of the weights registry (`applications.get_weights(name)`).
 
     The fields are data a program can read (`to_dict()` gives them all, with `url`);
-    `preprocessing()` is the evaluation transform, `class_names()` the classifier's
-    classes, in its order.
+    `class_names()` is the classifier's classes, in its order;
+    `imagenet_preprocessing(width)` the evaluation transform.
 
     Attributes:
         file_name: the file's name (the download URL's last part).
@@ -78,8 +79,7 @@ class Checkpoint:
         resize_size: the side torchvision's evaluation transform (`ImageClassification`)
             resizes the shorter side to (bilinear), before the crop.
         crop_size: the side of its center crop, after which `preprocess_input` scales to
-            [0, 1] and normalises with `mean` / `std`; `preprocessing()` is this
-            transform as Keras layers.
+            [0, 1] and normalises with `mean` / `std`.
         classes: the classifier's class count.
         mean: the normalisation's mean, per RGB channel.
         std: its standard deviation, per RGB channel.
@@ -137,25 +137,15 @@ class Checkpoint:
         return {self.dataset: {"acc@1": self.acc1, "acc@5": self.acc5}}
 
     def preprocessing(self, data_format: str | None = None) -> keras.Sequential:
-        """The evaluation transform of these weights, as Keras layers: the same model as
-        `applications.imagenet_preprocessing(self.width)`.
-
-        Args:
-            data_format: "channels_last" or "channels_first" (default: Keras's).
-
-        Returns:
-            A `keras.Sequential` from pixel values in [0, 255] (a batch of any size and
-                sides) to the model's input (batch, crop_size, crop_size, 3): RGB, shorter side
-                resized to `resize_size`, center crop, scaled and normalised.
-        """
-        return preprocessing._evaluation_model(
-            self.crop_size,
-            self.resize_size,
-            self.mean,
-            self.std,
-            data_format,
-            f"shufflenet_v2_{width_name(self.width)}_preprocessing",
+        """Deprecated alias of `applications.imagenet_preprocessing(self.width)`; the
+        preset's `ShuffleNetImageConverter` is the one spelling."""
+        warnings.warn(
+            "Checkpoint.preprocessing() is deprecated: use keras_autoshuffle.hub."
+            "ShuffleNetImageConverter (or applications.imagenet_preprocessing(width)).",
+            DeprecationWarning,
+            stacklevel=2,
         )
+        return _preprocessing_of(self, data_format)
 
     def class_names(self) -> list[str]:
         """The classifier's class names, in its output order (1000 ImageNet-1K classes):
@@ -399,7 +389,7 @@ def get_weights(name: str) -> Checkpoint:
 
     Returns:
         Its `Checkpoint`: URL, SHA-256, file name and size, class count and names, the
-            evaluation transform (`preprocessing()`), accuracy (`metrics`), parameter count
+            evaluation sizes, accuracy (`metrics`), parameter count
             and multiply-adds.
 
     Raises:
@@ -421,25 +411,10 @@ def is_pretrained(weights: object) -> bool:
 
 
 def imagenet_preprocessing(width: float = 1.0, data_format: str | None = None) -> keras.Sequential:
-    """torchvision's evaluation transform for the ImageNet weights of `ShuffleNetV2(width)`,
-    as a `keras.Sequential`: `ToRGB`, `ResizeCenterCrop` (the checkpoint's resize and crop
-    sizes), `Rescaling(1 / 255)`, `Normalization` with ImageNet's mean and variance:
-    `evaluation_preprocessing(crop_size, resize_size)` of the checkpoint, named after it.
-
-    Built-in layers and this module's only (no Lambda): it saves and loads with
-    `safe_mode=True`, and runs in a `tf.data` pipeline or as the first part of a model.
-    It is built when made, for batches of any size, sides and channel count, so no call
-    (a wrong one included) fixes the shape later calls must have.
-
-    Limits (each a ValueError naming `images` and the shape received, before any work; in
-    a `tf.data` map with sides unknown when traced, an InvalidArgumentError when run):
-    a batch (rank 4) only, so a single image needs a batch axis (`image[None]`); 1 to 4
-    channels, made RGB as PIL's `convert("RGB")` does (gray repeated, alpha dropped); at
-    least 1 pixel per side and a longer side at most 100 times the shorter
-    (`MAX_ASPECT_RATIO`: resizing the shorter side to 256 would make a 1 x 100000 image
-    25.6 million pixels long). Inputs are cast to float32 by the model's input, as any
-    Keras model's (bools become 0 and 1). Pixel values are not checked: NaN or inf pixels
-    give NaN or inf outputs, and images in [0, 1] rather than [0, 255] are silently wrong.
+    """torchvision's evaluation transform for the ImageNet weights of `ShuffleNetV2(width)`
+    (the checkpoint's resize and crop sizes, ImageNet's normalisation), as a
+    `keras.Sequential`: `evaluation_preprocessing`'s layers and limits, named after the
+    checkpoint; the same transform as its preset's `hub.ShuffleNetImageConverter`.
 
     Args:
         width: a key of `applications.CHECKPOINTS` (0.5, 1.0, 1.5, 2.0).
@@ -452,12 +427,20 @@ def imagenet_preprocessing(width: float = 1.0, data_format: str | None = None) -
     Example:
         >>> preprocess = applications.imagenet_preprocessing(1.0)
         >>> model = applications.ShuffleNetV2(1.0, weights="imagenet")
-        >>> image = keras.utils.load_img("cat.jpg")  # needs Pillow
-        >>> batch = keras.ops.expand_dims(keras.utils.img_to_array(image), 0)
+        >>> batch = data.read_image("cat.jpg")[None]
         >>> applications.decode_predictions(model.predict(preprocess(batch)), top=3)
     """
-    return CHECKPOINTS[_validation.choice(width, tuple(CHECKPOINTS), "width")].preprocessing(
-        data_format
+    entry = CHECKPOINTS[_validation.choice(width, tuple(CHECKPOINTS), "width")]
+    return _preprocessing_of(entry, data_format)
+
+
+def _preprocessing_of(entry, data_format):
+    scale, offset = preprocessing.scale_offset(entry.mean, entry.std)
+    layers = preprocessing.evaluation_layers(
+        entry.crop_size, entry.resize_size, scale, offset, data_format
+    )
+    return preprocessing.as_sequential(
+        layers, f"shufflenet_v2_{width_name(entry.width)}_preprocessing"
     )
 
 
