@@ -1,10 +1,14 @@
-"""The weights registry: torchvision's ImageNet ShuffleNetV2 checkpoints, as data and by name.
+"""The weights registry: torchvision's ImageNet ShuffleNetV2 checkpoints, the one source of
+the published weights.
 
-`CHECKPOINTS` holds one `Checkpoint` per width: its name, file, URL, hash and size, what
-torchvision reports of it, its multiply-adds, its evaluation transform and class names.
-`list_models`, `list_weights` and `get_weights` look the entries up by name
-(`<model>_<width>.<dataset>`: `shufflenet_v2_x1_0.imagenet`, torchvision's builder names;
-what a builder takes as `weights=`), `imagenet_preprocessing` by width. Where the files
+`CHECKPOINTS` holds one `Checkpoint` per width: its names, file, URL, hash and size, what
+torchvision reports of it, its multiply-adds, its evaluation sizes and class names.
+Everything else is a view of it: `list_weights()` is the one list of names; an entry has
+two spellings of one name, `entry.name` (`shufflenet_v2_x1_0.imagenet`, torchvision's
+builder name; what a builder takes as `weights=`) and `entry.preset`
+(`shufflenet_v2_x1_0_imagenet`, keras-hub's spelling: `from_preset`'s name), and
+`get_weights` and `weights=` take either; `CHECKPOINTS[1.0]` is the entry by width;
+`hub.list_presets()` is the same entries as keras-hub's preset tables. Where the files
 are: the download URL rule (`checkpoint_url`), Keras's cache folder (`cache_dir`), and
 ImageNet's class index (`imagenet_class_index`), which `decode_predictions` and each
 entry's `class_names()` read. `weights.pretrained` downloads, checks and converts the files.
@@ -13,11 +17,10 @@ Example:
     >>> from keras_autoshuffle import applications
     >>> applications.list_weights()
     ['shufflenet_v2_x0_5.imagenet', 'shufflenet_v2_x1_0.imagenet', ...]
-    >>> entry = applications.get_weights("shufflenet_v2_x1_0.imagenet")
-    >>> entry.acc1, entry.num_params, entry.url
-    (69.362, 2278604, 'https://download.pytorch.org/models/shufflenetv2_x1-5666bf0f80.pth')
+    >>> entry = applications.get_weights("shufflenet_v2_x1_0_imagenet")
+    >>> entry.name, entry.acc1, entry.num_params
+    ('shufflenet_v2_x1_0.imagenet', 69.362, 2278604)
     >>> model = applications.ShuffleNetV2(1.0, weights=entry.name)
-    >>> preprocess = applications.imagenet_preprocessing(entry.width)
 
 Test seam: `CHECKPOINTS` is a plain dict {width: Checkpoint}, read at each call; a test may
 replace an entry (e.g. `monkeypatch.setitem(CHECKPOINTS, 0.5, dataclasses.replace(
@@ -124,6 +127,11 @@ class Checkpoint:
     def url(self) -> str:
         """Where the file is downloaded from (`KERAS_AUTOSHUFFLE_WEIGHTS_URL` applied)."""
         return checkpoint_url(self.file_name)
+
+    @property
+    def preset(self) -> str:
+        """The same name as keras-hub spells a preset: `shufflenet_v2_x1_0_imagenet`."""
+        return self.name.replace(".", "_")
 
     @property
     def stem(self) -> str:
@@ -385,29 +393,38 @@ def get_weights(name: str) -> Checkpoint:
     """The registry entry of the published weights `name`.
 
     Args:
-        name: an entry name of `list_weights()`, e.g. `"shufflenet_v2_x1_0.imagenet"`.
+        name: an entry name of `list_weights()`, e.g. `"shufflenet_v2_x1_0.imagenet"`, or
+            its preset spelling (`entry.preset`, `"shufflenet_v2_x1_0_imagenet"`).
 
     Returns:
         Its `Checkpoint`: URL, SHA-256, file name and size, class count and names, the
-            evaluation sizes, accuracy (`metrics`), parameter count
-            and multiply-adds.
+            evaluation sizes, accuracy (`metrics`), parameter count and multiply-adds.
 
     Raises:
         ValueError: no entry has that name; the message lists the names.
     """
-    for entry in CHECKPOINTS.values():
-        if isinstance(name, str) and entry.name == name:
-            return entry
-    raise ValueError(
-        f"No published weights are named {name!r}. The names are {list_weights()} "
-        f"(`applications.list_weights()`). Received: name={name!r}"
-    )
+    entry = _named(name)
+    if entry is None:
+        raise ValueError(
+            f"No published weights are named {name!r}. The names are {list_weights()} "
+            f"(`applications.list_weights()`), or the same with '_' for '.'. "
+            f"Received: name={name!r}"
+        )
+    return entry
+
+
+def _named(name):
+    """The entry named `name` (either spelling), or None."""
+    found = [
+        e for e in CHECKPOINTS.values() if isinstance(name, str) and name in (e.name, e.preset)
+    ]
+    return found[0] if found else None
 
 
 def is_pretrained(weights: object) -> bool:
     """Whether a builder's `weights` asks for published weights: "imagenet" or an entry
-    name (which wins over a file of the same name)."""
-    return isinstance(weights, str) and (weights == IMAGENET or weights in list_weights())
+    name, either spelling (which wins over a file of the same name)."""
+    return isinstance(weights, str) and (weights == IMAGENET or _named(weights) is not None)
 
 
 def imagenet_preprocessing(width: float = 1.0, data_format: str | None = None) -> keras.Sequential:
