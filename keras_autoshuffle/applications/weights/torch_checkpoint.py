@@ -27,8 +27,7 @@ Both of PyTorch's formats are read:
 The older tar format (torch < 0.4) is not read.
 
 The module imports nothing but the standard library and NumPy (not Keras), so a script
-can load it by path where TensorFlow is not installed. That is also why it is one file of
-over 400 lines: the unpickler, its stand-ins and both formats' readers travel together.
+can load it by path where TensorFlow is not installed (scripts/make_torch_checkpoints.py).
 """
 
 import io
@@ -178,12 +177,17 @@ def _rebuild_tensor(storage, offset, size, stride):
     return _Tensor(storage, offset, size, stride)
 
 
+def _check_flags(what, requires_grad, backward_hooks):
+    """A tensor's or parameter's autograd flags: a bool and no hooks (dropped when read)."""
+    if not isinstance(requires_grad, bool):
+        raise _Refused(f"{what} with requires_grad={requires_grad!r}")
+    if not isinstance(backward_hooks, dict) or backward_hooks:
+        raise _Refused(f"{what} with backward hooks {backward_hooks!r}")
+
+
 def _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, backward_hooks, metadata=None):
     """`torch._utils._rebuild_tensor_v2`; gradient flags and empty hooks are dropped."""
-    if not isinstance(requires_grad, bool):
-        raise _Refused(f"a tensor with requires_grad={requires_grad!r}")
-    if not isinstance(backward_hooks, dict) or backward_hooks:
-        raise _Refused(f"a tensor with backward hooks {backward_hooks!r}")
+    _check_flags("a tensor", requires_grad, backward_hooks)
     if metadata:  # the conjugate / negative bits of complex views
         raise _Refused(f"a tensor with metadata {metadata!r}")
     return _rebuild_tensor(storage, offset, size, stride)
@@ -193,10 +197,7 @@ def _rebuild_parameter(data, requires_grad, backward_hooks):
     """`torch._utils._rebuild_parameter`: an `nn.Parameter` is read as its tensor."""
     if not isinstance(data, _Tensor):
         raise _Refused(f"a parameter holding a {type(data).__name__}")
-    if not isinstance(requires_grad, bool):
-        raise _Refused(f"a parameter with requires_grad={requires_grad!r}")
-    if not isinstance(backward_hooks, dict) or backward_hooks:
-        raise _Refused(f"a parameter with backward hooks {backward_hooks!r}")
+    _check_flags("a parameter", requires_grad, backward_hooks)
     return data
 
 
@@ -506,8 +507,7 @@ def read_torch_checkpoint(
         OverflowError,
         RecursionError,
         MemoryError,
-        struct.error,
-        UnicodeDecodeError,
+        struct.error,  # UnicodeDecodeError is a ValueError
         zlib.error,
     ) as error:
         raise CheckpointError(
