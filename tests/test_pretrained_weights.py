@@ -182,6 +182,10 @@ def test_weights_by_name_load_the_same_checkpoint(cache, server, monkeypatch, pa
     auto = imagenet_v2(AutoShuffleNetV2, weights=entry.name, stem="imagenet")
     np.testing.assert_allclose(logits(auto, x), parity["logits_224"], rtol=0, atol=1e-4)
     assert server.requests == [f"/models/{NAME}"]  # the converted file, from the cache
+    # keras-hub's spelling of the same name (the preset's) is the same entry.
+    preset = imagenet_v2(weights=entry.preset, stem="imagenet")
+    np.testing.assert_allclose(logits(preset, x), parity["logits_224"], rtol=0, atol=1e-4)
+    assert server.requests == [f"/models/{NAME}"]
 
 
 def test_weights_by_name_refuse_another_width(cache, monkeypatch):
