@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
-from keras_autoshuffle import _validation, applications
+from keras_autoshuffle import _validation
 from keras_autoshuffle.applications.preprocessing import evaluation_sizes
 from keras_autoshuffle.data import transforms
 from keras_autoshuffle.data.image_cache import build_image_cache, read_cached
@@ -210,12 +210,10 @@ class ImageFolderData(EpochData):
         return order.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 
     def _evaluate(self, image):
-        image = transforms.resize_center_crop(image, self.resize_size, self.image_size)
-        return transforms.normalize(image, applications.IMAGENET_MEAN, applications.IMAGENET_STD)
+        return transforms.imagenet_evaluation(image, self.image_size, self.resize_size)
 
     def _augment(self, image, seed):
-        image = transforms.random_resized_crop(image, seed, size=self.image_size, flip=self.flip)
-        return transforms.normalize(image, applications.IMAGENET_MEAN, applications.IMAGENET_STD)
+        return transforms.imagenet_training(image, seed, self.image_size, self.flip)
 
 
 def image_folder(
