@@ -26,8 +26,7 @@ from keras_autoshuffle import export, prediction
 from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, ShuffleNetV2
 from keras_autoshuffle.commands import finetune as finetune_command
 from keras_autoshuffle.export import metadata as litert_metadata
-from keras_autoshuffle.finetuning import finetune, network
-from keras_autoshuffle.finetuning import run as run_module
+from keras_autoshuffle.finetuning import finetune, network, run_folder
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 
 # Whole trainings and exports: started first under xdist (conftest.py orders files by it).
@@ -211,7 +210,7 @@ def test_overwrite_checks_the_images_first_then_removes_the_runs_files_only(tmp_
     with pytest.raises(ValueError, match="empty"):
         finetune(empty, output, overwrite=True, **RUN_ARGUMENTS)
     assert sorted(os.listdir(output)) == before
-    run_module.clear_run(str(output))
+    run_folder.clear_run(str(output))
     assert sorted(os.listdir(output)) == ["notes.txt"]
 
 
