@@ -24,8 +24,9 @@ from keras_autoshuffle._keras_internals import PRESET_WEIGHTS_FILES
 from keras_autoshuffle.applications.weights import registry
 
 # The layout of the configs this package writes into a preset (`config.json`'s
-# `preset_version`); a preset of a later layout is refused instead of misread.
-PRESET_VERSION = 1
+# `preset_version`); a preset of a later layout is refused instead of misread. 2: the
+# backbone's `stem`, `channels` and `repeats` (a fine-tuned net of any stem or size).
+PRESET_VERSION = 2
 # The layout of a config without `preset_version` (the first one).
 FIRST_PRESET_VERSION = 1
 # The class that `from_preset(name)` builds, found as keras-hub finds a preset's classes:
