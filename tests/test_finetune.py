@@ -100,7 +100,7 @@ def test_a_run_writes_the_model_its_labels_exports_and_report(run):
     names = set(os.listdir(output))
     expected = {"model.keras", "labels.txt", "preprocessing.json", "split.json", "report.json"}
     expected |= {"report.md", "confusion_matrix.png", "model.tflite", "model_int8.tflite"}
-    expected |= {"model.onnx", "openvino", "train_all"}
+    expected |= {"model.onnx", "openvino", "train_all", "preset"}
     assert expected <= names, names
     assert "image_cache" not in names  # training's only, removed before the exports
     assert (output / "labels.txt").read_text(encoding="utf-8").splitlines() == list(CLASSES)

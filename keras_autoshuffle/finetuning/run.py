@@ -20,6 +20,8 @@ What `output_dir` holds, in the order it is written:
     train_head/, train_all/                       the phases' runs (history.csv, logs/)
     model.keras, model.tflite, model.onnx, openvino/ (and with int8: model_int8.tflite,
         model_int8.onnx, openvino_int8/)
+    preset/                                       the keras-hub preset: model, labels,
+                                                  preprocessing (`from_preset`)
     confusion_matrix.png, report.md, report.json  report.json last: the run is finished
 """
 
@@ -46,6 +48,7 @@ from keras_autoshuffle.finetuning.run_folder import (
     CACHE_DIR,
     LABELS_FILE,
     PREPROCESSING_FILE,
+    PRESET_DIR,
     SPLIT_FILE,
 )
 from keras_autoshuffle.training import exports as training_exports
@@ -269,12 +272,26 @@ def _fine_tune(images, output_dir, weights, source, options, formats, given):
         exported = (model, output_dir, train_data, val_data, formats, probabilities)
         int8 = options["int8"], options["int8_bound"]
         report.update(_export(*exported, *int8, split.class_names))
+    report["preset"] = _write_preset(model, output_dir, split.class_names, options)
     if options["left_out"]:  # by default, what this install cannot write
         report["not_exported"] = options["left_out"]
     report["cpu"] = cpu_name()  # the latencies' machine
     report["written"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     write_report(output_dir, report)
     return report
+
+
+def _write_preset(model, output_dir, class_names, options):
+    """The fine-tuned net as a keras-hub preset in `output_dir/preset/` (written
+    atomically): a `ShuffleNetImageClassifier` with the run's class names and
+    preprocessing (`preprocessing.json`'s sizes), for `from_preset`. Returns its path."""
+    from keras_autoshuffle import hub
+
+    size = options["image_size"]
+    classifier = hub.presets.classifier_from_model(
+        model, options["width"], class_names, size, round(size * RESIZE_RATIO)
+    )
+    return hub.presets.save_classifier(classifier, os.path.join(output_dir, PRESET_DIR))
 
 
 def _data_record(images, split, train_data, val_data):
