@@ -92,9 +92,12 @@ def finetune(
             `root/val/<class>`. JPEG, PNG, BMP, GIF; any size; gray and RGBA made RGB.
         output_dir: the run's folder (see the module's docstring for what it holds).
         width: 0.5, 1.0, 1.5 or 2.0.
-        weights: "imagenet" (torchvision's checkpoint), the path of a `.keras`
-            ShuffleNet v2 of `width` (its head is replaced: any class count), or None
-            (random weights: training from scratch, no head phase).
+        weights: "imagenet" (torchvision's checkpoint), a preset name
+            (`hub.list_presets()`: "shufflenet_v2_x1_0_imagenet", ...) or folder (e.g.
+            an earlier run's `preset/`) of a ShuffleNet v2 of `width` (its backbone; a
+            new head for this run's classes), the path of a `.keras` ShuffleNet v2 of
+            `width` (its head is replaced: any class count), or None (random weights:
+            training from scratch, no head phase).
         image_size: the network's input side; images are resized and cropped to it.
         epochs: epochs of the whole-net phase.
         head_epochs: epochs of the head phase (default 3 with pretrained weights, 0
@@ -143,7 +146,9 @@ def finetune(
             matrix, and each exported file's accuracy, size and latency.
 
     Raises:
-        ValueError: a bad argument, image folder or `weights` file, before any image is
+        ValueError: a bad argument, image folder, `weights` file or preset (the file and
+            field named: a missing file, a class not this package's, weights of another
+            width, class names of another count, a newer layout), before any image is
             decoded (a `batch_size` larger than the training images right after the scan).
         RunDirectoryError: `output_dir` holds a finished run (without `overwrite`) or a
             run with other settings, is used by another living run (its lock,
