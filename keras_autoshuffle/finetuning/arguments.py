@@ -3,6 +3,8 @@ split, before any work (or right after the scan, for what needs the images): eac
 refused with a one-line error naming it."""
 
 import os
+from collections.abc import Sequence
+from typing import Any
 
 from keras_autoshuffle import _validation
 from keras_autoshuffle import export as export_lib
@@ -15,7 +17,7 @@ EXPORT_FORMATS = ("litert", "onnx", "openvino")
 CLASS_WEIGHTS = ("balanced", None)
 
 
-def check_arguments(pretrained, **given):
+def check_arguments(pretrained: bool, **given: Any) -> dict:
     """The arguments, checked and filled with their defaults, before any work."""
     options = dict(given)
     options["width"] = _validation.choice(given["width"], V2_WIDTHS, "width")
@@ -58,7 +60,9 @@ def check_arguments(pretrained, **given):
     return options
 
 
-def check_formats(export_formats, int8, include_preprocessing=False):
+def check_formats(
+    export_formats: Sequence[str] | None, int8: bool, include_preprocessing: bool = False
+) -> tuple[str, ...]:
     """The export formats: the given ones (each refused by name here where it cannot be
     written), or LiteRT and the installed ones of ONNX and OpenVINO."""
     if export_formats is None:
@@ -100,7 +104,7 @@ def check_formats(export_formats, int8, include_preprocessing=False):
     return formats
 
 
-def left_out(export_formats):
+def left_out(export_formats: Sequence[str] | None) -> dict[str, str]:
     """{file name: why it is not written and what installs it} of the default exports this
     install cannot write (none where `export_formats` names the formats: those are
     written or refused)."""
@@ -110,7 +114,7 @@ def left_out(export_formats):
     return {export_lib.FILENAMES[fmt]: why for fmt, why in reasons.items()}
 
 
-def check_output(output_dir, images):
+def check_output(output_dir: str | os.PathLike, images: str | os.PathLike) -> str:
     """`output_dir` as a path, refused where it names no folder of its own: None, empty,
     a file, or the image folder, inside it or holding it (the next scan would take the run
     for a class; the run's clean-up could remove images). `images` must be a path too."""
@@ -136,7 +140,8 @@ def check_output(output_dir, images):
     return output_dir
 
 
-def check_batch_size(batch_size, train_data):
+def check_batch_size(batch_size: int, train_data: Any) -> None:
+    """Refuses a `batch_size` above the training images (`train_data`: no full batch)."""
     if train_data.steps(batch_size) < 1:
         raise ValueError(
             f"`batch_size` must be at most the {train_data.num_examples} training images "
@@ -144,7 +149,13 @@ def check_batch_size(batch_size, train_data):
         )
 
 
-def check_split(split, images, val_fraction, split_seed, output_dir):
+def check_split(
+    split: Any,
+    images: str | os.PathLike,
+    val_fraction: float,
+    split_seed: int,
+    output_dir: str,
+) -> None:
     """A recorded split is reused only for the same images and split settings."""
     given = dict(
         images=os.path.abspath(os.fspath(images)), val_fraction=val_fraction, split_seed=split_seed

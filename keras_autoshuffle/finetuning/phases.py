@@ -13,7 +13,14 @@ from keras_autoshuffle.training.recipes import Recipe
 MOMENTUM, WEIGHT_DECAY, HEAD_RATE_FACTOR = 0.9, 4e-5, 10
 
 
-def train_phases(output_dir, weights, options, settings, build, phase):
+def train_phases(
+    output_dir: str,
+    weights: str | os.PathLike | None,
+    options: dict,
+    settings: dict,
+    build: dict,
+    phase: dict,
+) -> None:
     """The head phase (with pretrained weights) and the whole-net phase, each `train()`
     into its folder (`_run_phase`: a finished one is not trained again)."""
     pretrained = weights is not None

@@ -53,18 +53,18 @@ def remove_failed_run(output_dir: str) -> None:
         pass  # what cannot be removed stays (named by the error being raised)
 
 
-def full_disk(error, output_dir, formats):
-    """`full_disk_error` of a failed run: its exports take at most `model.keras`'s size
-    each."""
+def full_disk(error: BaseException, output_dir: str, formats: tuple[str, ...]) -> OSError | None:
+    """`full_disk_error` of a failed run: its exports and its preset (`PRESET_DIR`) take
+    at most `model.keras`'s size each."""
     trained = os.path.join(output_dir, ALL_DIR, "model.keras")
     try:
-        needed = os.path.getsize(trained) * (1 + len(formats)) if os.path.exists(trained) else 0
+        needed = os.path.getsize(trained) * (2 + len(formats)) if os.path.exists(trained) else 0
     except OSError:
         needed = 0
     return full_disk_error(error, output_dir, needed)
 
 
-def finished(output_dir, overwrite):
+def finished(output_dir: str, overwrite: bool) -> bool:
     """Whether `output_dir` holds a finished run (its `report.json`) to replace: refused
     without `overwrite`."""
     if os.path.exists(output_dir) and not os.path.isdir(output_dir):
@@ -86,7 +86,7 @@ def clear_run(output_dir: str) -> None:
         _atomic.remove(os.path.join(output_dir, name))
 
 
-def finished_phases(output_dir, head_epochs):
+def finished_phases(output_dir: str, head_epochs: int) -> bool:
     """Whether every phase of the run in `output_dir` is finished (nothing to cache for)."""
     phases = [ALL_DIR] + ([HEAD_DIR] if head_epochs else [])
     return all(os.path.exists(os.path.join(output_dir, d, REPORT_FILE)) for d in phases)
