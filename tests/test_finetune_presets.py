@@ -223,3 +223,20 @@ def test_the_preset_is_a_file_of_the_run(tmp_path):
     run_folder.remove_failed_run(str(tmp_path))
     assert os.listdir(tmp_path) == ["notes.txt"]
     assert run_folder.PRESET_DIR in run_folder.RUN_FILES
+
+
+@pytest.mark.parametrize("padding", ["torch", "same"])
+def test_a_classifier_from_a_model_keeps_its_padding_and_outputs(padding):
+    keras.utils.set_random_seed(1)
+    model = tiny_network(0.5, input_shape=(SIDE, SIDE, 3), classes=3, padding=padding)
+    classifier = hub.presets.classifier_from_model(model, 0.5, ["x", "y", "z"], SIDE)
+    assert classifier.backbone.padding == padding
+    inputs = np.random.default_rng(0).normal(size=(2, SIDE, SIDE, 3)).astype("float32")
+    logits = keras.ops.softmax(classifier(inputs)).numpy()
+    np.testing.assert_allclose(logits, model.predict(inputs, verbose=0), atol=1e-6)
+
+
+def test_a_model_with_learned_shuffles_is_refused_as_a_classifier():
+    model = tiny_network(0.5, input_shape=(SIDE, SIDE, 3), classes=3, shuffle="auto")
+    with pytest.raises(ValueError, match=r"learned shuffles\?\)\. Received: layers \['stage"):
+        hub.presets.classifier_from_model(model, 0.5, ["x", "y", "z"], SIDE)

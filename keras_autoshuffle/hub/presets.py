@@ -145,7 +145,8 @@ def _classifier(entry):
 
 def _layout(model, width):
     """The `ShuffleNetBackbone` arguments of an `applications` ShuffleNet v2 `model` of
-    `width`: its stem, and its channels and repeats where they are not the width's."""
+    `width`: its stem and padding, and its channels and repeats where they are not the
+    width's."""
     described = architecture.describe(model)
     if described is None or described.family != "v2":
         raise ValueError(
@@ -154,6 +155,8 @@ def _layout(model, width):
         )
     names = {layer.name for layer in model.layers}
     stem = "imagenet" if architecture.IMAGENET_STEM[-1] in names else "cifar"
+    # "torch" padding puts a ZeroPadding2D before every stride-2 layer; "same" none.
+    torch_pad = architecture.unit_layer(2, 1, architecture.pad_name("dwconv"))
     ends = [
         architecture.unit_layer(stage, units, architecture.unit_parts("v2", units)[-1])
         for stage, units in described.stages()
@@ -166,6 +169,7 @@ def _layout(model, width):
     repeats = tuple(units for _, units in described.stages())
     return dict(
         stem=stem,
+        padding="torch" if torch_pad in names else "same",
         channels=None if channels == architecture.V2_CONFIGS.get(width) else channels,
         repeats=None if repeats == architecture.REPEATS else repeats,
     )
@@ -186,8 +190,12 @@ def classifier_from_model(
     torchvision's evaluation transform at `image_size` (resized to `resize_size` first,
     default 256/224 of it; normalised by `mean` and `std`, on pixels in [0, 1]).
 
+    `width` is the one the config records; the model's channels are kept where they are
+    not the width's (a small net).
+
     Raises:
-        ValueError: `model` is not such a ShuffleNet v2, or not of `width`.
+        ValueError: `model` is not such a ShuffleNet v2 (learned shuffles, layers the
+            classifier lacks).
     """
     classifier_cls = keras.saving.get_registered_object(CLASSIFIER)
     preprocessor_cls = classifier_cls.preprocessor_cls
@@ -201,9 +209,16 @@ def classifier_from_model(
     classifier = classifier_cls(
         backbone, len(class_names), preprocessor_cls(converter), class_names=list(class_names)
     )
-    for layer in classifier.backbone.layers + [classifier.output_dense]:
-        if layer.weights:
-            layer.set_weights(model.get_layer(layer.name).get_weights())
+    copied = [layer for layer in classifier.backbone.layers if layer.weights]
+    for layer in copied + [classifier.output_dense]:
+        layer.set_weights(model.get_layer(layer.name).get_weights())
+    left = {layer.name for layer in model.layers if layer.weights}
+    left -= {layer.name for layer in copied + [classifier.output_dense]}
+    if left:  # weights the classifier has no place for would be lost silently
+        raise ValueError(
+            "The model has layers with weights that a ShuffleNetImageClassifier lacks "
+            f"(learned shuffles?). Received: layers {sorted(left)[:5]}"
+        )
     return classifier
 
 
