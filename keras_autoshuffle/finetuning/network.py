@@ -41,10 +41,10 @@ def weights_source(weights: str | os.PathLike | None) -> str | None:
             f".keras model. Received: weights={weights!r}"
         )
     path = os.fspath(weights)
-    if path in _preset_names():
-        return path
-    if os.path.isdir(path):
+    if os.path.isdir(path):  # a folder before a name, as keras-hub's `from_preset`
         return _preset_digest(path)
+    if not path.endswith(".keras") and path in _preset_names():
+        return path
     if not path.endswith(".keras"):
         raise ValueError(
             "`weights` must be a preset name (" + ", ".join(_preset_names()) + "), a preset "
@@ -68,7 +68,8 @@ def is_preset(weights: object) -> bool:
     """Whether `weights` names a preset: a registry preset's name or a folder."""
     if not isinstance(weights, (str, os.PathLike)) or weights == "imagenet":
         return False
-    return os.fspath(weights) in _preset_names() or os.path.isdir(weights)
+    path = os.fspath(weights)
+    return os.path.isdir(path) or (not path.endswith(".keras") and path in _preset_names())
 
 
 def _check_size(size, path):
