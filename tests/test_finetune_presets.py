@@ -23,7 +23,7 @@ from test_finetune import tiny_networks as tiny_networks  # noqa: F401
 from test_hub import NAME, NEWER
 from test_hub import cache as cache  # noqa: F401 (fixtures: the registry's x0.5 checkpoint)
 
-from keras_autoshuffle import hub
+from keras_autoshuffle import hub, prediction
 from keras_autoshuffle.commands import finetune as finetune_command
 from keras_autoshuffle.finetuning import finetune, network, run_folder
 from keras_autoshuffle.hub import ShuffleNetImageClassifier
@@ -240,3 +240,13 @@ def test_a_model_with_learned_shuffles_is_refused_as_a_classifier():
     model = tiny_network(0.5, input_shape=(SIDE, SIDE, 3), classes=3, shuffle="auto")
     with pytest.raises(ValueError, match=r"learned shuffles\?\)\. Received: layers \['stage"):
         hub.presets.classifier_from_model(model, 0.5, ["x", "y", "z"], SIDE)
+
+
+@pytest.mark.slow  # uses the run of `tuned`
+def test_predict_gives_the_runs_preset_the_top1_of_its_model_keras(tuned, images):  # noqa: F811
+    output, _ = tuned
+    pixels = [image.astype("uint8") for image in _raw_validation_images(images)]
+    from_preset = prediction.Classifier.from_file(output / "preset").predict(pixels)
+    from_keras = prediction.Classifier.from_file(output / "model.keras").predict(pixels)
+    np.testing.assert_array_equal(from_preset.argmax(-1), from_keras.argmax(-1))
+    np.testing.assert_allclose(from_preset, from_keras, atol=1e-5)

@@ -254,20 +254,7 @@ def _fine_tune(images, output_dir, weights, source, options, formats, given):
     )
     report = {
         "data": _data_record(images, split, train_data, val_data),
-        "settings": {
-            **settings,
-            "weights": weights if weights is None else os.fspath(weights),
-            "epochs": options["epochs"],
-            "head_epochs": options["head_epochs"],
-            "batch_size": options["batch_size"],
-            "learning_rate": options["learning_rate"],
-            "label_smoothing": options["label_smoothing"],
-            "class_weights": options["class_weights"],
-            "val_fraction": split.val_fraction,
-            "split_seed": split.split_seed,
-            "seed": seed,
-            "include_preprocessing": include_preprocessing,
-        },
+        "settings": _settings_record(settings, weights, options, split),
     }
     probabilities = model.predict(val_data.eval_dataset(options["batch_size"]), verbose=0)
     report["validation"] = classification_metrics(val_data.labels, probabilities, split.class_names)
@@ -297,6 +284,21 @@ def _write_preset(model, output_dir, class_names, options):
         model, options["width"], class_names, size, round(size * RESIZE_RATIO)
     )
     return hub.presets.save_classifier(classifier, os.path.join(output_dir, PRESET_DIR))
+
+
+def _settings_record(settings, weights, options, split):
+    """The report's "settings": the phases' settings and every other argument of the run."""
+    names = ("epochs", "head_epochs", "batch_size", "learning_rate", "label_smoothing")
+    return {
+        **settings,
+        "weights": weights if weights is None else os.fspath(weights),
+        **{name: options[name] for name in names},
+        "class_weights": options["class_weights"],
+        "val_fraction": split.val_fraction,
+        "split_seed": split.split_seed,
+        "seed": options["seed"],
+        "include_preprocessing": options["include_preprocessing"],
+    }
 
 
 def _data_record(images, split, train_data, val_data):
