@@ -169,7 +169,7 @@ def build_step(width, phase, size, batch, steps_per_epoch, label_smoothing=0.1):
     """A phase's model, compiled as `training.train` compiles it for `finetune`."""
 
     from keras_autoshuffle.finetuning import network
-    from keras_autoshuffle.finetuning.run import HEAD_RATE_FACTOR, MOMENTUM, WEIGHT_DECAY
+    from keras_autoshuffle.finetuning.phases import HEAD_RATE_FACTOR, MOMENTUM, WEIGHT_DECAY
     from keras_autoshuffle.losses import SmoothedSparseCrossentropy
     from keras_autoshuffle.training.recipes import Recipe, make_optimizer
 

@@ -3,11 +3,13 @@
     autoshuffle-finetune photos/ --output runs/photos
     autoshuffle-finetune photos/ --output runs/photos --width 0.5 --int8
     autoshuffle-finetune photos/ --output runs/photos --include-preprocessing
+    autoshuffle-finetune more_photos/ --output runs/more --weights runs/photos/preset
 
 `photos/` holds one subfolder per class (or train/ and val/, each with one per class).
 Writes into --output: model.keras, labels.txt, preprocessing.json, model.tflite (and
 model.onnx and openvino/ where installed; with --int8 model_int8.tflite, model_int8.onnx
-and openvino_int8/ beside them), report.md,
+and openvino_int8/ beside them), preset/ (a keras-hub preset: `from_preset`, or
+--weights of a later run), report.md,
 report.json, confusion_matrix.png; train_head/ and train_all/ hold each phase's
 history.csv and TensorBoard logs. A killed run started again with the same arguments
 resumes from its last finished epoch.
@@ -47,7 +49,8 @@ def parser() -> argparse.ArgumentParser:
         "--weights",
         type=_weights,
         default="imagenet",
-        help='"imagenet", the path of a .keras ShuffleNet v2 of --width, or "none"',
+        help='"imagenet", a preset name (shufflenet_v2_x1_0_imagenet, ...) or folder (a '
+        'run\'s preset/), the path of a .keras ShuffleNet v2 of --width, or "none"',
     )
     p.add_argument("--image-size", type=positive_int_argument, default=224, help="input side")
     p.add_argument(

@@ -250,6 +250,25 @@ def test_eval_crop_is_the_applications_resize_center_crop():
         np.testing.assert_allclose(out.numpy(), expected, rtol=0, atol=1e-5, err_msg=image.shape)
 
 
+def test_imagenet_evaluation_is_evaluation_preprocessing_at_any_size():
+    # The TFDS ImageNet pipeline's evaluation (ImageNet itself is not here: its builder is
+    # stood in for) gives the pixels of `evaluation_preprocessing(size)`, whose resize is
+    # round(size * 256 / 224): 183 for 160, where `size * 256 // 224` made 182.
+    from keras_autoshuffle.applications import evaluation_preprocessing
+
+    with (
+        mock.patch.object(sources, "prepared_builder"),
+        mock.patch.object(sources, "TFDSData") as made,
+    ):
+        sources.imagenet(size=160)
+    eval_transform = made.call_args.args[3]
+    image = np.random.default_rng(0).integers(0, 256, (210, 300, 3), dtype=np.uint8)
+    jpeg = tf.io.encode_jpeg(image)
+    decoded = tf.io.decode_jpeg(jpeg, channels=3).numpy().astype("float32")
+    expected = evaluation_preprocessing(160)(decoded[None])[0].numpy()
+    np.testing.assert_allclose(eval_transform(jpeg).numpy(), expected, rtol=0, atol=1e-5)
+
+
 def test_missing_tfds_data_raises_with_instructions(tmp_path):
     with pytest.raises(data.DataMissingError, match="tfds build cifar10"):
         data.load("cifar10", data_dir=str(tmp_path))

@@ -26,8 +26,7 @@ from keras_autoshuffle import export, prediction
 from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, ShuffleNetV2
 from keras_autoshuffle.commands import finetune as finetune_command
 from keras_autoshuffle.export import metadata as litert_metadata
-from keras_autoshuffle.finetuning import finetune, network
-from keras_autoshuffle.finetuning import run as run_module
+from keras_autoshuffle.finetuning import finetune, network, run_folder
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 
 # Whole trainings and exports: started first under xdist (conftest.py orders files by it).
@@ -101,7 +100,7 @@ def test_a_run_writes_the_model_its_labels_exports_and_report(run):
     names = set(os.listdir(output))
     expected = {"model.keras", "labels.txt", "preprocessing.json", "split.json", "report.json"}
     expected |= {"report.md", "confusion_matrix.png", "model.tflite", "model_int8.tflite"}
-    expected |= {"model.onnx", "openvino", "train_all"}
+    expected |= {"model.onnx", "openvino", "train_all", "preset"}
     assert expected <= names, names
     assert "image_cache" not in names  # training's only, removed before the exports
     assert (output / "labels.txt").read_text(encoding="utf-8").splitlines() == list(CLASSES)
@@ -215,7 +214,7 @@ def test_overwrite_checks_the_images_first_then_removes_the_runs_files_only(tmp_
     with pytest.raises(ValueError, match="empty"):
         finetune(empty, output, overwrite=True, **RUN_ARGUMENTS)
     assert sorted(os.listdir(output)) == before
-    run_module.clear_run(str(output))
+    run_folder.clear_run(str(output))
     assert sorted(os.listdir(output)) == ["notes.txt"]
 
 

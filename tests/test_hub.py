@@ -30,6 +30,7 @@ from keras_autoshuffle.hub import (
     list_presets,
     presets,
 )
+from keras_autoshuffle.hub.presets import PRESET_VERSION
 from keras_autoshuffle.layers import RelaxedShuffle
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -38,6 +39,7 @@ CHECKPOINT = os.path.join(
 )
 PARITY = os.path.join(FIXTURES, "torchvision_shufflenet_v2_x0_5.npz")
 NAME = "shufflenet_v2_x0_5_imagenet"
+NEWER = PRESET_VERSION + 1  # a layout this version does not read
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -348,8 +350,9 @@ BAD_FOLDERS = {
         r"task\.json: `class_names` has 9 names but `num_classes` is 10",
     ),
     "a newer version": (
-        _edit_json("config.json", lambda c: c["config"].update(preset_version=2)),
-        r"config\.json: `preset_version` 2 .*newer version.*Received: preset_version=2",
+        _edit_json("config.json", lambda c: c["config"].update(preset_version=NEWER)),
+        rf"config\.json: `preset_version` {NEWER} .*newer version.*"
+        rf"Received: preset_version={NEWER}",
     ),
     "no config object": (
         _edit_json("config.json", lambda c: c.pop("config")),
@@ -398,14 +401,14 @@ def test_a_preset_without_a_version_is_of_the_first_layout(cache, preset, tmp_pa
     shutil.copytree(cache / NAME, folder)
     _edit_json("config.json", lambda c: c["config"].pop("preset_version"))(folder)
     backbone = ShuffleNetBackbone.from_preset(str(folder))
-    assert backbone.get_config()["preset_version"] == 1
+    assert backbone.get_config()["preset_version"] == PRESET_VERSION  # saved as this layout
 
 
 def test_a_preset_that_is_neither_a_name_nor_a_folder(cache, tmp_path):
     with pytest.raises(ValueError, match=r"shufflenet_v2_x0_5_imagenet.*Received: preset='nope'"):
         ShuffleNetBackbone.from_preset("nope")
-    with pytest.raises(ValueError, match=r"Received: preset_version=2"):
-        ShuffleNetBackbone(0.5, preset_version=2)
+    with pytest.raises(ValueError, match=rf"Received: preset_version={NEWER}"):
+        ShuffleNetBackbone(0.5, preset_version=NEWER)
     classes = [ShuffleNetImageClassifierPreprocessor, ShuffleNetImageConverter]
     assert all(c.backbone_cls is ShuffleNetBackbone for c in classes)
 
@@ -416,3 +419,21 @@ def test_class_names_read_back_other_than_written_are_refused(name):
     backbone = ShuffleNetBackbone(width=0.5, image_shape=(32, 32, 3))
     with pytest.raises(ValueError, match=r"`class_names`.*Received:"):
         ShuffleNetImageClassifier(backbone, 2, class_names=[name, "bird"])
+
+
+def test_a_backbone_of_any_stem_and_size_round_trips_its_config():
+    # A fine-tune from scratch on small images: the CIFAR stem (no pyramid: its strides
+    # are not 4-32), a small net's channels and repeats, all in the config (a preset
+    # rebuilds the same net).
+    backbone = ShuffleNetBackbone(
+        0.5, stem="cifar", channels=(8, 16, 32, 64, 64), repeats=(1, 2, 1)
+    )
+    assert backbone.pyramid_outputs == {}
+    assert backbone(np.zeros((1, 32, 32, 3))).shape == (1, 4, 4, 64)  # stride 8
+    assert "stage3_unit2_conv1" in {layer.name for layer in backbone.layers}
+    again = ShuffleNetBackbone.from_config(backbone.get_config())
+    assert again.get_config() == backbone.get_config() and again.count_params() == (
+        backbone.count_params()
+    )
+    with pytest.raises(ValueError, match=r"Received: stem='auto'"):
+        ShuffleNetBackbone(0.5, stem="auto")

@@ -425,7 +425,7 @@ def test_bad_folders_are_refused_naming_the_path(tmp_path, name):
 
 def test_too_many_files_are_refused(tmp_path, monkeypatch):
     # `data.image_folder` is the function of the same name.
-    module = importlib.import_module("keras_autoshuffle.data.image_folder")
+    module = importlib.import_module("keras_autoshuffle.data.image_folder_scan")
     _folder(tmp_path, {"a": 3, "b": 3})
     monkeypatch.setattr(module, "MAX_FILES", 7)
     with pytest.raises(data.ImageFolderError, match=r"MAX_FILES \(7\).*: 8 so far"):

@@ -94,6 +94,19 @@ def test_each_checkpoint_gets_its_own_sizes():
         imagenet_preprocessing(0.75)
 
 
+def test_the_converter_and_the_old_spellings_are_one_transform():
+    from keras_autoshuffle.applications import evaluation_preprocessing
+    from keras_autoshuffle.hub import ShuffleNetImageConverter
+
+    images = _images(300, 398, batch=1)
+    converter = ShuffleNetImageConverter(image_size=(224, 224), resize_size=232)
+    expected = keras.ops.convert_to_numpy(converter(images))
+    with pytest.deprecated_call(match="ShuffleNetImageConverter"):
+        deprecated = CHECKPOINTS[1.5].preprocessing()
+    for preprocess in (imagenet_preprocessing(1.5), evaluation_preprocessing(224, 232), deprecated):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(preprocess(images)), expected)
+
+
 def test_preprocessing_ends_as_preprocess_input():
     images = _images(260, 300, batch=1)
     cropped = ResizeCenterCrop(256, 224)(images)

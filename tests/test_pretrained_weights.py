@@ -40,7 +40,7 @@ from keras_autoshuffle.applications import (
     ShuffleNetV2,
     decode_predictions,
 )
-from keras_autoshuffle.applications.weights import pretrained, registry
+from keras_autoshuffle.applications.weights import download, pretrained, registry
 from keras_autoshuffle.layers import RelaxedShuffle
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
@@ -182,6 +182,10 @@ def test_weights_by_name_load_the_same_checkpoint(cache, server, monkeypatch, pa
     auto = imagenet_v2(AutoShuffleNetV2, weights=entry.name, stem="imagenet")
     np.testing.assert_allclose(logits(auto, x), parity["logits_224"], rtol=0, atol=1e-4)
     assert server.requests == [f"/models/{NAME}"]  # the converted file, from the cache
+    # keras-hub's spelling of the same name (the preset's) is the same entry.
+    preset = imagenet_v2(weights=entry.preset, stem="imagenet")
+    np.testing.assert_allclose(logits(preset, x), parity["logits_224"], rtol=0, atol=1e-4)
+    assert server.requests == [f"/models/{NAME}"]
 
 
 def test_weights_by_name_refuse_another_width(cache, monkeypatch):
@@ -580,7 +584,7 @@ def test_a_folder_where_the_checkpoint_is_cached_is_named(cache, server, monkeyp
 def test_a_server_sending_too_much_is_cut_off(cache, server, monkeypatch):
     register(monkeypatch)
     server.serve(CHECKPOINT)
-    monkeypatch.setattr(pretrained, "MAX_DOWNLOAD_BYTES", 100_000)  # the checkpoint has 1.5 MB
+    monkeypatch.setattr(download, "MAX_DOWNLOAD_BYTES", 100_000)  # the checkpoint has 1.5 MB
     # This server announces its length (Content-Length): refused before any byte is read.
     with pytest.raises(OSError, match=r"announces \d+ bytes \(Content-Length\), more than"):
         pretrained.download_checkpoint(0.5)
@@ -646,7 +650,7 @@ def test_a_length_past_the_bound_is_refused_before_downloading(cache, monkeypatc
         for _ in range(10):
             connection.sendall(b"x" * 65536)
 
-    monkeypatch.setattr(pretrained, "MAX_DOWNLOAD_BYTES", 100_000)
+    monkeypatch.setattr(download, "MAX_DOWNLOAD_BYTES", 100_000)
     with raw_server(monkeypatch, unannounced), pytest.raises(OSError, match="more than 100000"):
         pretrained.download_checkpoint(0.5)
     assert os.listdir(cache) == []

@@ -17,8 +17,7 @@ from test_pretrained_weights import server as server  # noqa: F401
 
 from keras_autoshuffle.commands import finetune as finetune_command
 from keras_autoshuffle.commands import train as train_command
-from keras_autoshuffle.finetuning import finetune, network
-from keras_autoshuffle.finetuning import run as run_module
+from keras_autoshuffle.finetuning import finetune, network, run_folder
 from keras_autoshuffle.training.fault_tolerance import (
     LOCK_FILE,
     RunDirectoryError,
@@ -184,9 +183,9 @@ def test_a_lock_file_that_is_not_a_file_is_refused_by_name(tmp_path, kind):
 def test_the_lock_file_is_no_run_file(tmp_path):
     """`clear_run` (overwrite) and the finished-run check leave the lock alone."""
     with locked_folder(tmp_path):
-        run_module.clear_run(str(tmp_path))
+        run_folder.clear_run(str(tmp_path))
         assert os.listdir(tmp_path) == [LOCK_FILE]
-        assert not run_module._finished(str(tmp_path), overwrite=False)
+        assert not run_folder.finished(str(tmp_path), overwrite=False)
 
 
 def test_a_failed_dataset_download_is_one_line(tmp_path):

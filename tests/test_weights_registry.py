@@ -50,6 +50,21 @@ def test_names():
         assert (entry.name, entry.width, entry.builder) == (name, width, "ShuffleNetV2")
 
 
+def test_one_registry_the_presets_and_names_are_views_of_it():
+    from keras_autoshuffle import hub
+    from keras_autoshuffle.applications.weights import registry
+
+    presets = [name.replace(".", "_") for name in NAMES]
+    assert list(hub.list_presets()) == presets
+    for width, name, preset in zip(sorted(CHECKPOINTS), NAMES, presets, strict=True):
+        entry = CHECKPOINTS[width]
+        assert entry.preset == preset
+        assert applications.get_weights(preset) is applications.get_weights(name) is entry
+        assert hub.list_presets()[preset]["metadata"]["weights"] == name
+        assert registry.is_pretrained(preset) and registry.is_pretrained(name)
+    assert not registry.is_pretrained("shufflenet_v2_x1_0")
+
+
 @pytest.mark.parametrize("width", sorted(TORCHVISION))
 def test_each_entry_is_torchvisions(width):
     file_name, params, acc1, acc5, gflops, mib, resize = TORCHVISION[width]

@@ -1,12 +1,13 @@
-"""The images the ImageNet weights expect: torchvision's evaluation transform as Keras
-layers (`ToRGB`, `ResizeCenterCrop`; `registry.imagenet_preprocessing(width)` and each
-registry entry's `preprocessing()` are built here) and `preprocess_input`;
-`evaluation_preprocessing`, the same transform for square inputs of any size.
+"""The images the ImageNet weights expect: torchvision's evaluation transform, in one place.
 
 torchvision evaluates its ShuffleNetV2 checkpoints with `ImageClassification`: resize the
 shorter side to `resize_size` (bilinear, antialiased), crop the central `crop_size`
-square, scale to [0, 1], normalise with ImageNet's mean and standard deviation. The
-sizes are each checkpoint's (`CHECKPOINTS[width].resize_size`, `.crop_size`).
+square, scale to [0, 1], normalise with ImageNet's mean and standard deviation.
+`evaluation_layers` is that transform (`ToRGB`, `ResizeCenterCrop`, a `Rescaling` by
+`x * scale + offset`); keras-hub's `hub.ShuffleNetImageConverter` is its one public
+spelling, and `evaluation_preprocessing` (any size) and `imagenet_preprocessing(width)`
+(a checkpoint's sizes) are the same layers as a `keras.Sequential`. `preprocess_input` is
+the normalisation alone, keras.applications-style, for images already cropped.
 """
 
 from typing import Any
@@ -242,16 +243,73 @@ def resize_crop_sizes(resize_size, crop_size):
     return resize_size, crop_size
 
 
+def scale_offset(mean: Any = IMAGENET_MEAN, std: Any = IMAGENET_STD) -> tuple[tuple, tuple]:
+    """A normalisation `(x / 255 - mean) / std` per channel as keras-hub writes it,
+    `x * scale + offset`: `(1 / (255 * std), -mean / std)`, one value per channel."""
+    scale = tuple(float(1 / (255 * s)) for s in std)
+    return scale, tuple(float(-m / s) for m, s in zip(mean, std, strict=True))
+
+
+IMAGENET_SCALE, IMAGENET_OFFSET = scale_offset()
+
+
+def evaluation_layers(
+    image_size: int,
+    resize_size: int,
+    scale: Any = IMAGENET_SCALE,
+    offset: Any = IMAGENET_OFFSET,
+    data_format: str | None = None,
+    dtype: Any = None,
+) -> list[keras.layers.Layer]:
+    """The one implementation of torchvision's evaluation transform, as three layers:
+    `ToRGB` ("rgb"), `ResizeCenterCrop(resize_size, image_size)` ("resize_crop") and
+    `Rescaling(scale, offset)` ("normalize": `x * scale + offset` per channel).
+    `hub.ShuffleNetImageConverter` applies them; `evaluation_preprocessing` and
+    `imagenet_preprocessing` are them as a `keras.Sequential`.
+
+    Args:
+        image_size: the side of the square output.
+        resize_size: the shorter side after resizing, before the central crop.
+        scale: a number, or one per channel (default: ImageNet's `1 / (255 * std)`).
+        offset: the same, added after the scale (default: ImageNet's `-mean / std`).
+        data_format: "channels_last" or "channels_first" (default: Keras's).
+        dtype: the layers' dtype policy (default: Keras's).
+
+    Returns:
+        The three layers, in order.
+    """
+    data_format = _validation.data_format(data_format)
+    shape = (-1, 1, 1) if data_format == "channels_first" else (1, 1, -1)
+
+    def per_channel(value):  # shaped to broadcast over an image, whatever Keras's format
+        value = np.asarray(value, dtype="float64")
+        return float(value) if value.ndim == 0 else value.reshape(shape).tolist()
+
+    return [
+        ToRGB(data_format, dtype=dtype, name="rgb"),
+        ResizeCenterCrop(resize_size, image_size, data_format, dtype=dtype, name="resize_crop"),
+        keras.layers.Rescaling(
+            per_channel(scale), per_channel(offset), dtype=dtype, name="normalize"
+        ),
+    ]
+
+
 def evaluation_preprocessing(
     image_size: int = 224, resize_size: int | None = None, data_format: str | None = None
 ) -> keras.Sequential:
     """torchvision's ImageNet evaluation transform for square inputs of any size, as a
-    `keras.Sequential`: `ToRGB`, `ResizeCenterCrop(resize_size, image_size)`,
-    `Rescaling(1 / 255)`, `Normalization` with ImageNet's mean and variance.
+    `keras.Sequential` (for a `tf.data` map or the front of a model): the layers of
+    `hub.ShuffleNetImageConverter` (`evaluation_layers`), with ImageNet's normalisation.
 
-    The layers and limits of `imagenet_preprocessing` (which is this with a checkpoint's
-    sizes): for a model fine-tuned from the ImageNet weights at another input size, and
-    for the evaluation images of `data.ImageFolderData`, which are the same pixels.
+    Built-in layers and this module's only (no Lambda): it saves and loads with
+    `safe_mode=True`. It is built when made, for batches of any size, sides and channel
+    count, so no call (a wrong one included) fixes the shape later calls must have.
+    Limits (each a ValueError naming `images` and the shape received, before any work; in
+    a `tf.data` map with sides unknown when traced, an InvalidArgumentError when run): a
+    batch (rank 4) only (`image[None]` for one image); 1 to 4 channels, made RGB as PIL's
+    `convert("RGB")` does; at least 1 pixel per side and a longer side at most 100 times
+    the shorter (`MAX_ASPECT_RATIO`). Pixel values are not checked: images in [0, 1]
+    rather than [0, 255] are silently wrong.
 
     Args:
         image_size: the side of the square output, an integer from 16 to 4096.
@@ -273,35 +331,15 @@ def evaluation_preprocessing(
         TensorShape([1, 160, 160, 3])
     """
     image_size, resize_size = evaluation_sizes(image_size, resize_size)
-    return _evaluation_model(
-        image_size,
-        int(resize_size),
-        IMAGENET_MEAN,
-        IMAGENET_STD,
-        data_format,
-        f"evaluation_preprocessing_{image_size}",
-    )
+    layers = evaluation_layers(image_size, resize_size, data_format=data_format)
+    return as_sequential(layers, f"evaluation_preprocessing_{image_size}")
 
 
-def _evaluation_model(crop_size, resize_size, mean, std, data_format, name):
-    data_format = _validation.data_format(data_format)
-    model = keras.Sequential(
-        [
-            # Built now, for any batch: Keras builds a Sequential without an input on its
-            # first call, for that call's shape, and kept it even when that call failed.
-            keras.Input(shape=(None, None, None)),
-            ToRGB(data_format, name="rgb"),
-            ResizeCenterCrop(resize_size, crop_size, data_format, name="resize_crop"),
-            keras.layers.Rescaling(1 / 255, name="rescale"),
-            keras.layers.Normalization(
-                axis=_validation.channel_axis(data_format),
-                mean=list(mean),
-                variance=list(np.square(std)),
-                name="normalize",
-            ),
-        ],
-        name=name,
-    )
+def as_sequential(layers: list[keras.layers.Layer], name: str) -> keras.Sequential:
+    """`layers` as a `keras.Sequential` built for batches of images of any shape."""
+    # Built now, for any batch: Keras builds a Sequential without an input on its first
+    # call, for that call's shape, and kept it even when that call failed.
+    model = keras.Sequential([keras.Input(shape=(None, None, None)), *layers], name=name)
     # A wrong rank is refused by Keras before the call ("expected ndim=4"); a loaded copy
     # lacks this spec and is refused by its input layer instead, also unchanged.
     model.input_spec = keras.InputSpec(ndim=4, name="images")

@@ -70,6 +70,8 @@ def summary(report: dict) -> str:
             f"  {entry['path']}  {entry['size_bytes'] / 1e6:.2f} MB  "
             f"accuracy {entry['accuracy']:.4f}"
         )
+    if report.get("preset"):
+        lines.append(f"  {report['preset']}  keras-hub preset (from_preset, --weights)")
     from keras_autoshuffle.finetuning.report import int8_check_line
 
     for key in ("int8", "onnx_int8", "openvino_int8"):

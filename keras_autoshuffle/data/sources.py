@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 # One definition of ImageNet's statistics, shared with `applications.preprocess_input`.
-from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD
+from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD  # noqa: F401
 from keras_autoshuffle.data import transforms
 from keras_autoshuffle.data.pipeline import ArrayData, TFDSData
 
@@ -307,8 +307,8 @@ def imagenet(
 ) -> tuple[TFDSData, TFDSData]:
     """ImageNet (ILSVRC 2012) from TFDS as `(train, validation)` `TFDSData`, streamed.
 
-    Training: random-resized crop to `size` and horizontal flip; evaluation: torchvision's
-    `Resize(size * 256 // 224)` and `CenterCrop(size)` (`transforms.resize_center_crop`);
+    Training: random-resized crop to `size` and horizontal flip; evaluation: the pixels of
+    `applications.evaluation_preprocessing(size)` (`transforms.imagenet_evaluation`);
     both per-channel normalised.
     """
     builder = prepared_builder("imagenet2012", data_dir=data_dir, manual_dir=manual_dir)
@@ -317,12 +317,10 @@ def imagenet(
         return tf.cast(tf.io.decode_jpeg(jpeg, channels=3), tf.float32)
 
     def train_transform(jpeg, seed):
-        image = transforms.random_resized_crop(decode(jpeg), seed, size=size)
-        return transforms.normalize(image, IMAGENET_MEAN, IMAGENET_STD)
+        return transforms.imagenet_training(decode(jpeg), seed, size)
 
     def eval_transform(jpeg):
-        image = transforms.resize_center_crop(decode(jpeg), resize=size * 256 // 224, size=size)
-        return transforms.normalize(image, IMAGENET_MEAN, IMAGENET_STD)
+        return transforms.imagenet_evaluation(decode(jpeg), size)
 
     def make(split, shuffle=shuffle_buffer):
         data = TFDSData(builder, split, train_transform, eval_transform, seed, shuffle)

@@ -10,6 +10,8 @@ import numpy as np
 import tensorflow as tf
 
 from keras_autoshuffle._resize_crop import tf_resize_center_crop
+from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD
+from keras_autoshuffle.applications.preprocessing import evaluation_sizes
 
 
 def normalize(
@@ -104,3 +106,18 @@ def resize_center_crop(image: tf.Tensor, resize: int = 256, size: int = 224) -> 
     antialiased), then the central `size` x `size` crop, its offset rounded as
     torchvision's. The same pixels as `applications.ResizeCenterCrop(resize, size)`."""
     return tf_resize_center_crop(tf.cast(image, tf.float32), resize, size)
+
+
+def imagenet_evaluation(image: tf.Tensor, size: int = 224, resize: int | None = None) -> tf.Tensor:
+    """One image's ImageNet evaluation in a `tf.data` map: `resize_center_crop` then
+    ImageNet's normalisation, the pixels of `applications.evaluation_preprocessing(size,
+    resize)` (`resize` default `round(size * 256 / 224)`, checked as there)."""
+    size, resize = evaluation_sizes(size, resize)
+    return normalize(resize_center_crop(image, resize, size), IMAGENET_MEAN, IMAGENET_STD)
+
+
+def imagenet_training(image: tf.Tensor, seed: tf.Tensor, size: int = 224, flip: bool = True):
+    """One image's ImageNet training augmentation: `random_resized_crop` (flipped at random
+    unless `flip` is False), then ImageNet's normalisation."""
+    image = random_resized_crop(image, seed, size=size, flip=flip)
+    return normalize(image, IMAGENET_MEAN, IMAGENET_STD)

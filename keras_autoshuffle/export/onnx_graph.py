@@ -13,8 +13,8 @@ It takes the layers of this package's ShuffleNet v1/v2 nets (manual, hardened, f
 Conv2D / GroupedConv2D, DepthwiseConv2D, BatchNormalization, ReLU, ZeroPadding2D,
 MaxPooling2D, AveragePooling2D, GlobalAveragePooling2D, Dense, Concatenate, Add,
 ChannelSplit, ChannelSlice, ChannelShuffle, hardened RelaxedShuffle (a Gather), Identity,
-Activation; `unsupported_layers`
-names any other, for which the caller falls back to Keras's exporter.
+Activation; `unsupported_layers` (`onnx_support.py`, re-exported here) names any other,
+for which the caller falls back to Keras's exporter.
 """
 
 from typing import TYPE_CHECKING
@@ -24,6 +24,13 @@ import numpy as np
 
 from keras_autoshuffle._keras_internals import inbound_nodes, producing_layer
 from keras_autoshuffle.export.onnx_align import align_channels
+from keras_autoshuffle.export.onnx_support import (  # noqa: F401 (re-exported)
+    ACTIVATIONS,
+    CONVS,
+    POOLS,
+    activation_name,
+    unsupported_layers,
+)
 from keras_autoshuffle.layers import RelaxedShuffle, shuffle_permutation
 from keras_autoshuffle.unit_layers import ChannelShuffle, ChannelSlice, ChannelSplit
 
@@ -31,91 +38,6 @@ if TYPE_CHECKING:
     import onnx
 
 OPSET = 17
-_ACTIVATIONS = {"linear": None, "relu": "Relu", "softmax": "Softmax", "sigmoid": "Sigmoid"}
-_CONVS = (keras.layers.Conv2D, keras.layers.DepthwiseConv2D)
-_POOLS = (keras.layers.MaxPooling2D, keras.layers.AveragePooling2D)
-_LAYERS = (
-    *_CONVS,
-    keras.layers.BatchNormalization,
-    keras.layers.ReLU,
-    keras.layers.ZeroPadding2D,
-    keras.layers.MaxPooling2D,
-    keras.layers.AveragePooling2D,
-    keras.layers.GlobalAveragePooling2D,
-    keras.layers.Dense,
-    keras.layers.Concatenate,
-    keras.layers.Add,
-    keras.layers.Identity,
-    keras.layers.Activation,
-    keras.layers.InputLayer,
-    ChannelSplit,
-    ChannelSlice,
-    ChannelShuffle,
-    RelaxedShuffle,
-)
-
-
-def _activation_name(layer):
-    return getattr(getattr(layer, "activation", None), "__name__", "linear")
-
-
-def _why_unsupported(layer):
-    """Why `onnx_graph` cannot write `layer` (its kind or settings), or None."""
-    if not isinstance(layer, _LAYERS) or len(inbound_nodes(layer)) != 1:
-        return type(layer).__name__
-    if getattr(layer, "data_format", "channels_last") != "channels_last":
-        return f"{type(layer).__name__}(data_format={layer.data_format})"
-    if isinstance(layer, RelaxedShuffle) and not layer.is_hardened:
-        return "RelaxedShuffle (relaxed: harden it first)"
-    if _activation_name(layer) not in _ACTIVATIONS:
-        return f"{type(layer).__name__}(activation={_activation_name(layer)})"
-    if isinstance(layer, _CONVS) and tuple(layer.dilation_rate) != (1, 1):
-        return f"{type(layer).__name__}(dilation_rate={layer.dilation_rate})"
-    if isinstance(layer, keras.layers.ReLU) and (
-        layer.max_value is not None or layer.negative_slope != 0 or layer.threshold != 0
-    ):
-        return "ReLU(max_value, negative_slope or threshold set)"
-    if isinstance(layer, keras.layers.GlobalAveragePooling2D) and layer.keepdims:
-        return "GlobalAveragePooling2D(keepdims=True)"
-    node = inbound_nodes(layer)[0]
-    return _why_unsupported_on(layer, node) if node.input_tensors else None  # InputLayer
-
-
-def _why_unsupported_on(layer, node):
-    """Why `onnx_graph` cannot write `layer` on the tensors of its call `node`, or None:
-    ranks and axes the NCHW graph would get wrong, sizes it needs and does not know."""
-    kind, rank = type(layer).__name__, node.input_tensors[0].ndim
-    if isinstance(layer, keras.layers.Concatenate | ChannelSplit) and rank not in (2, 4):
-        return f"{kind} of rank other than 2 or 4"
-    if isinstance(layer, keras.layers.Dense) and rank != 2:
-        return "Dense on a rank other than 2"
-    if _activation_name(layer) == "softmax" and node.output_tensors[0].ndim != 2:
-        # Keras's is over the NHWC channels; the NCHW graph's last axis is the width.
-        rank_out = node.output_tensors[0].ndim
-        return f"{kind}(activation=softmax) of rank {rank_out} (written: a 2-D one's last axis)"
-    if isinstance(layer, keras.layers.BatchNormalization) and (rank != 4 or layer.axis % 4 != 3):
-        # Written as a scale and a shift of shape (channels, 1, 1): the NCHW channels.
-        return f"BatchNormalization(axis={layer.axis}) of rank {rank} (written: 4-D channels)"
-    sides = node.input_tensors[0].shape[1:3]
-    needs_sides = isinstance(layer, ChannelShuffle) or (
-        isinstance(layer, _CONVS + _POOLS) and layer.padding == "same"
-    )
-    if needs_sides and None in sides:
-        # ChannelShuffle's last Reshape and TensorFlow's 'same' pads need them.
-        return f"{kind} on unknown spatial sides {tuple(sides)}"
-    return None
-
-
-def unsupported_layers(model: keras.Model) -> list[str]:
-    """Names and kinds of `model`'s layers `onnx_graph` cannot write (empty: all can)."""
-    found = []
-    for layer in model.operations:
-        why = _why_unsupported(layer)
-        if why:
-            found.append(f"{layer.name}: {why}")
-    if len(model.inputs) != 1 or model.inputs[0].ndim != 4:
-        found.append("the model: not a single 4-D (NHWC image) input")
-    return found
 
 
 def _same_pads(size, kernel, stride):
@@ -173,7 +95,7 @@ def _conv(w, layer, x, out, pads):
         bias = keras.ops.convert_to_numpy(layer.bias).astype(np.float64)
     output = inbound_nodes(layer)[0].output_tensors[0]
     bn = w.only_consumer(output, keras.layers.BatchNormalization)
-    fused = bn is not None and _activation_name(layer) == "linear" and bn.axis in (-1, 3)
+    fused = bn is not None and activation_name(layer) == "linear" and bn.axis in (-1, 3)
     if fused:
         scale, shift = _bn_affine(bn)
         kernel, bias = kernel * scale[:, None, None, None], bias * scale + shift
@@ -185,15 +107,15 @@ def _conv(w, layer, x, out, pads):
             w.constant(f"{layer.name}_w", kernel.astype("float32")),
             w.constant(f"{layer.name}_b", bias.astype("float32")),
         ],
-        [out if _activation_name(layer) == "linear" else f"{out}_pre"],
+        [out if activation_name(layer) == "linear" else f"{out}_pre"],
         layer.name,
         kernel_shape=list(kernel.shape[2:]),
         strides=list(layer.strides),
         pads=_onnx_pads(pads),
         group=groups,
     )
-    if _activation_name(layer) != "linear":
-        y = w.node(_ACTIVATIONS[_activation_name(layer)], [y], [out], f"{layer.name}_act")
+    if activation_name(layer) != "linear":
+        y = w.node(ACTIVATIONS[activation_name(layer)], [y], [out], f"{layer.name}_act")
     return output if fused else None
 
 
@@ -290,7 +212,7 @@ def _write_zero_padding(w, call):
     """Into the consuming conv's or pool's own pads where that is exact, else a Pad."""
     (top, bottom), (left, right) = call.layer.padding
     output = call.node.output_tensors[0]
-    consumer = w.only_consumer(output, (*_CONVS, *_POOLS))
+    consumer = w.only_consumer(output, (*CONVS, *POOLS))
     relu_in = isinstance(producing_layer(call.ins[0]), keras.layers.ReLU)
     if (
         consumer is not None
@@ -365,7 +287,7 @@ def _write_dense(w, call):
         if layer.use_bias
         else np.zeros(kernel.shape[1], "float32")
     )
-    activation = _ACTIVATIONS[_activation_name(layer)]
+    activation = ACTIVATIONS[activation_name(layer)]
     y = w.node(
         "Gemm",
         [call.xs[0], w.constant(f"{name}_w", kernel), w.constant(f"{name}_b", bias)],
@@ -396,7 +318,7 @@ def _write_identity(w, call):
 
 
 def _write_activation(w, call):
-    activation = _ACTIVATIONS[_activation_name(call.layer)]
+    activation = ACTIVATIONS[activation_name(call.layer)]
     w.node(activation or "Identity", call.xs, call.outs, call.name, **_axis_of(activation))
 
 
@@ -446,10 +368,10 @@ def _write_channel_shuffle(w, call):
 # (kinds, writer), tried in order: the first kind a layer is an instance of writes it.
 _WRITERS = (
     (keras.layers.ZeroPadding2D, _write_zero_padding),
-    (_CONVS, _write_conv),
+    (CONVS, _write_conv),
     (keras.layers.BatchNormalization, _write_batch_norm),
     (keras.layers.ReLU, _write_relu),
-    (_POOLS, _write_pool),
+    (POOLS, _write_pool),
     (keras.layers.GlobalAveragePooling2D, _write_global_pool),
     (keras.layers.Dense, _write_dense),
     (keras.layers.Concatenate, _write_concat),

@@ -1,7 +1,11 @@
 """Fine-tuning: a pretrained ShuffleNet v2 trained on a folder of your labelled images,
 exported for phones (LiteRT, int8), ONNX Runtime and OpenVINO, and reported.
 
-- `run.py`: `finetune()`, the two-phase recipe and the run's files;
+- `run.py`: `finetune()`: the run from the scan to the report, its exports;
+- `arguments.py`: the checks of its arguments and folders, before any work;
+- `phases.py`: the two-phase recipe, each phase a `training.train()` run;
+- `run_folder.py`: the files a run writes, and what a failed, finished or replaced run
+  leaves;
 - `network.py`: the network with its new head, the starting weights, what each phase
   freezes;
 - `evaluation.py`: each exported file measured on the validation images;

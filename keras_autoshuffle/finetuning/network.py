@@ -10,6 +10,7 @@ import os
 
 import keras
 
+from keras_autoshuffle._files import sha256_of
 from keras_autoshuffle.applications import ShuffleNetV2, architecture
 
 # The classifier's layer: the only one trained in the head phase, the only one not copied
@@ -24,49 +25,100 @@ MAX_WEIGHTS_BYTES = 1 << 30
 
 
 def weights_source(weights: str | os.PathLike | None) -> str | None:
-    """The record of the starting weights in a run's settings: "imagenet", None, or
-    "sha256:<hex>" of a `.keras` file (a rerun with another file is refused by it).
+    """The record of the starting weights in a run's settings: "imagenet", None, a preset
+    name, or "sha256:<hex>" of a `.keras` file or of a preset folder's files (a rerun
+    with other weights is refused by it).
 
     Raises:
-        ValueError: `weights` is none of these, or names no readable `.keras` file.
+        ValueError: `weights` is none of these, or names no readable `.keras` file or
+            whole preset folder (`hub.presets.check_folder`: the file and field named).
     """
     if weights is None or weights == "imagenet":
         return weights
     if not isinstance(weights, (str, os.PathLike)):
         raise ValueError(
-            '`weights` must be "imagenet", None or the path of a .keras model. '
-            f"Received: weights={weights!r}"
+            '`weights` must be "imagenet", None, a preset name or folder, or the path of a '
+            f".keras model. Received: weights={weights!r}"
         )
     path = os.fspath(weights)
+    if os.path.isdir(path):  # a folder before a name, as keras-hub's `from_preset`
+        return _preset_digest(path)
+    if not path.endswith(".keras") and path in _preset_names():
+        return path
     if not path.endswith(".keras"):
         raise ValueError(
-            "`weights` must be the path of a .keras model (e.g. the model.keras of "
-            'autoshuffle-train or autoshuffle-finetune), "imagenet" or None. '
-            f"Received: weights={path!r}"
+            "`weights` must be a preset name (" + ", ".join(_preset_names()) + "), a preset "
+            "folder (e.g. the preset/ of autoshuffle-finetune), the path of a .keras model "
+            '(e.g. the model.keras of autoshuffle-train or autoshuffle-finetune), "imagenet" '
+            f"or None. Received: weights={path!r}"
         )
     if not os.path.isfile(path):
         raise ValueError(f"The `weights` file does not exist. Received: weights={path!r}")
-    size = os.path.getsize(path)
+    _check_size(os.path.getsize(path), path)
+    return f"sha256:{sha256_of(path)}"
+
+
+def _preset_names():
+    from keras_autoshuffle import hub
+
+    return sorted(hub.list_presets())
+
+
+def is_preset(weights: object) -> bool:
+    """Whether `weights` names a preset: a registry preset's name or a folder."""
+    if not isinstance(weights, (str, os.PathLike)) or weights == "imagenet":
+        return False
+    path = os.fspath(weights)
+    return os.path.isdir(path) or (not path.endswith(".keras") and path in _preset_names())
+
+
+def _check_size(size, path):
     if size > MAX_WEIGHTS_BYTES:
         raise ValueError(
             f"The `weights` file is {size} bytes, more than any ShuffleNet v2 "
             f"({MAX_WEIGHTS_BYTES} at most). Received: weights={path!r}"
         )
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return f"sha256:{digest.hexdigest()}"
+
+
+def _preset_digest(folder):
+    """ "sha256:<hex>" of the preset folder's files (names and contents), after
+    `check_folder` refused a folder that is not a whole preset of this package."""
+    from keras_autoshuffle import hub
+
+    hub.presets.check_folder(folder)
+    names = sorted(n for n in os.listdir(folder) if os.path.isfile(os.path.join(folder, n)))
+    _check_size(sum(os.path.getsize(os.path.join(folder, n)) for n in names), folder)
+    lines = "".join(f"{name} {sha256_of(os.path.join(folder, name))}\n" for name in names)
+    return "sha256:" + hashlib.sha256(lines.encode("utf-8")).hexdigest()
+
+
+def _preset_backbone(weights, width):
+    """The `ShuffleNetBackbone` of preset `weights` (a name is built from the registry
+    once, as `from_preset` does), the whole folder checked first; refused unless it is a
+    ShuffleNet v2 of `width`."""
+    from keras_autoshuffle import hub
+
+    folder = hub.presets.preset_folder(os.fspath(weights))
+    hub.presets.check_folder(folder)  # the classifier's files too: its labels' count
+    backbone = hub.ShuffleNetBackbone.from_preset(folder)
+    if backbone.family != "v2" or backbone.width != width:
+        raise ValueError(
+            f"{os.path.join(folder, 'config.json')}: the preset is a {backbone.width}x "
+            f"ShuffleNet {backbone.family}; the run fine-tunes a {width}x ShuffleNet v2. "
+            f"Pass the preset's width. Received: width={width}, "
+            f"weights={os.fspath(weights)!r}"
+        )
+    return backbone
 
 
 def check_weights(weights: str | os.PathLike | None, width: float, image_size: int) -> None:
     """Makes sure the run can start from `weights` before any image is read: builds its
     starting network once (`build_classifier`, two classes), so the ImageNet weights are
-    downloaded and converted now (or their download fails now) and a `.keras` file of
-    another width or architecture is refused by name.
+    downloaded and converted now (or their download fails now) and a `.keras` file or
+    preset of another width or architecture is refused by name.
 
     Raises:
-        ValueError: a `.keras` file that does not fit (as `build_classifier`).
+        ValueError: a `.keras` file or preset that does not fit (as `build_classifier`).
         OSError: the ImageNet weights cannot be downloaded (the URL and the way to get
             them by hand named).
     """
@@ -88,17 +140,19 @@ def build_classifier(
         width: 0.5, 1.0, 1.5 or 2.0.
         classes: the head's classes.
         image_size: the input side (square RGB images, normalised as ImageNet's).
-        weights: "imagenet" (torchvision's checkpoint, the ImageNet stem), the path of a
-            `.keras` ShuffleNet v2 of this width (any head: it is replaced; its stem is
-            kept), or None (random weights, the stem `stem="auto"` picks).
+        weights: "imagenet" (torchvision's checkpoint, the ImageNet stem), a preset name
+            (`hub.list_presets()`) or folder of a ShuffleNet v2 of this width (its backbone;
+            its head is replaced), the path of a `.keras` ShuffleNet v2 of this width (any
+            head: it is replaced; its stem is kept), or None (random weights, the stem
+            `stem="auto"` picks).
         with_head: also the head from the `.keras` file (a phase resumed from the last).
 
     Returns:
         The uncompiled model, every layer trainable.
 
     Raises:
-        ValueError: a `.keras` file that is not a manual-shuffle ShuffleNet v2 of `width`
-            (the layer and shapes that differ are named).
+        ValueError: a `.keras` file or preset that is not a manual-shuffle ShuffleNet v2
+            of `width` (the layer and shapes, or the preset's file and field, named).
     """
     shape = (image_size, image_size, 3)
     if weights is None:
@@ -108,6 +162,9 @@ def build_classifier(
         source = ShuffleNetV2(
             width, include_top=False, weights="imagenet", input_shape=shape, stem=stem
         )
+    elif is_preset(weights):
+        source = _preset_backbone(weights, width)
+        stem = source.stem
     else:
         path = os.fspath(weights)
         source = keras.saving.load_model(path, compile=False, safe_mode=True)

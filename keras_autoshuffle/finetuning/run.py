@@ -20,6 +20,8 @@ What `output_dir` holds, in the order it is written:
     train_head/, train_all/                       the phases' runs (history.csv, logs/)
     model.keras, model.tflite, model.onnx, openvino/ (and with int8: model_int8.tflite,
         model_int8.onnx, openvino_int8/)
+    preset/                                       the keras-hub preset: model, labels,
+                                                  preprocessing (`from_preset`)
     confusion_matrix.png, report.md, report.json  report.json last: the run is finished
 """
 
@@ -34,48 +36,25 @@ import numpy as np
 
 from keras_autoshuffle import _atomic, _validation
 from keras_autoshuffle import export as export_lib
-from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, V2_WIDTHS
+from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD
 from keras_autoshuffle.data.image_folder import image_folder
 from keras_autoshuffle.data.images import read_image
 from keras_autoshuffle.export import metadata
-from keras_autoshuffle.finetuning import evaluation, network
+from keras_autoshuffle.finetuning import arguments, evaluation, network, run_folder
+from keras_autoshuffle.finetuning.phases import train_phases
 from keras_autoshuffle.finetuning.raw_inputs import raw_input_model
 from keras_autoshuffle.finetuning.report import classification_metrics, cpu_name, write_report
-from keras_autoshuffle.training import exports as training_exports
-from keras_autoshuffle.training.fault_tolerance import (
-    BACKUP,
-    METADATA_FILE,
-    WEIGHTS_FILE,
-    RunDirectoryError,
-    full_disk_error,
-    locked_folder,
-    read_json,
-)
-from keras_autoshuffle.training.identity import differences, recipe_fields
-from keras_autoshuffle.training.loops import train
-from keras_autoshuffle.training.recipes import Recipe
-
-SPLIT_FILE, LABELS_FILE, PREPROCESSING_FILE = "split.json", "labels.txt", "preprocessing.json"
-HEAD_DIR, ALL_DIR, CACHE_DIR = "train_head", "train_all", "image_cache"
-REPORT_FILE = "report.json"
-# Every file and folder a run writes (`overwrite` removes them all, nothing else).
-RUN_FILES = (
-    REPORT_FILE,
-    "report.md",
-    "confusion_matrix.png",
-    *export_lib.FILENAMES.values(),
-    *(name for _, name in export_lib.INT8_FILES.values()),
-    HEAD_DIR,
+from keras_autoshuffle.finetuning.run_folder import (
     ALL_DIR,
     CACHE_DIR,
-    PREPROCESSING_FILE,
     LABELS_FILE,
+    PREPROCESSING_FILE,
+    PRESET_DIR,
     SPLIT_FILE,
 )
-# What is exported beside model.keras by default, where this install can.
-EXPORT_FORMATS = ("litert", "onnx", "openvino")
-MOMENTUM, WEIGHT_DECAY, HEAD_RATE_FACTOR = 0.9, 4e-5, 10
-CLASS_WEIGHTS = ("balanced", None)
+from keras_autoshuffle.training import exports as training_exports
+from keras_autoshuffle.training.fault_tolerance import locked_folder
+
 # The resize before the centre crop: torchvision's 256 for 224.
 RESIZE_RATIO = 256 / 224
 
@@ -114,9 +93,12 @@ def finetune(
             `root/val/<class>`. JPEG, PNG, BMP, GIF; any size; gray and RGBA made RGB.
         output_dir: the run's folder (see the module's docstring for what it holds).
         width: 0.5, 1.0, 1.5 or 2.0.
-        weights: "imagenet" (torchvision's checkpoint), the path of a `.keras`
-            ShuffleNet v2 of `width` (its head is replaced: any class count), or None
-            (random weights: training from scratch, no head phase).
+        weights: "imagenet" (torchvision's checkpoint), a preset name
+            (`hub.list_presets()`: "shufflenet_v2_x1_0_imagenet", ...) or folder (e.g.
+            an earlier run's `preset/`) of a ShuffleNet v2 of `width` (its backbone; a
+            new head for this run's classes), the path of a `.keras` ShuffleNet v2 of
+            `width` (its head is replaced: any class count), or None (random weights:
+            training from scratch, no head phase).
         image_size: the network's input side; images are resized and cropped to it.
         epochs: epochs of the whole-net phase.
         head_epochs: epochs of the head phase (default 3 with pretrained weights, 0
@@ -165,7 +147,9 @@ def finetune(
             matrix, and each exported file's accuracy, size and latency.
 
     Raises:
-        ValueError: a bad argument, image folder or `weights` file, before any image is
+        ValueError: a bad argument, image folder, `weights` file or preset (the file and
+            field named: a missing file, a class not this package's, weights of another
+            width, class names of another count, a newer layout), before any image is
             decoded (a `batch_size` larger than the training images right after the scan).
         RunDirectoryError: `output_dir` holds a finished run (without `overwrite`) or a
             run with other settings, is used by another living run (its lock,
@@ -176,7 +160,7 @@ def finetune(
             finished, every file it wrote.
     """
     pretrained = weights is not None
-    options = _check_arguments(
+    options = arguments.check_arguments(
         width=width,
         image_size=image_size,
         epochs=epochs,
@@ -196,9 +180,9 @@ def finetune(
     options["int8_bound"] = _validation.percentage_points(max_accuracy_drop, "max_accuracy_drop")
     source = network.weights_source(weights)
     include_preprocessing = options["include_preprocessing"]
-    formats = _check_formats(export_formats, options["int8"], include_preprocessing)
-    options["left_out"] = _left_out(export_formats)
-    output_dir = _check_output(output_dir, images)
+    formats = arguments.check_formats(export_formats, options["int8"], include_preprocessing)
+    options["left_out"] = arguments.left_out(export_formats)
+    output_dir = arguments.check_output(output_dir, images)
     # Downloaded (or refused) before any folder is made or image scanned.
     network.check_weights(weights, options["width"], options["image_size"])
     given = dict(
@@ -211,8 +195,8 @@ def finetune(
         try:
             return _fine_tune(images, output_dir, weights, source, options, formats, given)
         except BaseException as error:
-            remove_failed_run(output_dir)
-            full = _full_disk(error, output_dir, formats)
+            run_folder.remove_failed_run(output_dir)
+            full = run_folder.full_disk(error, output_dir, formats)
             if full is not None:
                 raise full from None
             raise
@@ -223,7 +207,7 @@ def _fine_tune(images, output_dir, weights, source, options, formats, given):
     val_fraction, split_seed = given["val_fraction"], given["split_seed"]
     seed, verbose = options["seed"], options["verbose"]
     include_preprocessing = options["include_preprocessing"]
-    replace = _finished(output_dir, given["overwrite"])
+    replace = run_folder.finished(output_dir, given["overwrite"])
     record = os.path.join(output_dir, SPLIT_FILE)
     train_data, val_data, split = image_folder(
         images,
@@ -235,12 +219,12 @@ def _fine_tune(images, output_dir, weights, source, options, formats, given):
         skip_damaged=given["skip_damaged"],
         record=None if replace else record,  # a finished run's split is not reused
     )
-    _check_batch_size(options["batch_size"], train_data)  # before the cache is built
+    arguments.check_batch_size(options["batch_size"], train_data)  # before the cache is built
     training_exports.check_calibration_images(train_data.num_examples, options["int8"])
     if replace:  # only now: a bad folder leaves the finished run as it was
-        clear_run(output_dir)
+        run_folder.clear_run(output_dir)
         split.save(record)
-    _check_split(split, images, val_fraction, split_seed, output_dir)
+    arguments.check_split(split, images, val_fraction, split_seed, output_dir)
     _write_inputs(output_dir, split.class_names, options["image_size"], include_preprocessing)
     weighting = _class_weight(options["class_weights"], split.train_labels, len(split.class_names))
     settings = dict(
@@ -252,7 +236,8 @@ def _fine_tune(images, output_dir, weights, source, options, formats, given):
         images=_digest(split.to_json()),
         image_cache=options["cache_images"],
     )
-    if options["cache_images"] and not _finished_phases(output_dir, options["head_epochs"]):
+    finished = run_folder.finished_phases(output_dir, options["head_epochs"])
+    if options["cache_images"] and not finished:
         train_data.cache_images(os.path.join(output_dir, CACHE_DIR))
     phase = dict(
         train_data=train_data,
@@ -263,27 +248,14 @@ def _fine_tune(images, output_dir, weights, source, options, formats, given):
         class_weight=weighting,
     )
     build = dict(width=options["width"], classes=len(split.class_names), size=options["image_size"])
-    _train_phases(output_dir, weights, options, settings, build, phase)
+    train_phases(output_dir, weights, options, settings, build, phase)
     _atomic.remove(os.path.join(output_dir, CACHE_DIR))  # training's only: gone before exports
     model = keras.saving.load_model(
         os.path.join(output_dir, ALL_DIR, "model.keras"), compile=False, safe_mode=True
     )
     report = {
         "data": _data_record(images, split, train_data, val_data),
-        "settings": {
-            **settings,
-            "weights": weights if weights is None else os.fspath(weights),
-            "epochs": options["epochs"],
-            "head_epochs": options["head_epochs"],
-            "batch_size": options["batch_size"],
-            "learning_rate": options["learning_rate"],
-            "label_smoothing": options["label_smoothing"],
-            "class_weights": options["class_weights"],
-            "val_fraction": split.val_fraction,
-            "split_seed": split.split_seed,
-            "seed": seed,
-            "include_preprocessing": include_preprocessing,
-        },
+        "settings": _settings_record(settings, weights, options, split),
     }
     probabilities = model.predict(val_data.eval_dataset(options["batch_size"]), verbose=0)
     report["validation"] = classification_metrics(val_data.labels, probabilities, split.class_names)
@@ -293,12 +265,41 @@ def _fine_tune(images, output_dir, weights, source, options, formats, given):
         exported = (model, output_dir, train_data, val_data, formats, probabilities)
         int8 = options["int8"], options["int8_bound"]
         report.update(_export(*exported, *int8, split.class_names))
+    report["preset"] = _write_preset(model, output_dir, split.class_names, options)
     if options["left_out"]:  # by default, what this install cannot write
         report["not_exported"] = options["left_out"]
     report["cpu"] = cpu_name()  # the latencies' machine
     report["written"] = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
     write_report(output_dir, report)
     return report
+
+
+def _write_preset(model, output_dir, class_names, options):
+    """The fine-tuned net as a keras-hub preset in `output_dir/preset/` (written
+    atomically): a `ShuffleNetImageClassifier` with the run's class names and
+    preprocessing (`preprocessing.json`'s sizes), for `from_preset`. Returns its path."""
+    from keras_autoshuffle import hub
+
+    size = options["image_size"]
+    classifier = hub.presets.classifier_from_model(
+        model, options["width"], class_names, size, round(size * RESIZE_RATIO)
+    )
+    return hub.presets.save_classifier(classifier, os.path.join(output_dir, PRESET_DIR))
+
+
+def _settings_record(settings, weights, options, split):
+    """The report's "settings": the phases' settings and every other argument of the run."""
+    names = ("epochs", "head_epochs", "batch_size", "learning_rate", "label_smoothing")
+    return {
+        **settings,
+        "weights": weights if weights is None else os.fspath(weights),
+        **{name: options[name] for name in names},
+        "class_weights": options["class_weights"],
+        "val_fraction": split.val_fraction,
+        "split_seed": split.split_seed,
+        "seed": options["seed"],
+        "include_preprocessing": options["include_preprocessing"],
+    }
 
 
 def _data_record(images, split, train_data, val_data):
@@ -312,232 +313,6 @@ def _data_record(images, split, train_data, val_data):
         "skipped": [list(entry) for entry in split.skipped],
         "ignored_files": split.ignored,
     }
-
-
-def _train_phases(output_dir, weights, options, settings, build, phase):
-    """The head phase (with pretrained weights) and the whole-net phase, each `train()`
-    into its folder (`_run_phase`: a finished one is not trained again)."""
-    pretrained = weights is not None
-    start = weights
-    if options["head_epochs"]:
-        _run_phase(
-            lambda: network.freeze(_classifier(build, weights), network.FROZEN_BASE),
-            _recipe(options, HEAD_RATE_FACTOR * options["learning_rate"], "head_epochs"),
-            os.path.join(output_dir, HEAD_DIR),
-            {**settings, "frozen": network.FROZEN_BASE},
-            **phase,
-        )
-        start = os.path.join(output_dir, HEAD_DIR, "model.keras")
-    frozen = network.FROZEN_BATCH_NORM if pretrained else None
-    head_trained = bool(options["head_epochs"])
-    _run_phase(
-        lambda: network.freeze(_classifier(build, start, with_head=head_trained), frozen),
-        _recipe(options, options["learning_rate"], "epochs"),
-        os.path.join(output_dir, ALL_DIR),
-        {**settings, "frozen": frozen},
-        **phase,
-    )
-
-
-def _check_arguments(pretrained, **given):
-    """The arguments, checked and filled with their defaults, before any work."""
-    options = dict(given)
-    options["width"] = _validation.choice(given["width"], V2_WIDTHS, "width")
-    options["image_size"] = _validation.positive_int(given["image_size"], "image_size")
-    options["epochs"] = _validation.positive_int(given["epochs"], "epochs")
-    head_epochs = given["head_epochs"]
-    if head_epochs is None:
-        head_epochs = 3 if pretrained else 0
-    options["head_epochs"] = _validation.non_negative_int(head_epochs, "head_epochs")
-    if options["head_epochs"] and not pretrained:
-        raise ValueError(
-            "`head_epochs` trains the head of a pretrained base; with weights=None there is "
-            f"none (pass head_epochs=0). Received: head_epochs={head_epochs!r}"
-        )
-    options["batch_size"] = _validation.positive_int(given["batch_size"], "batch_size")
-    rate = given["learning_rate"]
-    rate = (0.01 if pretrained else 0.1) if rate is None else rate
-    options["learning_rate"] = _validation.positive_float(rate, "learning_rate")
-    options["label_smoothing"] = _validation.fraction_below_one(
-        given["label_smoothing"], "label_smoothing"
-    )
-    options["class_weights"] = _validation.choice(
-        given["class_weights"], CLASS_WEIGHTS, "class_weights"
-    )
-    for name in ("flip", "int8", "include_preprocessing", "cache_images"):
-        options[name] = _validation.boolean(given[name], name)
-    options["seed"] = _validation.non_negative_int(given["seed"], "seed")
-    if options["seed"] >= 2**32:  # NumPy's and TensorFlow's seeds are 32-bit
-        raise ValueError(
-            f"`seed` must be an integer in [0, 2**32 - 1]. Received: seed={given['seed']!r}"
-        )
-    if given["int8"] and given["include_preprocessing"]:
-        raise ValueError(
-            "The int8 file quantizes the classifier alone; with its preprocessing inside, the "
-            "resize itself would be quantized. Pass one of them (int8 with normalised inputs, "
-            "or float files that take raw pixels). Received: int8=True, "
-            "include_preprocessing=True"
-        )
-    _validation.choice(given["verbose"], (0, 1, 2), "verbose")
-    return options
-
-
-def _check_formats(export_formats, int8, include_preprocessing=False):
-    """The export formats: the given ones (each refused by name here where it cannot be
-    written), or LiteRT and the installed ones of ONNX and OpenVINO."""
-    if export_formats is None:
-        unsupported = export_lib.unsupported_formats(EXPORT_FORMATS)
-        formats = tuple(f for f in EXPORT_FORMATS if f not in unsupported)
-    else:
-        if isinstance(export_formats, str) or not all(isinstance(f, str) for f in export_formats):
-            raise ValueError(
-                '`export_formats` must be a sequence of "litert", "onnx", "openvino". '
-                f"Received: export_formats={export_formats!r}"
-            )
-        formats = tuple(dict.fromkeys(export_formats))
-        for fmt in formats:
-            _validation.choice(fmt, ("litert", "onnx", "openvino"), "export_formats")
-        unsupported = export_lib.unsupported_formats(formats)
-        if unsupported:
-            fmt, why = next(iter(unsupported.items()))
-            raise ValueError(f"Cannot export {fmt}: {why}. Received: export_formats={formats}")
-    if int8 and not formats:
-        raise ValueError(
-            "`int8` makes a full-integer file of each exported LiteRT, ONNX and OpenVINO file "
-            f"and checks it against the float one: export one. Received: int8=True, "
-            f"export_formats={formats}"
-        )
-    if int8 and export_formats is not None:  # by default, only the installed quantizers
-        unsupported = export_lib.unsupported_int8(formats)
-        if unsupported:
-            fmt, why = next(iter(unsupported.items()))
-            raise ValueError(
-                f"Cannot write the int8 {fmt} file: {why}. Received: int8=True, "
-                f"export_formats={formats}"
-            )
-    if include_preprocessing and not formats:
-        raise ValueError(
-            "`include_preprocessing` puts the preprocessing inside the exported files, and "
-            "none is exported (model.keras takes normalised images). Export LiteRT, ONNX or "
-            f"OpenVINO. Received: include_preprocessing=True, export_formats={formats}"
-        )
-    return formats
-
-
-def _left_out(export_formats):
-    """{file name: why it is not written and what installs it} of the default exports this
-    install cannot write (none where `export_formats` names the formats: those are
-    written or refused)."""
-    if export_formats is not None:
-        return {}
-    reasons = export_lib.unsupported_formats(EXPORT_FORMATS)
-    return {export_lib.FILENAMES[fmt]: why for fmt, why in reasons.items()}
-
-
-def _check_output(output_dir, images):
-    """`output_dir` as a path, refused where it names no folder of its own: None, empty,
-    a file, or the image folder, inside it or holding it (the next scan would take the run
-    for a class; the run's clean-up could remove images). `images` must be a path too."""
-    if not isinstance(output_dir, (str, os.PathLike)) or not os.fspath(output_dir).strip():
-        raise ValueError(
-            "`output_dir` must be the path of the run's folder. "
-            f"Received: output_dir={output_dir!r}"
-        )
-    if not isinstance(images, (str, os.PathLike)):
-        raise ValueError(
-            f"`images` must be the path of the image folder. Received: images={images!r}"
-        )
-    output_dir = os.fspath(output_dir)
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise RunDirectoryError(f"The output folder is a file. Received: output_dir={output_dir!r}")
-    inside = os.path.realpath(output_dir), os.path.realpath(images)
-    if os.path.commonpath(inside) in inside:
-        raise RunDirectoryError(
-            "The output folder and the image folder must be apart (neither inside the "
-            "other): the next scan would take the run for a class of images. Received: "
-            f"output_dir={output_dir!r}, images={os.fspath(images)!r}"
-        )
-    return output_dir
-
-
-def _check_batch_size(batch_size, train_data):
-    if train_data.steps(batch_size) < 1:
-        raise ValueError(
-            f"`batch_size` must be at most the {train_data.num_examples} training images "
-            f"(no full batch per epoch). Received: batch_size={batch_size}"
-        )
-
-
-def remove_failed_run(output_dir: str) -> None:
-    """After a run in `output_dir` failed: removes its image cache, and every file of the
-    run (`RUN_FILES`) where no phase holds a finished epoch (its backup) or is finished.
-    What a resume needs stays."""
-    try:
-        _atomic.remove(os.path.join(output_dir, CACHE_DIR))
-        phases = [os.path.join(output_dir, name) for name in (HEAD_DIR, ALL_DIR)]
-        kept = [REPORT_FILE] + [os.path.join(BACKUP, f) for f in (METADATA_FILE, WEIGHTS_FILE)]
-        if any(os.path.exists(os.path.join(p, name)) for p in phases for name in kept):
-            return
-        if os.path.exists(os.path.join(output_dir, REPORT_FILE)):
-            return  # a finished run (refused, or replaced by nothing yet)
-        clear_run(output_dir)
-    except OSError:
-        pass  # what cannot be removed stays (named by the error being raised)
-
-
-def _full_disk(error, output_dir, formats):
-    """`full_disk_error` of a failed run: its exports take at most `model.keras`'s size
-    each."""
-    trained = os.path.join(output_dir, ALL_DIR, "model.keras")
-    try:
-        needed = os.path.getsize(trained) * (1 + len(formats)) if os.path.exists(trained) else 0
-    except OSError:
-        needed = 0
-    return full_disk_error(error, output_dir, needed)
-
-
-def _finished(output_dir, overwrite):
-    """Whether `output_dir` holds a finished run (its `report.json`) to replace: refused
-    without `overwrite`."""
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise RunDirectoryError(f"The output folder is a file. Received: output_dir={output_dir!r}")
-    if not os.path.exists(os.path.join(output_dir, REPORT_FILE)):
-        return False
-    if not overwrite:
-        raise RunDirectoryError(
-            f"{output_dir} holds a finished fine-tuning (report.json); it is not overwritten. "
-            "Use another output folder, or pass overwrite=True (--overwrite) to replace it."
-        )
-    return True
-
-
-def clear_run(output_dir: str) -> None:
-    """Removes every file and folder a run writes in `output_dir` (`RUN_FILES`), nothing
-    else: no stale file of a replaced run stays beside the new one's."""
-    for name in RUN_FILES:
-        _atomic.remove(os.path.join(output_dir, name))
-
-
-def _check_split(split, images, val_fraction, split_seed, output_dir):
-    """A recorded split is reused only for the same images and split settings."""
-    given = dict(
-        images=os.path.abspath(os.fspath(images)), val_fraction=val_fraction, split_seed=split_seed
-    )
-    recorded = dict(
-        images=os.path.abspath(split.root),
-        val_fraction=split.val_fraction,
-        split_seed=split.split_seed,
-    )
-    if split.source == "folders":  # train/ and val/ given: the split settings mean nothing
-        given.pop("val_fraction"), given.pop("split_seed")
-    differ = [f"{k}={given[k]!r} ({SPLIT_FILE}: {recorded[k]!r})" for k in given]
-    differ = [d for k, d in zip(given, differ, strict=True) if given[k] != recorded[k]]
-    if differ:
-        raise RunDirectoryError(
-            f"{output_dir} holds the split of a run on other images or split settings; "
-            "resuming would mix two runs. Rerun with the same arguments, or use another "
-            f"output folder. Received: {', '.join(differ)}"
-        )
 
 
 def _write_inputs(output_dir, class_names, image_size, include_preprocessing):
@@ -561,12 +336,6 @@ def _write_inputs(output_dir, class_names, image_size, include_preprocessing):
     )
 
 
-def _finished_phases(output_dir, head_epochs):
-    """Whether every phase of the run in `output_dir` is finished (nothing to cache for)."""
-    phases = [ALL_DIR] + ([HEAD_DIR] if head_epochs else [])
-    return all(os.path.exists(os.path.join(output_dir, d, REPORT_FILE)) for d in phases)
-
-
 def _class_weight(rule, labels, classes):
     """None, or scikit-learn's balanced weights: `n / (classes * count)` per class."""
     if rule is None:
@@ -578,58 +347,6 @@ def _class_weight(rule, labels, classes):
 def _digest(record):
     text = json.dumps(record, sort_keys=True, ensure_ascii=False)
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
-def _recipe(options, rate, epochs):
-    return Recipe(
-        penalty=0.0,
-        learning_rates=(rate,),
-        cycle_epochs=(options[epochs],),
-        momentum=MOMENTUM,
-        weight_decay=WEIGHT_DECAY,
-        batch_size=options["batch_size"],
-        description="fine-tuning, " + epochs.replace("_", " "),
-    )
-
-
-def _classifier(build, weights, with_head=False):
-    return network.build_classifier(
-        build["width"], build["classes"], build["size"], weights, with_head=with_head
-    )
-
-
-def _run_phase(model_fn, recipe, run_dir, settings, train_data, val_data, seed, **train_kwargs):
-    """One phase: `train()` into `run_dir`; a phase finished before (its report.json) is
-    not trained again if its settings are this run's, and refused by name otherwise."""
-    report_path = os.path.join(run_dir, REPORT_FILE)
-    if os.path.exists(report_path):
-        saved = read_json(report_path, "fine-tuning phase report").get("settings", {})
-        expected = {
-            **settings,
-            **recipe_fields(recipe),
-            "seed": seed,
-            "label_smoothing": train_kwargs["label_smoothing"],
-            "class_weights": train_kwargs["class_weight"],
-        }
-        differ = differences(saved, expected, keys=sorted(expected), label="finished phase")
-        if differ:
-            raise RunDirectoryError(
-                f"{run_dir} holds a finished phase with other settings; resuming would mix "
-                "two runs. Rerun with the same arguments, or use another output folder. "
-                f"Received: {differ}"
-            )
-        return
-    train(
-        model_fn,
-        train_data,
-        val_data,
-        recipe,
-        run_dir,
-        seed=seed,
-        export=False,
-        settings=settings,
-        **train_kwargs,
-    )
 
 
 def _export(

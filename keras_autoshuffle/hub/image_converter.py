@@ -3,24 +3,25 @@
 keras-hub's `ImageConverter` resizes straight to `image_size` (`crop_to_aspect_ratio`
 keeps the largest central window), which is not torchvision's transform: that resizes
 the shorter side to 256 / 224 of the crop and keeps the central crop, 87.5% of the
-shorter side. The resize and crop here are the package's `ResizeCenterCrop` (and
-`ToRGB` before it); the scale and offset are keras-hub's.
+shorter side. This converter is the package's one spelling of that transform; its layers
+are `applications.preprocessing.evaluation_layers` (`ToRGB`, `ResizeCenterCrop`, a
+`Rescaling` by keras-hub's scale and offset), which `evaluation_preprocessing` and
+`imagenet_preprocessing` also are.
 """
 
 from typing import Any
 
 import keras
-import numpy as np
 from keras import ops
 from keras_hub.layers import ImageConverter
 
-from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD
-from keras_autoshuffle.applications.preprocessing import ResizeCenterCrop, ToRGB, evaluation_sizes
+from keras_autoshuffle.applications.preprocessing import (
+    IMAGENET_OFFSET,
+    IMAGENET_SCALE,
+    evaluation_layers,
+    evaluation_sizes,
+)
 from keras_autoshuffle.hub.backbone import ShuffleNetBackbone
-
-# torchvision's normalisation as keras-hub writes it: x * scale + offset per channel.
-IMAGENET_SCALE = tuple(1 / (255 * s) for s in IMAGENET_STD)
-IMAGENET_OFFSET = tuple(-m / s for m, s in zip(IMAGENET_MEAN, IMAGENET_STD, strict=True))
 
 
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")
@@ -66,9 +67,8 @@ class ShuffleNetImageConverter(ImageConverter):
             image_size=(side, side), scale=scale, offset=offset, data_format=data_format, **kwargs
         )
         self.resize_size = resize_size
-        self.to_rgb = ToRGB(self.data_format, dtype=self.dtype_policy, name="rgb")
-        self.resize_crop = ResizeCenterCrop(
-            resize_size, side, self.data_format, dtype=self.dtype_policy, name="resize_crop"
+        self.to_rgb, self.resize_crop, self.normalize = evaluation_layers(
+            side, resize_size, scale, offset, self.data_format, dtype=self.dtype_policy
         )
 
     def call(self, inputs: Any) -> Any:
@@ -76,16 +76,8 @@ class ShuffleNetImageConverter(ImageConverter):
         images = ops.convert_to_tensor(inputs)
         single = len(images.shape) == 3
         images = images[None] if single else images
-        x = self.resize_crop(self.to_rgb(images))
-        x = x * self._per_channel(self.scale) + self._per_channel(self.offset)
+        x = self.normalize(self.resize_crop(self.to_rgb(images)))
         return x[0] if single else x
-
-    def _per_channel(self, value):
-        """`value` (a number or one per channel) shaped to broadcast over a batch."""
-        value = np.asarray(value, dtype=self.compute_dtype)
-        if value.ndim == 0:
-            return value
-        return value.reshape((-1, 1, 1) if self.data_format == "channels_first" else (1, 1, -1))
 
     def get_config(self) -> dict:
         config = super().get_config()

@@ -21,11 +21,13 @@ import keras
 
 from keras_autoshuffle import _atomic, _validation
 from keras_autoshuffle._keras_internals import PRESET_WEIGHTS_FILES
+from keras_autoshuffle.applications import architecture
 from keras_autoshuffle.applications.weights import registry
 
 # The layout of the configs this package writes into a preset (`config.json`'s
-# `preset_version`); a preset of a later layout is refused instead of misread.
-PRESET_VERSION = 1
+# `preset_version`); a preset of a later layout is refused instead of misread. 2: the
+# backbone's `stem`, `channels` and `repeats` (a fine-tuned net of any stem or size).
+PRESET_VERSION = 2
 # The layout of a config without `preset_version` (the first one).
 FIRST_PRESET_VERSION = 1
 # The class that `from_preset(name)` builds, found as keras-hub finds a preset's classes:
@@ -122,8 +124,6 @@ def _classifier(entry):
     class names included: the weights of `ShuffleNetV2(weights=entry.name)`, by layer."""
     from keras_autoshuffle.applications import ShuffleNetV2
 
-    classifier_cls = keras.saving.get_registered_object(CLASSIFIER)
-    preprocessor_cls = classifier_cls.preprocessor_cls
     source = ShuffleNetV2(
         entry.width,
         weights=entry.name,
@@ -132,22 +132,100 @@ def _classifier(entry):
         stem="imagenet",
         input_shape=(None, None, 3),
     )
+    return classifier_from_model(
+        source,
+        entry.width,
+        entry.class_names(),
+        entry.crop_size,
+        entry.resize_size,
+        mean=entry.mean,
+        std=entry.std,
+    )
+
+
+def _layout(model, width):
+    """The `ShuffleNetBackbone` arguments of an `applications` ShuffleNet v2 `model` of
+    `width`: its stem and padding, and its channels and repeats where they are not the
+    width's."""
+    described = architecture.describe(model)
+    if described is None or described.family != "v2":
+        raise ValueError(
+            "The model is not an `applications` ShuffleNet v2 (its layers are not named as "
+            f"applications/architecture.py names them). Received: model={model.name!r}"
+        )
+    names = {layer.name for layer in model.layers}
+    stem = "imagenet" if architecture.IMAGENET_STEM[-1] in names else "cifar"
+    # "torch" padding puts a ZeroPadding2D before every stride-2 layer; "same" none.
+    torch_pad = architecture.unit_layer(2, 1, architecture.pad_name("dwconv"))
+    ends = [
+        architecture.unit_layer(stage, units, architecture.unit_parts("v2", units)[-1])
+        for stage, units in described.stages()
+    ]
+    channels = (
+        model.get_layer(architecture.STEM_CONV).filters,
+        *(model.get_layer(name).output.shape[-1] for name in ends),
+        model.get_layer(architecture.HEAD_CONV).filters,
+    )
+    repeats = tuple(units for _, units in described.stages())
+    return dict(
+        stem=stem,
+        padding="torch" if torch_pad in names else "same",
+        channels=None if channels == architecture.V2_CONFIGS.get(width) else channels,
+        repeats=None if repeats == architecture.REPEATS else repeats,
+    )
+
+
+def classifier_from_model(
+    model: keras.Model,
+    width: float,
+    class_names: list[str],
+    image_size: int,
+    resize_size: int | None = None,
+    mean: tuple[float, ...] = architecture.IMAGENET_MEAN,
+    std: tuple[float, ...] = architecture.IMAGENET_STD,
+) -> keras.Model:
+    """An `applications` ShuffleNet v2 classifier (`include_top=True`, manual shuffles) as
+    a `ShuffleNetImageClassifier`: the same weights, layer by layer, its logits (the
+    Dense layer without `model`'s softmax), `class_names`, and a converter of
+    torchvision's evaluation transform at `image_size` (resized to `resize_size` first,
+    default 256/224 of it; normalised by `mean` and `std`, on pixels in [0, 1]).
+
+    `width` is the one the config records; the model's channels are kept where they are
+    not the width's (a small net).
+
+    Raises:
+        ValueError: `model` is not such a ShuffleNet v2 (learned shuffles, layers the
+            classifier lacks).
+    """
+    classifier_cls = keras.saving.get_registered_object(CLASSIFIER)
+    preprocessor_cls = classifier_cls.preprocessor_cls
     converter = preprocessor_cls.image_converter_cls(
-        image_size=(entry.crop_size, entry.crop_size),
-        resize_size=entry.resize_size,
-        scale=[1 / (255 * s) for s in entry.std],
-        offset=[-m / s for m, s in zip(entry.mean, entry.std, strict=True)],
+        image_size=(image_size, image_size),
+        resize_size=resize_size,
+        scale=[1 / (255 * s) for s in std],
+        offset=[-m / s for m, s in zip(mean, std, strict=True)],
     )
+    backbone = classifier_cls.backbone_cls(width, **_layout(model, width))
     classifier = classifier_cls(
-        classifier_cls.backbone_cls(entry.width),
-        entry.classes,
-        preprocessor_cls(converter),
-        class_names=entry.class_names(),
+        backbone, len(class_names), preprocessor_cls(converter), class_names=list(class_names)
     )
-    for layer in classifier.backbone.layers + [classifier.output_dense]:
-        if layer.weights:
-            layer.set_weights(source.get_layer(layer.name).get_weights())
+    copied = [layer for layer in classifier.backbone.layers if layer.weights]
+    for layer in copied + [classifier.output_dense]:
+        layer.set_weights(model.get_layer(layer.name).get_weights())
+    left = {layer.name for layer in model.layers if layer.weights}
+    left -= {layer.name for layer in copied + [classifier.output_dense]}
+    if left:  # weights the classifier has no place for would be lost silently
+        raise ValueError(
+            "The model has layers with weights that a ShuffleNetImageClassifier lacks "
+            f"(learned shuffles?). Received: layers {sorted(left)[:5]}"
+        )
     return classifier
+
+
+def save_classifier(classifier: keras.Model, folder: str | os.PathLike) -> str:
+    """`classifier.save_to_preset` into `folder` atomically (a killed process leaves the
+    old folder or the new one, never a mix); returns the folder."""
+    return _atomic.write_atomically(folder, classifier.save_to_preset)
 
 
 def _read_config(folder, name):

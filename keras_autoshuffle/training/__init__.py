@@ -7,7 +7,8 @@
   order; `exports.py`: the exports, checked before training and written after it;
 - `identity.py`: `RunIdentity`, the one record of the settings that define a run;
 - `fault_tolerance.py`: a run's files, each checked before a resume (a damaged one
-  named), the time, history and hardening records; `backup.py`: the weights backup;
+  named), the time, history and hardening records; `run_lock.py`: one run per folder;
+  `backup.py`: the weights backup;
   `divergence.py`: a diverged run stopped at the step;
 - `search.py`: `search_then_retrain`, learned shuffles searched, hardened, then fixed
   in a net trained from fresh weights;

@@ -16,22 +16,18 @@ again (balanced hardening under a time limit could round differently). `history.
 `prepare_run_directory` trusts none of it: before a resume every file is checked (types,
 ranges, consistency with the settings and with each other) and a damaged one is named.
 
-One run at a time uses a folder: `locked_folder` holds an `fcntl.flock` on its `run.lock`
-while the run lives (the system releases it when the process ends, killed or not; a PID
-file alone would not survive PID reuse), and a second run is refused naming the first.
+One run at a time uses a folder (`run_lock.locked_folder`, re-exported here).
 """
 
-import contextlib
 import csv
 import errno
-import fcntl
 import json
 import math
 import os
 import shutil
 import stat
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import h5py
@@ -45,6 +41,12 @@ from keras_autoshuffle.export import FILENAMES, INT8_FILES
 from keras_autoshuffle.hardening.harden import check_permutations
 from keras_autoshuffle.layers import checked_permutation
 from keras_autoshuffle.training.identity import differences
+from keras_autoshuffle.training.run_lock import (  # noqa: F401 (re-exported)
+    LOCK_FILE,
+    RunDirectoryError,
+    locked_folder,
+    unusable_folder,
+)
 
 BACKUP = "backup"
 ELAPSED_FILE = "elapsed.json"
@@ -60,14 +62,8 @@ SEARCH_DIR = "search"
 PRODUCTS = (*FILENAMES.values(), *(name for _, name in INT8_FILES.values()), "best.keras")
 # The files of a run, report.json (written last: the run is finished) first.
 RUN_FILES = ("report.json", *PRODUCTS, "history.csv", "logs", SEARCH_DIR)
-# The lock a living run holds on its folder (`locked_folder`); it names the run's PID.
-LOCK_FILE = "run.lock"
 # A run's JSON records are a few kB; a larger file is not one of them (bounds the memory).
 MAX_JSON_BYTES = 64 * 2**20
-
-
-class RunDirectoryError(ValueError):
-    """An output directory that cannot be used as asked (finished, other settings, damaged)."""
 
 
 def start_over(backup_dir: str | os.PathLike) -> str:
@@ -433,15 +429,6 @@ def prepare_run_directory(
         raise unusable_folder(output_dir, error) from None
 
 
-def unusable_folder(output_dir: str | os.PathLike, error: OSError) -> RunDirectoryError:
-    """The RunDirectoryError for an output folder the system refuses (`error`: an OSError,
-    e.g. a file where the folder or one above it should be)."""
-    return RunDirectoryError(
-        f"The output folder cannot be used ({error.strerror or error}: "
-        f"{error.filename or output_dir}). Received: output_dir={output_dir!r}"
-    )
-
-
 def clear_finished_run(output_dir: str | os.PathLike, overwrite: bool) -> bool:
     """False where `output_dir` holds no finished run (`report.json`); else, with
     `overwrite`, removes every file of it (its `search/` too, so no stale file stays
@@ -495,86 +482,3 @@ def finish_run(output_dir: str | os.PathLike) -> None:
 def _remove_run_files(output_dir, names):
     for name in names:
         _atomic.remove_written(os.path.join(output_dir, name))
-
-
-@contextlib.contextmanager
-def locked_folder(folder: str | os.PathLike) -> Iterator[None]:
-    """Holds the run lock of `folder` (created with its parents) meanwhile. On leaving,
-    the lock file is removed, and the folders this call created where they hold nothing
-    (a run refused at once leaves no trace).
-
-    Raises:
-        RunDirectoryError: another living run holds the lock ("another run (PID N) is
-            using this folder"), the lock file is not a regular file, or the system
-            refuses the folder (a file in its path, a read-only disk, ...).
-    """
-    given, folder = os.fspath(folder), os.path.abspath(folder)
-    path = os.path.join(folder, LOCK_FILE)
-    created, parent = None, folder
-    while not os.path.lexists(parent):
-        created, parent = parent, os.path.dirname(parent)
-    try:
-        descriptor = _take_lock(path)
-    except BaseException as error:
-        _remove_empty(folder, created)
-        if isinstance(error, OSError):
-            raise unusable_folder(given, error) from None
-        raise
-    try:
-        yield
-    finally:
-        with contextlib.suppress(OSError):  # removed while held: no other run has it then
-            os.remove(path)
-        _remove_empty(folder, created)
-        os.close(descriptor)
-
-
-def _remove_empty(folder, created):
-    """Removes `folder` and its parents up to `created` (None: none) while they are empty."""
-    with contextlib.suppress(OSError):  # one holding anything stays
-        while created and os.path.commonpath([folder, created]) == created:
-            os.rmdir(folder)
-            folder = os.path.dirname(folder)
-
-
-def _take_lock(path):
-    """A descriptor of the lock file `path` holding its exclusive lock, its content this
-    process's PID (shown to a refused run)."""
-    while True:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        # No link followed, no FIFO waited on; a folder fails to open for writing.
-        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-        try:
-            descriptor = os.open(path, flags, 0o644)
-        except OSError as error:
-            if error.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-                raise _not_a_lock(path, error.strerror) from None
-            raise
-        try:
-            if not stat.S_ISREG(os.fstat(descriptor).st_mode):
-                raise _not_a_lock(path, "not a regular file")
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                holder = os.pread(descriptor, 32, 0).decode("ascii", "replace").strip()
-                raise RunDirectoryError(
-                    f"another run (PID {holder or 'unknown'}) is using this folder: "
-                    f"{os.path.dirname(path)}. Wait for it to end, or use another output "
-                    f"folder. Received: output_dir={os.path.dirname(path)!r}"
-                ) from None
-            # The holder may have removed the file between our open and lock: lock anew.
-            if os.path.lexists(path) and os.path.samestat(os.stat(path), os.fstat(descriptor)):
-                os.ftruncate(descriptor, 0)
-                os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
-                return descriptor
-        except BaseException:
-            os.close(descriptor)
-            raise
-        os.close(descriptor)
-
-
-def _not_a_lock(path, problem):
-    return RunDirectoryError(
-        f"The run's lock file {path} is not a regular file ({problem}): delete it (no run "
-        f"uses it) and run again. Received: output_dir={os.path.dirname(path)!r}"
-    )

@@ -1,23 +1,25 @@
-"""The weights registry: torchvision's ImageNet ShuffleNetV2 checkpoints, as data and by name.
+"""The weights registry: torchvision's ImageNet ShuffleNetV2 checkpoints, the one source of
+the published weights.
 
-`CHECKPOINTS` holds one `Checkpoint` per width: its name, file, URL, hash and size, what
-torchvision reports of it, its multiply-adds, its evaluation transform and class names.
-`list_models`, `list_weights` and `get_weights` look the entries up by name
-(`<model>_<width>.<dataset>`: `shufflenet_v2_x1_0.imagenet`, torchvision's builder names;
-what a builder takes as `weights=`), `imagenet_preprocessing` by width. Where the files
-are: the download URL rule (`checkpoint_url`), Keras's cache folder (`cache_dir`), and
-ImageNet's class index (`imagenet_class_index`), which `decode_predictions` and each
-entry's `class_names()` read. `weights.pretrained` downloads, checks and converts the files.
+`CHECKPOINTS` holds one `Checkpoint` per width: its names, file, URL, hash and size, what
+torchvision reports of it, its multiply-adds, its evaluation sizes and class names.
+Everything else is a view of it: `list_weights()` is the one list of names; an entry has
+two spellings of one name, `entry.name` (`shufflenet_v2_x1_0.imagenet`, torchvision's
+builder name; what a builder takes as `weights=`) and `entry.preset`
+(`shufflenet_v2_x1_0_imagenet`, keras-hub's spelling: `from_preset`'s name), and
+`get_weights` and `weights=` take either; `CHECKPOINTS[1.0]` is the entry by width;
+`hub.list_presets()` is the same entries as keras-hub's preset tables. Where the files
+are (`checkpoint_url`, `cache_dir`) and ImageNet's class index are `weights.locations`'s,
+re-exported here; `weights.pretrained` downloads, checks and converts the files.
 
 Example:
     >>> from keras_autoshuffle import applications
     >>> applications.list_weights()
     ['shufflenet_v2_x0_5.imagenet', 'shufflenet_v2_x1_0.imagenet', ...]
-    >>> entry = applications.get_weights("shufflenet_v2_x1_0.imagenet")
-    >>> entry.acc1, entry.num_params, entry.url
-    (69.362, 2278604, 'https://download.pytorch.org/models/shufflenetv2_x1-5666bf0f80.pth')
+    >>> entry = applications.get_weights("shufflenet_v2_x1_0_imagenet")
+    >>> entry.name, entry.acc1, entry.num_params
+    ('shufflenet_v2_x1_0.imagenet', 69.362, 2278604)
     >>> model = applications.ShuffleNetV2(1.0, weights=entry.name)
-    >>> preprocess = entry.preprocessing()
 
 Test seam: `CHECKPOINTS` is a plain dict {width: Checkpoint}, read at each call; a test may
 replace an entry (e.g. `monkeypatch.setitem(CHECKPOINTS, 0.5, dataclasses.replace(
@@ -26,30 +28,25 @@ hash and conversion code, by width (`weights="imagenet"`) or by name (`weights=e
 """
 
 import dataclasses
-import json
-import os
-import pathlib
-import tempfile
-import urllib.parse
-from typing import Any
+import warnings
 
 import keras
-import numpy as np
 
 from keras_autoshuffle import _validation
 from keras_autoshuffle.applications import preprocessing
 from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD, width_name
-
-BASE_URL = "https://download.pytorch.org/models/"
-URL_VARIABLE = "KERAS_AUTOSHUFFLE_WEIGHTS_URL"
-# The checkpoints and their converted files go to `<cache>/models` (`cache_dir`).
-CACHE_SUBDIR = "models"
-# Keras's ImageNet class index (keras.applications.imagenet_utils), the same file, URL
-# and MD5, so both share one cached copy.
-CLASS_INDEX_FILE = "imagenet_class_index.json"
-CLASS_INDEX_URL = "https://storage.googleapis.com/download.tensorflow.org/data/" + CLASS_INDEX_FILE
-CLASS_INDEX_MD5 = "c2c37ea517e94d9795004a39431a14cb"
-
+from keras_autoshuffle.applications.weights.locations import (  # noqa: F401 (re-exported)
+    BASE_URL,
+    CACHE_SUBDIR,
+    CLASS_INDEX_FILE,
+    CLASS_INDEX_MD5,
+    CLASS_INDEX_URL,
+    URL_VARIABLE,
+    cache_dir,
+    checkpoint_url,
+    decode_predictions,
+    imagenet_class_index,
+)
 
 # torchvision's `Weights.meta["recipe"]` of each checkpoint.
 PORTED_RECIPE = "https://github.com/ericsun99/Shufflenet-v2-Pytorch"
@@ -62,8 +59,8 @@ class Checkpoint:
     an entry of the weights registry (`applications.get_weights(name)`).
 
     The fields are data a program can read (`to_dict()` gives them all, with `url`);
-    `preprocessing()` is the evaluation transform, `class_names()` the classifier's
-    classes, in its order.
+    `class_names()` is the classifier's classes, in its order;
+    `imagenet_preprocessing(width)` the evaluation transform.
 
     Attributes:
         file_name: the file's name (the download URL's last part).
@@ -78,8 +75,7 @@ class Checkpoint:
         resize_size: the side torchvision's evaluation transform (`ImageClassification`)
             resizes the shorter side to (bilinear), before the crop.
         crop_size: the side of its center crop, after which `preprocess_input` scales to
-            [0, 1] and normalises with `mean` / `std`; `preprocessing()` is this
-            transform as Keras layers.
+            [0, 1] and normalises with `mean` / `std`.
         classes: the classifier's class count.
         mean: the normalisation's mean, per RGB channel.
         std: its standard deviation, per RGB channel.
@@ -126,6 +122,11 @@ class Checkpoint:
         return checkpoint_url(self.file_name)
 
     @property
+    def preset(self) -> str:
+        """The same name as keras-hub spells a preset: `shufflenet_v2_x1_0_imagenet`."""
+        return self.name.replace(".", "_")
+
+    @property
     def stem(self) -> str:
         """The file name without `.pth`: the converted files are named after it."""
         return self.file_name.removesuffix(".pth")
@@ -137,25 +138,15 @@ class Checkpoint:
         return {self.dataset: {"acc@1": self.acc1, "acc@5": self.acc5}}
 
     def preprocessing(self, data_format: str | None = None) -> keras.Sequential:
-        """The evaluation transform of these weights, as Keras layers: the same model as
-        `applications.imagenet_preprocessing(self.width)`.
-
-        Args:
-            data_format: "channels_last" or "channels_first" (default: Keras's).
-
-        Returns:
-            A `keras.Sequential` from pixel values in [0, 255] (a batch of any size and
-                sides) to the model's input (batch, crop_size, crop_size, 3): RGB, shorter side
-                resized to `resize_size`, center crop, scaled and normalised.
-        """
-        return preprocessing._evaluation_model(
-            self.crop_size,
-            self.resize_size,
-            self.mean,
-            self.std,
-            data_format,
-            f"shufflenet_v2_{width_name(self.width)}_preprocessing",
+        """Deprecated alias of `applications.imagenet_preprocessing(self.width)`; the
+        preset's `ShuffleNetImageConverter` is the one spelling."""
+        warnings.warn(
+            "Checkpoint.preprocessing() is deprecated: use keras_autoshuffle.hub."
+            "ShuffleNetImageConverter (or applications.imagenet_preprocessing(width)).",
+            DeprecationWarning,
+            stacklevel=2,
         )
+        return _preprocessing_of(self, data_format)
 
     def class_names(self) -> list[str]:
         """The classifier's class names, in its output order (1000 ImageNet-1K classes):
@@ -259,87 +250,6 @@ CHECKPOINTS = {
 }
 
 
-def checkpoint_url(file_name):
-    """`<base>/<file_name>`: the base is `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` when set (an
-    http(s):// or file:// URL of a folder, its query string kept, or an absolute folder
-    path), else torchvision's."""
-    base = os.environ.get(URL_VARIABLE, "").strip() or BASE_URL
-    parts = urllib.parse.urlsplit(base)
-    if not parts.scheme and os.path.isabs(base):
-        parts = urllib.parse.urlsplit(pathlib.Path(base).as_uri())
-    elif not _is_folder_url(parts):
-        raise ValueError(
-            f"The environment variable {URL_VARIABLE} must be the URL of a folder holding "
-            "torchvision's checkpoint files (https://mirror/models/, file:///path/to/folder) "
-            f"or an absolute folder path. Received: {URL_VARIABLE}={base!r}"
-        )
-    path = parts.path.rstrip("/") + "/" + urllib.parse.quote(file_name)
-    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, parts.fragment))
-
-
-def _is_folder_url(parts):
-    """Whether split URL `parts` can be a base: http(s)/ftp with a host, or file: with an
-    absolute path (`file:relative/dir` has no meaning without a current folder)."""
-    absolute = parts.path.startswith("/")
-    if parts.scheme == "file":
-        return absolute and parts.netloc in ("", "localhost")
-    return (
-        parts.scheme in ("http", "https", "ftp")
-        and bool(parts.netloc)
-        and (absolute or not parts.path)
-    )
-
-
-def cache_dir():
-    """Keras's cache folder: `$KERAS_HOME` at the time of the call, else `~/.keras`
-    (`/tmp/.keras` when that cannot be written, as `keras.utils.get_file` does)."""
-    base = os.path.expanduser(
-        os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
-    )
-    try:
-        os.makedirs(os.path.join(base, CACHE_SUBDIR), exist_ok=True)
-    except OSError:
-        base = None
-    if base is None or not os.access(base, os.W_OK):
-        base = os.path.join(tempfile.gettempdir(), ".keras")
-        os.makedirs(os.path.join(base, CACHE_SUBDIR), exist_ok=True)
-    return base
-
-
-def imagenet_class_index(received: str) -> dict:
-    """ImageNet's class index, `{"0": [wnid, name], ..., "999": [...]}`: Keras's
-    `imagenet_class_index.json`, fetched once with `keras.utils.get_file` (MD5-checked)
-    into Keras's cache folder (`cache_dir()`, read at each call).
-
-    Args:
-        received: what the caller was given, for the error's `Received: ...` ending.
-
-    Returns:
-        The index as a dict from the class number (a string) to `[wnid, name]`.
-
-    Raises:
-        OSError: the file is not in the cache and cannot be downloaded; the message says
-            where to put it offline.
-    """
-    try:
-        path = keras.utils.get_file(
-            CLASS_INDEX_FILE,
-            CLASS_INDEX_URL,
-            cache_subdir=CACHE_SUBDIR,
-            file_hash=CLASS_INDEX_MD5,
-            cache_dir=cache_dir(),
-        )
-    except Exception as error:  # get_file raises a bare Exception on network errors
-        where = os.path.join(cache_dir(), CACHE_SUBDIR, CLASS_INDEX_FILE)
-        raise OSError(
-            f"Could not get ImageNet's class names from {CLASS_INDEX_URL} ({type(error).__name__}"
-            f": {error}). Offline: download it elsewhere and put it at {where}. "
-            f"Received: {received}"
-        ) from None
-    with open(path) as handle:
-        return json.load(handle)
-
-
 # The public builders and the network family each builds (a checkpoint's `builder` is the
 # manual-shuffle builder of its family; the learned-shuffle one loads its weights too).
 MODELS = {
@@ -395,51 +305,45 @@ def get_weights(name: str) -> Checkpoint:
     """The registry entry of the published weights `name`.
 
     Args:
-        name: an entry name of `list_weights()`, e.g. `"shufflenet_v2_x1_0.imagenet"`.
+        name: an entry name of `list_weights()`, e.g. `"shufflenet_v2_x1_0.imagenet"`, or
+            its preset spelling (`entry.preset`, `"shufflenet_v2_x1_0_imagenet"`).
 
     Returns:
         Its `Checkpoint`: URL, SHA-256, file name and size, class count and names, the
-            evaluation transform (`preprocessing()`), accuracy (`metrics`), parameter count
-            and multiply-adds.
+            evaluation sizes, accuracy (`metrics`), parameter count and multiply-adds.
 
     Raises:
         ValueError: no entry has that name; the message lists the names.
     """
-    for entry in CHECKPOINTS.values():
-        if isinstance(name, str) and entry.name == name:
-            return entry
-    raise ValueError(
-        f"No published weights are named {name!r}. The names are {list_weights()} "
-        f"(`applications.list_weights()`). Received: name={name!r}"
-    )
+    entry = _named(name)
+    if entry is None:
+        raise ValueError(
+            f"No published weights are named {name!r}. The names are {list_weights()} "
+            f"(`applications.list_weights()`), or the same with '_' for '.'. "
+            f"Received: name={name!r}"
+        )
+    return entry
+
+
+def _named(name):
+    """The entry named `name` (either spelling), or None."""
+    found = [
+        e for e in CHECKPOINTS.values() if isinstance(name, str) and name in (e.name, e.preset)
+    ]
+    return found[0] if found else None
 
 
 def is_pretrained(weights: object) -> bool:
     """Whether a builder's `weights` asks for published weights: "imagenet" or an entry
-    name (which wins over a file of the same name)."""
-    return isinstance(weights, str) and (weights == IMAGENET or weights in list_weights())
+    name, either spelling (which wins over a file of the same name)."""
+    return isinstance(weights, str) and (weights == IMAGENET or _named(weights) is not None)
 
 
 def imagenet_preprocessing(width: float = 1.0, data_format: str | None = None) -> keras.Sequential:
-    """torchvision's evaluation transform for the ImageNet weights of `ShuffleNetV2(width)`,
-    as a `keras.Sequential`: `ToRGB`, `ResizeCenterCrop` (the checkpoint's resize and crop
-    sizes), `Rescaling(1 / 255)`, `Normalization` with ImageNet's mean and variance:
-    `evaluation_preprocessing(crop_size, resize_size)` of the checkpoint, named after it.
-
-    Built-in layers and this module's only (no Lambda): it saves and loads with
-    `safe_mode=True`, and runs in a `tf.data` pipeline or as the first part of a model.
-    It is built when made, for batches of any size, sides and channel count, so no call
-    (a wrong one included) fixes the shape later calls must have.
-
-    Limits (each a ValueError naming `images` and the shape received, before any work; in
-    a `tf.data` map with sides unknown when traced, an InvalidArgumentError when run):
-    a batch (rank 4) only, so a single image needs a batch axis (`image[None]`); 1 to 4
-    channels, made RGB as PIL's `convert("RGB")` does (gray repeated, alpha dropped); at
-    least 1 pixel per side and a longer side at most 100 times the shorter
-    (`MAX_ASPECT_RATIO`: resizing the shorter side to 256 would make a 1 x 100000 image
-    25.6 million pixels long). Inputs are cast to float32 by the model's input, as any
-    Keras model's (bools become 0 and 1). Pixel values are not checked: NaN or inf pixels
-    give NaN or inf outputs, and images in [0, 1] rather than [0, 255] are silently wrong.
+    """torchvision's evaluation transform for the ImageNet weights of `ShuffleNetV2(width)`
+    (the checkpoint's resize and crop sizes, ImageNet's normalisation), as a
+    `keras.Sequential`: `evaluation_preprocessing`'s layers and limits, named after the
+    checkpoint; the same transform as its preset's `hub.ShuffleNetImageConverter`.
 
     Args:
         width: a key of `applications.CHECKPOINTS` (0.5, 1.0, 1.5, 2.0).
@@ -452,55 +356,18 @@ def imagenet_preprocessing(width: float = 1.0, data_format: str | None = None) -
     Example:
         >>> preprocess = applications.imagenet_preprocessing(1.0)
         >>> model = applications.ShuffleNetV2(1.0, weights="imagenet")
-        >>> image = keras.utils.load_img("cat.jpg")  # needs Pillow
-        >>> batch = keras.ops.expand_dims(keras.utils.img_to_array(image), 0)
+        >>> batch = data.read_image("cat.jpg")[None]
         >>> applications.decode_predictions(model.predict(preprocess(batch)), top=3)
     """
-    return CHECKPOINTS[_validation.choice(width, tuple(CHECKPOINTS), "width")].preprocessing(
-        data_format
+    entry = CHECKPOINTS[_validation.choice(width, tuple(CHECKPOINTS), "width")]
+    return _preprocessing_of(entry, data_format)
+
+
+def _preprocessing_of(entry, data_format):
+    scale, offset = preprocessing.scale_offset(entry.mean, entry.std)
+    layers = preprocessing.evaluation_layers(
+        entry.crop_size, entry.resize_size, scale, offset, data_format
     )
-
-
-def decode_predictions(preds: Any, top: int = 5) -> list[list[tuple[str, str, float]]]:
-    """Decodes ImageNet predictions into (class id, class name, score), best first.
-
-    The same results as `keras.applications.imagenet_utils.decode_predictions`, with
-    the class index Keras uses (the synset order torchvision's classifiers share):
-    `imagenet_class_index.json` is fetched once with `keras.utils.get_file`
-    (MD5-checked) into Keras's cache, where Keras's own copy is found too. Not a call
-    to Keras's: that one reads the cache folder fixed when Keras was imported and keeps
-    the index in a module global; this one reads `$KERAS_HOME` at each call, says how
-    to place the file offline, and refuses scores that are NaN or infinite (which
-    would rank arbitrarily).
-
-    Args:
-        preds: scores of shape (samples, 1000): probabilities or logits, NumPy or tensor,
-            all finite.
-        top: how many classes per sample, an integer in [1, 1000] (Python or NumPy).
-
-    Returns:
-        A list with, per sample, a list of `top` tuples `(class_id, class_name, score)`,
-            by decreasing score.
-    """
-    preds = np.asarray(keras.ops.convert_to_numpy(preds))
-    if preds.ndim != 2 or preds.shape[1] != 1000:
-        raise ValueError(
-            "`preds` must be ImageNet scores of shape (samples, 1000). "
-            f"Received: preds.shape={preds.shape}"
-        )
-    if not np.all(np.isfinite(preds)):
-        sample, column = np.argwhere(~np.isfinite(preds))[0]
-        raise ValueError(
-            "`preds` must be finite scores; a NaN or infinite score has no rank (a diverged "
-            f"model?). Received: preds[{sample}, {column}]={preds[sample, column]}"
-        )
-    integer = isinstance(top, (int, np.integer)) and not isinstance(top, (bool, np.bool_))
-    if not integer or not 1 <= top <= 1000:
-        raise ValueError(f"`top` must be an integer in [1, 1000]. Received: top={top!r}")
-    top = int(top)
-    index = imagenet_class_index(f"preds.shape={preds.shape}")
-    results = []
-    for row in preds:
-        best = np.argsort(row)[::-1][:top]
-        results.append([(*index[str(i)], row[i]) for i in best])
-    return results
+    return preprocessing.as_sequential(
+        layers, f"shufflenet_v2_{width_name(entry.width)}_preprocessing"
+    )

@@ -10,11 +10,10 @@ up. Tensors come back as NumPy arrays copied out of their storages after every o
 shape and stride has been checked against the storage's size.
 
 What a file can make the reader allocate is bounded (`max_bytes`, 1 GiB by default): the
-file itself, its pickle and storages at the sizes the archive declares (zipfile never
-inflates an entry past its declared size, and each declared size must be the storage's),
-and every tensor copied out; a tensor never has more elements than its storage (a
-stride-0 view of a one-element storage would otherwise ask for any amount). Only regular
-files are read: a FIFO would block and a device such as /dev/zero never ends.
+file, its pickle and storages at their declared sizes (zipfile never inflates an entry
+past it, and each must be the storage's), and every tensor copied out, never more
+elements than its storage (a stride-0 view could ask for any amount). Only regular files
+are read: a FIFO would block and a device such as /dev/zero never ends.
 
 Both of PyTorch's formats are read:
 - the zip archive of torch >= 1.6: `<root>/data.pkl` (the pickled object; tensors refer
@@ -27,8 +26,7 @@ Both of PyTorch's formats are read:
 The older tar format (torch < 0.4) is not read.
 
 The module imports nothing but the standard library and NumPy (not Keras), so a script
-can load it by path where TensorFlow is not installed. That is also why it is one file of
-over 400 lines: the unpickler, its stand-ins and both formats' readers travel together.
+can load it by path where TensorFlow is not installed (scripts/make_torch_checkpoints.py).
 """
 
 import io
@@ -62,6 +60,11 @@ STORAGE_DTYPES = {
 # and the tensors copied out). torchvision's largest ShuffleNetV2 file (x2.0, 29 MB)
 # needs under 100 MB.
 MAX_BYTES = 2**30
+
+
+# What reading a damaged or truncated file raises (UnicodeDecodeError is a ValueError).
+_DAMAGED_FILE = (pickle.UnpicklingError, EOFError, zipfile.BadZipFile, struct.error, zlib.error)
+_MALFORMED_OBJECT = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError)
 
 
 class CheckpointError(ValueError):
@@ -178,12 +181,17 @@ def _rebuild_tensor(storage, offset, size, stride):
     return _Tensor(storage, offset, size, stride)
 
 
+def _check_flags(what, requires_grad, backward_hooks):
+    """A tensor's or parameter's autograd flags: a bool and no hooks (dropped when read)."""
+    if not isinstance(requires_grad, bool):
+        raise _Refused(f"{what} with requires_grad={requires_grad!r}")
+    if not isinstance(backward_hooks, dict) or backward_hooks:
+        raise _Refused(f"{what} with backward hooks {backward_hooks!r}")
+
+
 def _rebuild_tensor_v2(storage, offset, size, stride, requires_grad, backward_hooks, metadata=None):
     """`torch._utils._rebuild_tensor_v2`; gradient flags and empty hooks are dropped."""
-    if not isinstance(requires_grad, bool):
-        raise _Refused(f"a tensor with requires_grad={requires_grad!r}")
-    if not isinstance(backward_hooks, dict) or backward_hooks:
-        raise _Refused(f"a tensor with backward hooks {backward_hooks!r}")
+    _check_flags("a tensor", requires_grad, backward_hooks)
     if metadata:  # the conjugate / negative bits of complex views
         raise _Refused(f"a tensor with metadata {metadata!r}")
     return _rebuild_tensor(storage, offset, size, stride)
@@ -193,10 +201,7 @@ def _rebuild_parameter(data, requires_grad, backward_hooks):
     """`torch._utils._rebuild_parameter`: an `nn.Parameter` is read as its tensor."""
     if not isinstance(data, _Tensor):
         raise _Refused(f"a parameter holding a {type(data).__name__}")
-    if not isinstance(requires_grad, bool):
-        raise _Refused(f"a parameter with requires_grad={requires_grad!r}")
-    if not isinstance(backward_hooks, dict) or backward_hooks:
-        raise _Refused(f"a parameter with backward hooks {backward_hooks!r}")
+    _check_flags("a parameter", requires_grad, backward_hooks)
     return data
 
 
@@ -443,31 +448,23 @@ def _read_regular_file(path, budget):
 def read_torch_checkpoint(
     path: str | os.PathLike, max_bytes: int = MAX_BYTES
 ) -> dict[str, np.ndarray]:
-    """Reads a PyTorch state dict (`.pth`) into NumPy arrays without torch, running no code.
-
-    Accepts the zip format (torch >= 1.6) and the legacy stream (torch < 1.6, e.g.
-    torchvision's ShuffleNetV2 x0.5 / x1.0 files). Only ordered dicts, tensors and their
-    storages are unpickled: any other global the file names is refused before it is
-    imported. A training checkpoint whose "state_dict" entry holds the tensors gives
-    that entry.
+    """Reads a PyTorch state dict (`.pth`, either format: see the module) into NumPy arrays
+    without torch, running no code from it. A training checkpoint whose "state_dict" entry
+    holds the tensors gives that entry.
 
     Args:
         path: the checkpoint file, a regular file.
-        max_bytes: the most bytes the file may make the reader allocate (the file, its
-            pickle and storages, the arrays returned); 1 GiB by default.
+        max_bytes: the most bytes the file may make the reader allocate; 1 GiB by default.
 
     Returns:
-        A dict {name: NumPy array} in the file's order. Each array is a C-contiguous
-            copy in native byte order with torch's dtype (float32, float16, float64, int64,
-            int32, int16, int8, uint8, bool), except bfloat16, which is widened exactly to
-            float32.
+        A dict {name: NumPy array} in the file's order: C-contiguous copies in native byte
+            order with torch's dtype, bfloat16 widened exactly to float32.
 
     Raises:
         CheckpointError: (a ValueError) naming the file: not a checkpoint, truncated, a
-            global other than the allowed ones (e.g. `os.system`), a storage type other
-            than the real and integer ones, a tensor whose shape and strides do not fit
-            its storage, a key that is not a string, a value that is not a tensor, a file
-            that is not a regular file or needs more than `max_bytes`.
+            global or storage type not allowed (e.g. `os.system`), a tensor that does not
+            fit its storage, not a dict of tensors by string keys, not a regular file, or
+            more than `max_bytes`.
     """
     path = os.fspath(path)
     budget = _Budget(max_bytes)
@@ -494,22 +491,7 @@ def read_torch_checkpoint(
             f"Refused to read {path} as a PyTorch state dict: it holds {error}. Received: "
             f"path={path!r}"
         ) from None
-    except (
-        pickle.UnpicklingError,
-        EOFError,
-        zipfile.BadZipFile,
-        ValueError,
-        TypeError,
-        KeyError,
-        IndexError,
-        AttributeError,
-        OverflowError,
-        RecursionError,
-        MemoryError,
-        struct.error,
-        UnicodeDecodeError,
-        zlib.error,
-    ) as error:
+    except (*_DAMAGED_FILE, *_MALFORMED_OBJECT, RecursionError, MemoryError) as error:
         raise CheckpointError(
             f"{path} is not a readable PyTorch checkpoint (damaged or truncated: "
             f"{type(error).__name__}: {error}). Received: path={path!r}"
