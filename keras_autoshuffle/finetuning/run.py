@@ -29,7 +29,6 @@ import datetime
 import hashlib
 import json
 import os
-import tempfile
 
 import keras
 import numpy as np
@@ -404,7 +403,9 @@ def _export_unit_rgb_litert(model, output_dir, sample, int8_arrays, int8_bound):
             test_data=(_unit_rgb(images), labels),
             max_accuracy_drop=int8_bound,
         )
-    with tempfile.TemporaryDirectory(prefix=".litert-", dir=output_dir) as folder:
+    folder = os.path.join(output_dir, run_folder.LITERT_STAGING)
+    _atomic.remove(folder)  # what a killed run left
+    try:
         export = dict(formats=("litert",), reference=reference)
         try:
             files = export_lib.export_model(net, folder, _unit_rgb(sample), **export, **int8)
@@ -416,6 +417,8 @@ def _export_unit_rgb_litert(model, output_dir, sample, int8_arrays, int8_bound):
                 moved = os.path.join(output_dir, os.path.basename(entry["path"]))
                 os.replace(entry["path"], moved)
                 entry["path"] = moved
+    finally:
+        _atomic.remove(folder)
     return {name: {**entry, "folded": inference is not model} for name, entry in files.items()}
 
 

@@ -20,8 +20,11 @@ HEAD_DIR, ALL_DIR, CACHE_DIR = "train_head", "train_all", "image_cache"
 PRESET_DIR = "preset"
 REPORT_FILE = "report.json"
 # Every file and folder a run writes (`overwrite` removes them all, nothing else).
+# Where the LiteRT files are written before being moved in (a kill -9 can leave it).
+LITERT_STAGING = ".litert-export"
 RUN_FILES = (
     REPORT_FILE,
+    LITERT_STAGING,
     "report.md",
     "confusion_matrix.png",
     PRESET_DIR,
