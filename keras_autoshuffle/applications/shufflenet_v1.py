@@ -67,10 +67,7 @@ MEGVII_CONFIGS = {
 def v1_channels(groups, width):
     """(stem, stage2, stage3, stage4) output channels for `groups` and `width`.
 
-    megvii's table where it has the pair; otherwise each 1.0x width times `width`,
-    rounded to the nearest multiple of `4 * groups` (the stem: of `groups`), so that
-    every bottleneck (width // 4) and every grouped conv divides by `groups`. This
-    keeps the 1.0x rows and osmr's g3 0.25x (6, 60, 120, 240) unchanged.
+    megvii's table where it has the pair; otherwise rounded as `ShuffleNetV1` says.
     """
     if (groups, width) in MEGVII_CONFIGS:
         return MEGVII_CONFIGS[groups, width]
@@ -200,8 +197,7 @@ def ShuffleNetV1(
         groups: groups of the 1x1 convolutions, one of 1, 2, 3, 4, 8 (default 3).
         include_top: whether to include the global pooling and the classifier.
         weights: None (random initialization) or the path to a Keras weights file
-            (`.weights.h5`). A learned-shuffle net also takes the file of the same net
-            with manual shuffles; its shuffles then start as `shuffle_initializer` says.
+            (`.weights.h5`).
         input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
         input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
             Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
@@ -259,15 +255,7 @@ def AutoShuffleNetV1(
     """Instantiates the AutoShuffleNet v1 architecture.
 
     ShuffleNet v1 whose shuffles are learned (RelaxedShuffle, hardened after training).
-    The same defaults as the manual builder, so only the shuffles differ.
-
-    Stage repeats 4, 8, 4. Stage-2 width at 1.0x by groups: g1 144, g2 200,
-    g3 240, g4 272, g8 384 (stages 3, 4 double it), stem 24. For g3 and g8 the widths
-    0.5, 1.5, 2.0 use megvii's tables; other pairs scale every 1.0x width by `width` and
-    round it to the nearest multiple of 4 x groups (the stem: of groups), so every
-    bottleneck (stage width // 4) and grouped convolution divides by `groups` and every
-    pair builds (g3 0.25x is osmr's 6, 60, 120, 240; see `v1_channels`).
-    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults).
+    The architecture and defaults are `ShuffleNetV1`'s, so only the shuffles differ.
 
     Args:
         width: width multiplier, one of 0.25, 0.5, 1.0, 1.5, 2.0 (default 1.0).
