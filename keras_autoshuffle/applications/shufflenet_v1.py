@@ -275,39 +275,15 @@ def AutoShuffleNetV1(
         stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar" (3x3
             stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial sides are
             at most 64).
-        padding: "torch" (default: PyTorch's padding=1 on every 3x3 layer, an explicit
-            one-pixel ZeroPadding2D before each stride-2 layer, so torchvision's weights
-            give torchvision's outputs) or "same" (Keras's 'same' everywhere: the
-            stride-2 layers sample a grid one pixel off on even sides, no PAD ops in
-            LiteRT, 5-10% faster there; for nets trained from scratch).
+        padding: "torch" or "same", as `ShuffleNetV1`'s.
         shuffle: "manual" (ChannelShuffle(groups), none for groups=1) or "auto"
             (RelaxedShuffle in every unit) (default "auto").
         penalty: lambda of the relaxed shuffles' l1-2 penalty (default 1e-3).
-        shuffle_initializer: where learned shuffles start: "random" (the paper: |N(0, 1)|
-            made doubly stochastic) or "manual" (the manual shuffle's permutation, so the
-            net starts as the manual ShuffleNet: for fine-tuning pretrained weights, e.g.
-            from `load_torchvision_weights`). Ignored by manual shuffles. The layer takes
-            the same values: `RelaxedShuffle(shuffle_initializer="manual", groups=g)`.
-        sinkhorn_iterations: clip/column/row passes of each learned shuffle's constraint
-            per SGD step, an integer in [1, 1000] (default 10, as `RelaxedShuffle`). 1 is
-            the paper's Algorithm 1, whose matrices stalled on fixed points that are not
-            permutations, so rounding changed the net; with 10 they ended on
-            permutations in docs/training.md's runs. Ignored by manual shuffles.
-        shuffle_forward: what a learned shuffle computes while it trains: "relaxed" (the
-            paper: y = M x) or "hard" (y = P x with P the nearest permutation of M, found
-            by linear assignment at every step; the gradient passes straight through to
-            M). Started at `shuffle_initializer="manual"` a hard net is the manual net at
-            step 0 and changes a routing only where the loss moves M far enough. Ignored
-            by manual shuffles.
-        shuffle_permutations: a dict {shuffle layer name: permutation} that fixes every
-            learned shuffle from the first step (the layers start hardened; e.g. the
-            permutations of an earlier, hardened net: "search, then retrain"). Needs
-            shuffle="auto"; one entry per shuffle layer.
-        features_only: return the feature pyramid instead (like timm's
-            `features_only=True`): a model whose output is the dict {"P2": ..., "P5": ...}
-            of the maps that end the stem and stages 2-4 (strides 4, 8, 16, 32; the
-            `pyramid_outputs` of `hub.ShuffleNetBackbone`). Needs `include_top=False`, no
-            `pooling` and the ImageNet stem; `weights` load as without it.
+        shuffle_initializer: "random" or "manual", as `AutoShuffleNetV2`'s.
+        sinkhorn_iterations: an integer in [1, 1000] (default 10), as `AutoShuffleNetV2`'s.
+        shuffle_forward: "relaxed" or "hard", as `AutoShuffleNetV2`'s.
+        shuffle_permutations: {shuffle layer name: permutation}, as `AutoShuffleNetV2`'s.
+        features_only: return the feature pyramid instead, as `ShuffleNetV1`'s.
 
     Returns:
         A `keras.Model`.

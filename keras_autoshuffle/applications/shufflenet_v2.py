@@ -251,11 +251,7 @@ def AutoShuffleNetV2(
         stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar" (3x3
             stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial sides are
             at most 64).
-        padding: "torch" (default: PyTorch's padding=1 on every 3x3 layer, an explicit
-            one-pixel ZeroPadding2D before each stride-2 layer, so torchvision's weights
-            give torchvision's outputs) or "same" (Keras's 'same' everywhere: the
-            stride-2 layers sample a grid one pixel off on even sides, no PAD ops in
-            LiteRT, 5-10% faster there; for nets trained from scratch).
+        padding: "torch" or "same", as `ShuffleNetV2`'s.
         shuffle: "manual" (ChannelShuffle with 2 groups) or "auto" (RelaxedShuffle)
             (default "auto").
         penalty: lambda of the relaxed shuffles' l1-2 penalty (default 1e-3).
@@ -279,11 +275,7 @@ def AutoShuffleNetV2(
             learned shuffle from the first step (the layers start hardened; e.g. the
             permutations of an earlier, hardened net: "search, then retrain"). Needs
             shuffle="auto"; one entry per shuffle layer.
-        features_only: return the feature pyramid instead (like timm's
-            `features_only=True`): a model whose output is the dict {"P2": ..., "P5": ...}
-            of the maps that end the stem and stages 2-4 (strides 4, 8, 16, 32; the
-            `pyramid_outputs` of `hub.ShuffleNetBackbone`). Needs `include_top=False`, no
-            `pooling` and the ImageNet stem; `weights` load as without it.
+        features_only: return the feature pyramid instead, as `ShuffleNetV2`'s.
 
     Returns:
         A `keras.Model`.
