@@ -25,12 +25,8 @@ permutation the two are the same network up to a permutation of the depthwise we
 "auto": a RelaxedShuffle in every unit, for groups == 1 too (there it learns a mixing /
 permutation between the 1x1 conv and the depthwise conv; hardened, it folds into conv1).
 
-Padding: as megvii's code (PyTorch's padding=1 on every 3x3 layer): 'same' at stride 1,
-an explicit one-pixel `<name>_pad` (ZeroPadding2D) and 'valid' before every stride-2
-layer (see `common._pad`). The average-pool shortcut divides by 9 at the border too, as
-PyTorch's AvgPool2d.
-`padding="same"` builds the net with Keras's 'same' everywhere instead (no `_pad` layers,
-no PAD ops in LiteRT; the average-pool then divides by the pixels inside the image).
+Padding: as megvii's code (PyTorch's padding=1 on every 3x3 layer), or Keras's 'same'
+with `padding="same"`: see `common._pad` and `Options.pool` (the average-pool shortcut).
 
 Initialisation: Keras's defaults, except the classifier (N(0, 0.01), as megvii) and the
 last BatchNormalization of each basic unit's branch (gamma 0: the unit starts as the

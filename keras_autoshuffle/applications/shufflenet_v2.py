@@ -21,12 +21,8 @@ Layer names, in order (S = stage 2..4, K = unit 1..repeats):
 concat as in the paper's Fig. unit2.
 
 Padding: exactly torchvision's (padding=1 on every 3x3 layer), so torchvision's weights
-give torchvision's logits (`load_torchvision_weights`): 'same' at stride 1, an explicit
-one-pixel `<name>_pad` (ZeroPadding2D) and 'valid' before every stride-2 layer
-(`stem_conv`, `stem_pool`, and unit 1's `left_dwconv` and `dwconv`); see `common._pad`.
-
-`padding="same"` builds the net with Keras's 'same' everywhere instead (no `_pad` layers,
-no PAD ops in LiteRT; not torchvision's function on even sides).
+give torchvision's logits (`load_torchvision_weights`), or Keras's 'same' with
+`padding="same"`: see `common._pad`.
 """
 
 import functools
