@@ -430,24 +430,33 @@ def fold_model(
         >>> harden_model(model)
         >>> inference = fold_model(model)
     """
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"`model` must be a keras.Model. Received: model={model!r}")
+    _check_model_and_name(model, name)
     if not isinstance(route_manual, bool):  # a truthy string would silently mean True
         raise TypeError(
             f"`route_manual` must be True or False. Received: route_manual={route_manual!r}"
         )
+    inputs, outputs = _fold(model, route_manual)
+    return keras.Model(inputs, outputs, name=name or f"{model.name}_folded")
+
+
+def _check_model_and_name(model, name):
+    if not isinstance(model, keras.Model):
+        raise TypeError(f"`model` must be a keras.Model. Received: model={model!r}")
     if name is not None and not isinstance(name, str):
         raise TypeError(f"`name` must be a string or None. Received: name={name!r}")
+
+
+def _fold(model, route_manual=True, ends=None):
+    """`(inputs, outputs)` of the folded `model` (its shuffles checked first); `ends`, a
+    list, receives each stage end's tensor and channel order."""
     architecture = _describe(model)
     for layer in model.layers:
         if isinstance(layer, (RelaxedShuffle, ChannelShuffle)):
             shuffle_permutation(layer)
     inputs = keras.Input(shape=model.inputs[0].shape[1:])
     if architecture.family == "v1":
-        outputs = _fold_v1(model, architecture, inputs, route_manual)
-    else:
-        outputs = _fold_v2(model, architecture, inputs)
-    return keras.Model(inputs, outputs, name=name or f"{model.name}_folded")
+        return inputs, _fold_v1(model, architecture, inputs, route_manual, ends=ends)
+    return inputs, _fold_v2(model, architecture, inputs, ends=ends)
 
 
 def fold_pyramid(model: keras.Model, name: str | None = None) -> keras.Model:
@@ -471,21 +480,10 @@ def fold_pyramid(model: keras.Model, name: str | None = None) -> keras.Model:
     Example:
         >>> features = fold_pyramid(ShuffleNetBackbone.from_preset("shufflenet_v2_x1_0_imagenet"))
     """
-    if not isinstance(model, keras.Model):
-        raise TypeError(f"`model` must be a keras.Model. Received: model={model!r}")
-    if name is not None and not isinstance(name, str):
-        raise TypeError(f"`name` must be a string or None. Received: name={name!r}")
+    _check_model_and_name(model, name)
     levels = tuple(pyramid_outputs(model))  # refuses the CIFAR stem, by name
-    architecture = _describe(model)
-    for layer in model.layers:
-        if isinstance(layer, (RelaxedShuffle, ChannelShuffle)):
-            shuffle_permutation(layer)
-    inputs = keras.Input(shape=model.inputs[0].shape[1:])
     ends = []
-    if architecture.family == "v1":
-        _fold_v1(model, architecture, inputs, ends=ends)
-    else:
-        _fold_v2(model, architecture, inputs, ends=ends)
+    inputs, _ = _fold(model, ends=ends)
     outputs = {}
     for level, (x, rows) in zip(levels, ends, strict=True):
         if rows is not None and not np.array_equal(rows, np.arange(len(rows))):

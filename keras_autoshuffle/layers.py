@@ -36,9 +36,6 @@ __all__ = [
     "total_l12_penalty",
 ]
 
-# The name tests/test_arms.py imports: the straight-through estimator of the hard pass.
-_straight_through = straight_through
-
 # Where a learned matrix starts (the builders' `shuffle_initializer` takes the same values).
 SHUFFLE_INITIALIZERS = ("random", "manual")
 

@@ -41,7 +41,6 @@ from keras_autoshuffle.applications import (
     shuffle_layers,
 )
 from keras_autoshuffle.applications import architecture as arch
-from keras_autoshuffle.applications.architecture import layer_names
 from keras_autoshuffle.applications.shufflenet_v1 import MEGVII_CONFIGS
 from keras_autoshuffle.applications.weights import pretrained, torchvision
 
@@ -63,6 +62,32 @@ V1_REFERENCE = {1: 1_531_936, 2: 1_733_848, 3: 1_865_728, 4: 1_968_344, 8: 2_434
 V1_MACS = {3: 138e6, 8: 138e6}
 # kuangliu/pytorch-cifar ShuffleNetV2: CIFAR stem, 10 classes.
 V2_CIFAR_REFERENCE = {0.5: 352_042, 1.0: 1_263_854, 1.5: 2_488_874}
+
+
+def layer_names(architecture, stem, include_top=True, pooling=None, shuffles=True, pads=True):
+    """Every layer name a builder creates for `architecture` (the input layer excluded).
+
+    Args:
+        stem: "imagenet" or "cifar".
+        shuffles: False for a manual v1 with g = 1 (its units have no shuffle).
+        pads: False for `padding="same"` (no ZeroPadding2D layers).
+    """
+    names = list(arch.IMAGENET_STEM if stem == "imagenet" else arch.STEM)
+    for stage, units in architecture.stages():
+        for unit in range(1, units + 1):
+            for part in arch.unit_parts(architecture.family, unit):
+                if part == arch.SHUFFLE and architecture.family == "v1" and not shuffles:
+                    continue
+                if pads or part not in arch.PADS:
+                    names.append(arch.unit_layer(stage, unit, part))
+    names = [name for name in names if pads or name not in arch.PADS]
+    if architecture.family == "v2":
+        names += arch.V2_HEAD
+    if include_top:
+        names += (arch.AVG_POOL, arch.PREDICTIONS)
+    elif pooling:
+        names.append({"avg": arch.AVG_POOL, "max": arch.MAX_POOL}[pooling])
+    return names
 
 
 def _trainable(model):

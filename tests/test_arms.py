@@ -34,6 +34,7 @@ TINY = dict(
     sinkhorn_iterations=10,
     shuffle_forward="relaxed",
     shuffle_permutations=None,
+    features_only=False,
     prefix="tiny",
 )
 

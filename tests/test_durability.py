@@ -532,7 +532,7 @@ def test_an_out_of_range_seed_is_refused(tmp_path, seed):
 
 
 def test_the_cli_checks_seeds_and_export_formats():
-    parser = cli.add_arguments(argparse.ArgumentParser(), ("digits",), "digits")
+    parser = training.add_arguments(argparse.ArgumentParser(), ("digits",), "digits")
     assert parser.parse_args(["--output", "o", "--seed", "7"]).seed == 7
     for bad in (["--seed", "-1"], ["--seed", "4294967296"], ["--export-formats", "coreml"]):
         with pytest.raises(SystemExit):

@@ -208,7 +208,7 @@ def test_a_run_killed_after_its_hardening_resumes_as_an_uninterrupted_one(tmp_pa
     shuffle = resumed.get_layer("shuffle")
     np.testing.assert_array_equal(shuffle.permutation, whole.get_layer("shuffle").permutation)
     # Dense's kernel and bias; under JAX the fit fails unless the optimizer forgets the
-    # matrix the load hardened away too (`backup._after_hardening_load`).
+    # matrix the load hardened away too (`hardening.harden.after_hardening`).
     assert shuffle.is_hardened and len(resumed.trainable_variables) == 2
     for a, b in zip(resumed.get_weights(), whole.get_weights(), strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)

@@ -1,6 +1,7 @@
 """Names from users' files (issue 52): class folder names that break `labels.txt` or a
 terminal are refused when the folder is scanned; what the commands print to a terminal is
-escaped (`_terminal.printable`); `None` for an image folder or predict's input is named.
+escaped (`keras_autoshuffle_cli._terminal.printable`); `None` for an image folder or
+predict's input is named.
 
 The folders hold a few tiny PNGs written with Pillow; the classifier is a two-layer Keras
 model saved as `autoshuffle-finetune` saves one, with its side files.
@@ -18,8 +19,8 @@ import pytest
 from PIL import Image
 
 from keras_autoshuffle import data, prediction
-from keras_autoshuffle._terminal import printable
 from keras_autoshuffle.commands import convert_weights, finetune, predict, train
+from keras_autoshuffle_cli._terminal import printable
 
 ESC_NAME = "a\x1b[2Jb"  # ESC [2J clears the screen
 # Every character `str.splitlines` splits on: each would split a line of labels.txt.

@@ -3,8 +3,8 @@
 The builders name their layers with `unit_prefix` and the part names below; folding and
 balanced hardening find layers with the same names through `describe(model)`, never by
 parsing names. `describe` checks that every layer the description expects is there, so a
-layer renamed in a builder and not here fails loudly instead of folding a wrong network,
-and `layer_names` lets the tests compare each built model's layers with this description.
+layer renamed in a builder and not here fails loudly instead of folding a wrong network
+(tests/test_applications.py compares each built model's layers with this description).
 """
 
 import dataclasses
@@ -26,13 +26,11 @@ def pad_name(name):
     return f"{name}_pad"
 
 
-# Stem (the paddings and the pool only with the ImageNet stem), v2 head and the
-# classifier or pooling. A `<layer>_pad` (ZeroPadding2D) precedes every stride-2 layer.
+# Stem (the paddings and the pool only with the ImageNet stem) and v2 head. A `<layer>_pad`
+# (ZeroPadding2D) precedes every stride-2 layer.
 STEM = (STEM_CONV, STEM_BN, STEM_RELU)
 IMAGENET_STEM = (pad_name(STEM_CONV), *STEM, pad_name(STEM_POOL), STEM_POOL)
 V2_HEAD = (HEAD_CONV, HEAD_BN, HEAD_RELU)
-TOP = (AVG_POOL, PREDICTIONS)
-POOLING = {"avg": AVG_POOL, "max": MAX_POOL}
 # The first words of every layer name a builder gives (an `input_tensor` may bring other
 # layers along).
 OWN_PREFIXES = ("stem_", "stage", "head_", PREDICTIONS)
@@ -143,32 +141,6 @@ class Architecture:
             f"`shuffle_name` must name a shuffle layer of this ShuffleNet {self.family}. "
             f"Received: shuffle_name={name!r}"
         )
-
-
-def layer_names(architecture, stem, include_top=True, pooling=None, shuffles=True, pads=True):
-    """Every layer name a builder creates for `architecture` (the input layer excluded).
-
-    Args:
-        stem: "imagenet" or "cifar".
-        shuffles: False for a manual v1 with g = 1 (its units have no shuffle).
-        pads: False for `padding="same"` (no ZeroPadding2D layers).
-    """
-    names = list(IMAGENET_STEM if stem == "imagenet" else STEM)
-    for stage, units in architecture.stages():
-        for unit in range(1, units + 1):
-            for part in unit_parts(architecture.family, unit):
-                if part == SHUFFLE and architecture.family == "v1" and not shuffles:
-                    continue
-                if pads or part not in PADS:
-                    names.append(unit_layer(stage, unit, part))
-    names = [name for name in names if pads or name not in PADS]
-    if architecture.family == "v2":
-        names += V2_HEAD
-    if include_top:
-        names += TOP
-    elif pooling:
-        names.append(POOLING[pooling])
-    return names
 
 
 def describe(model: Any) -> "Architecture | None":

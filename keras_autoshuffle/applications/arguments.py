@@ -1,11 +1,11 @@
 """The checks of the public builders' arguments, in a fixed order, each error ending in
-`Received: arg=value` (`check_common_args` for the arguments both families take,
+`Received: arg=value` (`check_shared_arguments` for the arguments both families take,
 `check_config` for the test-size overrides, `resolve_input` for the input), and whether
 the backend can run channels_first here."""
 
 import functools
-import inspect
 import os
+import types
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -115,29 +115,26 @@ def check_image_data_format():
         )
 
 
-def check_common_args(
-    *,
-    weights,
-    shuffle,
-    penalty,
-    stem,
-    include_top,
-    pooling,
-    classes,
-    classifier_activation,
-    shuffle_initializer,
-    padding,
-    sinkhorn_iterations,
-    shuffle_forward="relaxed",
-    shuffle_permutations=None,
-    features_only=False,
-):
-    """Validates the arguments shared by both families, in a fixed order.
+def check_shared_arguments(shared):
+    """Validates the arguments both families take, in a fixed order: `shared`, a private
+    builder's `**shared`, must hold exactly the names of `COMMON_ARGUMENTS` (TypeError
+    otherwise).
 
     Returns:
         The `Options` the builder makes its units with.
     """
-    weights, shuffle_initializer = _check_weights(weights, padding, stem, shuffle_initializer)
+    unknown = sorted(set(shared) - set(COMMON_ARGUMENTS))
+    missing = sorted(set(COMMON_ARGUMENTS) - set(shared))
+    if unknown or missing:
+        raise TypeError(
+            "A ShuffleNet builder takes the arguments of `COMMON_ARGUMENTS`, all by "
+            f"keyword. Received: unknown {unknown}, missing {missing}"
+        )
+    args = types.SimpleNamespace(**shared)
+    weights, shuffle, padding = args.weights, args.shuffle, args.padding
+    weights, shuffle_initializer = _check_weights(
+        weights, padding, args.stem, args.shuffle_initializer
+    )
     _validation.choice(shuffle, SHUFFLES, "shuffle")
     learned = weights is not None and pretrained.learned_shuffles_in_file(weights)
     if learned and shuffle == "manual":
@@ -148,10 +145,10 @@ def check_common_args(
             "shuffle='auto' (AutoShuffleNetV1/V2) to load them (a hardened net's file "
             f"hardens the new net's shuffles at its permutations). Received: weights={weights!r}"
         )
-    penalty = _validation.penalty(penalty)
+    penalty = _validation.penalty(args.penalty)
     _validation.choice(shuffle_initializer, SHUFFLE_INITIALIZERS, "shuffle_initializer")
     _validation.choice(padding, common.PADDINGS, "padding")
-    sinkhorn_iterations = check_iterations(sinkhorn_iterations, "sinkhorn_iterations")
+    sinkhorn_iterations = check_iterations(args.sinkhorn_iterations, "sinkhorn_iterations")
     marked = None if weights is None else pretrained.file_padding(weights)
     if marked is not None and marked != padding:
         raise ValueError(
@@ -159,11 +156,11 @@ def check_common_args(
             "weights converted from torchvision); with another padding the net would compute "
             f"another function. Build it with padding={marked!r}. Received: padding={padding!r}"
         )
-    _validation.choice(stem, STEMS, "stem")
-    _check_top(include_top, pooling, classes, classifier_activation)
-    _check_features_only(features_only, include_top, pooling, classes)
-    _validation.choice(shuffle_forward, FORWARDS, "shuffle_forward")
-    shuffle_permutations = _check_permutations(shuffle_permutations, shuffle)
+    _validation.choice(args.stem, STEMS, "stem")
+    _check_top(args.include_top, args.pooling, args.classes, args.classifier_activation)
+    _check_features_only(args.features_only, args.include_top, args.pooling, args.classes)
+    _validation.choice(args.shuffle_forward, FORWARDS, "shuffle_forward")
+    shuffle_permutations = _check_permutations(args.shuffle_permutations, shuffle)
     check_image_data_format()
     return common.Options(
         shuffle,
@@ -171,7 +168,7 @@ def check_common_args(
         shuffle_initializer,
         padding,
         sinkhorn_iterations,
-        shuffle_forward,
+        args.shuffle_forward,
         shuffle_permutations,
     )
 
@@ -211,10 +208,7 @@ def _check_weights(weights, padding, stem, shuffle_initializer):
 
 def _check_top(include_top, pooling, classes, classifier_activation):
     """Checks the classifier arguments (`classes`, the activation) with `include_top`."""
-    if not isinstance(include_top, bool):
-        raise ValueError(
-            f"`include_top` must be True or False. Received: include_top={include_top!r}"
-        )
+    _validation.boolean(include_top, "include_top")
     _validation.choice(pooling, POOLINGS, "pooling")
     if include_top:
         _validation.positive_int(classes, "classes")
@@ -229,10 +223,7 @@ def _check_top(include_top, pooling, classes, classifier_activation):
 
 def _check_features_only(features_only, include_top, pooling, classes):
     """`features_only=True` builds the feature pyramid: no classifier, no pooling."""
-    if not isinstance(features_only, bool):
-        raise ValueError(
-            f"`features_only` must be True or False. Received: features_only={features_only!r}"
-        )
+    _validation.boolean(features_only, "features_only")
     if not features_only:
         return
     if include_top:
@@ -250,21 +241,6 @@ def _check_features_only(features_only, include_top, pooling, classes):
             "`features_only=True` builds no classifier, so `classes` has no use: leave it "
             f"out. Received: classes={classes!r}"
         )
-
-
-def check_shared_arguments(shared):
-    """The `Options` of the arguments both families take: `shared`, a private builder's
-    `**shared`, must hold exactly the names of `COMMON_ARGUMENTS` (TypeError
-    otherwise); `check_common_args` checks the values."""
-    unknown = sorted(set(shared) - set(COMMON_ARGUMENTS))
-    missing = sorted(set(COMMON_ARGUMENTS) - set(shared))
-    if unknown or missing:
-        raise TypeError(
-            "A ShuffleNet builder takes the arguments of `COMMON_ARGUMENTS`, all by "
-            f"keyword. Received: unknown {unknown}, missing {missing}"
-        )
-    names = inspect.signature(check_common_args).parameters
-    return check_common_args(**{name: shared[name] for name in names})
 
 
 def _check_permutations(value, shuffle):

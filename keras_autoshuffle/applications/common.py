@@ -50,53 +50,6 @@ def _pad(x, strides, name, padding):
     return layers.ZeroPadding2D(1, name=arch.pad_name(name))(x), "valid"
 
 
-def conv(filters, kernel_size, name, strides=1, groups=1, padding="torch"):
-    """A bias-free convolution (1x1, or 3x3 padded as `_pad`)."""
-
-    def apply(x):
-        x, mode = _pad(x, strides, name, padding)
-        return GroupedConv2D(
-            filters,
-            kernel_size,
-            strides=strides,
-            padding=mode,
-            groups=groups,
-            use_bias=False,
-            name=name,
-        )(x)
-
-    return apply
-
-
-def dwconv(strides, name, padding="torch"):
-    """A bias-free 3x3 depthwise convolution padded as `_pad`."""
-
-    def apply(x):
-        x, mode = _pad(x, strides, name, padding)
-        return layers.DepthwiseConv2D(3, strides=strides, padding=mode, use_bias=False, name=name)(
-            x
-        )
-
-    return apply
-
-
-def pool(kind, name, padding="torch"):
-    """A 3x3 stride-2 max or average pool padded as `_pad`.
-
-    With "torch" the zeros stand in for PyTorch's padding: for the max-pool (after a
-    ReLU, inputs >= 0) they never win over a real pixel, and the average-pool divides by
-    9 at the border too, as PyTorch's AvgPool2d (count_include_pad=True, megvii's v1
-    shortcut). TF's 'same' average-pool divides by the pixels inside the image.
-    """
-    pooling = {"max": layers.MaxPooling2D, "avg": layers.AveragePooling2D}[kind]
-
-    def apply(x):
-        x, mode = _pad(x, 2, name, padding)
-        return pooling(3, strides=2, padding=mode, name=name)(x)
-
-    return apply
-
-
 def stem(filters, kind, options):
     """The stem: a 3x3 conv-BN-ReLU, stride 2 and followed by a 3x3 stride-2 max-pool
     with the "imagenet" stem, stride 1 and no pool with the "cifar" one."""
@@ -162,13 +115,49 @@ class Options:
             )
 
     def conv(self, filters, kernel_size, name, strides=1, groups=1):
-        return conv(filters, kernel_size, name, strides, groups, self.padding)
+        """A bias-free convolution (1x1, or 3x3 padded as `_pad`)."""
+
+        def apply(x):
+            x, mode = _pad(x, strides, name, self.padding)
+            return GroupedConv2D(
+                filters,
+                kernel_size,
+                strides=strides,
+                padding=mode,
+                groups=groups,
+                use_bias=False,
+                name=name,
+            )(x)
+
+        return apply
 
     def dwconv(self, strides, name):
-        return dwconv(strides, name, self.padding)
+        """A bias-free 3x3 depthwise convolution padded as `_pad`."""
+
+        def apply(x):
+            x, mode = _pad(x, strides, name, self.padding)
+            dwconv = layers.DepthwiseConv2D(
+                3, strides=strides, padding=mode, use_bias=False, name=name
+            )
+            return dwconv(x)
+
+        return apply
 
     def pool(self, kind, name):
-        return pool(kind, name, self.padding)
+        """A 3x3 stride-2 max or average pool padded as `_pad`.
+
+        With "torch" the zeros stand in for PyTorch's padding: for the max-pool (after a
+        ReLU, inputs >= 0) they never win over a real pixel, and the average-pool divides
+        by 9 at the border too, as PyTorch's AvgPool2d (count_include_pad=True, megvii's
+        v1 shortcut). TF's 'same' average-pool divides by the pixels inside the image.
+        """
+        pooling = {"max": layers.MaxPooling2D, "avg": layers.AveragePooling2D}[kind]
+
+        def apply(x):
+            x, mode = _pad(x, 2, name, self.padding)
+            return pooling(3, strides=2, padding=mode, name=name)(x)
+
+        return apply
 
 
 def manual_twin(rebuild, shared, image_shape):

@@ -25,12 +25,8 @@ permutation the two are the same network up to a permutation of the depthwise we
 "auto": a RelaxedShuffle in every unit, for groups == 1 too (there it learns a mixing /
 permutation between the 1x1 conv and the depthwise conv; hardened, it folds into conv1).
 
-Padding: as megvii's code (PyTorch's padding=1 on every 3x3 layer): 'same' at stride 1,
-an explicit one-pixel `<name>_pad` (ZeroPadding2D) and 'valid' before every stride-2
-layer (see `common._pad`). The average-pool shortcut divides by 9 at the border too, as
-PyTorch's AvgPool2d.
-`padding="same"` builds the net with Keras's 'same' everywhere instead (no `_pad` layers,
-no PAD ops in LiteRT; the average-pool then divides by the pixels inside the image).
+Padding: as megvii's code (PyTorch's padding=1 on every 3x3 layer), or Keras's 'same'
+with `padding="same"`: see `common._pad` and `Options.pool` (the average-pool shortcut).
 
 Initialisation: Keras's defaults, except the classifier (N(0, 0.01), as megvii) and the
 last BatchNormalization of each basic unit's branch (gamma 0: the unit starts as the
@@ -67,10 +63,7 @@ MEGVII_CONFIGS = {
 def v1_channels(groups, width):
     """(stem, stage2, stage3, stage4) output channels for `groups` and `width`.
 
-    megvii's table where it has the pair; otherwise each 1.0x width times `width`,
-    rounded to the nearest multiple of `4 * groups` (the stem: of `groups`), so that
-    every bottleneck (width // 4) and every grouped conv divides by `groups`. This
-    keeps the 1.0x rows and osmr's g3 0.25x (6, 60, 120, 240) unchanged.
+    megvii's table where it has the pair; otherwise rounded as `ShuffleNetV1` says.
     """
     if (groups, width) in MEGVII_CONFIGS:
         return MEGVII_CONFIGS[groups, width]
@@ -200,8 +193,7 @@ def ShuffleNetV1(
         groups: groups of the 1x1 convolutions, one of 1, 2, 3, 4, 8 (default 3).
         include_top: whether to include the global pooling and the classifier.
         weights: None (random initialization) or the path to a Keras weights file
-            (`.weights.h5`). A learned-shuffle net also takes the file of the same net
-            with manual shuffles; its shuffles then start as `shuffle_initializer` says.
+            (`.weights.h5`).
         input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
         input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
             Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
@@ -259,15 +251,7 @@ def AutoShuffleNetV1(
     """Instantiates the AutoShuffleNet v1 architecture.
 
     ShuffleNet v1 whose shuffles are learned (RelaxedShuffle, hardened after training).
-    The same defaults as the manual builder, so only the shuffles differ.
-
-    Stage repeats 4, 8, 4. Stage-2 width at 1.0x by groups: g1 144, g2 200,
-    g3 240, g4 272, g8 384 (stages 3, 4 double it), stem 24. For g3 and g8 the widths
-    0.5, 1.5, 2.0 use megvii's tables; other pairs scale every 1.0x width by `width` and
-    round it to the nearest multiple of 4 x groups (the stem: of groups), so every
-    bottleneck (stage width // 4) and grouped convolution divides by `groups` and every
-    pair builds (g3 0.25x is osmr's 6, 60, 120, 240; see `v1_channels`).
-    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults).
+    The architecture and defaults are `ShuffleNetV1`'s, so only the shuffles differ.
 
     Args:
         width: width multiplier, one of 0.25, 0.5, 1.0, 1.5, 2.0 (default 1.0).
@@ -287,39 +271,15 @@ def AutoShuffleNetV1(
         stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar" (3x3
             stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial sides are
             at most 64).
-        padding: "torch" (default: PyTorch's padding=1 on every 3x3 layer, an explicit
-            one-pixel ZeroPadding2D before each stride-2 layer, so torchvision's weights
-            give torchvision's outputs) or "same" (Keras's 'same' everywhere: the
-            stride-2 layers sample a grid one pixel off on even sides, no PAD ops in
-            LiteRT, 5-10% faster there; for nets trained from scratch).
+        padding: "torch" or "same", as `ShuffleNetV1`'s.
         shuffle: "manual" (ChannelShuffle(groups), none for groups=1) or "auto"
             (RelaxedShuffle in every unit) (default "auto").
         penalty: lambda of the relaxed shuffles' l1-2 penalty (default 1e-3).
-        shuffle_initializer: where learned shuffles start: "random" (the paper: |N(0, 1)|
-            made doubly stochastic) or "manual" (the manual shuffle's permutation, so the
-            net starts as the manual ShuffleNet: for fine-tuning pretrained weights, e.g.
-            from `load_torchvision_weights`). Ignored by manual shuffles. The layer takes
-            the same values: `RelaxedShuffle(shuffle_initializer="manual", groups=g)`.
-        sinkhorn_iterations: clip/column/row passes of each learned shuffle's constraint
-            per SGD step, an integer in [1, 1000] (default 10, as `RelaxedShuffle`). 1 is
-            the paper's Algorithm 1, whose matrices stalled on fixed points that are not
-            permutations, so rounding changed the net; with 10 they ended on
-            permutations in docs/training.md's runs. Ignored by manual shuffles.
-        shuffle_forward: what a learned shuffle computes while it trains: "relaxed" (the
-            paper: y = M x) or "hard" (y = P x with P the nearest permutation of M, found
-            by linear assignment at every step; the gradient passes straight through to
-            M). Started at `shuffle_initializer="manual"` a hard net is the manual net at
-            step 0 and changes a routing only where the loss moves M far enough. Ignored
-            by manual shuffles.
-        shuffle_permutations: a dict {shuffle layer name: permutation} that fixes every
-            learned shuffle from the first step (the layers start hardened; e.g. the
-            permutations of an earlier, hardened net: "search, then retrain"). Needs
-            shuffle="auto"; one entry per shuffle layer.
-        features_only: return the feature pyramid instead (like timm's
-            `features_only=True`): a model whose output is the dict {"P2": ..., "P5": ...}
-            of the maps that end the stem and stages 2-4 (strides 4, 8, 16, 32; the
-            `pyramid_outputs` of `hub.ShuffleNetBackbone`). Needs `include_top=False`, no
-            `pooling` and the ImageNet stem; `weights` load as without it.
+        shuffle_initializer: "random" or "manual", as `AutoShuffleNetV2`'s.
+        sinkhorn_iterations: an integer in [1, 1000] (default 10), as `AutoShuffleNetV2`'s.
+        shuffle_forward: "relaxed" or "hard", as `AutoShuffleNetV2`'s.
+        shuffle_permutations: {shuffle layer name: permutation}, as `AutoShuffleNetV2`'s.
+        features_only: return the feature pyramid instead, as `ShuffleNetV1`'s.
 
     Returns:
         A `keras.Model`.

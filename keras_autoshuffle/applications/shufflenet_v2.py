@@ -21,12 +21,8 @@ Layer names, in order (S = stage 2..4, K = unit 1..repeats):
 concat as in the paper's Fig. unit2.
 
 Padding: exactly torchvision's (padding=1 on every 3x3 layer), so torchvision's weights
-give torchvision's logits (`load_torchvision_weights`): 'same' at stride 1, an explicit
-one-pixel `<name>_pad` (ZeroPadding2D) and 'valid' before every stride-2 layer
-(`stem_conv`, `stem_pool`, and unit 1's `left_dwconv` and `dwconv`); see `common._pad`.
-
-`padding="same"` builds the net with Keras's 'same' everywhere instead (no `_pad` layers,
-no PAD ops in LiteRT; not torchvision's function on even sides).
+give torchvision's logits (`load_torchvision_weights`), or Keras's 'same' with
+`padding="same"`: see `common._pad`.
 """
 
 import functools
@@ -171,17 +167,10 @@ def ShuffleNetV2(
             (or the name): torchvision's ImageNet-1K checkpoint for `width`
             (`applications.get_weights(name)`: URL, SHA-256, accuracy, preprocessing;
             `applications.imagenet_preprocessing(width)` is its evaluation transform),
-            downloaded once (urllib, with a timeout and a size cap) into Keras's cache
-            (`$KERAS_HOME/models`; `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` replaces the download
-            location's base, `file://` included), its hash checked, read without torch,
-            converted and cached as a `.weights.h5`: later calls need no network. It
-            needs `stem="imagenet"` (or "auto" with input sides above 64),
-            `padding="torch"`, and `classes=1000` with `include_top`; learned shuffles
-            are then always started at the manual shuffle (the pretrained net;
-            `shuffle_initializer` is ignored). A learned-shuffle net also takes the file
-            of the same net with manual shuffles (e.g. written by the
-            `autoshuffle-convert-weights` command); its shuffles then start as
-            `shuffle_initializer` says.
+            downloaded once into Keras's cache (docs/guide/pretrained.md: mirrors, hash
+            check), read without torch and cached as a `.weights.h5`. It needs
+            `stem="imagenet"` (or "auto" with input sides above 64), `padding="torch"`,
+            and `classes=1000` with `include_top`.
         input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
         input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
             Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
@@ -237,33 +226,16 @@ def AutoShuffleNetV2(
     """Instantiates the AutoShuffleNet v2 architecture.
 
     ShuffleNet v2 whose shuffles are learned (RelaxedShuffle, hardened after training).
-    The same defaults as the manual builder, so only the shuffles differ.
-
-    Stage repeats 4, 8, 4; channels per width (stem, stages 2-4, head):
-    0.5: 24, 48, 96, 192, 1024; 1.0: 24, 116, 232, 464, 1024;
-    1.5: 24, 176, 352, 704, 1024; 2.0: 24, 244, 488, 976, 2048.
-    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults).
+    The architecture and defaults are `ShuffleNetV2`'s, so only the shuffles differ.
 
     Args:
         width: width multiplier, one of 0.5, 1.0, 1.5, 2.0 (default 1.0).
         include_top: whether to include the global pooling and the classifier.
-        weights: None (random initialization), "imagenet", the name of published weights
-            (`applications.list_weights()`, e.g. "shufflenet_v2_x1_0.imagenet"; it must be
-            of `width`) or the path to a Keras weights file (`.weights.h5`). "imagenet"
-            (or the name): torchvision's ImageNet-1K checkpoint for `width`
-            (`applications.get_weights(name)`: URL, SHA-256, accuracy, preprocessing;
-            `applications.imagenet_preprocessing(width)` is its evaluation transform),
-            downloaded once (urllib, with a timeout and a size cap) into Keras's cache
-            (`$KERAS_HOME/models`; `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` replaces the download
-            location's base, `file://` included), its hash checked, read without torch,
-            converted and cached as a `.weights.h5`: later calls need no network. It
-            needs `stem="imagenet"` (or "auto" with input sides above 64),
-            `padding="torch"`, and `classes=1000` with `include_top`; learned shuffles
-            are then always started at the manual shuffle (the pretrained net;
-            `shuffle_initializer` is ignored). A learned-shuffle net also takes the file
-            of the same net with manual shuffles (e.g. written by the
-            `autoshuffle-convert-weights` command); its shuffles then start as
-            `shuffle_initializer` says.
+        weights: as `ShuffleNetV2`'s; with "imagenet" (or a name) learned shuffles
+            start at the manual shuffle (the pretrained net; `shuffle_initializer` is
+            ignored). A learned-shuffle net also takes the file of the same net with manual
+            shuffles (e.g. written by the `autoshuffle-convert-weights` command); its
+            shuffles then start as `shuffle_initializer` says.
         input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
         input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
             Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
@@ -275,11 +247,7 @@ def AutoShuffleNetV2(
         stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar" (3x3
             stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial sides are
             at most 64).
-        padding: "torch" (default: PyTorch's padding=1 on every 3x3 layer, an explicit
-            one-pixel ZeroPadding2D before each stride-2 layer, so torchvision's weights
-            give torchvision's outputs) or "same" (Keras's 'same' everywhere: the
-            stride-2 layers sample a grid one pixel off on even sides, no PAD ops in
-            LiteRT, 5-10% faster there; for nets trained from scratch).
+        padding: "torch" or "same", as `ShuffleNetV2`'s.
         shuffle: "manual" (ChannelShuffle with 2 groups) or "auto" (RelaxedShuffle)
             (default "auto").
         penalty: lambda of the relaxed shuffles' l1-2 penalty (default 1e-3).
@@ -303,11 +271,7 @@ def AutoShuffleNetV2(
             learned shuffle from the first step (the layers start hardened; e.g. the
             permutations of an earlier, hardened net: "search, then retrain"). Needs
             shuffle="auto"; one entry per shuffle layer.
-        features_only: return the feature pyramid instead (like timm's
-            `features_only=True`): a model whose output is the dict {"P2": ..., "P5": ...}
-            of the maps that end the stem and stages 2-4 (strides 4, 8, 16, 32; the
-            `pyramid_outputs` of `hub.ShuffleNetBackbone`). Needs `include_top=False`, no
-            `pooling` and the ImageNet stem; `weights` load as without it.
+        features_only: return the feature pyramid instead, as `ShuffleNetV2`'s.
 
     Returns:
         A `keras.Model`.

@@ -11,7 +11,6 @@ import sys
 import numpy as np
 
 from keras_autoshuffle import _atomic, _startup
-from keras_autoshuffle._terminal import printable
 from keras_autoshuffle.applications import (
     CheckpointError,
     ShuffleNetV2,
@@ -21,6 +20,7 @@ from keras_autoshuffle.applications import (
 from keras_autoshuffle.applications.architecture import V2_CONFIGS
 from keras_autoshuffle.applications.weights.pretrained import mark_padding
 from keras_autoshuffle.applications.weights.torchvision import torchvision_width
+from keras_autoshuffle_cli._terminal import printable
 from keras_autoshuffle_cli.convert_weights import parser
 
 

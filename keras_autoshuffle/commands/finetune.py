@@ -19,8 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     exits with status 2 and a one-line error on bad input."""
     args = parse_args(argv)
     from keras_autoshuffle import _startup
-    from keras_autoshuffle._terminal import printable
     from keras_autoshuffle.finetuning import finetune
+    from keras_autoshuffle_cli._terminal import printable
 
     _startup.find_devices_quietly()  # before TensorFlow first looks for them, noisily
     try:
@@ -81,7 +81,7 @@ def summary(report: dict) -> str:
                 lines.append(f"    {report[key]['refused']}")
     for name, why in report.get("not_exported", {}).items():
         lines.append(f"  {name} not written: {why}")
-    from keras_autoshuffle._terminal import printable
+    from keras_autoshuffle_cli._terminal import printable
 
     return "\n".join(printable(line) for line in lines)  # paths and reasons: users' text
 

@@ -11,7 +11,7 @@ from keras_autoshuffle_cli.predict import parse_args, parser  # noqa: F401 (pars
 def _format(results):
     """The human-readable blocks: the path, then `  0.93  cat` lines; paths, labels and
     errors escaped (`printable`: they come from users' files)."""
-    from keras_autoshuffle._terminal import printable
+    from keras_autoshuffle_cli._terminal import printable
 
     lines = []
     for result in results:
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     from keras_autoshuffle import _startup, prediction
-    from keras_autoshuffle._terminal import printable
+    from keras_autoshuffle_cli._terminal import printable
 
     _startup.find_devices_quietly()  # before TensorFlow first looks for them, noisily
 

@@ -30,7 +30,6 @@ test data, within `max_accuracy_drop` points (`export_int8`, `int8_runtimes`).
 """
 
 from keras_autoshuffle.export.checks import (
-    _single_input,
     check_exportable,
     check_formats,
     compute_dtypes,
@@ -48,7 +47,6 @@ from keras_autoshuffle.export.files import (
     export_litert,
     export_saved_model,
     keras_outputs,
-    load_keras_outputs,
     save_keras,
     saved_model_outputs,
     size_bytes,
@@ -57,14 +55,11 @@ from keras_autoshuffle.export.int8 import (
     MAX_ACCURACY_DROP,
     MIN_CALIBRATION_IMAGES,
     Int8CheckError,
-    _check_int8_arguments,
-    _export_int8_checked,
     export_int8,
     int8_check,
 )
 from keras_autoshuffle.export.int8_runtimes import export_onnx_int8, export_openvino_int8
 from keras_autoshuffle.export.litert import (
-    _PREDICT_BATCH,
     keras_predict,
     litert_interpreter,
     litert_outputs,
@@ -95,11 +90,7 @@ from keras_autoshuffle.export.onnx_runtimes import (
     openvino_run,
 )
 from keras_autoshuffle.export.pipeline import (
-    _EPSILON,
-    _READERS,
-    _WRITERS,
     QUANTIZE,
-    _max_abs_diff,
     export_model,
 )
 from keras_autoshuffle.export.runner import InputDescription, Runner, open_runner
@@ -139,7 +130,6 @@ __all__ = [
     "litert_outputs",
     "litert_predict",
     "litert_run",
-    "load_keras_outputs",
     "make_folder",
     "onnx_graph",
     "onnx_outputs",

@@ -104,11 +104,6 @@ def save_keras(model: keras.Model, path: str | os.PathLike) -> str | os.PathLike
     return write_atomically(path, copy.save)
 
 
-def load_keras_outputs(path: str | os.PathLike, inputs: ArrayLike) -> np.ndarray:
-    """Loads a `.keras` file with `safe_mode=True` and runs it on `inputs`."""
-    return keras_outputs(keras.saving.load_model(path, safe_mode=True), inputs)
-
-
 def export_saved_model(model: keras.Model, path: str | os.PathLike) -> str | os.PathLike:
     """Writes a TF SavedModel (endpoint `serve`) with `model.export`; returns the path."""
     check_no_hard_forward(model, "saved_model")

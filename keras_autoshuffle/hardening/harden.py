@@ -109,11 +109,7 @@ def harden_model(
     chosen, report = _choose(model, layers, balanced, v2, permutations, time_limit)
     for layer, perm in zip(layers, chosen, strict=True):
         layer.harden(perm)
-    drop_removed_variables(model)
-    model.test_function = model.predict_function = None
-    if getattr(model, "train_function", None) is not None:
-        # Rebuild rather than clear: a running fit() keeps calling model.train_function.
-        model.make_train_function(force=True)
+    after_hardening(model)
     return report
 
 
@@ -232,6 +228,16 @@ def drop_removed_variables(model: keras.Model) -> None:
     """
     kept = {id(v) for v in model.variables}
     _keras_internals.drop_optimizer_variables(getattr(model, "optimizer", None), kept)
+
+
+def after_hardening(model: keras.Model) -> None:
+    """What follows a rounding (`harden_model`, a loaded backup's hardened shuffles): the
+    optimizer forgets the removed matrices and the compiled functions are reset."""
+    drop_removed_variables(model)
+    model.test_function = model.predict_function = None
+    if getattr(model, "train_function", None) is not None:
+        # Rebuild rather than clear: a running fit() keeps calling model.train_function.
+        model.make_train_function(force=True)
 
 
 def harden_and_evaluate(

@@ -19,12 +19,7 @@ Reference:
 """
 
 from keras_autoshuffle.optimizers import CoupledSGD, LinearCycles
-from keras_autoshuffle.training.cli import (
-    add_arguments,
-    format_run_summary,
-    make_model_fn,
-    run_from_args,
-)
+from keras_autoshuffle.training.cli import format_run_summary, make_model_fn, run_from_args
 from keras_autoshuffle.training.distribution import (
     STRATEGIES,
     cpu_mirrored_strategy,
@@ -37,3 +32,4 @@ from keras_autoshuffle.training.identity import RunIdentity
 from keras_autoshuffle.training.loops import BALANCED_TIME_LIMIT, train
 from keras_autoshuffle.training.recipes import RECIPES, Recipe, get_recipe, make_optimizer
 from keras_autoshuffle.training.search import search_then_retrain
+from keras_autoshuffle_cli.train import add_arguments

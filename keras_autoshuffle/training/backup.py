@@ -24,7 +24,7 @@ import numpy as np
 from keras_autoshuffle._atomic import move_into_place, remove, sync
 from keras_autoshuffle._files import sha256_of as sha256
 from keras_autoshuffle._keras_internals import initial_epoch
-from keras_autoshuffle.hardening.harden import drop_removed_variables
+from keras_autoshuffle.hardening.harden import after_hardening
 from keras_autoshuffle.layers import relaxed_shuffles
 from keras_autoshuffle.training.divergence import non_finite
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError, backup_files, damaged
@@ -101,7 +101,7 @@ class RunBackup(keras.callbacks.BackupAndRestore):
         if bad:
             raise damaged(path, "backup weights", "non-finite values", bad[:5])
         if len(relaxed_shuffles(self.model)) < relaxed:
-            _after_hardening_load(self.model)
+            after_hardening(self.model)
         steps = (self.params or {}).get("steps")
         if steps and optimizer is not None and optimizer.built:
             iterations = int(keras.ops.convert_to_numpy(optimizer.iterations))
@@ -117,13 +117,3 @@ class RunBackup(keras.callbacks.BackupAndRestore):
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         save_backup(self.model, self.backup_dir, epoch + 1)
-
-
-def _after_hardening_load(model):
-    """What `harden_model` does after rounding, for shuffles a loaded backup hardened:
-    the optimizer forgets their matrices (whose slots stay, as in the run that saved the
-    backup) and the compiled functions are rebuilt for the hardened graph."""
-    drop_removed_variables(model)
-    model.test_function = model.predict_function = None
-    if getattr(model, "train_function", None) is not None:
-        model.make_train_function(force=True)

@@ -12,7 +12,6 @@ import warnings
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
-from keras_autoshuffle._terminal import printable
 from keras_autoshuffle.training.distribution import is_chief, make_strategy
 from keras_autoshuffle.training.divergence import TrainingDivergedError
 from keras_autoshuffle.training.fault_tolerance import (
@@ -25,7 +24,7 @@ from keras_autoshuffle.training.identity import RunIdentity, recipe_fields
 from keras_autoshuffle.training.loops import train
 from keras_autoshuffle.training.recipes import get_recipe
 from keras_autoshuffle.training.search import search_then_retrain
-from keras_autoshuffle_cli.train import add_arguments  # noqa: F401 (re-exported)
+from keras_autoshuffle_cli._terminal import printable
 
 if TYPE_CHECKING:
     import keras
