@@ -20,6 +20,7 @@ from keras_autoshuffle.applications.common import count_macs
 from keras_autoshuffle.applications.preprocessing import (
     ResizeCenterCrop,
     evaluation_preprocessing,
+    evaluation_sizes,
     preprocess_input,
 )
 from keras_autoshuffle.applications.shufflenet_v1 import AutoShuffleNetV1, ShuffleNetV1
@@ -61,6 +62,7 @@ __all__ = [
     "decode_predictions",
     "describe",
     "evaluation_preprocessing",
+    "evaluation_sizes",
     "get_weights",
     "imagenet_preprocessing",
     "list_models",

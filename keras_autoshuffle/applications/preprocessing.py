@@ -215,9 +215,21 @@ def _default_resize_size(image_size):
     return round(image_size * 256 / 224)
 
 
-def evaluation_sizes(image_size, resize_size=None):
-    """`(image_size, resize_size)` of the evaluation transform, checked: `resize_size`
-    (default `round(image_size * 256 / 224)`) from `image_size` to twice it."""
+def evaluation_sizes(image_size: int, resize_size: int | None = None) -> tuple[int, int]:
+    """The evaluation transform's sizes, checked: the crop's side and the shorter side
+    before it.
+
+    Args:
+        image_size: the side of the square crop, a positive integer.
+        resize_size: the shorter side before the crop, from `image_size` to twice it;
+            None for `round(image_size * 256 / 224)`, torchvision's ratio.
+
+    Returns:
+        `(image_size, resize_size)` as integers.
+
+    Raises:
+        ValueError: a size out of range or not an integer.
+    """
     image_size = _check_image_size(image_size)
     if resize_size is None:
         resize_size = _default_resize_size(image_size)

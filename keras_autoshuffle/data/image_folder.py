@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_autoshuffle import _validation
-from keras_autoshuffle.applications.preprocessing import evaluation_sizes
+from keras_autoshuffle.applications import evaluation_sizes
 from keras_autoshuffle.data import transforms
 from keras_autoshuffle.data.image_cache import build_image_cache, read_cached
 from keras_autoshuffle.data.image_folder_scan import (  # noqa: F401 (re-exported)

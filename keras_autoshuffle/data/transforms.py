@@ -10,8 +10,7 @@ import numpy as np
 import tensorflow as tf
 
 from keras_autoshuffle._resize_crop import tf_resize_center_crop
-from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD
-from keras_autoshuffle.applications.preprocessing import evaluation_sizes
+from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, evaluation_sizes
 
 
 def normalize(
