@@ -201,15 +201,82 @@ def summarize(rows):
     return summary
 
 
+def _points(interval, scale=100.0, sign=False):
+    """'mean [low, high]' of an `_interval`, times `scale`, 2 decimals."""
+    form = "{:+.2f}" if sign else "{:.2f}"
+    mean, (low, high) = interval["mean"], interval["ci95"]
+    return f"{form.format(scale * mean)} [{form.format(scale * low)}, {form.format(scale * high)}]"
+
+
+def table(summary: dict) -> str:
+    """The summary as a Markdown table: per runtime and setting, top-1 agreement (%) and
+    accuracy drop (points), mean [95% interval] over the seeds, and their paired change
+    from `BASE`."""
+    lines = [
+        "| runtime | setting | seeds | agreement (%) | change (points) | drop (points) | change "
+        "| agreement, AVX2 kernels (%) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for runtime, settings in summary.items():
+        for setting, s in settings.items():
+            change = s["minus_base"]
+            lines.append(
+                f"| {runtime} | {setting} | {s['seeds']} | {_points(s['top1_agreement'])} | "
+                + ("" if setting == BASE else _points(change["top1_agreement"], sign=True))
+                + f" | {_points(s['accuracy_drop'], 1.0)} | "
+                + ("" if setting == BASE else _points(change["accuracy_drop"], 1.0, sign=True))
+                + f" | {_points(s['avx2_top1_agreement']) if 'avx2_top1_agreement' in s else ''} |"
+            )
+    return "\n".join(lines)
+
+
+def merge(paths: list[str], target: str) -> None:
+    """Writes into `target` the rows of `paths` (one run's seeds each; their settings but
+    the command must agree), their commands, and the summary."""
+    from keras_autoshuffle._atomic import write_json
+
+    rows, commands, settings = [], [], None
+    for path in paths:
+        with open(path) as f:
+            held = json.load(f)
+        own = {k: v for k, v in held["settings"].items() if k != "command"}
+        if settings is not None and own != settings:
+            raise SystemExit(f"{path} was measured with other settings: {own}")
+        settings = own
+        commands.append(held["settings"]["command"])
+        rows += held["rows"]
+    content = {"settings": {**settings, "commands": commands}, "rows": rows}
+    write_json(target, {**content, "summary": summarize(rows)})
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="a hardened model.keras")
+    parser.add_argument("--model", help="a hardened model.keras")
     parser.add_argument("--json", required=True, help="rows file (appended to, per seed)")
+    parser.add_argument(
+        "--table", action="store_true", help="print the rows' summary as Markdown, measure nothing"
+    )
+    parser.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="ROWS",
+        help="write into --json the rows of these files (runs of other seeds, same net and "
+        "images), measure nothing",
+    )
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     parser.add_argument("--calibration", type=int, default=500)
     parser.add_argument("--test-images", type=int, default=10000)
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     args = parser.parse_args(argv)
+    if args.table:
+        with open(args.json) as f:
+            print(table(summarize(json.load(f)["rows"])))
+        return 0
+    if args.merge:
+        merge(args.merge, args.json)
+        return 0
+    if not args.model:
+        parser.error("--model is required unless --table or --merge")
 
     import keras
 

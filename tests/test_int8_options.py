@@ -143,7 +143,7 @@ def test_vnni_is_read_from_the_cpu_flags():
     assert int8_runtimes.cpu_has_vnni() == bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
-@pytest.mark.parametrize("option", [{"int8_weight_bits": 16}, {"int8_calibration": "MinMax"}])
+@pytest.mark.parametrize("option", [{"int8_weight_bits": 16}, {"int8_weight_bits": 7.5}])
 def test_export_model_refuses_bad_options_before_writing(tmp_path, option):
     images = np.random.default_rng(0).normal(size=(16, *TINY_SHAPE)).astype("float32")
     ((name, value),) = option.items()
@@ -173,7 +173,6 @@ def test_export_model_writes_8_bit_weights_when_asked(tmp_path):
         test_data=(images, np.arange(16) % 10),
         max_accuracy_drop=100.0,
         int8_weight_bits=8,
-        int8_calibration="percentile",
     )
     weights = _onnx_weights(results["onnx_int8"]["path"])
     assert max(int(np.abs(w.astype(int)).max()) for w in weights) == 127

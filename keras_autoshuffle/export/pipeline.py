@@ -56,7 +56,6 @@ def export_model(
     max_accuracy_drop: float = int8.MAX_ACCURACY_DROP,
     int8_formats: Sequence[str] | None = None,
     int8_weight_bits: int = int8_runtimes.DEFAULT_WEIGHT_BITS,
-    int8_calibration: str = int8_runtimes.DEFAULT_CALIBRATION_METHOD,
 ) -> dict[str, dict]:
     """Exports `model`, reloads every file and checks its outputs against Keras.
 
@@ -119,9 +118,6 @@ def export_model(
             default: right on every x86 CPU) or 8 (more accurate, but only for CPUs with
             VNNI: without it the file can lose accuracy where the check cannot see it;
             `int8_runtimes.WEIGHT_BITS`). LiteRT's weights are always 8-bit.
-        int8_calibration: with "int8", how the ONNX and OpenVINO files' activation ranges
-            are chosen: "minmax" (the default) or "percentile" (outliers clipped;
-            `int8_runtimes.CALIBRATION_METHODS`).
 
     Returns:
         `{format: {"path": str, "max_abs_diff": float}}`, and with "int8" an entry per
@@ -144,10 +140,7 @@ def export_model(
     reference = _check_reference(model, reference)
     int8_data = _int8_data(model, quantize, representative_data, test_data, max_accuracy_drop)
     int8_options = {
-        "weight_bits": int8_runtimes.check_weight_bits(int8_weight_bits, "int8_weight_bits"),
-        "calibration_method": int8_runtimes.check_calibration_method(
-            int8_calibration, "int8_calibration"
-        ),
+        "weight_bits": int8_runtimes.check_weight_bits(int8_weight_bits, "int8_weight_bits")
     }
     expected = _expected_outputs(model, reference, inputs)
     tolerance = _tolerance(model, expected, atol, rtol)
