@@ -27,6 +27,60 @@ OPENVINO_INT8_DIRNAME = INT8_FILES["openvino_int8"][1]
 ONNX_QUANT_FORMAT = "QDQ"
 ONNX_ACTIVATION_TYPE = "QUInt8"
 
+# The weights' bits: 7 (the default) runs right on every x86 CPU; 8 only where the CPU
+# that runs the file has VNNI (AVX-512 VNNI, AVX-VNNI, AMX). Without VNNI, the u8 x s8
+# kernels of AVX2 and AVX-512 add pairs of products into 16-bit sums, which 8-bit weights
+# can saturate ("Reduce-range will quantize the weights to 7-bits. It is designed for the
+# U8S8 format on AVX2 and AVX512 (non-VNNI) machines to mitigate saturation issues. This is
+# not needed on machines supporting VNNI": ONNX Runtime's quantization guide, FAQ;
+# OpenVINO's "Saturation (overflow) issue workaround" says the same of its CPU plugin).
+# A file is checked on the CPU that writes it, so an 8-bit file that passes there can
+# still lose accuracy on a CPU without VNNI: it is the user's choice, never automatic.
+# Measured (Lab notes: inference, "int8 accuracy levers"): OpenVINO's 8-bit file of the
+# Fashion-MNIST net run with oneDNN capped at AVX2 agreed with float on about 1.2 points
+# fewer test images than on the VNNI kernels that checked it; the 7-bit file the same.
+WEIGHT_BITS = (7, 8)
+DEFAULT_WEIGHT_BITS = 7
+# How the activations' ranges are chosen from the calibration images. "minmax": ONNX
+# Runtime's MinMax (the extremes over all images), NNCF's default for OpenVINO (the mean
+# over images of each image's extremes); "percentile": ONNX Runtime's Percentile (the
+# 99.999th percentile of |x| over all images), NNCF's MEAN_QUANTILE (the mean over images
+# of each image's 0.01% quantiles). Measured on the Fashion-MNIST net (Lab notes:
+# inference, "int8 accuracy levers"): "percentile" gained nothing in ONNX Runtime and cost
+# OpenVINO 2.4 points of accuracy, so export_model keeps "minmax"; the writers take both.
+CALIBRATION_METHODS = ("minmax", "percentile")
+DEFAULT_CALIBRATION_METHOD = "minmax"
+
+
+def check_weight_bits(weight_bits: object, name: str = "weight_bits") -> int:
+    """`weight_bits` if it is one of `WEIGHT_BITS`; ValueError naming `name` otherwise."""
+    if isinstance(weight_bits, bool) or weight_bits not in WEIGHT_BITS:
+        raise ValueError(
+            f"`{name}` must be 7 (files right on any CPU) or 8 (files for CPUs with VNNI "
+            f"only). Received: {name}={weight_bits!r}"
+        )
+    return int(weight_bits)
+
+
+def check_calibration_method(method: object, name: str = "calibration_method") -> str:
+    """`method` if it is one of `CALIBRATION_METHODS`; ValueError naming `name` otherwise."""
+    if not isinstance(method, str) or method not in CALIBRATION_METHODS:
+        raise ValueError(
+            f"`{name}` must be one of {CALIBRATION_METHODS}. Received: {name}={method!r}"
+        )
+    return method
+
+
+def cpu_has_vnni() -> bool:
+    """Whether this CPU has VNNI (Linux: an avx512_vnni, avx_vnni or amx_int8 flag in
+    /proc/cpuinfo); False where that cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = set(f.read().split())
+    except OSError:
+        return False
+    return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
 
 def _calibration_reader(input_name: str, images: np.ndarray):
     from onnxruntime.quantization import CalibrationDataReader
@@ -82,6 +136,24 @@ def _check_float_nodes(float_nodes, names, path):
     return list(float_nodes)
 
 
+@contextlib.contextmanager
+def _percentile_failure(calibration_method):
+    """ONNX Runtime's Percentile calibration histograms every activation and fails, with
+    numpy's "Too many bins for data range", on one that is constant over the calibration
+    images (e.g. a ReLU that never fires): a ValueError that says so."""
+    try:
+        yield
+    except ValueError as error:
+        if calibration_method != "percentile" or "bins" not in str(error):
+            raise
+        raise ValueError(
+            "Percentile calibration needs every activation to vary over the calibration "
+            "images; an activation is constant on them (ONNX Runtime: "
+            f"{error}). Calibrate on other images, or with calibration_method='minmax'. "
+            f"Received: calibration_method={calibration_method!r}"
+        ) from None
+
+
 def export_onnx_int8(
     float_path: str | os.PathLike,
     path: str | os.PathLike,
@@ -89,6 +161,8 @@ def export_onnx_int8(
     quant_format: str = ONNX_QUANT_FORMAT,
     activation_type: str = ONNX_ACTIVATION_TYPE,
     float_nodes: list[str] | tuple[str, ...] = (),
+    weight_bits: int = DEFAULT_WEIGHT_BITS,
+    calibration_method: str = DEFAULT_CALIBRATION_METHOD,
 ) -> str | os.PathLike:
     """Writes (atomically) a full-integer ONNX file quantized from the float one.
 
@@ -101,17 +175,26 @@ def export_onnx_int8(
         activation_type: "QUInt8" (the default) or "QInt8", the activations' type.
         float_nodes: names of ONNX nodes left in float (ONNX Runtime's `nodes_to_exclude`),
             e.g. the first convolution (Lab notes: inference, "What raises int8 agreement").
+        weight_bits: 7 (ONNX Runtime's `reduce_range`: right on any CPU) or 8 (only for
+            CPUs with VNNI; `WEIGHT_BITS`).
+        calibration_method: "minmax" or "percentile" (`CALIBRATION_METHODS`).
 
     Returns:
         `path`.
 
     Raises:
         ValueError: `float_nodes` is not a list of names, or names a node the float file
-            does not have (nothing is written).
+            does not have; `weight_bits` or `calibration_method` not one of the choices
+            (nothing is written).
     """
     import onnx
     import onnxruntime
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+
+    weight_bits = check_weight_bits(weight_bits)
+    method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile}[
+        check_calibration_method(calibration_method)
+    ]
 
     data = np.asarray(representative_data, dtype="float32")
     graph = onnx.load(str(float_path), load_external_data=False).graph
@@ -123,7 +206,7 @@ def export_onnx_int8(
     )
 
     def write(partial):
-        with _no_quantizer_advice():
+        with _no_quantizer_advice(), _percentile_failure(calibration_method):
             quantize_static(
                 str(float_path),
                 partial,
@@ -132,7 +215,8 @@ def export_onnx_int8(
                 per_channel=True,
                 # 7-bit weights: u8 x s8 products saturate the 16-bit sums of AVX2 kernels
                 # without VNNI (tiny digits net: top-1 agreement 0.76 without, 0.95 with).
-                reduce_range=True,
+                reduce_range=weight_bits == 7,
+                calibrate_method=method,
                 activation_type=getattr(QuantType, activation_type),
                 weight_type=QuantType.QInt8,
                 nodes_to_exclude=excluded,
@@ -146,6 +230,8 @@ def export_openvino_int8(
     path: str | os.PathLike,
     representative_data: np.ndarray,
     float_nodes: list[str] | tuple[str, ...] = (),
+    weight_bits: int = DEFAULT_WEIGHT_BITS,
+    calibration_method: str = DEFAULT_CALIBRATION_METHOD,
 ) -> str | os.PathLike:
     """Writes (atomically) an int8 OpenVINO IR folder by NNCF post-training quantization.
 
@@ -155,13 +241,17 @@ def export_openvino_int8(
         representative_data: float32 inputs, e.g. a few hundred training images.
         float_nodes: names of OpenVINO operations left in float (NNCF's `IgnoredScope`),
             e.g. the first convolution (Lab notes: inference, "What raises int8 agreement").
+        weight_bits: 7 (NNCF's overflow fix in every layer: right on any CPU) or 8 (only
+            for CPUs with VNNI; `WEIGHT_BITS`).
+        calibration_method: "minmax" or "percentile" (`CALIBRATION_METHODS`).
 
     Returns:
         `path`.
 
     Raises:
         ValueError: `float_nodes` is not a list of names, or names an operation the float
-            IR does not have (nothing is written).
+            IR does not have; `weight_bits` or `calibration_method` not one of the choices
+            (nothing is written).
     """
     import nncf
     import openvino
@@ -169,6 +259,12 @@ def export_openvino_int8(
         AdvancedQuantizationParameters,
         OverflowFix,
     )
+    from nncf.quantization.range_estimator import RangeEstimatorParametersSet
+
+    weight_bits = check_weight_bits(weight_bits)
+    ranges = {"minmax": None, "percentile": RangeEstimatorParametersSet.MEAN_QUANTILE}[
+        check_calibration_method(calibration_method)
+    ]
 
     data = np.asarray(representative_data, dtype="float32")
     model = openvino.Core().read_model(os.path.join(float_path, OPENVINO_XML))
@@ -179,7 +275,10 @@ def export_openvino_int8(
     # `reduce_range`: u8 x s8 products saturate the 16-bit sums of AVX2 kernels without
     # VNNI; the file may run on such a CPU whatever CPU wrote it. Tiny digits net, AMD
     # EPYC (AVX2): top-1 agreement with float 0.775 with the default, 0.897 with this.
-    advanced = AdvancedQuantizationParameters(overflow_fix=OverflowFix.ENABLE)
+    advanced = AdvancedQuantizationParameters(
+        overflow_fix=OverflowFix.ENABLE if weight_bits == 7 else OverflowFix.DISABLE,
+        **({"activations_range_estimator_params": ranges} if ranges else {}),
+    )
 
     def write(partial):
         os.makedirs(partial)
@@ -211,6 +310,8 @@ def export_int8_file_checked(
     float_outputs: np.ndarray,
     max_accuracy_drop: float,
     float_nodes: list[str] | tuple[str, ...] = (),
+    weight_bits: int = DEFAULT_WEIGHT_BITS,
+    calibration_method: str = DEFAULT_CALIBRATION_METHOD,
 ) -> dict:
     """The int8 ONNX or OpenVINO file quantized from `float_path`, kept only when its
     runtime's accuracy on the test images is within `max_accuracy_drop` of the float
@@ -229,6 +330,8 @@ def export_int8_file_checked(
         max_accuracy_drop: the most the int8 accuracy may be below the float model's, in
             percentage points.
         float_nodes: nodes left in float (the writers' `float_nodes`).
+        weight_bits: 7 or 8 (the writers' `weight_bits`).
+        calibration_method: "minmax" or "percentile" (the writers' `calibration_method`).
 
     Returns:
         The check's entry: accuracy, float_accuracy, accuracy_drop, top1_agreement,
@@ -240,7 +343,14 @@ def export_int8_file_checked(
     """
     entry = write_checked(
         key,
-        lambda partial: _WRITERS[key](float_path, partial, calibration, float_nodes=float_nodes),
+        lambda partial: _WRITERS[key](
+            float_path,
+            partial,
+            calibration,
+            float_nodes=float_nodes,
+            weight_bits=weight_bits,
+            calibration_method=calibration_method,
+        ),
         _PREDICTORS[key],
         path,
         float_path,

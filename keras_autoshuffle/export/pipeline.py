@@ -72,6 +72,7 @@ def export_model(
     test_data: tuple[ArrayLike, ArrayLike] | None = None,
     max_accuracy_drop: float = int8.MAX_ACCURACY_DROP,
     int8_formats: Sequence[str] | None = None,
+    int8_weight_bits: int = int8_runtimes.DEFAULT_WEIGHT_BITS,
 ) -> dict[str, dict]:
     """Exports `model`, reloads every file and checks its outputs against Keras.
 
@@ -130,6 +131,10 @@ def export_model(
             int8).
         int8_formats: with "int8", the float formats to quantize, each in `formats`
             (default: every one of "litert", "onnx", "openvino" in `formats`).
+        int8_weight_bits: with "int8", the ONNX and OpenVINO files' weight bits: 7 (the
+            default: right on every x86 CPU) or 8 (more accurate, but only for CPUs with
+            VNNI: without it the file can lose accuracy where the check cannot see it;
+            `int8_runtimes.WEIGHT_BITS`). LiteRT's weights are always 8-bit.
 
     Returns:
         `{format: {"path": str, "max_abs_diff": float}}`, and with "int8" an entry per
@@ -151,6 +156,9 @@ def export_model(
     inputs = checks._single_input(model, sample_inputs)
     reference = _check_reference(model, reference)
     int8_data = _int8_data(model, quantize, representative_data, test_data, max_accuracy_drop)
+    int8_options = {
+        "weight_bits": int8_runtimes.check_weight_bits(int8_weight_bits, "int8_weight_bits")
+    }
     expected = _expected_outputs(model, reference, inputs)
     tolerance = _tolerance(model, expected, atol, rtol)
     _prepare_folder(output_dir, formats, int8_formats, inputs, expected, tolerance)
@@ -160,7 +168,9 @@ def export_model(
             results[name] = _write_and_compare(model, name, output_dir, inputs, expected, tolerance)
         if int8_formats:
             results.update(
-                _write_int8(model, reference, output_dir, results, int8_formats, int8_data)
+                _write_int8(
+                    model, reference, output_dir, results, int8_formats, int8_data, int8_options
+                )
             )
     except BaseException:
         # The failed file, and an earlier export's files of the formats not reached: none
@@ -337,10 +347,11 @@ def _tolerance(model, expected, atol, rtol):
     return atol + rtol * float(np.max(np.abs(expected), initial=0.0))
 
 
-def _write_int8(model, reference, output_dir, results, int8_formats, int8_data):
+def _write_int8(model, reference, output_dir, results, int8_formats, int8_data, int8_options):
     """Writes and checks the int8 file of each format of `int8_formats`, quantized from
-    the float file in `results` (LiteRT: converted from `model`) and calibrated and tested
-    on `int8_data` against `reference`: {int8 key: its entry}."""
+    the float file in `results` (LiteRT: converted from `model`; ONNX and OpenVINO with
+    `int8_options`) and calibrated and tested on `int8_data` against `reference`: {int8
+    key: its entry}."""
     calibration, test, max_accuracy_drop = int8_data
     float_outputs = litert.keras_predict(reference, test[0])
     written = {}
@@ -355,7 +366,14 @@ def _write_int8(model, reference, output_dir, results, int8_formats, int8_data):
             )
         else:
             written[key] = int8_runtimes.export_int8_file_checked(
-                key, float_path, path, calibration, test, float_outputs, max_accuracy_drop
+                key,
+                float_path,
+                path,
+                calibration,
+                test,
+                float_outputs,
+                max_accuracy_drop,
+                **int8_options,
             )
     return written
 
