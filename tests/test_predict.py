@@ -637,8 +637,9 @@ def test_metadata_naming_another_class_count_is_refused(exported, tmp_path):
         prediction.Classifier.from_file(model)
 
 
-@pytest.mark.slow  # 15 s: building and loading a 0.5x backbone
-def test_a_keras_hub_preset_folder(photos, tmp_path):
+@pytest.fixture(scope="module")
+def hub_preset(tmp_path_factory):
+    """`(folder, model)`: a keras-hub preset of a 0.5x classifier of 32 x 32 images."""
     from keras_autoshuffle import hub
 
     keras.utils.set_random_seed(0)
@@ -647,8 +648,14 @@ def test_a_keras_hub_preset_folder(photos, tmp_path):
     model = hub.ShuffleNetImageClassifier(
         backbone, 3, preprocessor=preprocessor, class_names=list(LABELS)
     )
-    folder = tmp_path / "preset"
+    folder = tmp_path_factory.mktemp("hub") / "preset"
     model.save_to_preset(str(folder))
+    return folder, model
+
+
+@pytest.mark.slow  # 15 s: building and loading a 0.5x backbone
+def test_a_keras_hub_preset_folder(photos, hub_preset):
+    folder, model = hub_preset
     classifier = prediction.Classifier.from_file(folder)
     assert classifier.labels == LABELS
     images = list(photos[1].values())
@@ -656,3 +663,23 @@ def test_a_keras_hub_preset_folder(photos, tmp_path):
     logits = np.concatenate([model(model.preprocessor(image[None])) for image in images])
     expected = keras.ops.convert_to_numpy(keras.ops.softmax(logits))
     np.testing.assert_allclose(classifier.predict(images), expected, atol=2e-5, rtol=0)
+
+
+@pytest.mark.slow  # 15 s: building a 0.5x backbone (shared with the test above)
+def test_a_tampered_preset_folder_is_refused_by_name(hub_preset, tmp_path):
+    # keras-hub's own loader would read a newer layout, or a config of any size, as it is.
+    from keras_autoshuffle.hub import presets
+
+    newer = tmp_path / "newer"
+    shutil.copytree(hub_preset[0], newer)
+    config = json.loads((newer / "config.json").read_text())
+    config["config"]["preset_version"] = presets.PRESET_VERSION + 1
+    (newer / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config\.json: `preset_version` .*newer version"):
+        prediction.Classifier.from_file(newer)
+    huge = tmp_path / "huge"
+    shutil.copytree(hub_preset[0], huge)
+    text = (huge / "task.json").read_text()
+    (huge / "task.json").write_text(text + " " * presets.MAX_CONFIG_BYTES)
+    with pytest.raises(ValueError, match=r"task\.json is not a keras-hub preset config .*larger"):
+        prediction.Classifier.from_file(huge)
