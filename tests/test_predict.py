@@ -637,6 +637,50 @@ def test_metadata_naming_another_class_count_is_refused(exported, tmp_path):
         prediction.Classifier.from_file(model)
 
 
+NAMES = json.dumps(list(LABELS))
+
+
+@needs_extra("onnx")
+@pytest.mark.parametrize(
+    "props, field",
+    [
+        ({"labels": '"abc"', "image_mean": "[0.0]", "image_std": "[255.0]"}, "`labels`"),
+        ({"labels": NAMES, "image_mean": "[0.0]", "image_std": "[0.0]"}, "std"),
+        (
+            {"labels": NAMES, "image_mean": "[0, 1]", "image_std": "[1, 1]"},
+            "std",
+        ),
+        ({"labels": NAMES, "image_mean": '"ab"', "image_std": "[1]"}, "std"),
+    ],
+)
+def test_tampered_metadata_values_are_refused_by_field(exported, tmp_path, props, field):
+    # Before: labels "abc" named the classes 'a', 'b', 'c'; std 0 gave NaN ("does not output
+    # probabilities"); two means a NumPy broadcast error naming no file.
+    import onnx
+
+    model = copy_export(exported[0], tmp_path / "copy", names=("model.onnx",)) / "model.onnx"
+    proto = onnx.load(model)
+    onnx.helper.set_model_props(proto, props)
+    onnx.save(proto, model)
+    with pytest.raises(ValueError, match=rf"model\.onnx: its metadata's field.*{field}"):
+        prediction.Classifier.from_file(model)
+
+
+def test_a_label_file_in_metadata_is_read_up_to_a_bound(described, tmp_path):
+    # A deflated label file of 16 MiB+ in a few kB: refused, not decompressed whole.
+    from keras_autoshuffle.export import metadata
+
+    data = (described[0] / "mediapipe" / "model.tflite").read_bytes()
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as labels:
+        names = "cat\ndog\nbird\n" + "x" * metadata.MAX_LABEL_FILE_BYTES
+        labels.writestr(metadata.LABEL_FILE, names)
+    model = tmp_path / "model.tflite"
+    model.write_bytes(data[: data.rfind(b"PK\x03\x04")] + archive.getvalue())
+    with pytest.raises(ValueError, match=r"model\.tflite .*label file is larger than"):
+        prediction.Classifier.from_file(model)
+
+
 @pytest.fixture(scope="module")
 def hub_preset(tmp_path_factory):
     """`(folder, model)`: a keras-hub preset of a 0.5x classifier of 32 x 32 images."""
