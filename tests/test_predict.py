@@ -681,6 +681,20 @@ def test_a_label_file_in_metadata_is_read_up_to_a_bound(described, tmp_path):
         prediction.Classifier.from_file(model)
 
 
+@needs_extra("openvino")
+def test_an_openvino_folder_with_other_entries_predicts(exported, tmp_path):
+    # Before: the runner summed the sizes of the IR folder's entries, so a dangling link
+    # (or an unreadable file) beside model.xml failed prediction with a bare FileNotFoundError.
+    from keras_autoshuffle.export.runner import open_runner
+
+    copy = tmp_path / "openvino"
+    shutil.copytree(exported[0] / "openvino", copy)
+    (copy / "notes").symlink_to(tmp_path / "missing")
+    runner = open_runner(copy)
+    xml, weights = copy / "model.xml", copy / "model.bin"
+    assert runner.size_bytes == xml.stat().st_size + weights.stat().st_size
+
+
 @pytest.fixture(scope="module")
 def hub_preset(tmp_path_factory):
     """`(folder, model)`: a keras-hub preset of a 0.5x classifier of 32 x 32 images."""

@@ -95,7 +95,7 @@ class Runner:
         output_shape: the first output's shape without the batch axis (None: not known
             until run).
         labels: the class names the file's metadata holds, in output order, or None.
-        size_bytes: the file's bytes (an OpenVINO IR: its folder's files).
+        size_bytes: the file's bytes (an OpenVINO IR: its `.xml` and `.bin` files).
     """
 
     path: str
@@ -201,14 +201,17 @@ def open_runner(
             f"the file has {classes} outputs. Received: {len(labels)} labels"
         )
     description = InputDescription(shape, np.dtype(dtype).name, mean, std)
-    folder = os.path.dirname(model_path) if fmt == "openvino" else model_path
+    size = size_bytes(model_path)
+    weights = os.path.splitext(model_path)[0] + ".bin"
+    if fmt == "openvino" and os.path.isfile(weights):  # the IR's two files, not its folder's
+        size += size_bytes(weights)
     return Runner(
         model_path,
         fmt,
         description,
         output_shape,
         None if labels is None else tuple(labels),
-        size_bytes(folder),
+        size,
         run,
     )
 
