@@ -114,7 +114,10 @@ class Classifier:
         where `preprocessing.json` says `"exports_include_preprocessing": true`.
 
         A keras-hub preset folder (`config.json` and `metadata.json`, as `save_to_preset`
-        writes) is loaded with `keras_hub.models.ImageClassifier.from_preset`: its
+        writes) is checked as `hub.presets.check_folder` checks it (a missing file, a
+        class not this package's, a newer layout, class names of another count: refused
+        naming the file and the field), then loaded with
+        `keras_hub.models.ImageClassifier.from_preset`: its
         preprocessor resizes, crops and normalises, its `class_names` name the outputs.
 
         Args:
@@ -446,10 +449,12 @@ def _from_preset(cls, folder):
     a softmax on its outputs where it gives logits."""
     import keras_hub
 
-    import keras_autoshuffle.hub  # noqa: F401 (registers the classes keras-hub finds)
+    from keras_autoshuffle.hub import presets  # registers the classes keras-hub finds
 
-    try:
-        model = keras_hub.models.ImageClassifier.from_preset(folder)
+    try:  # checked whole first: keras-hub's own loader reads a newer or foreign preset
+        model = presets.load_checked(
+            folder, keras_hub.models.ImageClassifier.from_preset, True, True
+        )
     except (ValueError, OSError, KeyError, TypeError) as error:
         raise ValueError(
             f"{folder} cannot be loaded as a keras-hub preset ({type(error).__name__}: "

@@ -215,6 +215,29 @@ def test_the_command_takes_a_preset_and_refuses_a_bad_one_in_one_line(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.usefixtures("tiny_networks")
+@pytest.mark.parametrize("name", ["preset", "model.keras"])
+def test_weights_among_the_runs_own_files_are_refused_before_any_work(
+    images,  # noqa: F811
+    start,
+    tmp_path,
+    name,
+):
+    # Before: `--weights runs/x/preset --output runs/x --overwrite` removed the finished run
+    # (its preset too) and then failed reading the weights it had removed.
+    output = tmp_path / "run"
+    output.mkdir()
+    weights = output / name
+    if name == "preset":
+        shutil.copytree(start, weights)
+    else:
+        keras.saving.save_model(tiny_network(0.5, input_shape=(SIDE, SIDE, 3)), weights)
+    (output / "report.json").write_text("{}")  # a finished run, to be replaced
+    with pytest.raises(ValueError, match=rf"`weights` is one of the files .*\({name}\)"):
+        finetune(images, output, weights=weights, overwrite=True, epochs=1, **TINY)
+    assert sorted(os.listdir(output)) == sorted([name, "report.json"])  # nothing removed
+
+
 def test_the_preset_is_a_file_of_the_run(tmp_path):
     # Removed with the run's other files (overwrite; a failed run without a finished epoch).
     (tmp_path / "preset").mkdir()

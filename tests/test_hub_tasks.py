@@ -127,6 +127,18 @@ def test_the_tasks_refuse_bad_arguments_by_name(backbone, build, options, messag
         build(backbone, **arguments)
 
 
+@pytest.mark.parametrize("pooled, joined", [("P5", "P3"), ("P4", "P3"), ("P5", None)])
+def test_the_segmenter_joins_any_finer_level(backbone, pooled, joined):
+    # Before: the ASPP's output was always upsampled to P2's stride, so a decoder on P3 (as
+    # the docstring allows) failed in Keras's Concatenate.
+    segmenter = deeplab_segmenter(
+        backbone, 3, spatial_pyramid_pooling_key=pooled, low_level_feature_key=joined
+    )
+    assert tuple(segmenter.backbone.output.shape) == (None, None, None, 256)
+    logits = segmenter(np.zeros((1, 64, 96, 3), "float32"))
+    assert tuple(logits.shape) == (1, 64, 96, 3)
+
+
 def test_the_tasks_refuse_a_backbone_that_is_not_a_shufflenet():
     with pytest.raises(TypeError, match="Received: backbone=3"):
         retinanet_detector(3, num_classes=3)

@@ -637,8 +637,67 @@ def test_metadata_naming_another_class_count_is_refused(exported, tmp_path):
         prediction.Classifier.from_file(model)
 
 
-@pytest.mark.slow  # 15 s: building and loading a 0.5x backbone
-def test_a_keras_hub_preset_folder(photos, tmp_path):
+NAMES = json.dumps(list(LABELS))
+
+
+@needs_extra("onnx")
+@pytest.mark.parametrize(
+    "props, field",
+    [
+        ({"labels": '"abc"', "image_mean": "[0.0]", "image_std": "[255.0]"}, "`labels`"),
+        ({"labels": NAMES, "image_mean": "[0.0]", "image_std": "[0.0]"}, "std"),
+        (
+            {"labels": NAMES, "image_mean": "[0, 1]", "image_std": "[1, 1]"},
+            "std",
+        ),
+        ({"labels": NAMES, "image_mean": '"ab"', "image_std": "[1]"}, "std"),
+    ],
+)
+def test_tampered_metadata_values_are_refused_by_field(exported, tmp_path, props, field):
+    # Before: labels "abc" named the classes 'a', 'b', 'c'; std 0 gave NaN ("does not output
+    # probabilities"); two means a NumPy broadcast error naming no file.
+    import onnx
+
+    model = copy_export(exported[0], tmp_path / "copy", names=("model.onnx",)) / "model.onnx"
+    proto = onnx.load(model)
+    onnx.helper.set_model_props(proto, props)
+    onnx.save(proto, model)
+    with pytest.raises(ValueError, match=rf"model\.onnx: its metadata's field.*{field}"):
+        prediction.Classifier.from_file(model)
+
+
+def test_a_label_file_in_metadata_is_read_up_to_a_bound(described, tmp_path):
+    # A deflated label file of 16 MiB+ in a few kB: refused, not decompressed whole.
+    from keras_autoshuffle.export import metadata
+
+    data = (described[0] / "mediapipe" / "model.tflite").read_bytes()
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as labels:
+        names = "cat\ndog\nbird\n" + "x" * metadata.MAX_LABEL_FILE_BYTES
+        labels.writestr(metadata.LABEL_FILE, names)
+    model = tmp_path / "model.tflite"
+    model.write_bytes(data[: data.rfind(b"PK\x03\x04")] + archive.getvalue())
+    with pytest.raises(ValueError, match=r"model\.tflite .*label file is larger than"):
+        prediction.Classifier.from_file(model)
+
+
+@needs_extra("openvino")
+def test_an_openvino_folder_with_other_entries_predicts(exported, tmp_path):
+    # Before: the runner summed the sizes of the IR folder's entries, so a dangling link
+    # (or an unreadable file) beside model.xml failed prediction with a bare FileNotFoundError.
+    from keras_autoshuffle.export.runner import open_runner
+
+    copy = tmp_path / "openvino"
+    shutil.copytree(exported[0] / "openvino", copy)
+    (copy / "notes").symlink_to(tmp_path / "missing")
+    runner = open_runner(copy)
+    xml, weights = copy / "model.xml", copy / "model.bin"
+    assert runner.size_bytes == xml.stat().st_size + weights.stat().st_size
+
+
+@pytest.fixture(scope="module")
+def hub_preset(tmp_path_factory):
+    """`(folder, model)`: a keras-hub preset of a 0.5x classifier of 32 x 32 images."""
     from keras_autoshuffle import hub
 
     keras.utils.set_random_seed(0)
@@ -647,8 +706,14 @@ def test_a_keras_hub_preset_folder(photos, tmp_path):
     model = hub.ShuffleNetImageClassifier(
         backbone, 3, preprocessor=preprocessor, class_names=list(LABELS)
     )
-    folder = tmp_path / "preset"
+    folder = tmp_path_factory.mktemp("hub") / "preset"
     model.save_to_preset(str(folder))
+    return folder, model
+
+
+@pytest.mark.slow  # 15 s: building and loading a 0.5x backbone
+def test_a_keras_hub_preset_folder(photos, hub_preset):
+    folder, model = hub_preset
     classifier = prediction.Classifier.from_file(folder)
     assert classifier.labels == LABELS
     images = list(photos[1].values())
@@ -656,3 +721,23 @@ def test_a_keras_hub_preset_folder(photos, tmp_path):
     logits = np.concatenate([model(model.preprocessor(image[None])) for image in images])
     expected = keras.ops.convert_to_numpy(keras.ops.softmax(logits))
     np.testing.assert_allclose(classifier.predict(images), expected, atol=2e-5, rtol=0)
+
+
+@pytest.mark.slow  # 15 s: building a 0.5x backbone (shared with the test above)
+def test_a_tampered_preset_folder_is_refused_by_name(hub_preset, tmp_path):
+    # keras-hub's own loader would read a newer layout, or a config of any size, as it is.
+    from keras_autoshuffle.hub import presets
+
+    newer = tmp_path / "newer"
+    shutil.copytree(hub_preset[0], newer)
+    config = json.loads((newer / "config.json").read_text())
+    config["config"]["preset_version"] = presets.PRESET_VERSION + 1
+    (newer / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"config\.json: `preset_version` .*newer version"):
+        prediction.Classifier.from_file(newer)
+    huge = tmp_path / "huge"
+    shutil.copytree(hub_preset[0], huge)
+    text = (huge / "task.json").read_text()
+    (huge / "task.json").write_text(text + " " * presets.MAX_CONFIG_BYTES)
+    with pytest.raises(ValueError, match=r"task\.json is not a keras-hub preset config .*larger"):
+        prediction.Classifier.from_file(huge)

@@ -32,6 +32,8 @@ MEDIAPIPE_MEAN, MEDIAPIPE_STD = (0.0,), (255.0,)
 IMAGENET_PIXEL_MEAN = tuple(255 * m for m in IMAGENET_MEAN)
 IMAGENET_PIXEL_STD = tuple(255 * s for s in IMAGENET_STD)
 LABEL_FILE = "labels.txt"
+# The most bytes of a label file read from a `.tflite` file (a million short class names).
+MAX_LABEL_FILE_BYTES = 16 * 2**20
 _METADATA_NAME = "TFLITE_METADATA"
 _METADATA_IDENTIFIER = b"M001"
 # The oldest metadata parser that reads what is written here (image input, label file).
@@ -144,8 +146,23 @@ def read_litert_metadata(path: str | os.PathLike) -> dict | None:
         label_file = graph.outputTensorMetadata[0].associatedFiles[0].name.decode()
         mean, std = [float(v) for v in options.mean], [float(v) for v in options.std]
         with zipfile.ZipFile(io.BytesIO(model_bytes)) as archive:
-            labels = archive.read(label_file).decode("utf-8").splitlines()
-    except (TypeError, IndexError, KeyError, AttributeError, zipfile.BadZipFile) as error:
+            # A file may come from anyone: its label file is read up to a bound (a deflated
+            # entry of a few hundred kB can hold gigabytes).
+            if archive.getinfo(label_file).file_size > MAX_LABEL_FILE_BYTES:
+                raise ValueError(f"its label file is larger than {MAX_LABEL_FILE_BYTES} bytes")
+            with archive.open(label_file) as handle:
+                data = handle.read(MAX_LABEL_FILE_BYTES + 1)
+            if len(data) > MAX_LABEL_FILE_BYTES:  # the size its header gives may lie
+                raise ValueError(f"its label file is larger than {MAX_LABEL_FILE_BYTES} bytes")
+            labels = data.decode("utf-8").splitlines()
+    except (
+        TypeError,
+        IndexError,
+        KeyError,
+        AttributeError,
+        ValueError,
+        zipfile.BadZipFile,
+    ) as error:
         raise ValueError(
             f"The metadata of {os.fspath(path)} does not hold an image classifier's label "
             f"file and normalisation as `describe_litert` writes them. Received: {error!r}"

@@ -95,7 +95,7 @@ class Runner:
         output_shape: the first output's shape without the batch axis (None: not known
             until run).
         labels: the class names the file's metadata holds, in output order, or None.
-        size_bytes: the file's bytes (an OpenVINO IR: its folder's files).
+        size_bytes: the file's bytes (an OpenVINO IR: its `.xml` and `.bin` files).
     """
 
     path: str
@@ -193,31 +193,51 @@ def open_runner(
             f"({type(error).__name__}: {_reason(error)}). Export it again. "
             f"Received: path={os.fspath(path)!r}"
         ) from None
-    described = described or {}
-    labels = described.get("labels")
+    labels, mean, std = _checked_metadata(described or {}, model_path)
     classes = output_shape[-1] if output_shape else None
     if labels is not None and classes is not None and len(labels) != classes:
         raise ValueError(
             f"{model_path}: its metadata's field `labels` names {len(labels)} classes but "
             f"the file has {classes} outputs. Received: {len(labels)} labels"
         )
-    mean, std = described.get("mean"), described.get("std")
-    description = InputDescription(
-        shape,
-        np.dtype(dtype).name,
-        None if mean is None else tuple(float(v) for v in mean),
-        None if std is None else tuple(float(v) for v in std),
-    )
-    folder = os.path.dirname(model_path) if fmt == "openvino" else model_path
+    description = InputDescription(shape, np.dtype(dtype).name, mean, std)
+    size = size_bytes(model_path)
+    weights = os.path.splitext(model_path)[0] + ".bin"
+    if fmt == "openvino" and os.path.isfile(weights):  # the IR's two files, not its folder's
+        size += size_bytes(weights)
     return Runner(
         model_path,
         fmt,
         description,
         output_shape,
         None if labels is None else tuple(labels),
-        size_bytes(folder),
+        size,
         run,
     )
+
+
+def _checked_metadata(described, model_path):
+    """`(labels, mean, std)` of a file's metadata (each None where absent), as tuples; a
+    ValueError naming the file and the field for values a tampered file may hold (a string
+    of labels, a std of 0 or of another count than the mean: NaN or wrong predictions)."""
+    labels, mean, std = (described.get(key) for key in ("labels", "mean", "std"))
+    if labels is not None and (
+        not isinstance(labels, list) or not all(isinstance(name, str) for name in labels)
+    ):
+        raise ValueError(
+            f"{model_path}: its metadata's field `labels` must be a list of class names. "
+            f"Received: labels={labels!r:.100}"
+        )
+    if mean is None and std is None:
+        return None if labels is None else tuple(labels), None, None
+    try:
+        mean, std = metadata_lib._check_normalization(mean, std, channels=(1, 3))
+    except ValueError as error:
+        raise ValueError(
+            f"{model_path}: its metadata's fields `mean` / `std` (the input's normalisation) "
+            f"are not one or three finite numbers each, std > 0. {_one_line(error)}"
+        ) from None
+    return None if labels is None else tuple(labels), tuple(mean), tuple(std)
 
 
 def _side(value):

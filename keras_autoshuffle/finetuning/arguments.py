@@ -9,7 +9,7 @@ from typing import Any
 from keras_autoshuffle import _validation
 from keras_autoshuffle import export as export_lib
 from keras_autoshuffle.applications import V2_WIDTHS
-from keras_autoshuffle.finetuning.run_folder import SPLIT_FILE
+from keras_autoshuffle.finetuning.run_folder import RUN_FILES, SPLIT_FILE
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 
 # What is exported beside model.keras by default, where this install can.
@@ -138,6 +138,21 @@ def check_output(output_dir: str | os.PathLike, images: str | os.PathLike) -> st
             f"output_dir={output_dir!r}, images={os.fspath(images)!r}"
         )
     return output_dir
+
+
+def check_weights_outside(weights: object, output_dir: str) -> None:
+    """Refuses `weights` (a `.keras` file or preset folder) that is one of the files the
+    run in `output_dir` writes (`RUN_FILES`: its `preset/`, `model.keras`, ...): a run
+    replacing a finished one removes them before it reads its weights."""
+    if not isinstance(weights, (str, os.PathLike)) or not os.path.exists(weights):
+        return  # "imagenet", None, a registry preset's name
+    inside = os.path.relpath(os.path.realpath(weights), os.path.realpath(output_dir))
+    if inside.split(os.sep)[0] in RUN_FILES:
+        raise RunDirectoryError(
+            f"`weights` is one of the files the run in {output_dir} writes ({inside}): "
+            "the run would remove it before reading it. Copy it out of the run's folder "
+            f"first, or use another output folder. Received: weights={os.fspath(weights)!r}"
+        )
 
 
 def check_batch_size(batch_size: int, train_data: Any) -> None:

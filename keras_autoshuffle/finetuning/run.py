@@ -150,7 +150,9 @@ def finetune(
             field named: a missing file, a class not this package's, weights of another
             width, class names of another count, a newer layout), before any image is
             decoded (a `batch_size` larger than the training images right after the scan).
-        RunDirectoryError: `output_dir` holds a finished run (without `overwrite`) or a
+        RunDirectoryError: `weights` is one of the files the run writes (the `preset/`
+            or `model.keras` of a run in `output_dir`); `output_dir` holds a finished run
+            (without `overwrite`) or a
             run with other settings, is used by another living run (its lock,
             `fault_tolerance.locked_folder`), cannot be made or written, or is inside the
             image folder or holds it.
@@ -182,6 +184,7 @@ def finetune(
     formats = arguments.check_formats(export_formats, options["int8"], include_preprocessing)
     options["left_out"] = arguments.left_out(export_formats)
     output_dir = arguments.check_output(output_dir, images)
+    arguments.check_weights_outside(weights, output_dir)
     # Downloaded (or refused) before any folder is made or image scanned.
     network.check_weights(weights, options["width"], options["image_size"])
     given = dict(

@@ -39,6 +39,8 @@ PACKAGE_PREFIX = "keras_autoshuffle>"
 # The files of a preset keras-hub's `save_to_preset` writes, each a serialized object.
 CONFIG_FILES = ("config.json", "task.json", "preprocessor.json", "image_converter.json")
 WEIGHTS_FILE, TASK_WEIGHTS_FILE = PRESET_WEIGHTS_FILES
+# The most bytes of a config file read (task.json holds the class names: a million short ones).
+MAX_CONFIG_BYTES = 16 * 2**20
 # The layers of keras-hub's `ImageClassifier` head (in `task.weights.h5`).
 TASK_LAYERS = ("pooler", "output_dropout", "predictions")
 # Keras's message when a saved variable's shape is not the layer's (Keras 3.15).
@@ -231,13 +233,18 @@ def save_classifier(classifier: keras.Model, folder: str | os.PathLike) -> str:
 def _read_config(folder, name):
     """The JSON of `folder/name`, its class checked to be this package's; None if absent."""
     path = os.path.join(folder, name)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return None
+    if not os.path.isfile(path):  # a FIFO would block the read
+        raise ValueError(f"{path} is not a regular file: not a keras-hub preset config.")
     try:
-        with open(path) as handle:
-            config = json.load(handle)
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:  # a folder may come from anyone: read up to a bound
+            raise ValueError(f"larger than {MAX_CONFIG_BYTES} bytes")
+        config = json.loads(data)
         registered = config["registered_name"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
         raise ValueError(
             f"{path} is not a keras-hub preset config ({type(error).__name__}: {error})."
         ) from None

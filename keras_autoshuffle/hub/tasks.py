@@ -169,8 +169,10 @@ def deeplab_segmenter(
     )
     finer = [level for level in PYRAMID_LEVELS if level < pooled]
     _validation.choice(low_level_feature_key, (None, *finer), "low_level_feature_key")
-    # The ASPP's output is upsampled to stride 4 (P2's), then by 4 to the input's size.
-    upsampling = 2 ** (int(pooled[1:]) - 2)
+    # The ASPP's output is upsampled to the decoder level's stride (P2's: 4, without a
+    # decoder), where it is joined with that level, then to the input's size.
+    joined = int(low_level_feature_key[1:]) if low_level_feature_key else 2
+    upsampling = 2 ** (int(pooled[1:]) - joined)
     image_shape = _image_shape(image_size)
     pyramid = DeepLabV3Backbone(
         image_encoder=_encoder(backbone),
