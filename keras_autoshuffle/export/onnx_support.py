@@ -33,7 +33,8 @@ LAYERS = (
 )
 
 
-def activation_name(layer):
+def activation_name(layer: keras.layers.Layer) -> str:
+    """The name of `layer`'s activation function (`"linear"` when it has none)."""
     return getattr(getattr(layer, "activation", None), "__name__", "linear")
 
 

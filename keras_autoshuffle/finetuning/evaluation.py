@@ -5,6 +5,8 @@ top-1 agreement with the Keras model, size and latency per image on this machine
 pipeline's images; `measure_raw_files` runs files holding their preprocessing on the
 validation image files as decoded, through `prediction.Classifier` (as an app would)."""
 
+from typing import TYPE_CHECKING
+
 import keras
 import numpy as np
 
@@ -14,6 +16,9 @@ from keras_autoshuffle.export.metadata import IMAGENET_PIXEL_STD as PIXEL_STD
 from keras_autoshuffle.export.runner import open_runner
 from keras_autoshuffle.finetuning.metrics import file_latency
 
+if TYPE_CHECKING:
+    import tensorflow as tf
+
 # Validation images each exported file is run on (every one, up to this many).
 MAX_CHECKED_IMAGES = 10_000
 # Files holding their preprocessing run on full-size decoded images (a 12-megapixel photo
@@ -21,7 +26,12 @@ MAX_CHECKED_IMAGES = 10_000
 MAX_RAW_CHECKED_IMAGES = 500
 
 
-def measure_files(files: dict, val_data, keras_probabilities: np.ndarray, input_shape) -> dict:
+def measure_files(
+    files: dict,
+    val_data: "tf.data.Dataset",
+    keras_probabilities: np.ndarray,
+    input_shape: tuple[int, ...],
+) -> dict:
     """{format: {"path", "size_bytes", "accuracy", "top1_agreement", "examples",
     "latency"}} for `files` ({format: path}; "int8", "onnx_int8", "openvino_int8" for the
     full-integer `.tflite`, `.onnx` and OpenVINO folder), run on
@@ -73,7 +83,10 @@ def _entry(path, predicted, labels, keras_probabilities):
 
 
 def measure_raw_files(
-    files: dict, val_data, keras_probabilities: np.ndarray, latency_shape: tuple[int, ...]
+    files: dict,
+    val_data: "tf.data.Dataset",
+    keras_probabilities: np.ndarray,
+    latency_shape: tuple[int, ...],
 ) -> dict:
     """As `measure_files`, for files that take raw pixels (`finetuning.raw_input_model`):
     each is loaded with `prediction.Classifier.from_file` (its side files beside it) and

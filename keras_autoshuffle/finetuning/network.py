@@ -176,7 +176,11 @@ def build_classifier(
 
 
 def copy_weights(
-    source: keras.Model, model: keras.Model, weights, width: float, with_head: bool = False
+    source: keras.Model,
+    model: keras.Model,
+    weights: str | os.PathLike | None,
+    width: float,
+    with_head: bool = False,
 ) -> None:
     """Assigns every variable of `model` (but the head's, unless `with_head`) from the
     variable of the same path in `source` (`stem_conv/kernel`, ...), checking the layer

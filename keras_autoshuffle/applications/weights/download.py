@@ -54,7 +54,7 @@ _OLD_PARTIAL = re.compile(r"\..+\.[0-9]+\.(?:download|partial\.weights\.h5)")
 MAX_DOWNLOAD_BYTES = 256 * 2**20
 
 
-def download_timeout():
+def download_timeout() -> float:
     """Seconds a download waits for the server to connect or send its next bytes:
     `$KERAS_AUTOSHUFFLE_DOWNLOAD_TIMEOUT` when set (a number > 0, at most 3600), else 60."""
     text = os.environ.get(TIMEOUT_VARIABLE, "").strip()
@@ -114,7 +114,7 @@ def _writer_tag():
     return f"{host}-{namespace}"
 
 
-def partial_path(folder, name, suffix="download"):
+def partial_path(folder: str, name: str, suffix: str = "download") -> str:
     """A fresh name in `folder` to write `name` under before it is moved into place:
     `.<name>.<writer tag>.<pid>.<token>.<suffix>` (see `STALE_SECONDS`)."""
     token = secrets.token_hex(4)
@@ -132,7 +132,7 @@ def _alive(pid):
     return True
 
 
-def remove_dead_partials(folder):
+def remove_dead_partials(folder: str) -> list[str]:
     """Removes from `folder` the partial files (`partial_path`) of writers that are dead
     or that nothing has written for `STALE_SECONDS`; returns their names. A live
     writer's file, here or on another host, is kept."""
@@ -298,7 +298,7 @@ def _fetch(url, target, timeout):
                 raise _Stalled(f"under 64 KiB sent in {timeout:g} s after {received} bytes")
 
 
-def download_checkpoint(width, weights="imagenet"):
+def download_checkpoint(width: float, weights: str = "imagenet") -> str:
     """The path of torchvision's checkpoint for `width` in Keras's cache, downloaded if it
     is not there, its SHA-256 checked.
 

@@ -25,7 +25,7 @@ CLASS_INDEX_URL = "https://storage.googleapis.com/download.tensorflow.org/data/"
 CLASS_INDEX_MD5 = "c2c37ea517e94d9795004a39431a14cb"
 
 
-def checkpoint_url(file_name):
+def checkpoint_url(file_name: str) -> str:
     """`<base>/<file_name>`: the base is `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` when set (an
     http(s):// or file:// URL of a folder, its query string kept, or an absolute folder
     path), else torchvision's."""
@@ -56,7 +56,7 @@ def _is_folder_url(parts):
     )
 
 
-def cache_dir():
+def cache_dir() -> str:
     """Keras's cache folder: `$KERAS_HOME` at the time of the call, else `~/.keras`
     (`/tmp/.keras` when that cannot be written, as `keras.utils.get_file` does)."""
     base = os.path.expanduser(
