@@ -200,12 +200,14 @@ def test_a_failed_dataset_download_is_one_line(tmp_path):
     assert "\n" not in message and not (tmp_path / "out").exists()
 
 
-def test_the_litert_staging_folder_a_killed_export_leaves_is_one_of_the_runs_files(tmp_path):
+def test_what_a_killed_export_leaves_is_removed_with_the_runs_files(tmp_path):
     # The LiteRT files are written in a staging folder, then moved in: after kill -9 during
     # the export, an overwrite (and the rerun's export itself) removes what was left.
     staging = tmp_path / run_folder.LITERT_STAGING
     staging.mkdir()
     (staging / "model.tflite").write_bytes(b"half a file")
+    (tmp_path / "model.partial.tflite").write_bytes(b"half a file")  # killed while described
+    (tmp_path / "preset.partial").mkdir()  # killed while the preset was written
     (tmp_path / "photos_of_mine.txt").write_text("not the run's")
     run_folder.clear_run(str(tmp_path))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["photos_of_mine.txt"]

@@ -85,8 +85,8 @@ def finished(output_dir: str, overwrite: bool) -> bool:
 def clear_run(output_dir: str) -> None:
     """Removes every file and folder a run writes in `output_dir` (`RUN_FILES`), nothing
     else: no stale file of a replaced run stays beside the new one's."""
-    for name in RUN_FILES:
-        _atomic.remove(os.path.join(output_dir, name))
+    for name in RUN_FILES:  # with what a killed writer left (`model.partial.tflite`)
+        _atomic.remove_written(os.path.join(output_dir, name))
 
 
 def finished_phases(output_dir: str, head_epochs: int) -> bool:
