@@ -81,6 +81,23 @@ def add_int8_max_drop(parser: argparse.ArgumentParser, held_out: str) -> None:
     )
 
 
+def add_int8_weight_bits(parser: argparse.ArgumentParser) -> None:
+    """Adds `--int8-weight-bits {7,8}` (the ONNX and OpenVINO int8 files' weight bits,
+    `export_model(int8_weight_bits=)`) to `parser`."""
+    parser.add_argument(
+        "--int8-weight-bits",
+        type=int,
+        choices=(7, 8),
+        default=None,  # int8_runtimes.DEFAULT_WEIGHT_BITS, written in the help
+        help="with --int8: the weights' bits in the ONNX and OpenVINO int8 files (LiteRT's are "
+        "always 8). 7 (default): right on every x86 CPU. 8: a little closer to the float "
+        "model, but only for files that will run on CPUs with VNNI (AVX-512 VNNI, AVX-VNNI): "
+        "elsewhere the int8 kernels' 16-bit sums saturate and the file loses accuracy "
+        "(measured: 1.2 points of agreement in OpenVINO) that the check, run on this CPU, "
+        "cannot see",
+    )
+
+
 def run_command(name: str, argv: Sequence[str] | None) -> int:
     """Runs `keras_autoshuffle.commands.<name>.main(argv)`, the command's work, imported only
     now: the arguments were parsed without Keras (it parses them again, in microseconds)."""

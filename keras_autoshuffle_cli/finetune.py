@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from keras_autoshuffle_cli._help import (
     add_int8_max_drop,
+    add_int8_weight_bits,
     command_parser,
     positive_int_argument,
     run_command,
@@ -101,6 +102,7 @@ def parser() -> argparse.ArgumentParser:
         "openvino_int8/), each checked against the float model on the validation images",
     )
     add_int8_max_drop(p, "validation")
+    add_int8_weight_bits(p)
     p.add_argument(
         "--include-preprocessing",
         action="store_true",
@@ -135,6 +137,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.int8_max_drop is not None and not args.int8:
         p.error(f"argument --int8-max-drop: needs --int8, got {args.int8_max_drop:g}")
+    if args.int8_weight_bits is not None and not args.int8:
+        p.error(f"argument --int8-weight-bits: needs --int8, got {args.int8_weight_bits}")
     return args
 
 

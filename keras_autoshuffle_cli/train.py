@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from keras_autoshuffle_cli._help import (
     add_int8_max_drop,
+    add_int8_weight_bits,
     command_parser,
     positive_int_argument,
     run_command,
@@ -285,6 +286,7 @@ def _add_run_arguments(parser):
         "model's",
     )
     add_int8_max_drop(parser, "test")
+    add_int8_weight_bits(parser)
     parser.add_argument(
         "--balanced",
         action="store_true",

@@ -78,8 +78,8 @@ def tiny_networks(monkeypatch):
 
 @pytest.fixture(scope="module")
 def run(images, tmp_path_factory):
-    """A from-scratch run (tiny networks) with every export and int8: (its folder, its
-    report)."""
+    """A from-scratch run (tiny networks) with every export and int8 (ONNX's and
+    OpenVINO's weights in 8 bits): (its folder, its report)."""
     output = tmp_path_factory.mktemp("run")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(network, "ShuffleNetV2", tiny_network)
@@ -88,6 +88,7 @@ def run(images, tmp_path_factory):
             output,
             export_formats=("litert", "onnx", "openvino"),
             int8=True,
+            int8_weight_bits=8,
             **RUN_ARGUMENTS,
         )
     return output, report
@@ -136,6 +137,7 @@ def test_every_float_export_agrees_with_keras_on_the_validation_images(run):
         assert bool(check.get("refused")) == (key not in report["files"]), key
         if key in report["files"]:
             assert report["files"][key]["top1_agreement"] == pytest.approx(check["top1_agreement"])
+    assert report["settings"]["int8_weight_bits"] == 8  # the run's, passed to the writers
 
 
 @needs_extra("onnx")

@@ -608,6 +608,63 @@ def test_finetune_and_train_refuse_a_bad_bound_before_anything_is_written(bound,
     assert sorted(os.listdir(tmp_path)) == []
 
 
+@pytest.mark.parametrize("command", ["autoshuffle-finetune", "autoshuffle-train"])
+@pytest.mark.parametrize("text", ["9", "6", "7.5", "eight"])
+def test_the_commands_refuse_weight_bits_other_than_7_or_8(command, text, capsys):
+    from keras_autoshuffle_cli import finetune, train
+
+    main = {"autoshuffle-finetune": finetune.main, "autoshuffle-train": train.main}[command]
+    arguments = ["--output", "out"] + (["photos"] if command == "autoshuffle-finetune" else [])
+    with pytest.raises(SystemExit) as info:
+        main([*arguments, "--int8", "--int8-weight-bits", text])
+    assert info.value.code == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert re.search(rf"error: argument --int8-weight-bits: invalid .*\b{text}\b", error)
+
+
+@pytest.mark.parametrize("command", ["autoshuffle-finetune", "autoshuffle-train"])
+def test_the_commands_take_weight_bits_with_int8_only(command, capsys):
+    from keras_autoshuffle.export import int8_runtimes
+    from keras_autoshuffle_cli import finetune, train
+
+    module = {"autoshuffle-finetune": finetune, "autoshuffle-train": train}[command]
+    arguments = ["--output", "out"] + (["photos"] if command == "autoshuffle-finetune" else [])
+    with pytest.raises(SystemExit) as info:
+        module.main([*arguments, "--int8-weight-bits", "8"])
+    assert info.value.code == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.endswith("argument --int8-weight-bits: needs --int8, got 8")
+    parsed = module.parser().parse_args([*arguments, "--int8", "--int8-weight-bits", "8"])
+    assert parsed.int8_weight_bits == 8
+    # The default in the help is the library's, and it says which CPUs 8 bits are for.
+    help_text = " ".join(module.parser().format_help().split())
+    assert f"{int8_runtimes.DEFAULT_WEIGHT_BITS} (default)" in help_text
+    assert "only for files that will run on CPUs with VNNI" in help_text
+
+
+@pytest.mark.parametrize("bits", [6, 16, 7.5, "8", True, None])
+def test_finetune_and_train_refuse_bad_weight_bits_before_anything_is_written(bits, tmp_path):
+    from keras_autoshuffle.finetuning import finetune
+
+    message = rf"`int8_weight_bits` must be 7 .*Received: int8_weight_bits={bits!r}$"
+    with pytest.raises(ValueError, match=message):
+        finetune(tmp_path / "photos", tmp_path / "out", int8=True, int8_weight_bits=bits)
+    split = data.ArrayData(_images(8), np.arange(8) % 10, 10)
+    recipe = training.get_recipe("digits", epochs=1, batch_size=4)
+    with pytest.raises(ValueError, match=message):
+        training.train(
+            lambda: tiny_v2(classes=10),
+            split,
+            split,
+            recipe,
+            str(tmp_path / "run"),
+            int8=True,
+            int8_weight_bits=bits,
+            verbose=0,
+        )
+    assert sorted(os.listdir(tmp_path)) == []
+
+
 def _check(**overrides):
     entry = {
         "accuracy": 0.82,

@@ -176,3 +176,23 @@ def test_export_model_writes_8_bit_weights_when_asked(tmp_path):
     )
     weights = _onnx_weights(results["onnx_int8"]["path"])
     assert max(int(np.abs(w.astype(int)).max()) for w in weights) == 127
+
+
+def test_a_training_runs_export_writes_8_bit_weights_when_asked(tmp_path):
+    # `train()` and `finetune()` export through `training.exports.export_run`: its
+    # `int8_weight_bits` reaches the ONNX writer (the accuracy bound at 100: an untrained net).
+    from keras_autoshuffle.training import exports
+
+    images = np.random.default_rng(0).normal(size=(16, *TINY_SHAPE)).astype("float32")
+    test = (images, np.arange(16) % 10)
+    results = exports.export_run(
+        tiny_v2(classes=10),
+        str(tmp_path),
+        images[:2],
+        ("onnx",),
+        (images, test),
+        max_accuracy_drop=100.0,
+        int8_weight_bits=8,
+    )
+    weights = _onnx_weights(results["onnx_int8"]["path"])
+    assert max(int(np.abs(w.astype(int)).max()) for w in weights) == 127

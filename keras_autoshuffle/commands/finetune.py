@@ -43,6 +43,9 @@ def main(argv: list[str] | None = None) -> int:
             export_formats=_formats(args.export_formats),
             int8=args.int8,
             **({} if args.int8_max_drop is None else {"max_accuracy_drop": args.int8_max_drop}),
+            **(
+                {} if args.int8_weight_bits is None else {"int8_weight_bits": args.int8_weight_bits}
+            ),
             include_preprocessing=args.include_preprocessing,
             cache_images=not args.no_cache,
             skip_damaged=args.skip_damaged,

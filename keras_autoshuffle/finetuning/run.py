@@ -38,7 +38,7 @@ from keras_autoshuffle import export as export_lib
 from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD
 from keras_autoshuffle.data.image_folder import image_folder
 from keras_autoshuffle.data.images import read_image
-from keras_autoshuffle.export import metadata
+from keras_autoshuffle.export import int8_runtimes, metadata
 from keras_autoshuffle.finetuning import arguments, evaluation, network, run_folder
 from keras_autoshuffle.finetuning.phases import train_phases
 from keras_autoshuffle.finetuning.raw_inputs import raw_input_model
@@ -78,6 +78,7 @@ def finetune(
     export_formats: tuple[str, ...] | None = None,
     int8: bool = False,
     max_accuracy_drop: float = export_lib.MAX_ACCURACY_DROP,
+    int8_weight_bits: int = int8_runtimes.DEFAULT_WEIGHT_BITS,
     include_preprocessing: bool = False,
     cache_images: bool = True,
     skip_damaged: bool = False,
@@ -126,6 +127,10 @@ def finetune(
         max_accuracy_drop: with `int8`, the most an int8 file's validation accuracy may
             be below the float model's, in percentage points in [0, 100] (one image of
             100 is 1 point); the drop and the top-1 agreement are reported either way.
+        int8_weight_bits: with `int8`, the ONNX and OpenVINO int8 files' weight bits
+            (`export.export_model`'s): 7 (right on every x86 CPU) or 8 (a little more
+            accurate, only for files that will run on CPUs with VNNI); in the report's
+            settings.
         include_preprocessing: the exported files (LiteRT, ONNX, OpenVINO) take raw RGB
             pixels, uint8 (1, height, width, 3) of any size, and resize, crop and
             normalise inside (`finetuning.raw_input_model`), so an app feeds decoded
@@ -179,6 +184,9 @@ def finetune(
         pretrained=pretrained,
     )
     options["int8_bound"] = _validation.percentage_points(max_accuracy_drop, "max_accuracy_drop")
+    options["int8_weight_bits"] = int8_runtimes.check_weight_bits(
+        int8_weight_bits, "int8_weight_bits"
+    )
     source = network.weights_source(weights)
     include_preprocessing = options["include_preprocessing"]
     formats = arguments.check_formats(export_formats, options["int8"], include_preprocessing)
@@ -265,8 +273,8 @@ def _fine_tune(images, output_dir, weights, source, options, formats, given):
         report.update(_export_raw_input(model, output_dir, val_data, formats, probabilities))
     else:
         exported = (model, output_dir, train_data, val_data, formats, probabilities)
-        int8 = options["int8"], options["int8_bound"]
-        report.update(_export(*exported, *int8, split.class_names))
+        int8 = options["int8"], options["int8_bound"], options["int8_weight_bits"]
+        report.update(_export(*exported, int8, split.class_names))
     report["preset"] = _write_preset(model, output_dir, split.class_names, options)
     if options["left_out"]:  # by default, what this install cannot write
         report["not_exported"] = options["left_out"]
@@ -301,6 +309,7 @@ def _settings_record(settings, weights, options, split):
         "split_seed": split.split_seed,
         "seed": options["seed"],
         "include_preprocessing": options["include_preprocessing"],
+        **({"int8_weight_bits": options["int8_weight_bits"]} if options["int8"] else {}),
     }
 
 
@@ -351,13 +360,13 @@ def _digest(record):
     return "sha256:" + hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _export(
-    model, output_dir, train_data, val_data, formats, probabilities, int8, int8_bound, class_names
-):
-    """`model.keras` and the folded exports with their checks (`training.exports`; int8
-    files within `int8_bound` points of accuracy drop), the files' metadata
+def _export(model, output_dir, train_data, val_data, formats, probabilities, int8s, class_names):
+    """`model.keras` and the folded exports with their checks (`training.exports`; with
+    `int8s` ((wanted, bound, weight bits)) the int8 files within the bound's points of
+    accuracy drop, ONNX's and OpenVINO's weights in those bits), the files' metadata
     (`_describe_files`), then each file's accuracy on the
     validation images, agreement with Keras, size, latency."""
+    int8, int8_bound, int8_weight_bits = int8s
     sample = training_exports.check_savable(model, val_data, formats)
     int8_arrays = training_exports.int8_data(train_data, val_data) if formats and int8 else None
     # Described (the mediapipe extra), the LiteRT files take RGB in [0, 1] (MediaPipe's).
@@ -365,7 +374,7 @@ def _export(
     others = tuple(f for f in formats if not (unit_rgb and f == "litert"))
     if others:
         written = training_exports.export_run(
-            model, output_dir, sample, others, int8_arrays, int8_bound
+            model, output_dir, sample, others, int8_arrays, int8_bound, int8_weight_bits
         )
     else:  # model.keras alone
         path = os.path.join(output_dir, export_lib.FILENAMES["keras"])

@@ -152,6 +152,8 @@ def _argument_errors(args, recipe):
         )
     if args.int8_max_drop is not None and not args.int8:
         errors.append(f"argument --int8-max-drop: needs --int8, got {args.int8_max_drop:g}")
+    if args.int8_weight_bits is not None and not args.int8:
+        errors.append(f"argument --int8-weight-bits: needs --int8, got {args.int8_weight_bits}")
     quantizable = ("litert", "onnx", "openvino")
     if args.int8 and (
         args.no_export
@@ -227,6 +229,8 @@ def run_from_args(
     options = {name: getattr(args, name) for name in passed}
     if args.int8_max_drop is not None:
         options["max_accuracy_drop"] = args.int8_max_drop
+    if args.int8_weight_bits is not None:
+        options["int8_weight_bits"] = args.int8_weight_bits
     # One run at a time in --output (a worker writes into its own folder inside it).
     lock = locked_folder(args.output) if is_chief(strategy) else contextlib.nullcontext()
     try:

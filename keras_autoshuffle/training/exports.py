@@ -12,6 +12,7 @@ import numpy as np
 
 from keras_autoshuffle import _validation
 from keras_autoshuffle import export as export_lib
+from keras_autoshuffle.export import int8_runtimes
 
 # `int8=True`: training images calibrated on, and at most this many test examples checked.
 INT8_CALIBRATION_EXAMPLES = 500
@@ -139,11 +140,12 @@ def export_run(
     formats,
     int8_data=None,
     max_accuracy_drop=export_lib.MAX_ACCURACY_DROP,
+    int8_weight_bits=int8_runtimes.DEFAULT_WEIGHT_BITS,
 ):
     """`model.keras` as trained (hardened); `formats` (SavedModel, LiteRT, ONNX, OpenVINO)
     from the folded network, and with `int8_data` (calibration images, test data) the int8
     file of each of them that has one (`int8_formats`), refused where its accuracy drop is
-    beyond `max_accuracy_drop` points.
+    beyond `max_accuracy_drop` points, ONNX's and OpenVINO's weights in `int8_weight_bits`.
 
     Folding (`folding.fold_model`) removes the shuffles' GATHERs, which split LiteRT's
     XNNPACK delegate; models it does not cover (not from `applications`, channels_first)
@@ -167,6 +169,7 @@ def export_run(
                 test_data=int8_data[1],
                 int8_formats=quantized,
                 max_accuracy_drop=max_accuracy_drop,
+                int8_weight_bits=int8_weight_bits,
             )
         try:
             files = export_lib.export_model(

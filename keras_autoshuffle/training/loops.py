@@ -21,6 +21,7 @@ from keras_autoshuffle._atomic import write_json
 from keras_autoshuffle._keras_internals import build_before_fit
 from keras_autoshuffle.callbacks import HardenShuffles, evaluate_accuracy
 from keras_autoshuffle.data import EpochCounter, EpochData
+from keras_autoshuffle.export import int8_runtimes
 from keras_autoshuffle.losses import SmoothedSparseCrossentropy
 from keras_autoshuffle.training import distribution
 from keras_autoshuffle.training.exports import (
@@ -69,6 +70,7 @@ def train(
     report_entries: dict[str, Any] | None = None,
     int8: bool = False,
     max_accuracy_drop: float = export_lib.MAX_ACCURACY_DROP,
+    int8_weight_bits: int = int8_runtimes.DEFAULT_WEIGHT_BITS,
     label_smoothing: float = 0.0,
     class_weight: Sequence[float] | None = None,
 ) -> dict[str, Any]:
@@ -113,6 +115,10 @@ def train(
         max_accuracy_drop: with `int8`, the most an int8 file's test accuracy may be below
             the float model's, in percentage points in [0, 100]; a file beyond it is not
             written, its numbers reported (`export.export_model`'s, same default).
+        int8_weight_bits: with `int8`, the ONNX and OpenVINO int8 files' weight bits
+            (`export.export_model`'s): 7 (right on every x86 CPU) or 8 (a little more
+            accurate, only for files that will run on CPUs with VNNI); in the report's
+            settings.
         label_smoothing: in [0, 1): the loss's (`losses.SmoothedSparseCrossentropy`);
             0 is sparse cross-entropy.
         class_weight: None, or a weight per class, a sequence as long as the classes
@@ -125,6 +131,7 @@ def train(
     seed, formats = _check_seed(seed), export_formats(export)
     _validation.choice(int8, (False, True), "int8")
     int8_bound = _validation.percentage_points(max_accuracy_drop, "max_accuracy_drop")
+    weight_bits = int8_runtimes.check_weight_bits(int8_weight_bits, "int8_weight_bits")
     _check_data(test_data, recipe, strategy)
     loss = dict(label_smoothing=_validation.fraction_below_one(label_smoothing, "label_smoothing"))
     loss["class_weights"] = _check_class_weight(class_weight, train_data, strategy)
@@ -150,7 +157,10 @@ def train(
         job.label_smoothing, job.class_weights = loss["label_smoothing"], loss["class_weights"]
         with reproducible_steps():
             report = custom_loop(job) if distribution.is_multi_worker(strategy) else _fit(job)
-    files = _export(job, sample, (formats, skipped), (int8 and chief, int8_bound), report)
+    int8_options = (int8 and chief, int8_bound, weight_bits)
+    files = _export(job, sample, (formats, skipped), int8_options, report)
+    if int8:
+        identity = {**identity, "int8_weight_bits": weight_bits}  # the report's, not a resume's
     return _write_report(job, report, files, identity, start, report_entries)
 
 
@@ -263,8 +273,8 @@ def _identity(settings, recipe, model, train_data, test_data, **fields):
 
 def _export(job, sample, plan, int8, report):
     """Writes `model.keras` and the exports of `plan` ((formats, {format: why skipped}))
-    and, with `int8` ((wanted, max_accuracy_drop)), the int8 files; their entries go into
-    `report`; returns the files."""
+    and, with `int8` ((wanted, max_accuracy_drop, weight bits)), the int8 files; their
+    entries go into `report`; returns the files."""
     (model, own_dir), (formats, skipped) = (job.model, job.output_dir), plan
     files = {"keras": os.path.join(own_dir, "model.keras")}
     if skipped:
@@ -273,7 +283,7 @@ def _export(job, sample, plan, int8, report):
         export_lib.save_keras(model, files["keras"])
         return files
     int8_arrays = int8_data(job.train_data, job.test_data) if int8[0] else None
-    report["export"] = export_run(model, own_dir, sample, formats, int8_arrays, int8[1])
+    report["export"] = export_run(model, own_dir, sample, formats, int8_arrays, *int8[1:])
     # Each int8 file's check ("int8": LiteRT's, "onnx_int8", "openvino_int8") beside the
     # float files' parity checks; a refused one has no path.
     for key in export_lib.INT8_FILES:
