@@ -26,7 +26,7 @@ Both of PyTorch's formats are read:
 The older tar format (torch < 0.4) is not read.
 
 The module imports nothing but the standard library and NumPy (not Keras), so a script
-can load it by path where TensorFlow is not installed (scripts/make_torch_checkpoints.py).
+can load it by path where TensorFlow is not installed (the repository's checkpoint-making script).
 """
 
 import io
