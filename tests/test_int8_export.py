@@ -585,13 +585,12 @@ def test_the_commands_refuse_a_bound_without_int8_and_take_minus_zero(command, c
     )
 
 
-@pytest.mark.parametrize("bound", [-1, float("nan"), 101, "2", True])
-def test_finetune_and_train_refuse_a_bad_bound_before_anything_is_written(bound, tmp_path):
+def _refused_before_anything_is_written(tmp_path, message, **option):
+    """`finetune` and `train` with `option` both raise `message`, leaving `tmp_path` empty."""
     from keras_autoshuffle.finetuning import finetune
 
-    message = rf"percentage points in \[0, 100\]. Received: max_accuracy_drop={bound!r}$"
     with pytest.raises(ValueError, match=message):
-        finetune(tmp_path / "photos", tmp_path / "out", int8=True, max_accuracy_drop=bound)
+        finetune(tmp_path / "photos", tmp_path / "out", int8=True, **option)
     split = data.ArrayData(_images(8), np.arange(8) % 10, 10)
     recipe = training.get_recipe("digits", epochs=1, batch_size=4)
     with pytest.raises(ValueError, match=message):
@@ -602,10 +601,16 @@ def test_finetune_and_train_refuse_a_bad_bound_before_anything_is_written(bound,
             recipe,
             str(tmp_path / "run"),
             int8=True,
-            max_accuracy_drop=bound,
             verbose=0,
+            **option,
         )
     assert sorted(os.listdir(tmp_path)) == []
+
+
+@pytest.mark.parametrize("bound", [-1, float("nan"), 101, "2", True])
+def test_finetune_and_train_refuse_a_bad_bound_before_anything_is_written(bound, tmp_path):
+    message = rf"percentage points in \[0, 100\]. Received: max_accuracy_drop={bound!r}$"
+    _refused_before_anything_is_written(tmp_path, message, max_accuracy_drop=bound)
 
 
 @pytest.mark.parametrize("command", ["autoshuffle-finetune", "autoshuffle-train"])
@@ -644,25 +649,8 @@ def test_the_commands_take_weight_bits_with_int8_only(command, capsys):
 
 @pytest.mark.parametrize("bits", [6, 16, 7.5, "8", True, None])
 def test_finetune_and_train_refuse_bad_weight_bits_before_anything_is_written(bits, tmp_path):
-    from keras_autoshuffle.finetuning import finetune
-
     message = rf"`int8_weight_bits` must be 7 .*Received: int8_weight_bits={bits!r}$"
-    with pytest.raises(ValueError, match=message):
-        finetune(tmp_path / "photos", tmp_path / "out", int8=True, int8_weight_bits=bits)
-    split = data.ArrayData(_images(8), np.arange(8) % 10, 10)
-    recipe = training.get_recipe("digits", epochs=1, batch_size=4)
-    with pytest.raises(ValueError, match=message):
-        training.train(
-            lambda: tiny_v2(classes=10),
-            split,
-            split,
-            recipe,
-            str(tmp_path / "run"),
-            int8=True,
-            int8_weight_bits=bits,
-            verbose=0,
-        )
-    assert sorted(os.listdir(tmp_path)) == []
+    _refused_before_anything_is_written(tmp_path, message, int8_weight_bits=bits)
 
 
 def _check(**overrides):
