@@ -117,6 +117,8 @@ def test_the_public_builders_take_features_only(backbone):
         (retinanet_detector, dict(min_level=6), "Received: min_level=6"),
         (retinanet_detector, dict(max_level=4), "Received: max_level=4"),
         (retinanet_detector, dict(image_size=(16, 16)), r"Received: image_size=\(16, 16\)"),
+        (retinanet_detector, dict(image_size=(32.9, 40)), r"Received: image_size=\(32.9, 40\)"),
+        (deeplab_segmenter, dict(image_size=(64, 64, 3)), r"Received: image_size=\(64, 64, 3\)"),
         (deeplab_segmenter, dict(spatial_pyramid_pooling_key="P6"), "=\\'P6\\'"),
         (deeplab_segmenter, dict(low_level_feature_key="P5"), "low_level_feature_key='P5'"),
     ],

@@ -48,15 +48,15 @@ def _image_shape(image_size: Any) -> tuple[int | None, int | None, int]:
     if image_size is None:
         return (None, None, 3)
     try:
-        height, width = (int(side) for side in image_size)
-    except (TypeError, ValueError):
-        height = width = 0
-    if height < 32 or width < 32:
+        sides = tuple(image_size)
+    except TypeError:
+        sides = ()
+    if len(sides) != 2 or not all(_validation.is_integer(s) and s >= 32 for s in sides):
         raise ValueError(
-            "`image_size` must be None or (height, width), each at least 32 (the pyramid's "
-            f"coarsest stride). Received: image_size={image_size!r}"
+            "`image_size` must be None or (height, width), integers, each at least 32 (the "
+            f"pyramid's coarsest stride). Received: image_size={image_size!r}"
         )
-    return (height, width, 3)
+    return (int(sides[0]), int(sides[1]), 3)
 
 
 def retinanet_detector(
