@@ -38,7 +38,6 @@ from keras_autoshuffle.side_files import (  # noqa: F401 (read_*: this module's 
     LABELS_FILE,
     PREPROCESSING_FILE,
     _check_labels,
-    _is_int,
     _one_line,
     class_names,
     preprocessing,
@@ -95,7 +94,7 @@ class Classifier:
         self.source = str(source)
         self._run = run
         self._preprocess = preprocess
-        batch_size = _positive_int(batch_size, "batch_size")
+        batch_size = _validation.positive_int(batch_size, "batch_size")
         self._batch_size = batch_size if preprocess is not None else 1
 
     @classmethod
@@ -250,7 +249,7 @@ class Classifier:
         Raises:
             ValueError: a `k` that is not a positive integer, or as `predict`.
         """
-        k = _positive_int(k, "k")
+        k = _validation.positive_int(k, "k")
         probabilities = self.predict(images)
         return [
             [(self.labels[i], float(row[i])) for i in np.argsort(-row, kind="stable")[:k]]
@@ -364,7 +363,7 @@ def predict_files(
         )
     if not isinstance(skip_damaged, bool):
         raise ValueError(f"`skip_damaged` must be True or False. Received: {skip_damaged=}")
-    k = _positive_int(k, "k")
+    k = _validation.positive_int(k, "k")
     files = image_paths(paths)
     results = []
     for start in range(0, len(files), BATCH_SIZE):
@@ -416,12 +415,6 @@ def _read(path):
             f"takes. Crop it. Received: path={path!r}"
         )
     return image
-
-
-def _positive_int(value, name):
-    if not (_is_int(value) or isinstance(value, np.integer)) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-    return int(value)
 
 
 def _check_path(path, name):

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 import keras
 import numpy as np
 
-from keras_autoshuffle import applications
+from keras_autoshuffle import _validation, applications
 from keras_autoshuffle.applications.preprocessing import ResizeCenterCrop, evaluation_sizes
 from keras_autoshuffle.export.metadata import IMAGENET_PIXEL_MEAN, IMAGENET_PIXEL_STD
 from keras_autoshuffle.export.runner import Runner
@@ -100,7 +100,7 @@ def read_preprocessing(path: str | os.PathLike) -> dict:
         raise refuse("keys missing or unknown", f"missing keys {missing}, unknown keys {unknown}")
     for key in ("image_size", "resize_size"):
         value = settings[key]
-        if not (_is_int(value) or (key == "resize_size" and value is None)):
+        if not (_validation.is_integer(value) or (key == "resize_size" and value is None)):
             kind = "an integer" if key == "image_size" else "an integer or null"
             raise refuse(f"{key} must be {kind}", f"{key}={value!r}")
     for key, reference in (
@@ -126,10 +126,6 @@ def read_preprocessing(path: str | os.PathLike) -> dict:
 
 def _one_line(error):
     return " ".join(str(error).split())
-
-
-def _is_int(value):
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_number(value):
