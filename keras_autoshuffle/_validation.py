@@ -17,6 +17,16 @@ def is_number(value):
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
+def is_finite_number(value):
+    """`is_number(value)`, and neither NaN nor infinite."""
+    return is_number(value) and bool(np.isfinite(value))
+
+
+def one_line(error):
+    """An exception's text on one line, for messages that must stay one line."""
+    return " ".join(str(error).split())
+
+
 def is_integer(value):
     """Whether `value` is an integer, Python's or NumPy's (`np.int64(3)`), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
@@ -43,7 +53,7 @@ def optional_positive_int(value, name):
 
 def positive_float(value, name):
     """`value` as a float; ValueError unless it is a finite number > 0."""
-    if not is_number(value) or not np.isfinite(value) or not value > 0:
+    if not is_finite_number(value) or not value > 0:
         raise ValueError(f"`{name}` must be a finite number > 0. Received: {name}={value!r}")
     return float(value)
 
@@ -60,7 +70,7 @@ MAX_PENALTY = 1e30
 
 def penalty(value, name="penalty"):
     """The weight lambda of the l1-2 penalty: a finite number in [0, 1e30], as a float."""
-    if not is_number(value) or not np.isfinite(value) or value < 0 or value > MAX_PENALTY:
+    if not is_finite_number(value) or value < 0 or value > MAX_PENALTY:
         raise ValueError(
             f"`{name}` (lambda, the weight of the l1-2 penalty) must be a finite number in "
             f"[0, {MAX_PENALTY:g}]. Received: {name}={value!r}"
@@ -115,7 +125,7 @@ def percentage_points(value, name):
 
 def non_negative_float(value, name):
     """`value` as a float; ValueError unless it is a finite number >= 0 (no NaN, no inf)."""
-    if not is_number(value) or not np.isfinite(value) or value < 0:
+    if not is_finite_number(value) or value < 0:
         raise ValueError(f"`{name}` must be a finite number >= 0. Received: {name}={value!r}")
     return float(value)
 

@@ -38,7 +38,6 @@ from keras_autoshuffle.side_files import (  # noqa: F401 (read_*: this module's 
     LABELS_FILE,
     PREPROCESSING_FILE,
     _check_labels,
-    _one_line,
     class_names,
     preprocessing,
     read_labels,
@@ -376,7 +375,7 @@ def predict_files(
             except ImageFileError as error:
                 if not skip_damaged:
                     raise
-                entry["error"] = _one_line(error)
+                entry["error"] = _validation.one_line(error)
         for entry, top in zip(read, classifier.top_k(images, k), strict=True):
             entry["top"] = [{"label": label, "probability": p} for label, p in top]
         results += chunk
@@ -444,6 +443,12 @@ def _from_preset(cls, folder):
 
     from keras_autoshuffle.hub import presets  # registers the classes keras-hub finds
 
+    if not os.path.isfile(os.path.join(folder, "task.json")):
+        raise ValueError(
+            f"{folder} is a backbone preset (no task.json): it has no classifier to predict "
+            "with. Fine-tune it first (autoshuffle-finetune --weights FOLDER). "
+            f"Received: path={folder!r}"
+        )
     try:  # checked whole first: keras-hub's own loader reads a newer or foreign preset
         model = presets.load_checked(
             folder, keras_hub.models.ImageClassifier.from_preset, True, True
@@ -451,7 +456,7 @@ def _from_preset(cls, folder):
     except (ValueError, OSError, KeyError, TypeError) as error:
         raise ValueError(
             f"{folder} cannot be loaded as a keras-hub preset ({type(error).__name__}: "
-            f"{_one_line(error)[:300]}). Received: path={folder!r}"
+            f"{_validation.one_line(error)[:300]}). Received: path={folder!r}"
         ) from None
     labels = getattr(model, "class_names", None)
     if not labels:

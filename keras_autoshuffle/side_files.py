@@ -5,7 +5,6 @@ untrusted: up to a bound, checked key by key."""
 
 import dataclasses
 import json
-import math
 import os
 from collections.abc import Callable, Sequence
 
@@ -85,7 +84,7 @@ def read_preprocessing(path: str | os.PathLike) -> dict:
         settings = json.loads(text)
     except (ValueError, RecursionError) as error:  # RecursionError: nested too deep
         raise ValueError(
-            f"{path} is not JSON ({_one_line(error)}); it must hold {what}. "
+            f"{path} is not JSON ({_validation.one_line(error)}); it must hold {what}. "
             f"Received: path={str(path)!r}"
         ) from None
 
@@ -108,7 +107,8 @@ def read_preprocessing(path: str | os.PathLike) -> dict:
         ("std", applications.IMAGENET_STD),
     ):
         value = settings[key]
-        numbers = isinstance(value, list) and len(value) == 3 and all(map(_is_number, value))
+        numbers = isinstance(value, list) and len(value) == 3
+        numbers = numbers and all(map(_validation.is_finite_number, value))
         if not numbers or not np.allclose(value, reference, rtol=0, atol=1e-6):
             raise refuse(
                 f"{key} must be ImageNet's {list(reference)} (the normalisation "
@@ -122,14 +122,6 @@ def read_preprocessing(path: str | os.PathLike) -> dict:
             f"exports_include_preprocessing={include!r}",
         )
     return settings
-
-
-def _one_line(error):
-    return " ".join(str(error).split())
-
-
-def _is_number(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _check_labels(labels, source):
@@ -232,7 +224,7 @@ def preprocessing(runner: Runner, settings_path: str) -> Callable[[np.ndarray], 
     try:  # its checks of the sizes, named after the file
         image_size, resize_size = evaluation_sizes(image_size, resize_size)
     except ValueError as error:
-        raise ValueError(f"{source or runner.path}: {_one_line(error)}") from None
+        raise ValueError(f"{source or runner.path}: {_validation.one_line(error)}") from None
     crop = ResizeCenterCrop(resize_size, image_size)
     described = runner.input
     if described.mean is None:  # an older run's file: preprocessing.json's normalisation

@@ -741,3 +741,19 @@ def test_a_tampered_preset_folder_is_refused_by_name(hub_preset, tmp_path):
     (huge / "task.json").write_text(text + " " * presets.MAX_CONFIG_BYTES)
     with pytest.raises(ValueError, match=r"task\.json is not a keras-hub preset config .*larger"):
         prediction.Classifier.from_file(huge)
+
+
+def test_a_backbone_preset_is_named_as_one_in_one_line(photos, tmp_path):
+    # A backbone's save_to_preset writes these three files and no task.json; the refusal
+    # reads only that layout, before anything is loaded.
+    folder = tmp_path / "backbone"
+    folder.mkdir()
+    config = {"class_name": "ShuffleNetBackbone", "config": {"width": 0.5}}
+    config["registered_name"] = "keras_autoshuffle>ShuffleNetBackbone"
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "metadata.json").write_text(json.dumps({"tasks": ["ImageClassifier"]}))
+    (folder / "model.weights.h5").write_bytes(b"")
+    message = refused(folder, photos[0])
+    assert f"{folder} is a backbone preset" in message and "no classifier" in message
+    with pytest.raises(ValueError, match="is a backbone preset .* no classifier"):
+        prediction.Classifier.from_file(folder)

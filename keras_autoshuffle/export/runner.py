@@ -23,6 +23,7 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import ArrayLike
 
+from keras_autoshuffle._validation import one_line
 from keras_autoshuffle.export import metadata as metadata_lib
 from keras_autoshuffle.export.checks import EXTRAS
 from keras_autoshuffle.export.files import keras_outputs, size_bytes
@@ -185,7 +186,7 @@ def open_runner(
         if isinstance(error, ImportError) and fmt in EXTRAS:  # the runtime is missing
             extra = METADATA_EXTRA if "mediapipe" in str(error) else EXTRAS[fmt]
             raise ValueError(
-                f"{model_path} needs {extra}, which is not installed ({_one_line(error)}): "
+                f"{model_path} needs {extra}, which is not installed ({one_line(error)}): "
                 f'pip install "{extra}". Received: path={os.fspath(path)!r}'
             ) from None
         raise ValueError(
@@ -235,7 +236,7 @@ def _checked_metadata(described, model_path):
     except ValueError as error:
         raise ValueError(
             f"{model_path}: its metadata's fields `mean` / `std` (the input's normalisation) "
-            f"are not one or three finite numbers each, std > 0. {_one_line(error)}"
+            f"are not one or three finite numbers each, std > 0. {one_line(error)}"
         ) from None
     return None if labels is None else tuple(labels), tuple(mean), tuple(std)
 
@@ -347,12 +348,8 @@ _OPENERS = {
 }
 
 
-def _one_line(error):
-    return " ".join(str(error).split())
-
-
 def _reason(error, limit=_MAX_REASON):
     """A runtime's error in one line, cut at `limit` characters (Keras's can hold a whole
     model config)."""
-    text = _one_line(error)
+    text = one_line(error)
     return text if len(text) <= limit else text[: limit - 3] + "..."
