@@ -12,6 +12,7 @@ import numpy as np
 
 from keras_autoshuffle import _atomic, _validation
 from keras_autoshuffle._class_names import class_name_problem
+from keras_autoshuffle._files import read_bounded
 
 MAX_RECORD_BYTES = 2**30
 SPLIT_FORMAT = "keras_autoshuffle.image_folder_split"
@@ -179,11 +180,7 @@ class ImageFolderSplit:
         """
         path = os.fspath(path)
         try:
-            with open(path, "rb") as f:
-                text = f.read(MAX_RECORD_BYTES + 1)
-            if len(text) > MAX_RECORD_BYTES:
-                raise ValueError(f"over {MAX_RECORD_BYTES} bytes")
-            data = json.loads(text)
+            data = json.loads(read_bounded(path, MAX_RECORD_BYTES))
         except (OSError, ValueError) as error:
             raise _error(
                 f"The split record cannot be read ({error})", _RECORD_ADVICE, "path", path

@@ -20,6 +20,7 @@ from typing import Any
 import keras
 
 from keras_autoshuffle import _atomic, _validation
+from keras_autoshuffle._files import read_bounded
 from keras_autoshuffle._keras_internals import PRESET_WEIGHTS_FILES
 from keras_autoshuffle.applications import architecture
 from keras_autoshuffle.applications.weights import registry
@@ -62,13 +63,8 @@ def check_preset_version(version: object, where: str) -> int:
     return int(version)
 
 
-def preset_name(entry: registry.Checkpoint) -> str:
-    """The preset name of a registry entry: `shufflenet_v2_x1_0_imagenet`."""
-    return entry.name.replace(".", "_")
-
-
 def _entries() -> dict[str, registry.Checkpoint]:
-    return {preset_name(e): e for e in map(registry.CHECKPOINTS.get, sorted(registry.CHECKPOINTS))}
+    return {e.preset: e for e in map(registry.CHECKPOINTS.get, sorted(registry.CHECKPOINTS))}
 
 
 def list_presets() -> dict[str, dict]:
@@ -103,7 +99,7 @@ def preset_folder(preset: str | os.PathLike) -> str:
 
 def build_preset(entry: registry.Checkpoint) -> str:
     """The cached preset folder of registry `entry`, built and saved on the first call."""
-    folder = os.path.join(registry.cache_dir(), registry.CACHE_SUBDIR, preset_name(entry))
+    folder = os.path.join(registry.cache_dir(), registry.CACHE_SUBDIR, entry.preset)
     if not _is_built(folder):
 
         def write(partial):
@@ -238,11 +234,7 @@ def _read_config(folder, name):
     if not os.path.isfile(path):  # a FIFO would block the read
         raise ValueError(f"{path} is not a regular file: not a keras-hub preset config.")
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_CONFIG_BYTES + 1)
-        if len(data) > MAX_CONFIG_BYTES:  # a folder may come from anyone: read up to a bound
-            raise ValueError(f"larger than {MAX_CONFIG_BYTES} bytes")
-        config = json.loads(data)
+        config = json.loads(read_bounded(path, MAX_CONFIG_BYTES))
         registered = config["registered_name"]
     except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
         raise ValueError(

@@ -25,7 +25,6 @@ import json
 import math
 import os
 import shutil
-import stat
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -34,6 +33,7 @@ import h5py
 import keras
 
 from keras_autoshuffle import _atomic
+from keras_autoshuffle._files import read_bounded
 from keras_autoshuffle._files import sha256_of as sha256
 from keras_autoshuffle._validation import is_integer, is_number
 from keras_autoshuffle.callbacks import HardenShuffles
@@ -96,13 +96,7 @@ def read_json(
     Python's parser takes); with `fields`, an object holding each key (one ending in "?"
     may be absent) whose value passes its test. Else RunDirectoryError naming it."""
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block
-            raise OSError(f"not a regular file: {path}")
-        with open(path, "rb") as f:
-            content = f.read(MAX_JSON_BYTES + 1)
-        if len(content) > MAX_JSON_BYTES:
-            raise ValueError(f"larger than {MAX_JSON_BYTES} bytes")
-        record = json.loads(content)
+        record = json.loads(read_bounded(path, MAX_JSON_BYTES))
     except (OSError, ValueError, RecursionError) as error:
         received = f"{type(error).__name__}: {error}"
         raise damaged(path, what, "not readable JSON", received, remedy) from None
