@@ -25,3 +25,26 @@ def class_name_problem(name: str) -> str | None:
         if character == "\ufeff":  # read_labels drops one at the start of labels.txt
             return "holds a byte-order mark ('\\ufeff')"
     return None
+
+
+def check_class_names(names, count, argument, outputs):
+    """`names` as a list of class names (`class_name_problem`), one per output of what has
+    `count` outputs (`outputs` says what, in the error); ValueError naming `argument`."""
+    if isinstance(names, str) or not all(isinstance(name, str) for name in names):
+        raise ValueError(
+            f"`{argument}` must be a list of class names (strings). "
+            f"Received: {argument}={names!r:.80}"
+        )
+    names = list(names)
+    if len(names) != count:
+        raise ValueError(
+            f"`{argument}` must name each of the {count} outputs {outputs}. "
+            f"Received: {len(names)} {argument}"
+        )
+    for name in names:
+        problem = class_name_problem(name)
+        if problem:
+            raise ValueError(
+                f"`{argument}` must be class names: {name!r} {problem}. Received: {name!r}"
+            )
+    return names

@@ -22,7 +22,7 @@ import keras
 import numpy as np
 
 from keras_autoshuffle._atomic import write_atomically
-from keras_autoshuffle._class_names import class_name_problem
+from keras_autoshuffle._class_names import check_class_names
 from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD
 
 # Model Maker's image classifier convention: the file takes pixel / 255.
@@ -177,22 +177,8 @@ def _output_size(model) -> int:
 
 
 def _check_labels(labels, classes, path):
-    """`labels` as a list of strings, one per output of the file at `path`."""
-    if isinstance(labels, str) or not all(isinstance(name, str) for name in labels):
-        raise ValueError(f"`labels` must be a list of class names. Received: labels={labels!r}")
-    labels = list(labels)
-    if len(labels) != classes:
-        raise ValueError(
-            f"`labels` must name each of the {classes} outputs of {os.fspath(path)}. "
-            f"Received: {len(labels)} labels"
-        )
-    for name in labels:
-        problem = class_name_problem(name)
-        if problem:
-            raise ValueError(
-                f"`labels` must be class names: {name!r} {problem}. Received: {name!r}"
-            )
-    return labels
+    """`labels` as a list of class names, one per output of the file at `path`."""
+    return check_class_names(labels, classes, "labels", f"of {os.fspath(path)}")
 
 
 def _check_normalization(mean, std, channels=None):

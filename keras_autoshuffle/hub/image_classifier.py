@@ -8,33 +8,12 @@ from typing import Any
 import keras
 from keras_hub.models import ImageClassifier
 
-from keras_autoshuffle._class_names import class_name_problem
+from keras_autoshuffle._class_names import check_class_names
 from keras_autoshuffle.hub import presets
 from keras_autoshuffle.hub.backbone import ShuffleNetBackbone
 from keras_autoshuffle.hub.image_classifier_preprocessor import (
     ShuffleNetImageClassifierPreprocessor,
 )
-
-
-def _check_class_names(class_names, num_classes):
-    """`class_names` as a list of strings, one per class, or None; ValueError otherwise."""
-    if class_names is None:
-        return None
-    if isinstance(class_names, str) or not all(isinstance(n, str) for n in class_names):
-        raise ValueError(
-            f"`class_names` must be a list of strings. Received: class_names={class_names!r:.80}"
-        )
-    if len(class_names) != num_classes:
-        raise ValueError(
-            f"`class_names` must name each of the num_classes={num_classes} outputs (pass "
-            "class_names=None, or new names, with a new num_classes). Received: "
-            f"{len(class_names)} class_names"
-        )
-    for name in class_names:
-        problem = class_name_problem(name)
-        if problem:
-            raise ValueError(f"`class_names`: {name!r} {problem}. Received: {name!r}")
-    return list(class_names)
 
 
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")
@@ -69,7 +48,9 @@ class ShuffleNetImageClassifier(ImageClassifier):
         class_names: list[str] | None = None,
         **kwargs: Any,
     ) -> None:
-        class_names = _check_class_names(class_names, num_classes)
+        if class_names is not None:
+            new_head = "(num_classes; pass class_names=None, or new names, with a new num_classes)"
+            class_names = check_class_names(class_names, num_classes, "class_names", new_head)
         super().__init__(backbone, num_classes, preprocessor=preprocessor, **kwargs)
         self.class_names = class_names
 
