@@ -69,9 +69,7 @@ def full_disk(error: BaseException, output_dir: str, formats: tuple[str, ...]) -
 
 def finished(output_dir: str, overwrite: bool) -> bool:
     """Whether `output_dir` holds a finished run (its `report.json`) to replace: refused
-    without `overwrite`."""
-    if os.path.exists(output_dir) and not os.path.isdir(output_dir):
-        raise RunDirectoryError(f"The output folder is a file. Received: output_dir={output_dir!r}")
+    without `overwrite` (`arguments.check_output` refused a file before)."""
     if not os.path.exists(os.path.join(output_dir, REPORT_FILE)):
         return False
     if not overwrite:
