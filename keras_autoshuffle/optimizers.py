@@ -77,12 +77,11 @@ class CoupledSGD(keras.optimizers.SGD):
         l2: float = 0.0,
         **kwargs: Any,
     ) -> None:
-        if not _validation.is_number(l2) or not 0 <= l2 < float("inf"):
-            raise ValueError(f"`l2` must be a finite number >= 0. Received: l2={l2!r}")
+        l2 = _validation.non_negative_float(l2, "l2")
         super().__init__(
             learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, **kwargs
         )
-        self.l2 = float(l2)
+        self.l2 = l2
 
     def update_step(self, gradient: Any, variable: keras.Variable, learning_rate: Any) -> None:
         if self.l2 and _keras_internals.uses_weight_decay(self, variable):

@@ -140,18 +140,16 @@ def _channel_values(values, name, positive):
     """`values` as a tuple of three finite floats (positive if asked); else ValueError
     naming `name`."""
     try:
-        valid = len(values) == 3 and all(_validation.is_number(v) for v in values)
+        valid = len(values) == 3 and all(map(_validation.is_finite_number, values))
     except TypeError:  # not a sequence
         valid = False
-    floats = tuple(float(v) for v in values) if valid else ()
-    valid = valid and all(np.isfinite(floats)) and (not positive or min(floats) > 0)
-    if not valid:
+    if not valid or (positive and min(values) <= 0):
         kind = "positive numbers" if positive else "numbers"
         raise ValueError(
             f"`{name}` must be three finite {kind}, one per RGB channel. "
             f"Received: {name}={values!r}"
         )
-    return floats
+    return tuple(float(v) for v in values)
 
 
 def _check_images(images):

@@ -35,7 +35,7 @@ import keras
 from keras_autoshuffle import _atomic
 from keras_autoshuffle._files import read_bounded
 from keras_autoshuffle._files import sha256_of as sha256
-from keras_autoshuffle._validation import is_integer, is_number
+from keras_autoshuffle._validation import is_finite_number, is_integer, is_number
 from keras_autoshuffle.callbacks import HardenShuffles
 from keras_autoshuffle.export import FILENAMES, INT8_FILES
 from keras_autoshuffle.hardening.harden import check_permutations
@@ -195,7 +195,7 @@ def elapsed_before(backup_dir: str | os.PathLike) -> float:
     if not os.path.exists(path):
         return 0.0
     remedy = "Delete it (the run's reported time then starts from this invocation) and run again."
-    fields = {"seconds": (lambda s: is_number(s) and 0 <= s < math.inf, "a finite number >= 0")}
+    fields = {"seconds": (lambda s: is_finite_number(s) and s >= 0, "a finite number >= 0")}
     return float(read_json(path, "elapsed time", remedy, fields)["seconds"])
 
 
