@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     # The runtimes are imported only now (TensorFlow's start-up lines: `_startup`).
     import json
 
-    from keras_autoshuffle import _startup, prediction
+    from keras_autoshuffle import _startup, _validation, prediction
     from keras_autoshuffle_cli._terminal import printable
 
     _startup.find_devices_quietly()  # before TensorFlow first looks for them, noisily
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             classifier = prediction.Classifier.from_file(args.inputs[0])
         results = prediction.predict_files(classifier, files, args.top, args.skip_damaged)
     except (ValueError, OSError) as error:  # ImageFileError is a ValueError
-        sys.exit(f"autoshuffle-predict: error: {printable(' '.join(str(error).split()))}")
+        sys.exit(f"autoshuffle-predict: error: {printable(_validation.one_line(error))}")
     if args.json:
         print(json.dumps(results, indent=2, ensure_ascii=False))
     else:

@@ -14,6 +14,7 @@ import re
 import numpy as np
 
 from keras_autoshuffle._atomic import write_atomically, write_json
+from keras_autoshuffle._validation import one_line
 from keras_autoshuffle.export.int8 import INT8_RUNTIMES
 from keras_autoshuffle.finetuning.metrics import (  # noqa: F401 (the report's measures, as before)
     classification_metrics,
@@ -31,16 +32,14 @@ def _md(value) -> str:
     formula on GitHub. `-`, `#` and the like only matter at the start of a line, where no
     such text goes, and `_` inside a word (golden_retriever) starts nothing: both stay, so
     the raw file reads as well as the rendered one."""
-    text = re.sub(
-        r"[\\`*<>|~$\[\]]", lambda match: "\\" + match.group(), " ".join(str(value).split())
-    )
+    text = re.sub(r"[\\`*<>|~$\[\]]", lambda match: "\\" + match.group(), one_line(value))
     return re.sub(r"(?<![^\W_])_|_(?![^\W_])", r"\\_", text)
 
 
 def _code(value) -> str:
     """`value` as a Markdown code span on one line (file names, settings: nothing in it is
     formatting; `|` still escaped, or it would end a table cell)."""
-    text = " ".join(str(value).split()).replace("|", "\\|")
+    text = one_line(value).replace("|", "\\|")
     return f"`` {text} ``" if "`" in text else f"`{text}`"
 
 
