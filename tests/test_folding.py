@@ -11,11 +11,13 @@ import keras
 import numpy as np
 import pytest
 from helpers import (
+    TINY_SHAPE,
     TINY_SIDE,
     TINY_UNITS,
     _assert_folds_exactly,
     _layer_counts,
     _randomize_batch_norm,
+    needs_extra,
     tiny_v1,
     tiny_v2,
 )
@@ -173,6 +175,25 @@ def test_folded_int8_litert_requantizes_nothing_between_its_layers(tmp_path):
     ops = [op["op_name"] for op in export.litert_interpreter(path)._get_ops_details()]
     assert ops.count("QUANTIZE") == 1
     assert "STRIDED_SLICE" not in ops
+
+
+@needs_extra("onnx")
+@pytest.mark.tensorflow_only(reason="ONNX export")
+def test_folded_int8_onnx_dequantizes_only_what_is_read(tmp_path):
+    # Channels that are not multiples of 8: `onnx_align` sets zero channels aside in Split
+    # outputs nothing reads; their DequantizeLinear ran on every call (10 in v2 1.0x).
+    import onnx
+
+    from keras_autoshuffle.export.int8_runtimes import export_onnx_int8
+
+    model = tiny_v2(classes=4, classifier_activation=None, channels=(8, 20, 36, 52, 32))
+    float_path = export.export_onnx(folding.fold_model(model), tmp_path / "m.onnx")
+    images = np.random.default_rng(0).uniform(0, 1, size=(8, *TINY_SHAPE)).astype("float32")
+    graph = onnx.load(export_onnx_int8(float_path, tmp_path / "m_int8.onnx", images)).graph
+    read = {name for node in graph.node for name in node.input} | {graph.output[0].name}
+    dequantize = [node for node in graph.node if node.op_type == "DequantizeLinear"]
+    assert dequantize and all(node.output[0] in read for node in dequantize)
+    assert any(name.endswith("_zeros") for node in graph.node for name in node.output)
 
 
 def test_folded_model_round_trips_safe_mode(tmp_path):
