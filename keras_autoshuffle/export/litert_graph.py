@@ -108,7 +108,7 @@ def one_conv_per_slice(model: keras.Model) -> keras.Model:
         model: a single-input functional Keras model, e.g. a folded ShuffleNet v2.
 
     Returns:
-        A `keras.Model` sharing `model`'s other layers.
+        A new `keras.Model` (copies of the layers: `model` is left as it was).
     """
     chains = _sliced_convs(model)
     if not chains or len(model.inputs) != 1 or len(model.outputs) != 1:
@@ -128,7 +128,11 @@ def one_conv_per_slice(model: keras.Model) -> keras.Model:
             continue
         ins = [tensors[id(t)] for t in node.input_tensors]
         merge = isinstance(layer, (keras.layers.Concatenate, keras.layers.Add))
-        outputs = layer(ins if merge or len(ins) > 1 else ins[0])
+        # A copy: calling `layer` itself would give it a second call, and the ONNX writer
+        # (`onnx_support`) refuses a layer called twice.
+        copy = type(layer).from_config(layer.get_config())
+        outputs = copy(ins if merge or len(ins) > 1 else ins[0])
+        copy.set_weights(layer.get_weights())
         for old, new in zip(node.output_tensors, keras.tree.flatten(outputs), strict=True):
             tensors[id(old)] = new
     return keras.Model(inputs, tensors[id(model.outputs[0])], name=model.name)
