@@ -121,11 +121,7 @@ def saved_model_outputs(path: str | os.PathLike, inputs: ArrayLike) -> np.ndarra
 
 
 def export_litert(model: keras.Model, path: str | os.PathLike) -> str | os.PathLike:
-    """Writes a LiteRT (`.tflite`) flat buffer with `model.export(format="litert")`, each
-    sliced conv written as one conv per slice (`litert_graph.one_conv_per_slice`)."""
-    from keras_autoshuffle.export.litert_graph import one_conv_per_slice
-
-    model = one_conv_per_slice(model)
+    """Writes a LiteRT (`.tflite`) flat buffer with `model.export(format="litert")`."""
     return write_atomically(
         path, lambda partial: model.export(partial, format="litert", verbose=False)
     )

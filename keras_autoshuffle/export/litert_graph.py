@@ -1,21 +1,19 @@
-"""The Keras graph LiteRT files are written from: each sliced convolution as one per slice.
+"""The Keras graph int8 LiteRT files are written from: each sliced convolution as one per
+slice.
 
 A folded ShuffleNet v2 (`folding.fold_model`) sends each branch's output channels to the
-later units that read them: one 1x1 conv, then a STRIDED_SLICE per reader. In LiteRT that
-costs twice (ShuffleNet v2 1.0x at 224, `experiments.benchmark`'s manual_folded):
-
-- float: 63 STRIDED_SLICE ops (SPLIT_V, their one-op form, is not run by XNNPACK: it
-  would cut the graph into several delegate partitions), each one more XNNPACK operator
-  and one more strided copy;
-- int8: every concatenation has its own scale, and TFLite's int8 CONCATENATION takes its
-  inputs at its output's scale, so the converter requantizes a conv's whole output once
-  per reader (47 QUANTIZE ops) before slicing it.
+later units that read them: one 1x1 conv, then a STRIDED_SLICE per reader. TFLite's int8
+CONCATENATION takes its inputs at its output's scale, and each concatenation of the folded
+net has its own, so the int8 converter requantized a conv's whole output once per reader
+before slicing it (v2 1.0x at 224: 47 such QUANTIZE ops, 51 in all).
 
 `one_conv_per_slice` writes such a conv (with its BatchNormalization and ReLU) as one conv
-per slice, each reading only the columns of its slice: the same arithmetic per channel, no
+per slice, each computing only its slice's channels: the same arithmetic per channel, no
 slice, and each conv's output read by one concatenation, whose scale the converter gives
-the conv's output (no requantization). ONNX files keep the one conv and one Split
-(`onnx_graph`), which ONNX Runtime and OpenVINO run at their floor.
+the conv's output. The int8 file then has one QUANTIZE (its input's) and ran about 10%
+faster (docs/lab-notes/inference.md, issue 53). Float LiteRT files keep the slices: there
+the rewrite measured no clear difference (0.96-0.97 of the sliced file, intervals
+including 1), and ONNX files keep one conv and one Split (`onnx_graph`).
 """
 
 import keras
