@@ -261,3 +261,20 @@ def test_a_layer_renamed_outside_the_description_fails_loudly():
     v1.get_layer("stage3_unit3_add").name = "stage3_unit3_sum"
     with pytest.raises(ValueError, match="stage3_unit3_add"):
         folding.fold_model(v1)
+
+
+def test_one_conv_per_slice_splits_only_columns_it_may():
+    # A relu conv read only by slices becomes one conv per slice (same outputs); a softmax
+    # over the channels cannot be cut into columns, so that model is returned as it is.
+    from keras_autoshuffle.export.litert_graph import one_conv_per_slice
+
+    x = np.random.default_rng(0).normal(size=(2, 4, 4, 3)).astype("float32")
+    for activation, rewritten in (("relu", True), ("softmax", False)):
+        inputs = keras.Input((4, 4, 3))
+        y = keras.layers.Conv2D(6, 1, activation=activation)(inputs)
+        y = keras.layers.Concatenate()([ka.ChannelSlice(3, 6)(y), ka.ChannelSlice(0, 3)(y)])
+        model = keras.Model(inputs, y)
+        new = one_conv_per_slice(model)
+        assert (new is not model) == rewritten
+        assert _layer_counts(new).get("ChannelSlice", 0) == (0 if rewritten else 2)
+        np.testing.assert_allclose(new(x), model(x), atol=1e-6)

@@ -20,10 +20,12 @@ import keras
 import numpy as np
 
 from keras_autoshuffle._keras_internals import inbound_nodes, producing_layer
+from keras_autoshuffle.export.onnx_support import activation_name
 from keras_autoshuffle.unit_layers import ChannelSlice, ChannelSplit
 
 # Per-channel layers that may stand between the conv and its slices.
 _PER_CHANNEL = (keras.layers.BatchNormalization, keras.layers.ReLU)
+_ELEMENTWISE = ("linear", "relu")
 
 
 def _readers(model):
@@ -52,8 +54,10 @@ def _sliced_chain(tensor, readers):
         layer = producing_layer(tensor)
         if len(readers.get(id(tensor), [])) != 1 and chain:
             return None
-        if isinstance(layer, keras.layers.Conv2D) and layer.groups == 1:
-            return [layer, *chain]
+        if isinstance(layer, keras.layers.Conv2D):
+            # Columns of a dense channels-last conv with an elementwise activation only.
+            dense = layer.groups == 1 and layer.data_format == "channels_last"
+            return [layer, *chain] if dense and activation_name(layer) in _ELEMENTWISE else None
         per_channel = isinstance(layer, _PER_CHANNEL) and getattr(layer, "axis", -1) in (-1, 3)
         if not per_channel:
             return None
