@@ -11,11 +11,13 @@ import keras
 import numpy as np
 import pytest
 from helpers import (
+    TINY_SHAPE,
     TINY_SIDE,
     TINY_UNITS,
     _assert_folds_exactly,
     _layer_counts,
     _randomize_batch_norm,
+    needs_extra,
     tiny_v1,
     tiny_v2,
 )
@@ -158,6 +160,42 @@ def test_folded_litert_has_no_gather_and_matches(tmp_path):
     np.testing.assert_allclose(litert, export.keras_outputs(model, x), atol=1e-4)
 
 
+@pytest.mark.tensorflow_only(reason="LiteRT export")
+def test_folded_int8_litert_requantizes_nothing_between_its_layers(tmp_path):
+    # Each reader of a sliced conv had its own requantization of the whole conv output
+    # (47 QUANTIZE ops in v2 1.0x); written as one conv per slice, the only QUANTIZE is
+    # the float input's.
+    model = tiny_v2(classes=4, classifier_activation=None)
+    rng = np.random.default_rng(1)
+    _randomize_batch_norm(model, rng)
+    images = rng.uniform(0, 1, size=(8, TINY_SIDE, TINY_SIDE, 3)).astype("float32")
+    folded = folding.fold_model(model)
+    path = export.export_int8(folded, tmp_path / "m.tflite", images)
+    ops = [op["op_name"] for op in export.litert_interpreter(path)._get_ops_details()]
+    assert ops.count("QUANTIZE") == 1
+    assert "STRIDED_SLICE" not in ops
+    assert not export.unsupported_layers(folded)  # the rewrite left `folded` as it was
+
+
+@needs_extra("onnx")
+@pytest.mark.tensorflow_only(reason="ONNX export")
+def test_folded_int8_onnx_dequantizes_only_what_is_read(tmp_path):
+    # Channels that are not multiples of 8: `onnx_align` sets zero channels aside in Split
+    # outputs nothing reads; their DequantizeLinear ran on every call (10 in v2 1.0x).
+    import onnx
+
+    from keras_autoshuffle.export.int8_runtimes import export_onnx_int8
+
+    model = tiny_v2(classes=4, classifier_activation=None, channels=(8, 20, 36, 52, 32))
+    float_path = export.export_onnx(folding.fold_model(model), tmp_path / "m.onnx")
+    images = np.random.default_rng(0).uniform(0, 1, size=(8, *TINY_SHAPE)).astype("float32")
+    graph = onnx.load(export_onnx_int8(float_path, tmp_path / "m_int8.onnx", images)).graph
+    read = {name for node in graph.node for name in node.input} | {graph.output[0].name}
+    dequantize = [node for node in graph.node if node.op_type == "DequantizeLinear"]
+    assert dequantize and all(node.output[0] in read for node in dequantize)
+    assert any(name.endswith("_zeros") for node in graph.node for name in node.output)
+
+
 def test_folded_model_round_trips_safe_mode(tmp_path):
     model = tiny_v1(groups=3, shuffle="auto", classes=3)
     _harden_randomly(model, np.random.default_rng(0))
@@ -223,3 +261,20 @@ def test_a_layer_renamed_outside_the_description_fails_loudly():
     v1.get_layer("stage3_unit3_add").name = "stage3_unit3_sum"
     with pytest.raises(ValueError, match="stage3_unit3_add"):
         folding.fold_model(v1)
+
+
+def test_one_conv_per_slice_splits_only_columns_it_may():
+    # A relu conv read only by slices becomes one conv per slice (same outputs); a softmax
+    # over the channels cannot be cut into columns, so that model is returned as it is.
+    from keras_autoshuffle.export.litert_graph import one_conv_per_slice
+
+    x = np.random.default_rng(0).normal(size=(2, 4, 4, 3)).astype("float32")
+    for activation, rewritten in (("relu", True), ("softmax", False)):
+        inputs = keras.Input((4, 4, 3))
+        y = keras.layers.Conv2D(6, 1, activation=activation)(inputs)
+        y = keras.layers.Concatenate()([ka.ChannelSlice(3, 6)(y), ka.ChannelSlice(0, 3)(y)])
+        model = keras.Model(inputs, y)
+        new = one_conv_per_slice(model)
+        assert (new is not model) == rewritten
+        assert _layer_counts(new).get("ChannelSlice", 0) == (0 if rewritten else 2)
+        np.testing.assert_allclose(new(x), model(x), atol=1e-6)

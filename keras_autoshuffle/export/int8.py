@@ -17,6 +17,7 @@ from keras_autoshuffle._startup import quiet_runtime
 from keras_autoshuffle.export.checks import _single_input
 from keras_autoshuffle.export.files import size_bytes
 from keras_autoshuffle.export.litert import litert_predict
+from keras_autoshuffle.export.litert_graph import one_conv_per_slice
 
 # Calibration: at least this many inputs; and on the scale of the test images (99th
 # percentile of |x|) within this factor.
@@ -55,6 +56,7 @@ def export_int8(
     import tensorflow as tf
 
     data = np.asarray(representative_data, dtype="float32")
+    model = one_conv_per_slice(model)  # no requantization per reader (`litert_graph`)
 
     def representative_dataset():
         for i in range(len(data)):

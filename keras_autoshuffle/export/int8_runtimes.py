@@ -15,6 +15,7 @@ import numpy as np
 from keras_autoshuffle._atomic import write_atomically
 from keras_autoshuffle.export.files import INT8_FILES
 from keras_autoshuffle.export.int8 import write_checked
+from keras_autoshuffle.export.onnx_graph import drop_unread_dequantize
 from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML, onnx_outputs, openvino_outputs
 
 ONNX_INT8_FILENAME = INT8_FILES["onnx_int8"][1]
@@ -221,6 +222,9 @@ def export_onnx_int8(
                 weight_type=QuantType.QInt8,
                 nodes_to_exclude=excluded,
             )
+        quantized = onnx.load(partial)
+        if drop_unread_dequantize(quantized):
+            onnx.save(quantized, partial)
 
     return write_atomically(path, write)
 

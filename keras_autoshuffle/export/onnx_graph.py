@@ -427,6 +427,29 @@ def _flatten_concats(w, layer, xs):
     return flat
 
 
+def drop_unread_dequantize(proto: "onnx.ModelProto") -> int:
+    """Removes from a quantized graph the DequantizeLinear nodes whose output nothing reads;
+    returns how many.
+
+    `onnx_align`'s zero channels leave a Split output that nothing reads. ONNX Runtime's
+    quantizer still puts a QuantizeLinear / DequantizeLinear pair on it, and ONNX Runtime
+    runs that dead DequantizeLinear (and the Transpose its layout pass puts before it) on
+    every call: 10 of each in a folded v2 1.0x. The QuantizeLinear stays: without it ONNX
+    Runtime runs the Split in float, between a DequantizeLinear and a QuantizeLinear per
+    output.
+    """
+    graph = proto.graph
+    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    dead = [
+        node
+        for node in graph.node
+        if node.op_type == "DequantizeLinear" and not any(o in read for o in node.output)
+    ]
+    for node in dead:
+        graph.node.remove(node)
+    return len(dead)
+
+
 def _drop_unused(proto):
     """Removes nodes whose outputs nothing reads (a merged Concatenate) and their weights."""
     graph = proto.graph
