@@ -4,6 +4,7 @@ Every error names the argument and ends in `Received: name=value`, as Keras's do
 Booleans never pass as numbers (`True` is an int in Python).
 """
 
+import math
 import numbers
 
 import keras
@@ -18,8 +19,12 @@ def is_number(value):
 
 
 def is_finite_number(value):
-    """`is_number(value)`, and neither NaN nor infinite."""
-    return is_number(value) and bool(np.isfinite(value))
+    """`is_number(value)`, and neither NaN nor infinite: as a float (an int past the float
+    range, 10**400, is not; `np.isfinite` refuses ints past int64 with a TypeError)."""
+    try:
+        return is_number(value) and math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def one_line(error):

@@ -312,6 +312,16 @@ def test_side_files_that_do_not_fit_are_named(exported, tmp_path):
         prediction.Classifier.from_file(model)
 
 
+def test_side_file_numbers_past_int64_are_refused_by_name(tmp_path):
+    """A mean past NumPy's int64 (np.isfinite raises TypeError on it) is a named ValueError,
+    not a traceback; one past the float range is not a finite number."""
+    settings = tmp_path / "preprocessing.json"
+    for big in (10**20, 10**400):
+        settings.write_text(json.dumps({**SETTINGS, "mean": [big, 0.456, 0.406]}))
+        with pytest.raises(ValueError, match=r"mean must be ImageNet's.*Received: mean=\["):
+            prediction.read_preprocessing(settings)
+
+
 def test_model_files_that_do_not_fit_are_named(exported, tmp_path):
     folder, _, _ = exported
     copy = copy_export(folder, tmp_path / "copy")
