@@ -278,3 +278,19 @@ def test_one_conv_per_slice_splits_only_columns_it_may():
         assert (new is not model) == rewritten
         assert _layer_counts(new).get("ChannelSlice", 0) == (0 if rewritten else 2)
         np.testing.assert_allclose(new(x), model(x), atol=1e-6)
+
+
+def test_one_conv_per_slice_reaches_a_folded_net_inside_a_wrapper():
+    # The fine-tune's int8 LiteRT file is of the folded net behind its input normalisation
+    # (a nested model): the rewrite must reach inside it (6 QUANTIZE ops before, 1 after).
+    from keras_autoshuffle.export.litert_graph import one_conv_per_slice
+    from keras_autoshuffle.export.metadata import with_input_normalization
+
+    model = tiny_v2(classes=4)
+    _randomize_batch_norm(model, np.random.default_rng(0))
+    wrapper = with_input_normalization(folding.fold_model(model))
+    new = one_conv_per_slice(wrapper)
+    nested = [op for op in new.operations if isinstance(op, keras.Model)]
+    assert len(nested) == 1 and not _layer_counts(nested[0]).get("ChannelSlice")
+    x = np.random.default_rng(1).uniform(0, 1, size=(2, *TINY_SHAPE)).astype("float32")
+    np.testing.assert_allclose(new(x), wrapper(x), atol=1e-5)

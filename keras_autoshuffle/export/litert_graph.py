@@ -100,10 +100,34 @@ def _piece(chain, x, start, stop):
     return x
 
 
+def _with_nested_rewritten(model):
+    """`model` with each nested model in it rewritten by `one_conv_per_slice`: the
+    fine-tune's files wrap the folded net (`metadata.with_input_normalization`,
+    `raw_inputs.raw_input_model`); `model` itself when none changes."""
+    nested = {
+        id(op): one_conv_per_slice(op) for op in model.operations if isinstance(op, keras.Model)
+    }
+    if all(new is op for op in model.operations for new in [nested.get(id(op), op)]):
+        return model
+    copies = []
+
+    def clone(layer):
+        if id(layer) in nested:
+            return nested[id(layer)]
+        copies.append((layer, type(layer).from_config(layer.get_config())))
+        return copies[-1][1]
+
+    wrapper = keras.models.clone_model(model, clone_function=clone)
+    for layer, copy in copies:  # clone_model gives its copies new weights
+        copy.set_weights(layer.get_weights())
+    return wrapper
+
+
 def one_conv_per_slice(model: keras.Model) -> keras.Model:
     """`model` with each dense conv whose output (through BatchNormalization and ReLU) only
     ChannelSlices or a ChannelSplit read written as one conv per slice (see the module
-    docstring); `model` itself when it has none. The outputs are the same up to float
+    docstring), also inside a nested model (a wrapper around the folded net); `model`
+    itself when it has none. The outputs are the same up to float
     rounding (each output channel is the same sum of products).
 
     Args:
@@ -112,8 +136,11 @@ def one_conv_per_slice(model: keras.Model) -> keras.Model:
     Returns:
         A new `keras.Model` (copies of the layers: `model` is left as it was).
     """
+    if len(model.inputs) != 1 or len(model.outputs) != 1:
+        return model
+    model = _with_nested_rewritten(model)
     chains = _sliced_convs(model)
-    if not chains or len(model.inputs) != 1 or len(model.outputs) != 1:
+    if not chains:
         return model
     replaced = {id(layer) for chain in chains.values() for layer in chain}
     inputs = keras.Input(shape=model.inputs[0].shape[1:], dtype=model.inputs[0].dtype)
