@@ -213,3 +213,33 @@ def test_export_onnx_writes_a_folded_v2_without_transposes(tmp_path):
     np.testing.assert_allclose(
         export.onnx_outputs(path, x), export.keras_outputs(model, x), atol=2e-5, rtol=0
     )
+
+
+def test_a_dequantize_only_a_subgraph_reads_is_kept():
+    # An If branch reads outer names without listing them as the If node's inputs.
+    import onnx
+    from onnx import TensorProto, helper
+
+    from keras_autoshuffle.export.onnx_graph import drop_unread_dequantize
+
+    def branch(name):
+        out = helper.make_tensor_value_info(f"{name}_y", TensorProto.FLOAT, [1])
+        return helper.make_graph(
+            [helper.make_node("Identity", ["d"], [f"{name}_y"])], name, [], [out]
+        )
+
+    nodes = [
+        helper.make_node("DequantizeLinear", ["q", "scale"], ["d"]),
+        helper.make_node("DequantizeLinear", ["q", "scale"], ["unread"]),
+        helper.make_node("If", ["c"], ["y"], then_branch=branch("a"), else_branch=branch("b")),
+    ]
+    inputs = [
+        helper.make_tensor_value_info("q", TensorProto.UINT8, [1]),
+        helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+    ]
+    scale = helper.make_tensor("scale", TensorProto.FLOAT, [], [0.5])
+    output = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
+    proto = helper.make_model(helper.make_graph(nodes, "g", inputs, [output], [scale]))
+    assert drop_unread_dequantize(proto) == 1
+    assert [node.output[0] for node in proto.graph.node] == ["d", "y"]
+    onnx.checker.check_model(proto)

@@ -439,7 +439,7 @@ def drop_unread_dequantize(proto: "onnx.ModelProto") -> int:
     output.
     """
     graph = proto.graph
-    read = {name for node in graph.node for name in node.input} | {o.name for o in graph.output}
+    read = _names_read(graph)
     dead = [
         node
         for node in graph.node
@@ -448,6 +448,19 @@ def drop_unread_dequantize(proto: "onnx.ModelProto") -> int:
     for node in dead:
         graph.node.remove(node)
     return len(dead)
+
+
+def _names_read(graph):
+    """The names `graph`'s nodes and outputs read, with those of its nodes' subgraphs (an If
+    or Loop body reads outer names without listing them as its node's inputs)."""
+    read = {o.name for o in graph.output}
+    for node in graph.node:
+        read.update(node.input)
+        for attribute in node.attribute:
+            subgraphs = [attribute.g] if attribute.HasField("g") else attribute.graphs
+            for subgraph in subgraphs:
+                read |= _names_read(subgraph)
+    return read
 
 
 def _drop_unused(proto):
