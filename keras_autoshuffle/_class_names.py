@@ -2,6 +2,7 @@
 without importing TensorFlow's data pipeline)."""
 
 import unicodedata
+from collections.abc import Iterable
 
 # Characters a class name may not hold: it is one line of labels.txt (every character
 # `str.splitlines` splits on), and it is printed (controls: ESC sequences clear or recolour
@@ -27,7 +28,7 @@ def class_name_problem(name: str) -> str | None:
     return None
 
 
-def check_class_names(names, count, argument, outputs):
+def check_class_names(names: Iterable[str], count: int, argument: str, outputs: str) -> list[str]:
     """`names` as a list of class names (`class_name_problem`), one per output of what has
     `count` outputs (`outputs` says what, in the error); ValueError naming `argument`."""
     if isinstance(names, str) or not all(isinstance(name, str) for name in names):

@@ -15,7 +15,7 @@ def sha256_of(path):
     return digest.hexdigest()
 
 
-def read_bounded(path, limit):
+def read_bounded(path: str | os.PathLike, limit: int) -> bytes:
     """The bytes of the regular file `path` (a FIFO would block: OSError), read up to
     `limit` bytes (more: ValueError "larger than `limit` bytes")."""
     if not stat.S_ISREG(os.stat(path).st_mode):

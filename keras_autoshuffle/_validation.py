@@ -18,7 +18,7 @@ def is_number(value):
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
 
 
-def is_finite_number(value):
+def is_finite_number(value: object) -> bool:
     """`is_number(value)`, and neither NaN nor infinite: as a float (an int past the float
     range, 10**400, is not; `np.isfinite` refuses ints past int64 with a TypeError)."""
     try:
@@ -27,7 +27,7 @@ def is_finite_number(value):
         return False
 
 
-def one_line(error):
+def one_line(error: object) -> str:
     """An exception's text on one line, for messages that must stay one line."""
     return " ".join(str(error).split())
 
