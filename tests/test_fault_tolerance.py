@@ -130,6 +130,7 @@ def test_a_truncated_weights_backup_is_named(tmp_path):
         (ft.ELAPSED_FILE, '{"seconds": NaN}', "elapsed time file"),
         (ft.ELAPSED_FILE, '{"seconds": -5}', "elapsed time file"),
         (ft.ELAPSED_FILE, "[3]", "elapsed time file"),
+        (ft.ELAPSED_FILE, '{"seconds": 1%s}' % ("0" * 400), "elapsed time file"),
     ],
     ids=[
         "truncated_metadata",
@@ -141,6 +142,7 @@ def test_a_truncated_weights_backup_is_named(tmp_path):
         "nan_elapsed",
         "negative_elapsed",
         "elapsed_not_a_dict",
+        "elapsed_past_the_float_range",
     ],
 )
 def test_a_broken_backup_file_is_named(tmp_path, name, content, message):
