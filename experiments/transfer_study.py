@@ -22,9 +22,10 @@ function), ShuffleNet v2 at `width`, `image_size` pixels:
      number of epochs (`head_epochs + epochs`), finetune's default learning rate from
      scratch (0.1).
    Everything else is equal (folder, batch, label smoothing, class weights, flips, seed).
-3. the transfer arm at `int8_per_class` images also exports a full-integer LiteRT file
-   (`int8=True`): its accuracy drop and top-1 agreement against the float model.
-4. one end-to-end run of the command itself on the seed's first folder at
+3. the transfer arm at the `int8_per_class` size(s) also exports the full-integer files
+   of LiteRT, ONNX and OpenVINO (`int8=True`, finetune's default int8 settings): each
+   one's accuracy drop and top-1 agreement against its float file.
+4. one end-to-end run of the command itself on the seed's first folder at the largest
    `int8_per_class` (`autoshuffle-finetune ... --export-formats litert onnx openvino
    --int8`, the transfer arm's settings): each exported file's validation accuracy.
 
@@ -58,6 +59,8 @@ WORK = os.path.join("runs", "transfer")
 PAGE = os.path.join("docs", "evidence", "transfer.md")
 ROWS_FILE, PLAN_FILE = "rows.jsonl", "plan.json"
 ARMS = ("backbone", "transfer", "scratch", "end_to_end")
+# finetune's report: each runtime's int8 check.
+INT8_REPORT_KEYS = {"litert": "int8", "onnx": "onnx_int8", "openvino": "openvino_int8"}
 # A study's rows are a few kB each: more than this is not a rows file.
 MAX_ROWS_BYTES = 16 * 2**20
 
@@ -91,8 +94,9 @@ class Settings:
     val_per_class: int | None = 100
     # Picks the validation images, the same for every run.
     val_seed: int = 0
-    # The size whose transfer runs also export int8 (None: none), and the end-to-end run's.
-    int8_per_class: int | None = 100
+    # The size (or tuple of sizes) whose transfer runs also export int8 (None: none); the
+    # end-to-end run's is the largest.
+    int8_per_class: int | tuple | None = 100
     end_to_end: bool = True
     seeds: tuple = (0, 1, 2, 3, 4)
 
@@ -117,13 +121,22 @@ class Settings:
                 "`epochs` gives the epochs of each size of `per_class` (distinct sizes). "
                 f"Received: per_class={self.per_class!r}, epochs={self.epochs!r}"
             )
-        if self.int8_per_class is not None and self.int8_per_class not in self.per_class:
+        sizes = int8_sizes(self)
+        if not all(n in self.per_class for n in sizes) or len(set(sizes)) != len(sizes):
             raise ValueError(
-                "`int8_per_class` must be one of `per_class` (or None). "
+                "`int8_per_class` must be one of `per_class`, a tuple of distinct ones, or None. "
                 f"Received: int8_per_class={self.int8_per_class!r}"
             )
-        if self.end_to_end and self.int8_per_class is None:
+        if self.end_to_end and not sizes:
             raise ValueError("The end-to-end run uses `int8_per_class`: set it, or end_to_end.")
+
+
+def int8_sizes(settings):
+    """The sizes whose transfer runs export int8, a tuple (empty for None)."""
+    value = settings.int8_per_class
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, tuple | list) else (value,)
 
 
 # Settings that only add runs: a study unites the recorded ones with those given.
@@ -250,7 +263,7 @@ def specs(settings):
                 runs.append({"name": run_name(arm, n, seed), "arm": arm, "per_class": n})
                 runs[-1]["seed"] = seed
         if i == 0 and settings.end_to_end:
-            n = settings.int8_per_class
+            n = max(int8_sizes(settings))
             runs.append(
                 {"name": run_name("end_to_end", n, seed), "arm": "end_to_end", "per_class": n}
             )
@@ -316,11 +329,12 @@ def finetune_arguments(settings, spec, work):
     else:
         rate = settings.transfer_learning_rate if pretrained else settings.scratch_learning_rate
     int8 = spec["arm"] == "end_to_end" or (
-        spec["arm"] == "transfer" and spec["per_class"] == settings.int8_per_class
+        spec["arm"] == "transfer" and spec["per_class"] in int8_sizes(settings)
     )
     # Every run writes its LiteRT file (finetune checks it against Keras and measures its
-    # accuracy; export_formats=() fails in finetune at this commit); the end-to-end run all.
-    formats = ("litert", "onnx", "openvino") if spec["arm"] == "end_to_end" else ("litert",)
+    # accuracy; export_formats=() fails in finetune at this commit); the int8 runs all three
+    # runtimes' files (each one's int8 file is checked against its float file).
+    formats = ("litert", "onnx", "openvino") if int8 else ("litert",)
     return dict(
         width=settings.width,
         weights=os.path.abspath(backbone_path(work)) if pretrained else None,
@@ -407,6 +421,12 @@ def run(settings, spec, work):
             for fmt, entry in report.get("files", {}).items()
         },
         "int8": int8_fields(report.get("int8")),
+        # Each runtime's int8 check (LiteRT's is "int8" above too).
+        "int8_runtimes": {
+            runtime: int8_fields(report.get(key))
+            for runtime, key in INT8_REPORT_KEYS.items()
+            if report.get(key)
+        },
         "seconds": time.time() - start,
         "resumed": resumed,
         "started": started,
@@ -483,7 +503,14 @@ def int8_fields(entry):
         return None
     fields = {
         k: entry.get(k)
-        for k in ("accuracy", "float_accuracy", "top1_agreement", "size_ratio", "test_examples")
+        for k in (
+            "accuracy",
+            "float_accuracy",
+            "top1_agreement",
+            "size_ratio",
+            "test_examples",
+            "max_accuracy_drop",
+        )
     }
     if entry.get("accuracy") is not None and entry.get("float_accuracy") is not None:
         fields["accuracy_drop_points"] = 100 * (entry["float_accuracy"] - entry["accuracy"])
@@ -1069,7 +1096,7 @@ def main(argv=None):
     parser.add_argument("--backbone-epochs", type=int, default=defaults.backbone_epochs)
     parser.add_argument("--backbone-train-per-class", type=int, default=None)
     parser.add_argument("--val-per-class", type=int, default=defaults.val_per_class)
-    parser.add_argument("--int8-per-class", type=int, default=defaults.int8_per_class)
+    parser.add_argument("--int8-per-class", type=int, nargs="+", default=[defaults.int8_per_class])
     parser.add_argument("--no-end-to-end", action="store_true")
     parser.add_argument("--only", nargs="+", help="only these runs (names or arms) this time")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -1089,7 +1116,12 @@ def main(argv=None):
             backbone_epochs=args.backbone_epochs,
             backbone_train_per_class=args.backbone_train_per_class,
             val_per_class=args.val_per_class,
-            int8_per_class=args.int8_per_class,
+            # One size stays an int (the plans recorded before sizes were tuples).
+            int8_per_class=(
+                args.int8_per_class[0]
+                if len(args.int8_per_class) == 1
+                else tuple(args.int8_per_class)
+            ),
             end_to_end=not args.no_end_to_end,
         )
         command = "python -m experiments.transfer_study " + " ".join(
