@@ -29,9 +29,8 @@ import tempfile
 from experiments import int8_levers, int8_sensitivity
 from experiments.int8_accuracy import _row
 from experiments.scale_study import append_row
-from experiments.transfer_study import PLAN_FILE, ROWS_FILE, read_rows
+from experiments.transfer_study import LEVERS_FILE, PLAN_FILE, ROWS_FILE, read_rows
 
-LEVERS_FILE = "levers.jsonl"
 BASE = "default"
 # {setting: (runtimes, int8_levers' setting)}
 SETTINGS = {
