@@ -65,18 +65,50 @@ def net_data(run_folder: str, plan_settings: dict, images_root: str):
     return model, calibration, test
 
 
+def litert_inputs(folded, model, calibration, images):
+    """(net, float file, calibration, test images) of LiteRT as finetune writes it: with
+    the mediapipe extra installed, the net with its input normalisation inside, taking RGB
+    in [0, 1] (`finetuning.run._export_unit_rgb_litert`); else the folded net."""
+    from keras_autoshuffle import export
+    from keras_autoshuffle.export import metadata
+    from keras_autoshuffle.finetuning.run import _unit_rgb
+
+    if not export.is_installed("mediapipe"):
+        return folded, None, calibration, images
+    net, reference = (metadata.with_input_normalization(m) for m in (folded, model))
+    folder = tempfile.mkdtemp(prefix="int8_transfer_levers_")
+    export.export_model(
+        net, folder, _unit_rgb(images[:8]), formats=("litert",), reference=reference
+    )
+    return net, os.path.join(folder, "model.tflite"), _unit_rgb(calibration), _unit_rgb(images)
+
+
 def measure_net(name, model, calibration, test, ks, latency_rounds, write):
     """Measures one net in every setting of `SETTINGS` and the LiteRT `k` files, each row
     given to `write` as it is measured (the pairing key `seed` is the net's name)."""
     from keras_autoshuffle import folding
+    from keras_autoshuffle.export import int8
+    from keras_autoshuffle.finetuning.run import _unit_rgb
 
     folded = folding.fold_model(model, name=model.name)
     images, labels = test
     float_outputs = model.predict(images, batch_size=256, verbose=0)
     files = int8_levers.Files(folded, model, images)
+    net, lite_float, lite_calibration, lite_images = litert_inputs(
+        folded, model, calibration, images
+    )
+    unit_rgb = lite_float is not None
+    lite_float = lite_float or files.paths["litert"]
     base = {"net": name, "test_images": len(labels), "calibration_images": len(calibration)}
     sensitive = int8_sensitivity.measure(
-        folded, files.paths["litert"], calibration, test, float_outputs, ks, latency_rounds, 1
+        net,
+        lite_float,
+        lite_calibration,
+        (lite_images, labels),
+        float_outputs,
+        ks,
+        latency_rounds,
+        1,
     )
     for setting, entry in sensitive.items():
         extra = {
@@ -85,13 +117,28 @@ def measure_net(name, model, calibration, test, ks, latency_rounds, write):
         setting = BASE if setting == int8_sensitivity.BASE else setting
         write({**_row(name, "litert", entry), "setting": setting, **base, **extra})
     for setting, (runtimes, lever) in SETTINGS.items():
-        chosen = (
-            int8_levers.augmented_views(calibration, 0) if setting == "augmented" else calibration
-        )
+        augmented = setting == "augmented"
+        chosen = int8_levers.augmented_views(calibration, 0) if augmented else calibration
         for runtime in runtimes:
             if runtime == "litert" and setting == BASE:
                 continue  # measured above, with the latencies
-            entry = int8_levers.measure(runtime, lever, files, folded, chosen, test, float_outputs)
+            if runtime == "litert":  # finetune's LiteRT inputs (`litert_inputs`)
+                views = _unit_rgb(chosen) if unit_rgb else chosen
+                with tempfile.TemporaryDirectory() as folder:
+                    entry = int8._export_int8_checked(
+                        net,
+                        os.path.join(folder, "int8.tflite"),
+                        lite_float,
+                        views,
+                        lite_images,
+                        labels,
+                        float_outputs,
+                        100.0,
+                    )
+            else:
+                entry = int8_levers.measure(
+                    runtime, lever, files, folded, chosen, test, float_outputs
+                )
             extra = {k: v for k, v in entry.items() if k.startswith("avx2_")}
             write({**_row(name, runtime, entry), "setting": setting, **base, **extra})
 
