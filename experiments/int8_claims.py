@@ -8,7 +8,12 @@ figures to the ones tests/test_claims.py finds on the pages:
   (ONNX Runtime, OpenVINO), paired with the rows above;
 - `docs/results/int8_stem_float_speed_cpu.json`: what that float convolution costs in time;
 - `docs/results/transfer/` (`experiments.transfer_study`): the transfer study's fine-tuned
-  nets, LiteRT int8 on 500 validation images.
+  nets, LiteRT int8 on 500 validation images;
+- `docs/results/transfer_int8/`: the same study's transfer arm at both sizes, each
+  runtime's int8 file at finetune's defaults (`experiments.transfer_int8`), and the levers
+  on those nets (`levers.jsonl`, `experiments.int8_transfer_levers`);
+- `docs/results/int8_sensitivity_fashion_mnist.json` (`experiments.int8_sensitivity`):
+  LiteRT with the most sensitive tensors in float, on the Fashion-MNIST net.
 
 Usage: `python -m experiments.claims` (prints the figures, these with the others).
 """
@@ -24,6 +29,10 @@ ROWS = {
     "int8_stem_speed": RESULTS / "int8_stem_float_speed_cpu.json",
     "transfer_rows": RESULTS / "transfer" / "rows.jsonl",
     "transfer_plan": RESULTS / "transfer" / "plan.json",
+    "transfer_int8_rows": RESULTS / "transfer_int8" / "rows.jsonl",
+    "transfer_int8_plan": RESULTS / "transfer_int8" / "plan.json",
+    "transfer_int8_levers": RESULTS / "transfer_int8" / "levers.jsonl",
+    "int8_sensitivity": RESULTS / "int8_sensitivity_fashion_mnist.json",
     "int8_peers": RESULTS / "int8_peers_cpu.json",
     "model_table": RESULTS / "model_table_cpu.json",
 }
@@ -231,7 +240,59 @@ def figures(root):
             f"{_mean_ci(stat['accuracy_drop'])}"
         )
     out.update({f"noise {name}": value for name, value in noise(root).items()})
+    out.update(lever_figures(root))
     return {f"int8 {name}": value for name, value in out.items()}
+
+
+def _jsonl(name, root):
+    path = pathlib.Path(root) / ROWS[name]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def transfer_defaults(root):
+    """`experiments.transfer_int8.summarize` of the transfer_int8 rows: each runtime's int8
+    file at finetune's defaults, by size and over all ("all")."""
+    from experiments import transfer_int8, transfer_study
+
+    folder = str(pathlib.Path(root) / ROWS["transfer_int8_plan"].parent)
+    plan = transfer_study.read_plan(folder)
+    rows = transfer_study.read_rows(
+        str(pathlib.Path(root) / ROWS["transfer_int8_rows"]), plan["plan"]
+    )
+    return transfer_int8.summarize(rows)
+
+
+def _ci(stat, signed=False):
+    form = "{:+.2f}" if signed else "{:.2f}"
+    return f"{form.format(stat['mean'])} [{form.format(stat['low'])}, {form.format(stat['high'])}]"
+
+
+def lever_figures(root):
+    """The short forms of the int8 targets on the transfer study's nets: per runtime, the
+    files written at the defaults over both sizes with the drop and agreement intervals;
+    per runtime and lever, the agreement over the nets measured (`int8_levers.summarize`,
+    paired by net); the sensitivity lever on the Fashion-MNIST net."""
+    from experiments import int8_levers
+
+    out = {}
+    for e in transfer_defaults(root):
+        if e["per_class"] == "all":
+            out[f"defaults {e['runtime']}"] = (
+                f"{NAMES[e['runtime']]}: written in {e['runs'] - e['refused']} of {e['runs']}, "
+                f"drop {_ci(e['drop'], True)} points, agreement {_ci(e['agreement'])}%"
+            )
+    levers = int8_levers.summarize(_jsonl("transfer_int8_levers", root), "default")
+    for runtime, settings in levers.items():
+        for setting, stat in settings.items():
+            out[f"lever {runtime} {setting}"] = (
+                f"{_mean_ci(stat['top1_agreement'], 100, '%')} over {stat['seeds']} nets"
+            )
+    sensitivity = _load("int8_sensitivity", root)["summary"]["litert"]
+    for setting, stat in sensitivity.items():
+        out[f"fm sensitivity {setting}"] = (
+            f"{_mean_ci(stat['top1_agreement'], 100, '%')} over {stat['seeds']} seeds"
+        )
+    return out
 
 
 def render_peers(root):

@@ -838,6 +838,13 @@ def render_page(summary, plan, rows_link):
             f"({e['wins']}/{e['losses']} "
             f"wins/losses): {verdict(e)}.**"
         )
+    if not any(r["arm"] == "scratch" for r in summary.get("all_rows", [])):
+        verdicts = [
+            "No scratch run here: this folder holds the transfer arm only (run with "
+            "`--only backbone transfer`), for its int8 files ([int8](#int8)); transfer "
+            "against scratch is [the study's page](transfer.md)."
+        ]
+        finished = True
     lines += [
         "**The verdict.** "
         + " ".join(verdicts)

@@ -9,6 +9,8 @@ import pathlib
 import re
 import shutil
 
+import pytest
+
 from experiments import claims
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -255,16 +257,22 @@ def test_evidence_summary_and_readme_state_the_rows_int8_figures():
         assert f[f"int8 fm {runtime}"] in readme, runtime
 
 
-def test_transfer_page_int8_figures_are_its_rows(tmp_path):
+@pytest.mark.parametrize(
+    "results, committed",
+    [("transfer", "transfer.md"), ("transfer_int8", "transfer_int8.md")],
+)
+def test_transfer_page_int8_figures_are_its_rows(tmp_path, results, committed):
+    # The int8 study's page holds each runtime's files at the defaults and the levers'
+    # table (levers.jsonl beside the rows): all of it from the rows.
     from experiments import transfer_study
 
     page = tmp_path / "transfer.md"
-    transfer_study.write_page(str(ROOT / "docs/results/transfer"), str(page))
+    transfer_study.write_page(str(ROOT / "docs/results" / results), str(page))
 
-    def int8_part(text):  # from "## int8" to the runs at chance (which read the work folder)
-        return text.split("## int8", 1)[1].split("**Runs that ended at chance**", 1)[0]
+    def int8_part(text):  # from "## int8" to the end-to-end run
+        return text.split("## int8", 1)[1].split("## The command end to end", 1)[0]
 
-    committed = (ROOT / "docs/evidence/transfer.md").read_text()
+    committed = (ROOT / "docs/evidence" / committed).read_text()
     assert int8_part(page.read_text()) == int8_part(committed)
 
 
