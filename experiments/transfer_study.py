@@ -938,7 +938,8 @@ def render_page(summary, plan, rows_link):
     e2e = summary["end_to_end"]
     lines += ["## The command end to end", ""]
     if e2e is None:
-        lines += ["The end-to-end run has not finished yet.", ""]
+        done = "has not finished yet" if s.end_to_end else "is not in this study (--no-end-to-end)"
+        lines += [f"The end-to-end run {done}.", ""]
     else:
         lines += [
             f"`{e2e['command']}` on the {e2e['per_class']}-per-class folder of seed "
