@@ -272,7 +272,7 @@ def lever_figures(root):
     files written at the defaults over both sizes with the drop and agreement intervals;
     per runtime and lever, the agreement over the nets measured (`int8_levers.summarize`,
     paired by net); the sensitivity lever on the Fashion-MNIST net."""
-    from experiments import int8_levers
+    from experiments import int8_levers, transfer_int8
 
     out = {}
     for e in transfer_defaults(root):
@@ -282,17 +282,43 @@ def lever_figures(root):
                 f"drop {_ci(e['drop'], True)} points, agreement {_ci(e['agreement'])}%"
             )
     levers = int8_levers.summarize(_jsonl("transfer_int8_levers", root), "default")
-    for runtime, settings in levers.items():
-        for setting, stat in settings.items():
-            out[f"lever {runtime} {setting}"] = (
-                f"{_mean_ci(stat['top1_agreement'], 100, '%')} over {stat['seeds']} nets"
-            )
     sensitivity = _load("int8_sensitivity", root)["summary"]["litert"]
-    for setting, stat in sensitivity.items():
-        out[f"fm sensitivity {setting}"] = (
-            f"{_mean_ci(stat['top1_agreement'], 100, '%')} over {stat['seeds']} seeds"
-        )
+    for prefix, summary, units in (
+        ("lever", levers, "nets"),
+        ("fm sensitivity", {"litert": sensitivity}, "seeds"),
+    ):
+        for runtime, settings in summary.items():
+            for setting, stat in settings.items():
+                key = f"{prefix} {setting}" if units == "seeds" else f"{prefix} {runtime} {setting}"
+                out[key] = f"{_agreement(stat['top1_agreement'])} over {stat['seeds']} {units}"
+                if setting != "default":  # paired with the default file of the same net or seed
+                    out[key] += f", {_agreement(stat['minus_base']['top1_agreement'], True)} points"
+    fm_rows = [{**r, "net": r["seed"]} for r in _load("int8_sensitivity", root)["rows"]]
+    for prefix, rows in (("lever", _jsonl("transfer_int8_levers", root)), ("fm", fm_rows)):
+        for setting, (by_default, _) in transfer_int8.latency_ratios(rows).items():
+            interval = (
+                f"[{by_default['low']:.2f}, {by_default['high']:.2f}]"
+                if by_default["low"] is not None
+                else "(one value)"
+            )
+            out[f"{prefix} latency {setting}"] = (
+                f"{by_default['mean']:.2f}x {interval} the full-integer file's"
+            )
     return out
+
+
+def _agreement(stat, change=False):
+    """A fraction's mean [95% interval] in percent (points with `change`, signed), or the
+    mean alone where one value gives no interval."""
+    form = "{:+.2f}" if change else "{:.2f}"
+    low, high = stat["ci95"]
+    unit = "" if change else "%"
+    if math.isnan(low):
+        return f"{form.format(100 * stat['mean'])}{unit} (one value)"
+    return (
+        f"{form.format(100 * stat['mean'])}{unit} "
+        f"[{form.format(100 * low)}, {form.format(100 * high)}]"
+    )
 
 
 def render_peers(root):

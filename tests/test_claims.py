@@ -234,6 +234,20 @@ def test_export_guide_states_the_rows_int8_figures():
         assert phrase in text, phrase
 
 
+def test_export_guide_states_the_transfer_int8_figures():
+    # Each runtime's files at the defaults on the transfer study's nets, every lever
+    # measured on them and the sensitivity lever on the Fashion-MNIST net: from the rows.
+    text = _text("docs/guide/export.md")
+    prefixes = ("int8 defaults ", "int8 lever ", "int8 fm sens", "int8 fm latency ")
+    keys = [k for k in FIGURES if k.startswith(prefixes)]
+    assert len([k for k in keys if k.startswith("int8 defaults ")]) == 3
+    for key in keys:
+        assert FIGURES[key] in text, key
+    index = _text("docs/evidence/index.md")
+    for runtime in ("litert", "onnx", "openvino"):
+        assert FIGURES[f"int8 defaults {runtime}"] in index, runtime
+
+
 def test_evidence_summary_and_readme_state_the_rows_int8_figures():
     f = FIGURES
     expected = [
