@@ -8,7 +8,12 @@ figures to the ones tests/test_claims.py finds on the pages:
   (ONNX Runtime, OpenVINO), paired with the rows above;
 - `docs/results/int8_stem_float_speed_cpu.json`: what that float convolution costs in time;
 - `docs/results/transfer/` (`experiments.transfer_study`): the transfer study's fine-tuned
-  nets, LiteRT int8 on 500 validation images.
+  nets, LiteRT int8 on 500 validation images;
+- `docs/results/transfer_int8/`: the same study's transfer arm at both sizes, each
+  runtime's int8 file at finetune's defaults (`experiments.transfer_int8`), and the levers
+  on those nets (`levers.jsonl`, `experiments.int8_transfer_levers`);
+- `docs/results/int8_sensitivity_fashion_mnist.json` (`experiments.int8_sensitivity`):
+  LiteRT with the most sensitive tensors in float, on the Fashion-MNIST net.
 
 Usage: `python -m experiments.claims` (prints the figures, these with the others).
 """
@@ -24,6 +29,10 @@ ROWS = {
     "int8_stem_speed": RESULTS / "int8_stem_float_speed_cpu.json",
     "transfer_rows": RESULTS / "transfer" / "rows.jsonl",
     "transfer_plan": RESULTS / "transfer" / "plan.json",
+    "transfer_int8_rows": RESULTS / "transfer_int8" / "rows.jsonl",
+    "transfer_int8_plan": RESULTS / "transfer_int8" / "plan.json",
+    "transfer_int8_levers": RESULTS / "transfer_int8" / "levers.jsonl",
+    "int8_sensitivity": RESULTS / "int8_sensitivity_fashion_mnist.json",
     "int8_peers": RESULTS / "int8_peers_cpu.json",
     "model_table": RESULTS / "model_table_cpu.json",
 }
@@ -231,7 +240,85 @@ def figures(root):
             f"{_mean_ci(stat['accuracy_drop'])}"
         )
     out.update({f"noise {name}": value for name, value in noise(root).items()})
+    out.update(lever_figures(root))
     return {f"int8 {name}": value for name, value in out.items()}
+
+
+def _jsonl(name, root):
+    path = pathlib.Path(root) / ROWS[name]
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def transfer_defaults(root):
+    """`experiments.transfer_int8.summarize` of the transfer_int8 rows: each runtime's int8
+    file at finetune's defaults, by size and over all ("all")."""
+    from experiments import transfer_int8, transfer_study
+
+    folder = str(pathlib.Path(root) / ROWS["transfer_int8_plan"].parent)
+    plan = transfer_study.read_plan(folder)
+    rows = transfer_study.read_rows(
+        str(pathlib.Path(root) / ROWS["transfer_int8_rows"]), plan["plan"]
+    )
+    return transfer_int8.summarize(rows)
+
+
+def _ci(stat, signed=False):
+    form = "{:+.2f}" if signed else "{:.2f}"
+    return f"{form.format(stat['mean'])} [{form.format(stat['low'])}, {form.format(stat['high'])}]"
+
+
+def lever_figures(root):
+    """The short forms of the int8 targets on the transfer study's nets: per runtime, the
+    files written at the defaults over both sizes with the drop and agreement intervals;
+    per runtime and lever, the agreement over the nets measured (`int8_levers.summarize`,
+    paired by net); the sensitivity lever on the Fashion-MNIST net."""
+    from experiments import int8_levers, transfer_int8
+
+    out = {}
+    for e in transfer_defaults(root):
+        if e["per_class"] == "all":
+            out[f"defaults {e['runtime']}"] = (
+                f"{NAMES[e['runtime']]}: written in {e['runs'] - e['refused']} of {e['runs']}, "
+                f"drop {_ci(e['drop'], True)} points, agreement {_ci(e['agreement'])}%"
+            )
+    levers = int8_levers.summarize(_jsonl("transfer_int8_levers", root), "default")
+    sensitivity = _load("int8_sensitivity", root)["summary"]["litert"]
+    for prefix, summary, units in (
+        ("lever", levers, "nets"),
+        ("fm sensitivity", {"litert": sensitivity}, "seeds"),
+    ):
+        for runtime, settings in summary.items():
+            for setting, stat in settings.items():
+                key = f"{prefix} {setting}" if units == "seeds" else f"{prefix} {runtime} {setting}"
+                out[key] = f"{_agreement(stat['top1_agreement'])} over {stat['seeds']} {units}"
+                if setting != "default":  # paired with the default file of the same net or seed
+                    out[key] += f", {_agreement(stat['minus_base']['top1_agreement'], True)} points"
+    fm_rows = [{**r, "net": r["seed"]} for r in _load("int8_sensitivity", root)["rows"]]
+    for prefix, rows in (("lever", _jsonl("transfer_int8_levers", root)), ("fm", fm_rows)):
+        for setting, (by_default, _) in transfer_int8.latency_ratios(rows).items():
+            interval = (
+                f"[{by_default['low']:.2f}, {by_default['high']:.2f}]"
+                if by_default["low"] is not None
+                else "(one value)"
+            )
+            out[f"{prefix} latency {setting}"] = (
+                f"{by_default['mean']:.2f}x {interval} the full-integer file's"
+            )
+    return out
+
+
+def _agreement(stat, change=False):
+    """A fraction's mean [95% interval] in percent (points with `change`, signed), or the
+    mean alone where one value gives no interval."""
+    form = "{:+.2f}" if change else "{:.2f}"
+    low, high = stat["ci95"]
+    unit = "" if change else "%"
+    if math.isnan(low):
+        return f"{form.format(100 * stat['mean'])}{unit} (one value)"
+    return (
+        f"{form.format(100 * stat['mean'])}{unit} "
+        f"[{form.format(100 * low)}, {form.format(100 * high)}]"
+    )
 
 
 def render_peers(root):

@@ -174,10 +174,10 @@ def capped_classes(folder: str, images: np.ndarray, isa: str = "AVX2") -> np.nda
         return np.load(outputs)
 
 
-def summarize(rows):
+def summarize(rows, base_setting=BASE):
     """{runtime: {setting: agreement and drop, mean and 95% t interval over seeds, and
-    the paired difference from `BASE` of the same seed}}."""
-    base = {(r["seed"], r["runtime"]): r for r in rows if r["setting"] == BASE}
+    the paired difference from `base_setting` of the same seed}}."""
+    base = {(r["seed"], r["runtime"]): r for r in rows if r["setting"] == base_setting}
     summary = {}
     for r in rows:
         summary.setdefault(r["runtime"], {}).setdefault(r["setting"], [])
@@ -208,10 +208,10 @@ def _points(interval, scale=100.0, sign=False):
     return f"{form.format(scale * mean)} [{form.format(scale * low)}, {form.format(scale * high)}]"
 
 
-def table(summary: dict) -> str:
+def table(summary: dict, base_setting: str = BASE) -> str:
     """The summary as a Markdown table: per runtime and setting, top-1 agreement (%) and
     accuracy drop (points), mean [95% interval] over the seeds, and their paired change
-    from `BASE`."""
+    from `base_setting`."""
     lines = [
         "| runtime | setting | seeds | agreement (%) | change (points) | drop (points) | change "
         "| agreement, AVX2 kernels (%) |",
@@ -222,9 +222,13 @@ def table(summary: dict) -> str:
             change = s["minus_base"]
             lines.append(
                 f"| {runtime} | {setting} | {s['seeds']} | {_points(s['top1_agreement'])} | "
-                + ("" if setting == BASE else _points(change["top1_agreement"], sign=True))
+                + ("" if setting == base_setting else _points(change["top1_agreement"], sign=True))
                 + f" | {_points(s['accuracy_drop'], 1.0)} | "
-                + ("" if setting == BASE else _points(change["accuracy_drop"], 1.0, sign=True))
+                + (
+                    ""
+                    if setting == base_setting
+                    else _points(change["accuracy_drop"], 1.0, sign=True)
+                )
                 + f" | {_points(s['avx2_top1_agreement']) if 'avx2_top1_agreement' in s else ''} |"
             )
     return "\n".join(lines)

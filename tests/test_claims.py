@@ -9,6 +9,8 @@ import pathlib
 import re
 import shutil
 
+import pytest
+
 from experiments import claims
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -232,6 +234,20 @@ def test_export_guide_states_the_rows_int8_figures():
         assert phrase in text, phrase
 
 
+def test_export_guide_states_the_transfer_int8_figures():
+    # Each runtime's files at the defaults on the transfer study's nets, every lever
+    # measured on them and the sensitivity lever on the Fashion-MNIST net: from the rows.
+    text = _text("docs/guide/export.md")
+    prefixes = ("int8 defaults ", "int8 lever ", "int8 fm sens", "int8 fm latency ")
+    keys = [k for k in FIGURES if k.startswith(prefixes)]
+    assert len([k for k in keys if k.startswith("int8 defaults ")]) == 3
+    for key in keys:
+        assert FIGURES[key] in text, key
+    index = _text("docs/evidence/index.md")
+    for runtime in ("litert", "onnx", "openvino"):
+        assert FIGURES[f"int8 defaults {runtime}"] in index, runtime
+
+
 def test_evidence_summary_and_readme_state_the_rows_int8_figures():
     f = FIGURES
     expected = [
@@ -255,16 +271,22 @@ def test_evidence_summary_and_readme_state_the_rows_int8_figures():
         assert f[f"int8 fm {runtime}"] in readme, runtime
 
 
-def test_transfer_page_int8_figures_are_its_rows(tmp_path):
+@pytest.mark.parametrize(
+    "results, committed",
+    [("transfer", "transfer.md"), ("transfer_int8", "transfer_int8.md")],
+)
+def test_transfer_page_int8_figures_are_its_rows(tmp_path, results, committed):
+    # The int8 study's page holds each runtime's files at the defaults and the levers'
+    # table (levers.jsonl beside the rows): all of it from the rows.
     from experiments import transfer_study
 
     page = tmp_path / "transfer.md"
-    transfer_study.write_page(str(ROOT / "docs/results/transfer"), str(page))
+    transfer_study.write_page(str(ROOT / "docs/results" / results), str(page))
 
-    def int8_part(text):  # from "## int8" to the runs at chance (which read the work folder)
-        return text.split("## int8", 1)[1].split("**Runs that ended at chance**", 1)[0]
+    def int8_part(text):  # from "## int8" to the end-to-end run
+        return text.split("## int8", 1)[1].split("## The command end to end", 1)[0]
 
-    committed = (ROOT / "docs/evidence/transfer.md").read_text()
+    committed = (ROOT / "docs/evidence" / committed).read_text()
     assert int8_part(page.read_text()) == int8_part(committed)
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import gzip
 import json
 import os
+import pathlib
 
 import numpy as np
 import pytest
@@ -180,6 +181,21 @@ def test_settings_are_checked():
             ts.Settings(**bad)
 
 
+def test_int8_at_several_sizes_and_the_one_size_plans_keep_their_id(tmp_path):
+    both = ts.Settings(int8_per_class=(20, 100), end_to_end=False)
+    int8 = [s["name"] for s in ts.specs(both) if ts.finetune_arguments(both, s, "w")["int8"]]
+    assert int8 == [f"transfer_{n}_seed{seed}" for seed in range(5) for n in (20, 100)]
+    with pytest.raises(SystemExit):  # the command refuses it before anything is written
+        ts.main(["--int8-per-class", "20", "50", "--results", str(tmp_path / "r")])
+    assert not (tmp_path / "r").exists()
+    with pytest.raises(ValueError, match=r"Received: int8_per_class=\(20, 50\)"):
+        ts.Settings(int8_per_class=(20, 50))
+    # The committed study's plan (one size, an int) keeps its recorded id.
+    root = pathlib.Path(__file__).resolve().parents[1]
+    plan = json.loads((root / "docs/results/transfer/plan.json").read_text())
+    assert ts.plan_id(ts.settings_from_json(plan["settings"])) == plan["plan"]
+
+
 def test_the_arms_differ_only_in_weights_epochs_and_rate(tmp_path):
     settings = ts.Settings()
     spec = {"arm": "transfer", "per_class": 20, "seed": 3}
@@ -192,7 +208,10 @@ def test_the_arms_differ_only_in_weights_epochs_and_rate(tmp_path):
     assert transfer["weights"].endswith(os.path.join("backbone", "model.keras"))
     assert transfer["seed"] == scratch["seed"] == 3
     at_100 = ts.finetune_arguments(settings, {**spec, "per_class": 100}, str(tmp_path))
-    assert at_100["int8"] and at_100["export_formats"] == ("litert",) and not transfer["int8"]
+    # The int8 runs write every runtime's files (each one's int8 file checked).
+    assert at_100["int8"] and not transfer["int8"]
+    assert at_100["export_formats"] == ("litert", "onnx", "openvino")
+    assert scratch["export_formats"] == ("litert",)
     e2e = ts.finetune_arguments(settings, {**spec, "arm": "end_to_end", "per_class": 100}, "w")
     assert e2e["export_formats"] == ("litert", "onnx", "openvino") and e2e["int8"]
     argv = ts.command_line("images", "out", e2e)

@@ -1,0 +1,131 @@
+"""The int8 part of a transfer study's page (issue 53): each runtime's int8 file of every
+transfer run that wrote all three (`transfer_study`'s `int8_runtimes` field: finetune's
+default int8 settings, checked on the run's validation images against the float file),
+by size and over both sizes; and, where the results folder holds them, the levers
+measured on the same nets (`experiments.int8_transfer_levers`' rows, paired by net).
+
+`render(rows, levers)` gives the page's lines; `summarize(rows)` the numbers.
+"""
+
+from experiments.transfer_study import t_interval
+
+RUNTIMES = {"litert": "LiteRT", "onnx": "ONNX Runtime", "openvino": "OpenVINO"}
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per runtime and size (and "all" sizes): runs, files written and refused at the
+    defaults, the drop (points) and the top-1 agreement (%) with their 95% t intervals."""
+    runs = [r for r in rows if r["arm"] == "transfer" and r.get("int8_runtimes")]
+    sizes = sorted({r["per_class"] for r in runs})
+    entries = []
+    for runtime in RUNTIMES:
+        for size in [*sizes, "all"]:
+            checks = [
+                r["int8_runtimes"][runtime]
+                for r in runs
+                if runtime in r["int8_runtimes"] and size in ("all", r["per_class"])
+            ]
+            if not checks:
+                continue
+            entries.append(
+                {
+                    "runtime": runtime,
+                    "per_class": size,
+                    "runs": len(checks),
+                    "refused": sum(bool(c.get("refused")) for c in checks),
+                    "bound": sorted({c.get("max_accuracy_drop") for c in checks}, key=str),
+                    "drop": t_interval([c["accuracy_drop_points"] for c in checks]),
+                    "agreement": t_interval([100 * c["top1_agreement"] for c in checks]),
+                }
+            )
+    return entries
+
+
+def _ci(stat, signed=False):
+    form = "{:+.2f}" if signed else "{:.2f}"
+    if stat["low"] is None:
+        return f"{form.format(stat['mean'])} [-]"
+    return f"{form.format(stat['mean'])} [{form.format(stat['low'])}, {form.format(stat['high'])}]"
+
+
+def latency_ratios(levers: list[dict]) -> dict:
+    """{setting: (k-file / default file, k-file / float file)} of the LiteRT rows timed in
+    the same run, mean and 95% t interval over the nets."""
+    timed = [r for r in levers if r["runtime"] == "litert" and "latency_ms" in r]
+    default = {r["net"]: r["latency_ms"] for r in timed if r["setting"] == "default"}
+    ratios = {}
+    for setting in sorted({r["setting"] for r in timed} - {"default"}):
+        picked = [r for r in timed if r["setting"] == setting and r["net"] in default]
+        if picked:
+            ratios[setting] = (
+                t_interval([r["latency_ms"] / default[r["net"]] for r in picked]),
+                t_interval([r["latency_ms"] / r["float_latency_ms"] for r in picked]),
+            )
+    return ratios
+
+
+def render(rows: list[dict], levers: list[dict]) -> list[str]:
+    """The page's lines: the defaults' table, then the levers' (where measured)."""
+    entries = summarize(rows)
+    if not entries:
+        return []
+    lines = [
+        "### Each runtime at finetune's defaults",
+        "",
+        "Every transfer run here wrote the int8 files of LiteRT, ONNX Runtime and OpenVINO "
+        "at finetune's defaults (`--int8`: calibrated on the run's first training images, "
+        "up to 500; ONNX Runtime and OpenVINO with 7-bit weights; refused beyond "
+        "`--int8-max-drop`), each checked against its float file on the 500 validation "
+        "images: the accuracy drop (points, float - int8) and the top-1 agreement, mean "
+        "[95% t interval] over the runs.",
+        "",
+        "| runtime | images per class | runs | written | refused | drop (points) "
+        "| top-1 agreement (%) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for e in entries:
+        lines.append(
+            f"| {RUNTIMES[e['runtime']]} | {e['per_class']} | {e['runs']} "
+            f"| {e['runs'] - e['refused']} | {e['refused']} | {_ci(e['drop'], True)} "
+            f"| {_ci(e['agreement'])} |"
+        )
+    bounds = sorted({b for e in entries for b in e["bound"]}, key=str)
+    lines += ["", f"The bound of these runs (points): {', '.join(map(str, bounds))}.", ""]
+    if levers:
+        lines += render_levers(levers)
+    return lines
+
+
+def render_levers(levers: list[dict]) -> list[str]:
+    """The levers' table (`int8_levers.table`, paired by net) and the LiteRT files'
+    latencies."""
+    from experiments import int8_levers
+
+    nets = sorted({r["net"] for r in levers})
+    lines = [
+        "### The levers on the same nets",
+        "",
+        f"{len(nets)} of these nets ({', '.join(nets)}), each int8 file made again from "
+        "the same calibration images (`python -m experiments.int8_transfer_levers`): "
+        "`default` (as above), `8bit` (ONNX Runtime and OpenVINO with 8-bit weights), "
+        "`augmented` (calibrated on the images and one pad-2 crop and flip of each), `k<k>` "
+        "(LiteRT with the k tensors of largest int8 error, by TensorFlow's quantization "
+        "debugger on the calibration images, kept in float). Mean [95% t interval] over the "
+        "nets; the change is paired by net against `default`.",
+        "",
+        int8_levers.table(int8_levers.summarize(levers, "default"), "default"),
+        "",
+    ]
+    ratios = latency_ratios(levers)
+    if ratios:
+        lines.append(
+            "LiteRT at batch 1, one thread, each file timed in turn in one process (medians "
+            "of rounds): "
+            + "; ".join(
+                f"{setting} / default {_ci(by_default)}, / float {_ci(by_float)}"
+                for setting, (by_default, by_float) in ratios.items()
+            )
+            + "."
+        )
+        lines.append("")
+    return lines
