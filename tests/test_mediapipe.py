@@ -18,7 +18,7 @@ from experiments import fashion_mnist_folder
 from keras_autoshuffle import prediction
 from keras_autoshuffle.applications.preprocessing import ResizeCenterCrop
 from keras_autoshuffle.data import DataMissingError
-from keras_autoshuffle.export import metadata
+from keras_autoshuffle.export import metadata, open_runner
 from keras_autoshuffle.finetuning import finetune, network
 
 pytestmark = pytest.mark.skipif(
@@ -96,14 +96,26 @@ def _mediapipe_names(path, pictures):
     ]
 
 
+# A top-1 decided by less than this (a score difference) is a near tie: the uint8 rounding of
+# the crop MediaPipe is given moves scores by up to 9e-4 (float) and 3 output steps of 1/256
+# (int8) on this net, and a net trained with other rounding (another CPU) by other amounts.
+NEAR_TIE = 0.05
+
+
+def _margins(probabilities):
+    top_two = np.sort(probabilities, axis=-1)[:, -2:]
+    return top_two[:, 1] - top_two[:, 0]
+
+
 @pytest.mark.slow  # a fine-tune with its int8 export: ~2 minutes on 2 busy cores
 def test_mediapipe_names_the_classes_predict_names(run, images):
-    """On the pixels predict's network sees (its resize of the shorter side and centre crop,
-    as uint8 at the input size, where MediaPipe resizes nothing), MediaPipe's top-1 names
-    are predict's on the PNG files, for both files; their scores agree within the uint8
-    rounding of the crop (float) and a few output quantization steps (int8). MediaPipe
-    resizes the whole image (or a region) with its own resampling: on the files themselves
-    it differs from predict on a few near ties of this barely trained net (the report)."""
+    """MediaPipe computes what the file computes: on the same pixels (predict's resize of the
+    shorter side and centre crop, as uint8 at the input size, where MediaPipe resizes
+    nothing) its scores are the file's own (float: 1e-5; int8: one output step). On the PNG
+    files, its top-1 names are predict's wherever predict's top-1 is not a near tie, for both
+    files, and agree with the Keras model's as often as the report says (near ties excused).
+    MediaPipe resizes a whole image (or a region) with its own resampling: on the files
+    themselves it differs from predict on a few near ties of this barely trained net."""
     output, report = run
     paths = sorted((images[0] / "val").rglob("*.png"))
     pictures = [np.asarray(Image.open(p).convert("RGB")) for p in paths]
@@ -111,26 +123,28 @@ def test_mediapipe_names_the_classes_predict_names(run, images):
     crop = ResizeCenterCrop(resize, SIDE)(np.stack(pictures).astype("float32"))
     crops = np.clip(np.round(np.asarray(crop)), 0, 255).astype("uint8")
     keras_classifier = prediction.Classifier.from_file(output / "model.keras")
-    keras_names = [
-        keras_classifier.labels[i] for i in keras_classifier.predict(pictures).argmax(-1)
-    ]
+    keras_probabilities = keras_classifier.predict(pictures)
+    keras_names = np.array(keras_classifier.labels)[keras_probabilities.argmax(-1)]
     if images[1]:  # real images: a net that tells the classes apart
         assert len(set(keras_names)) == len(CLASSES), keras_names
-    # int8: the output's steps are 1/256; the crop's uint8 rounding moves some input levels
-    # (measured: at most 3 steps apart; float 9e-4).
-    for name, atol in (("model.tflite", 2e-3), ("model_int8.tflite", 4 / 256)):
-        classifier = prediction.Classifier.from_file(output / name)
+    for name, atol in (("model.tflite", 1e-5), ("model_int8.tflite", 1 / 256 + 1e-6)):
         assert metadata.read_litert_metadata(output / name)["mean"] == [0.0]
-        probabilities = classifier.predict(pictures)
-        names = [classifier.labels[i] for i in probabilities.argmax(-1)]
+        runner = open_runner(output / name)
         named, scores = _mediapipe_names(output / name, crops)
-        assert named == names, name
-        for row, score in zip(probabilities, scores, strict=True):
-            expected = [row[classifier.labels.index(label)] for label in score]
-            np.testing.assert_allclose(list(score.values()), expected, atol=atol, err_msg=name)
-        agreement = np.mean(np.array(named) == np.array(keras_names))
+        named = np.array(named)
+        mediapipe = np.array([[score[label] for label in runner.labels] for score in scores])
+        expected = runner.run(crops.astype("float32") / 255)
+        np.testing.assert_allclose(mediapipe, expected, atol=atol, err_msg=name)
+        classifier = prediction.Classifier.from_file(output / name)
+        probabilities = classifier.predict(pictures)
+        clear = _margins(probabilities) > NEAR_TIE
+        assert clear.mean() >= 0.5, (name, _margins(probabilities))
+        names = np.array(classifier.labels)[probabilities.argmax(-1)]
+        assert (named[clear] == names[clear]).all(), (name, named, names)
         key = "int8" if "int8" in name else "litert"
-        assert agreement >= report["files"][key]["top1_agreement"], (name, agreement)
+        near_ties = np.mean(_margins(keras_probabilities) <= NEAR_TIE)
+        agreement = np.mean(named == keras_names)
+        assert agreement >= report["files"][key]["top1_agreement"] - near_ties, (name, agreement)
 
 
 @pytest.mark.slow
