@@ -10,6 +10,24 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
+
+def _usable_cpus():
+    """The CPUs this process may use."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+# Under xdist, the workers share the CPUs: each worker's TensorFlow (and every process a test
+# starts, which inherits the variable) gets its share of them for one operation's threads
+# instead of all of them. The tests' ops are small: on 2 busy cores two workers' threads
+# contended for them (test_study.py's tiny study, two copies at once: 220 s each, 188 s
+# with one thread each). Read when TensorFlow creates its first context, so set before
+# any test runs an op.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _share = _usable_cpus() // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", str(max(1, _share)))
+
 import keras  # noqa: E402
 import pytest  # noqa: E402
 
@@ -77,10 +95,7 @@ def pytest_terminal_summary(terminalreporter):
 def pytest_xdist_auto_num_workers(config):
     """`-n auto` (pyproject.toml): a worker per CPU this process may use, at most 4, each
     with its own TensorFlow (some 2 GB at its peak)."""
-    cpus = (
-        os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
-    )
-    return max(1, min(4, len(cpus)))
+    return max(1, min(4, _usable_cpus()))
 
 
 def pytest_configure(config):
