@@ -174,6 +174,19 @@ def capped_classes(folder: str, images: np.ndarray, isa: str = "AVX2") -> np.nda
         return np.load(outputs)
 
 
+def study_net(path: str, test_images: int):
+    """The Fashion-MNIST net at `path` and its data: (the net, the training split, the first
+    `test_images` test images, their labels, the folded net)."""
+    import keras
+
+    from keras_autoshuffle import data, folding
+
+    model = keras.saving.load_model(path, safe_mode=True)
+    train, test = data.fashion_mnist(seed=0, augment=False)
+    folded = folding.fold_model(model, name=model.name)
+    return model, train, test.images[:test_images], test.labels[:test_images], folded
+
+
 def summarize(rows, base_setting=BASE):
     """{runtime: {setting: agreement and drop, mean and 95% t interval over seeds, and
     the paired difference from `base_setting` of the same seed}}."""
@@ -282,17 +295,11 @@ def main(argv=None):
     if not args.model:
         parser.error("--model is required unless --table or --merge")
 
-    import keras
-
-    from keras_autoshuffle import data, folding
     from keras_autoshuffle._atomic import write_json
     from keras_autoshuffle.export import int8_runtimes
     from keras_autoshuffle.finetuning.report import cpu_name
 
-    model = keras.saving.load_model(args.model, safe_mode=True)
-    train, test = data.fashion_mnist(seed=0, augment=False)
-    images, labels = test.images[: args.test_images], test.labels[: args.test_images]
-    folded = folding.fold_model(model, name=model.name)
+    model, train, images, labels, folded = study_net(args.model, args.test_images)
     settings = {
         "model": os.path.abspath(args.model),
         "calibration_images": args.calibration,

@@ -29,7 +29,7 @@ import tempfile
 import numpy as np
 
 from experiments.int8_accuracy import _row
-from experiments.int8_levers import summarize, table
+from experiments.int8_levers import study_net, summarize, table
 
 BASE = "default"
 
@@ -164,16 +164,11 @@ def main(argv=None):
     if any(k < 0 for k in args.ks):
         parser.error(f"--ks must be non-negative integers. Received: --ks {args.ks}")
 
-    import keras
-
-    from keras_autoshuffle import data, export, folding
+    from keras_autoshuffle import export
     from keras_autoshuffle._atomic import write_json
     from keras_autoshuffle.finetuning.report import cpu_name
 
-    model = keras.saving.load_model(args.model, safe_mode=True)
-    train, test = data.fashion_mnist(seed=0, augment=False)
-    images, labels = test.images[: args.test_images], test.labels[: args.test_images]
-    folded = folding.fold_model(model, name=model.name)
+    model, train, images, labels, folded = study_net(args.model, args.test_images)
     settings = {
         "model": os.path.abspath(args.model),
         "calibration_images": args.calibration,
