@@ -174,7 +174,7 @@ def test_preset_logits_equal_the_builder_with_imagenet_preprocessing(cache, pres
     for model in (tuned.backbone, backbone):
         for a, b in zip(model.weights, preset.backbone.weights, strict=True):
             np.testing.assert_array_equal(a.numpy(), b.numpy())
-    with pytest.raises(ValueError, match="num_classes=3.*Received: 2 class_names"):
+    with pytest.raises(ValueError, match="each of the 3 outputs.*Received: 2 class_names"):
         ShuffleNetImageClassifier(preset.backbone, 3, class_names=["a", "b"])
 
 

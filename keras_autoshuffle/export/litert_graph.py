@@ -136,7 +136,8 @@ def one_conv_per_slice(model: keras.Model) -> keras.Model:
     Returns:
         A new `keras.Model` (copies of the layers: `model` is left as it was).
     """
-    if len(model.inputs) != 1 or len(model.outputs) != 1:
+    # A Sequential model has no `operations` graph to rewrite; a folded net is functional.
+    if not hasattr(model, "operations") or len(model.inputs) != 1 or len(model.outputs) != 1:
         return model
     model = _with_nested_rewritten(model)
     chains = _sliced_convs(model)
