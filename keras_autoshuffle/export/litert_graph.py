@@ -21,6 +21,7 @@ import numpy as np
 
 from keras_autoshuffle._keras_internals import inbound_nodes, producing_layer
 from keras_autoshuffle.export.onnx_support import activation_name
+from keras_autoshuffle.folding import _copy as copy_layer
 from keras_autoshuffle.unit_layers import ChannelSlice, ChannelSplit
 
 # Per-channel layers that may stand between the conv and its slices.
@@ -86,17 +87,13 @@ def _piece(chain, x, start, stop):
     """`chain` (a conv, then per-channel layers) for output channels start..stop only."""
     columns = np.arange(start, stop)
     for layer in chain:
-        config = {**layer.get_config(), "name": f"{layer.name}_{start}_{stop}"}
-        if layer is chain[0]:
-            config["filters"] = stop - start
-        new = type(layer).from_config(config)
-        x = new(x)
         weights = layer.get_weights()
         if layer is chain[0]:  # (kh, kw, in, out) kernel, then the bias
             weights = [weights[0][..., columns], *(w[columns] for w in weights[1:])]
+            overrides = {"filters": stop - start}
         else:
-            weights = [w[columns] for w in weights]
-        new.set_weights(weights)
+            weights, overrides = [w[columns] for w in weights], {}
+        x = copy_layer(layer, x, weights, name=f"{layer.name}_{start}_{stop}", **overrides)
     return x
 
 
@@ -160,9 +157,7 @@ def one_conv_per_slice(model: keras.Model) -> keras.Model:
         merge = isinstance(layer, (keras.layers.Concatenate, keras.layers.Add))
         # A copy: calling `layer` itself would give it a second call, and the ONNX writer
         # (`onnx_support`) refuses a layer called twice.
-        copy = type(layer).from_config(layer.get_config())
-        outputs = copy(ins if merge or len(ins) > 1 else ins[0])
-        copy.set_weights(layer.get_weights())
+        outputs = copy_layer(layer, ins if merge or len(ins) > 1 else ins[0])
         for old, new in zip(node.output_tensors, keras.tree.flatten(outputs), strict=True):
             tensors[id(old)] = new
     return keras.Model(inputs, tensors[id(model.outputs[0])], name=model.name)
