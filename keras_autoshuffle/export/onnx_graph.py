@@ -467,12 +467,12 @@ def _drop_unused(proto):
     """Removes nodes whose outputs nothing reads (a merged Concatenate) and their weights."""
     graph = proto.graph
     while True:
-        used = {graph.output[0].name} | {i for n in graph.node for i in n.input}
+        used = _names_read(graph)
         dead = [n for n in graph.node if not any(o in used for o in n.output)]
         if not dead:
             break
         for n in dead:
             graph.node.remove(n)
-    used = {i for n in graph.node for i in n.input}
+    used = _names_read(graph)
     for tensor in [t for t in graph.initializer if t.name not in used]:
         graph.initializer.remove(tensor)
