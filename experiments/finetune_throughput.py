@@ -42,7 +42,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import time
 
@@ -132,21 +131,11 @@ def median_summary(values):
     }
 
 
-def cpu_model():
-    """lscpu's model name, or platform.processor()."""
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        out = ""
-    for line in out.splitlines():
-        if line.startswith("Model name:"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
-
-
 def environment():
     import keras
     import tensorflow as tf
+
+    from keras_autoshuffle.finetuning.metrics import cpu_name
 
     try:  # private, hence guarded
         from tensorflow.python.util import _pywrap_util_port
@@ -155,7 +144,7 @@ def environment():
     except (ImportError, AttributeError):
         onednn = "unknown"
     return {
-        "cpu": cpu_model(),
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "tensorflow": tf.__version__,
         "keras": keras.__version__,

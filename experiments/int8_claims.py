@@ -325,4 +325,4 @@ def render_peers(root):
     """experiments.int8_peers' page of its rows (the lab notes' block)."""
     from experiments import int8_peers
 
-    return int8_peers.render(_load("int8_peers", root), _load("model_table", root))
+    return int8_peers.render(_load("int8_peers", root))

@@ -44,7 +44,7 @@ Usage:
     python -m experiments.int8_peers write --out runs/int8_peers [--calibration 300]
     . runs/torchvenv/bin/activate   # torch, torchvision, onnx, onnxruntime, openvino, nncf,
                                     # ai-edge-litert
-    python experiments/int8_peers.py measure --out runs/int8_peers --processes 3 \
+    python -m experiments.int8_peers measure --out runs/int8_peers --processes 3 \
         --json docs/results/int8_peers_cpu.json --note "..."
 """
 
@@ -384,13 +384,14 @@ COLUMNS = {
     ("ov_our_int8", "ov_tv_int8"): "OpenVINO",
     ("ort_tv_int8", "ort_tv_fp32"): "torchvision's, int8 / float: ONNX Runtime",
 }
-# The model table's keys (experiments.model_table's rows) of each runtime's float and int8
-# ms: the same folded ShuffleNet v2 1.0x, each runtime alone in fresh processes.
-ALONE_KEYS = {
-    ("litert_our_int8", "litert_our_fp32"): ("litert_int8_ms", "litert_ms"),
-    ("ort_our_int8", "ort_our_fp32"): ("ort_int8_ms", "ort_ms"),
-    ("ov_our_int8", "ov_our_fp32"): ("openvino_int8_ms", "openvino_ms"),
-}
+
+
+def _cpu_label(row):
+    """The row's CPU with its speed features ("AMD EPYC (no AVX-512)"): two rows are on the
+    same CPU when their labels agree."""
+    from keras_autoshuffle.finetuning.metrics import describe_cpu
+
+    return describe_cpu(row["cpu"]["model_name"], row["cpu"]["flags"])
 
 
 def _ratio(entry):
@@ -401,24 +402,15 @@ def _ratio(entry):
     return f"{entry['ratio']:.2f} [{entry['low']:.2f}, {entry['high']:.2f}]"
 
 
-def alone_ratios(table_rows, cpu):
-    """{(a, b): int8 / float ms} of the model table's v2 1.0x row on `cpu` (None: none)."""
-    if not cpu:
-        return None
-    for row in table_rows:
-        if row.get("width") == 1.0 and row.get("machine", "").startswith(cpu):
-            return {
-                pair: row[i8] / row[fp]
-                for pair, (i8, fp) in ALONE_KEYS.items()
-                if i8 in row and fp in row
-            }
-    return None
+def _batch1(row):
+    return {(r["a"], r["b"]): r for r in row["ratios"] if r["batch"] == 1}
 
 
-def render(rows, table_rows, table_file="../results/model_table_cpu.json"):
-    """The peers' rows as a table at batch 1, each row's method named; a ratio of a row
-    timed in one process whose 95% interval excludes the same ratio with each runtime
-    alone (`table_rows`, experiments.model_table's, on the same CPU) is marked distorted."""
+def render(rows):
+    """The peers' rows as a table at batch 1, each row's method and CPU named. A ratio of a
+    row timed in one process is marked distorted where its 95% interval excludes the same
+    ratio of the latest row timed with each runtime alone on the same CPU (same model and
+    speed features): the same files' timing, changed by nothing but the method."""
     header = "| run | CPU | method | " + " | ".join(COLUMNS.values()) + " |"
     lines = [
         "Time ratios at batch 1, ShuffleNet v2 1.0x at 224, random weights, 2 threads "
@@ -428,37 +420,46 @@ def render(rows, table_rows, table_file="../results/model_table_cpu.json"):
         header,
         "|" + "---|" * (3 + len(COLUMNS)),
     ]
-    marked = []
+    alone = {}  # CPU label -> (run number, batch-1 ratios) of its latest row timed alone
     for number, row in enumerate(rows, start=1):
-        by_pair = {(r["a"], r["b"]): r for r in row["ratios"] if r["batch"] == 1}
-        alone = alone_ratios(table_rows, row["cpu"]["model_name"])
+        if row["method"] == "alone":
+            alone[_cpu_label(row)] = (number, _batch1(row))
+    marked, unchecked = [], []
+    for number, row in enumerate(rows, start=1):
+        reference = alone.get(_cpu_label(row)) if row["method"] == "one_process" else None
+        if row["method"] == "one_process" and reference is None:
+            unchecked.append(number)
         cells = []
-        for pair in COLUMNS:
-            text, entry = _ratio(by_pair.get(pair)), by_pair.get(pair)
-            if text and row["method"] == "one_process" and alone and pair in alone:
-                if not entry["low"] <= alone[pair] <= entry["high"]:
+        for pair, entry in ((pair, _batch1(row).get(pair)) for pair in COLUMNS):
+            text = _ratio(entry)
+            other = reference and reference[1].get(pair)
+            if text and other and not other.get("missing"):
+                if not entry["low"] <= other["ratio"] <= entry["high"]:
                     text += " (distorted)"
-                    marked.append((number, COLUMNS[pair], alone[pair]))
+                    marked.append((number, " / ".join(pair), other["ratio"], reference[0]))
             cells.append(text or "-")
         lines.append(
-            f"| {number} ({row['date'][:10]}) | {row['cpu']['model_name']} "
+            f"| {number} ({row['date'][:10]}) | {_cpu_label(row)} "
             f"| {METHODS[row['method']]} | " + " | ".join(cells) + " |"
         )
     old = [n for n, row in enumerate(rows, start=1) if row["method"] == "one_process"]
     if old:
-        words = ", ".join(
-            f"run {n}'s {name} int8 / float against {value:.2f} alone" for n, name, value in marked
+        words = "; ".join(
+            f"run {n}'s {name} against {value:.2f} in run {m}" for n, name, value, m in marked
         )
         lines += [
             "",
             f"Runs {', '.join(map(str, old))} timed every runtime in one process, where the "
-            "runtimes' thread pools disturb each other (issue 53 found ONNX Runtime's int8 / "
-            "float slower and OpenVINO's faster in one process than alone, on a Xeon with "
-            "VNNI): their figures are not claims until re-measured with each runtime alone. "
-            f"Distorted: a ratio whose interval excludes the same ratio timed with each runtime "
-            f"alone in fresh processes on the same CPU (the model table's v2 1.0x row, "
-            f"[{table_file.split('/')[-1]}]({table_file}), int8 calibrated on random images)"
-            + (f": {words}." if words else ": none."),
+            "runtimes' thread pools may disturb each other. Distorted: a ratio whose interval "
+            "excludes the same ratio timed with each runtime alone in fresh processes on the "
+            "same CPU"
+            + (f": {words}." if words else ": none." if len(unchecked) < len(old) else ".")
+            + (
+                f" Runs {', '.join(map(str, unchecked))}: no run timed alone on their CPU, so "
+                "not claims."
+                if unchecked
+                else ""
+            ),
         ]
     return "\n".join(lines)
 
@@ -482,8 +483,7 @@ def main(argv=None):
     elif args.stage == "measure":
         measure(args)
     else:
-        table = _read_json(os.path.join("docs", "results", "model_table_cpu.json")) or []
-        print(render(_read_json(args.json) or [], table))
+        print(render(_read_json(args.json) or []))
     return 0
 
 

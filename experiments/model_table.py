@@ -56,7 +56,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -104,18 +103,6 @@ INT8_COLUMNS = {
 }
 # What int8_accuracy.json's rows were measured on (experiments/int8_accuracy.py's usage).
 ACCURACY_NET = "ShuffleNet v2 0.5x trained on Fashion-MNIST"
-
-
-def _cpu_name():
-    """The CPU's model name (Linux), else the platform's processor string."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def time_alone(files, threads, rounds, processes):
@@ -177,6 +164,7 @@ def measure(widths, threads, repeats, note, processes=3):
 
     from keras_autoshuffle import applications, export, folding
     from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML
+    from keras_autoshuffle.finetuning.metrics import cpu_name
 
     load_start = os.getloadavg()[0]
     models, counts = {}, {}
@@ -208,7 +196,7 @@ def measure(widths, threads, repeats, note, processes=3):
                     )
         # Float and int8 files in the same processes and rounds, in a new order each round.
         medians = time_alone(files, threads, repeats, processes)
-    machine = f"{_cpu_name()}, {os.cpu_count()} cores"
+    machine = f"{cpu_name()}, {os.cpu_count()} cores"
     # The 1-minute load average at the start and the end: how busy the machine was.
     load = [round(load_start, 2), round(os.getloadavg()[0], 2)]
     versions = {"tensorflow": tf.__version__, "keras": keras.__version__}

@@ -43,7 +43,6 @@ import datetime
 import hashlib
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -234,17 +233,10 @@ def _now():
 
 
 def cpu_name():
-    """lscpu's model name (platform.processor() where lscpu is missing), and the cores."""
-    name = None
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        for line in out.splitlines():
-            if line.startswith("Model name:"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return f"{name or platform.processor() or 'unknown CPU'}, {os.cpu_count()} cores"
+    """The CPU (`finetuning.metrics.cpu_name`: its model and speed features) and the cores."""
+    from keras_autoshuffle.finetuning.metrics import cpu_name as name
+
+    return f"{name()}, {os.cpu_count()} cores"
 
 
 # -- the runs ---------------------------------------------------------------------------

@@ -25,6 +25,8 @@ units, the weight permutations and the rebuild; split apart, each half would nee
 other's internals.
 """
 
+from typing import Any
+
 import keras
 import numpy as np
 from keras import layers
@@ -57,8 +59,18 @@ def _concat(pieces, name):
     return pieces[0] if len(pieces) == 1 else layers.Concatenate(axis=-1, name=name)(pieces)
 
 
-def _copy(layer, inputs, weights=None, name=None, **overrides):
-    """A fresh layer with `layer`'s config (and `weights`, default its own) applied."""
+def copy_layer(
+    layer: keras.layers.Layer,
+    inputs: Any,
+    weights: list[np.ndarray] | None = None,
+    name: str | None = None,
+    **overrides: Any,
+) -> Any:
+    """A fresh layer with `layer`'s config (`overrides` and `name` replacing its fields)
+    called on `inputs`, holding `weights` (default: `layer`'s own); its outputs.
+
+    The one way the folded net and the int8 LiteRT graph rewrite (`export.litert_graph`)
+    copy a layer of a functional model into a new graph."""
     config = {**layer.get_config(), **overrides}
     if name is not None:
         config["name"] = name
@@ -101,7 +113,7 @@ def _apply_tail(model, x, after):
     """Applies the layers listed after `after` (a linear chain: pooling, classifier)."""
     names = [layer.name for layer in model.layers]
     for layer in model.layers[names.index(after) + 1 :]:
-        x = _copy(layer, x)
+        x = copy_layer(layer, x)
     return x
 
 
@@ -109,7 +121,7 @@ def _stem(model, x):
     names = {layer.name for layer in model.layers}
     for name in arch.IMAGENET_STEM:
         if name in names:
-            x = _copy(model.get_layer(name), x)
+            x = copy_layer(model.get_layer(name), x)
     return x
 
 
@@ -122,7 +134,7 @@ def _copy_padding(model, stage, unit, part, x):
     """Copies the ZeroPadding2D `part` of a unit when the model has it (see `arch.PADS`)."""
     name = arch.unit_layer(stage, unit, part)
     if name in {layer.name for layer in model.layers}:
-        return _copy(model.get_layer(name), x)
+        return copy_layer(model.get_layer(name), x)
     return x
 
 
@@ -195,9 +207,9 @@ def _fold_v1_unit(model, stage, unit, x, route_manual):
         sigma, tau = decompose(perm, canonical, groups)
     # conv1's outputs (and bn1) reordered by sigma: inside groups, so conv1 stays grouped.
     kernel = conv1.get_weights()[0][..., sigma]
-    x = _copy(conv1, x, [kernel, *_take(conv1.get_weights()[1:], sigma)])
-    x = _copy(bn1, x, _take(bn1.get_weights(), sigma))
-    x = _copy(relu1, x)
+    x = copy_layer(conv1, x, [kernel, *_take(conv1.get_weights()[1:], sigma)])
+    x = copy_layer(bn1, x, _take(bn1.get_weights(), sigma))
+    x = copy_layer(relu1, x)
     if isinstance(route, str):
         x = ChannelShuffle(groups, name=arch.unit_layer(stage, unit, arch.SHUFFLE))(x)
     elif route is not None and not np.array_equal(_block_route(route), np.arange(channels)):
@@ -206,8 +218,8 @@ def _fold_v1_unit(model, stage, unit, x, route_manual):
     inverse = permutations.invert_permutation(tau)
     dw = dwconv.get_weights()
     x = _copy_padding(model, stage, unit, arch.pad_name("dwconv"), x)
-    x = _copy(dwconv, x, [np.take(dw[0], inverse, axis=2), *_take(dw[1:], inverse)])
-    x = _copy(dwbn, x, _take(dwbn.get_weights(), inverse))
+    x = copy_layer(dwconv, x, [np.take(dw[0], inverse, axis=2), *_take(dw[1:], inverse)])
+    x = copy_layer(dwbn, x, _take(dwbn.get_weights(), inverse))
     kernel = conv2.get_weights()[0]
     if conv2.groups == 1:
         new_kernel = kernel[:, :, inverse, :]
@@ -219,8 +231,8 @@ def _fold_v1_unit(model, stage, unit, x, route_manual):
             cols = slice(group * out_size, (group + 1) * out_size)
             local = inverse[group * in_size : (group + 1) * in_size] - group * in_size
             new_kernel[..., cols] = kernel[:, :, local, cols]
-    x = _copy(conv2, x, [new_kernel, *conv2.get_weights()[1:]])
-    return _copy(bn2, x)
+    x = copy_layer(conv2, x, [new_kernel, *conv2.get_weights()[1:]])
+    return copy_layer(bn2, x)
 
 
 def _route_slices(x, counts, prefix):
@@ -259,12 +271,12 @@ def _fold_v1(model, architecture, inputs, route_manual=True, ends=None):
             shortcut = x
             branch = _fold_v1_unit(model, stage, unit, x, route_manual)
             if unit == 1:
-                branch = _copy(get("relu2"), branch)
+                branch = copy_layer(get("relu2"), branch)
                 shortcut = _copy_padding(model, stage, unit, arch.pad_name("pool"), shortcut)
-                x = _copy(get("concat"), [_copy(get("pool"), shortcut), branch])
+                x = copy_layer(get("concat"), [copy_layer(get("pool"), shortcut), branch])
                 last = get("concat").name
             else:
-                x = _copy(get("relu2"), _copy(get("add"), [shortcut, branch]))
+                x = copy_layer(get("relu2"), copy_layer(get("add"), [shortcut, branch]))
                 last = get("relu2").name
         ends.append((x, None))
     return _apply_tail(model, x, last)
@@ -352,27 +364,27 @@ def _v2_branch(get, unit, x, rows, columns):
     """conv1 .. relu2 with conv1's input rows and conv2's output columns permuted."""
     first, *middle, conv2, bn2, relu2 = _present(get, arch.branch_parts("v2", unit))
     weights = first.get_weights()
-    x = _copy(first, x, [weights[0][:, :, rows, :], *weights[1:]])
+    x = copy_layer(first, x, [weights[0][:, :, rows, :], *weights[1:]])
     for layer in middle:  # BN, ReLU, padding, the depthwise conv and its BN: per channel
-        x = _copy(layer, x)
+        x = copy_layer(layer, x)
     weights = conv2.get_weights()
-    x = _copy(conv2, x, [weights[0][..., columns], *_take(weights[1:], columns)])
-    x = _copy(bn2, x, _take(bn2.get_weights(), columns))
-    return _copy(relu2, x)
+    x = copy_layer(conv2, x, [weights[0][..., columns], *_take(weights[1:], columns)])
+    x = copy_layer(bn2, x, _take(bn2.get_weights(), columns))
+    return copy_layer(relu2, x)
 
 
 def _v2_left(get, x, rows, columns):
     """The down unit's left branch with its input rows and output columns permuted."""
     *padding, dwconv, dwbn, conv, bn, relu = _present(get, arch.V2_LEFT)
     for layer in padding:
-        x = _copy(layer, x)
+        x = copy_layer(layer, x)
     weights = dwconv.get_weights()
-    x = _copy(dwconv, x, [np.take(weights[0], rows, axis=2), *_take(weights[1:], rows)])
-    x = _copy(dwbn, x, _take(dwbn.get_weights(), rows))
+    x = copy_layer(dwconv, x, [np.take(weights[0], rows, axis=2), *_take(weights[1:], rows)])
+    x = copy_layer(dwbn, x, _take(dwbn.get_weights(), rows))
     weights = conv.get_weights()
-    x = _copy(conv, x, [weights[0][:, :, rows, :][..., columns], *_take(weights[1:], columns)])
-    x = _copy(bn, x, _take(bn.get_weights(), columns))
-    return _copy(relu, x)
+    x = copy_layer(conv, x, [weights[0][:, :, rows, :][..., columns], *_take(weights[1:], columns)])
+    x = copy_layer(bn, x, _take(bn.get_weights(), columns))
+    return copy_layer(relu, x)
 
 
 def _fold_v2(model, architecture, inputs, ends=None):
@@ -402,8 +414,8 @@ def _fold_v2(model, architecture, inputs, ends=None):
         ends.append((x, rows))
     conv, bn, relu = (model.get_layer(name) for name in arch.V2_HEAD)
     weights = conv.get_weights()
-    x = _copy(conv, x, [weights[0][:, :, rows, :], *weights[1:]])
-    x = _copy(relu, _copy(bn, x))
+    x = copy_layer(conv, x, [weights[0][:, :, rows, :], *weights[1:]])
+    x = copy_layer(relu, copy_layer(bn, x))
     return _apply_tail(model, x, relu.name)
 
 

@@ -56,31 +56,46 @@ def test_children_name_torchvisions_files_for_nchw_input_and_back():
 
 
 def _rows():
-    peers = json.loads((ROOT / "docs" / "results" / "int8_peers_cpu.json").read_text())
-    table = json.loads((ROOT / "docs" / "results" / "model_table_cpu.json").read_text())
-    return peers, table
+    return json.loads((ROOT / "docs" / "results" / "int8_peers_cpu.json").read_text())
 
 
 def test_every_committed_row_records_how_it_was_timed():
-    peers, _ = _rows()
-    assert all(row["method"] in int8_peers.METHODS for row in peers)
+    assert all(row["method"] in int8_peers.METHODS for row in _rows())
 
 
-def test_the_page_marks_one_process_figures_that_differ_from_each_runtime_alone():
-    peers, table = _rows()
-    page = int8_peers.render(peers, table)
-    # The second run, in one process: ONNX Runtime's int8 / float 1.32 [1.00, 1.68] and
-    # OpenVINO's 0.55 [0.50, 0.59], against 0.92 and 0.69 with each runtime alone; LiteRT's
-    # 0.93 [0.85, 1.04] holds 0.98.
-    (second,) = [line for line in page.splitlines() if line.startswith("| 2 (")]
-    assert "1.32 [1.00, 1.68] (distorted)" in second and "0.55 [0.50, 0.59] (distorted)" in second
-    assert "0.93 [0.85, 1.04] |" in second
-    assert "run 2's ONNX Runtime int8 / float against 0.92 alone" in page
-    assert "not claims until re-measured" in page
+def _alone(row, ratios, flags):
+    """A row timed alone on a CPU with `flags`, of batch-1 `ratios` {(a, b): value}."""
+    entries = [
+        {"batch": 1, "a": a, "b": b, "ratio": v, "low": v - 0.01, "high": v + 0.01}
+        for (a, b), v in ratios.items()
+    ]
+    return {**row, "method": "alone", "cpu": {**row["cpu"], "flags": flags}, "ratios": entries}
+
+
+def test_one_process_figures_are_checked_against_a_run_alone_on_the_same_cpu():
+    # The second committed run, in one process on an AMD EPYC without AVX-512: ONNX
+    # Runtime's int8 / float 1.32 [1.00, 1.68], OpenVINO's 0.55 [0.50, 0.59], LiteRT's
+    # 0.93 [0.85, 1.04].
+    second = _rows()[1]
+    assert second["method"] == "one_process" and second["cpu"]["flags"] == []
+    ratios = {
+        ("ort_our_int8", "ort_our_fp32"): 0.92,
+        ("ov_our_int8", "ov_our_fp32"): 0.69,
+        ("litert_our_int8", "litert_our_fp32"): 0.98,
+    }
+    page = int8_peers.render([second, _alone(second, ratios, [])])
+    (first,) = [line for line in page.splitlines() if line.startswith("| 1 (")]
+    assert "| AMD EPYC (no AVX-512) |" in first
+    assert "1.32 [1.00, 1.68] (distorted)" in first and "0.55 [0.50, 0.59] (distorted)" in first
+    assert "0.93 [0.85, 1.04] |" in first
+    assert "run 1's ort_our_int8 / ort_our_fp32 against 0.92 in run 2" in page
+    assert "not claims" not in page
+    # Timed alone on another CPU (AVX-512): nothing to check the first run against.
+    page = int8_peers.render([second, _alone(second, ratios, ["avx512f"])])
+    assert "distorted" not in page.split("\n\n")[1]
+    assert "Runs 1: no run timed alone on their CPU, so not claims." in page
     # A row timed alone is not marked, whatever its figures.
-    alone = {**peers[1], "method": "alone"}
-    assert "distorted" not in int8_peers.render([alone], table)
-    assert "not claims" not in int8_peers.render([alone], table)
+    assert "distorted" not in int8_peers.render([_alone(second, ratios, [])])
 
 
 @pytest.mark.parametrize("flag", ["--processes=0", "--rounds=0", "--calls=0", "--calibration=0"])

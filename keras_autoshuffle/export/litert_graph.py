@@ -1,5 +1,4 @@
-"""The Keras graph int8 LiteRT files are written from: each sliced convolution as one per
-slice.
+"""The Keras graph LiteRT files are written from: each sliced convolution as one per slice.
 
 A folded ShuffleNet v2 (`folding.fold_model`) sends each branch's output channels to the
 later units that read them: one 1x1 conv, then a STRIDED_SLICE per reader. TFLite's int8
@@ -11,9 +10,9 @@ before slicing it (v2 1.0x at 224: 47 such QUANTIZE ops, 51 in all).
 per slice, each computing only its slice's channels: the same arithmetic per channel, no
 slice, and each conv's output read by one concatenation, whose scale the converter gives
 the conv's output. The int8 file then has one QUANTIZE (its input's) and ran about 10%
-faster (docs/lab-notes/inference.md, issue 53). Float LiteRT files keep the slices: there
-the rewrite measured no clear difference (0.96-0.97 of the sliced file, intervals
-including 1), and ONNX files keep one conv and one Split (`onnx_graph`).
+faster; the float file ran at 0.964 [0.935, 0.993] of the sliced one (v2 1.0x at 224, 8
+fresh processes; docs/lab-notes/inference.md, issue 53). ONNX files keep one conv and one
+Split (`onnx_graph`).
 """
 
 import keras
@@ -21,7 +20,7 @@ import numpy as np
 
 from keras_autoshuffle._keras_internals import inbound_nodes, producing_layer
 from keras_autoshuffle.export.onnx_support import activation_name
-from keras_autoshuffle.folding import _copy as copy_layer
+from keras_autoshuffle.folding import copy_layer
 from keras_autoshuffle.unit_layers import ChannelSlice, ChannelSplit
 
 # Per-channel layers that may stand between the conv and its slices.

@@ -254,21 +254,49 @@ def plot_confusion_matrix(
     return write_atomically(path, write)
 
 
+# The x86 features that decide which kernels the runtimes pick, float and int8 (machines
+# of one model name differ in them: an AMD EPYC with or without AVX-512), as named.
+_CPU_FEATURES = (
+    ("avx512f", "AVX-512"),
+    ("avx512_vnni", "VNNI"),
+    ("avx_vnni", "AVX-VNNI"),
+    ("avx512_bf16", "BF16"),
+    ("amx_int8", "AMX"),
+)
+
+
 def cpu_name() -> str:
     """This machine's CPU model name (Linux's /proc/cpuinfo), else the platform's processor
-    string, else the machine type (e.g. "x86_64").
+    string, else the machine type (e.g. "x86_64"); on x86 Linux followed by the features
+    that change float and int8 speed (`describe_cpu`).
 
     Returns:
         The name, never empty.
     """
+    name, flags = None, None
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and name is None:
+                    name = value.strip()
+                elif key.strip() == "flags" and flags is None:
+                    flags = value.split()
     except OSError:
         pass
-    return platform.processor() or platform.machine() or "unknown"
+    return describe_cpu(name or platform.processor() or platform.machine() or "unknown", flags)
+
+
+def describe_cpu(name: str, flags: Sequence[str] | None) -> str:
+    """A CPU's model name with the x86 features that change float and int8 speed among
+    `flags` (lscpu's or /proc/cpuinfo's): "AMD EPYC (AVX-512 VNNI BF16)", "AMD EPYC (no
+    AVX-512)"; `name` alone where the flags are unknown (None)."""
+    if flags is None:
+        return name
+    features = [label for flag, label in _CPU_FEATURES if flag in flags]
+    if "avx512f" not in flags:
+        features.insert(0, "no AVX-512")
+    return f"{name} ({' '.join(features)})"
 
 
 def file_latency(
