@@ -69,7 +69,7 @@ def copy_layer(
     """A fresh layer with `layer`'s config (`overrides` and `name` replacing its fields)
     called on `inputs`, holding `weights` (default: `layer`'s own); its outputs.
 
-    The one way the folded net and the int8 LiteRT graph rewrite (`export.litert_graph`)
+    The one way the folded net and the LiteRT graph rewrite (`export.litert_graph`)
     copy a layer of a functional model into a new graph."""
     config = {**layer.get_config(), **overrides}
     if name is not None:
