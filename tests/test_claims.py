@@ -141,7 +141,8 @@ RUN_FACTS = {
     "the machine's state": re.compile(
         r"quiet machine|nothing else running|no other jobs?\b|shared with other work"
         r"|\bidle (?:\w+ )?(?:machine|cores?|CPUs?|VM)\b"
-        r"|\b(?:machine|cores?|CPUs?|VM) (?:was |were )?idle",
+        r"|\b(?:machine|cores?|CPUs?|VM) (?:was |were )?idle"
+        r"|\bbusy (?:[\w-]+ )?(?:machine|cores?|CPUs?|VM)\b",
         re.IGNORECASE,
     ),
     "a date": re.compile(r"\b20\d\d-[01]\d-[0-3]\d\b"),
