@@ -64,8 +64,9 @@ def latency_ratios(levers: list[dict]) -> dict:
     return ratios
 
 
-def render(rows: list[dict], levers: list[dict]) -> list[str]:
-    """The page's lines: the defaults' table, then the levers' (where measured)."""
+def render(rows: list[dict], levers: list[dict], qat: list[dict] = ()) -> list[str]:
+    """The page's lines: the defaults' table, then the levers' and the quantization-aware
+    phase's (where measured)."""
     entries = summarize(rows)
     if not entries:
         return []
@@ -93,6 +94,8 @@ def render(rows: list[dict], levers: list[dict]) -> list[str]:
     lines += ["", f"The bound of these runs (points): {', '.join(map(str, bounds))}.", ""]
     if levers:
         lines += render_levers(levers)
+    if qat:
+        lines += render_qat(qat)
     return lines
 
 
@@ -129,3 +132,58 @@ def render_levers(levers: list[dict]) -> list[str]:
         )
         lines.append("")
     return lines
+
+
+def qat_float_change(rows: list[dict]) -> dict | None:
+    """The quantization-aware phase's effect on the float nets (`experiments.int8_qat`'s
+    "qat" rows, one value per net): the change of float accuracy (points) and the two
+    float nets' top-1 agreement (%), mean and 95% t interval; the phase's parameters."""
+    import json
+
+    nets = {r["net"]: r for r in rows if r["setting"] == "qat"}
+    if not nets:
+        return None
+    return {
+        "nets": len(nets),
+        "accuracy_change": t_interval([r["float_accuracy_change"] for r in nets.values()]),
+        "agreement": t_interval([100 * r["float_agreement"] for r in nets.values()]),
+        "phases": sorted({json.dumps(r["qat"], sort_keys=True) for r in nets.values()}),
+    }
+
+
+def qat_table(rows: list[dict]) -> list[str]:
+    """`experiments.int8_qat`'s rows as the levers' table ("qat" paired by net against the
+    "default" files measured in the same run) and the float nets' change."""
+    from experiments import int8_levers
+
+    lines = [int8_levers.table(int8_levers.summarize(rows, "default"), "default"), ""]
+    change = qat_float_change(rows)
+    if change:
+        lines += [
+            f"The float nets after the phase against before ({change['nets']} nets): accuracy "
+            f"change {_ci(change['accuracy_change'], True)} points, top-1 agreement "
+            f"{_ci(change['agreement'])}%. The phase: {'; '.join(change['phases'])}.",
+            "",
+        ]
+    return lines
+
+
+def render_qat(rows: list[dict]) -> list[str]:
+    """The quantization-aware lever's section of the page."""
+    nets = sorted({r["net"] for r in rows})
+    return [
+        "### A quantization-aware phase",
+        "",
+        f"{len(nets)} nets: each folded float net trained a few more epochs on its own "
+        "training images with int8 rounding simulated (kernels per output channel, "
+        "symmetric; each activation the int8 files keep per tensor, over its range on the "
+        "calibration images; gradients straight through; BatchNormalization frozen), then "
+        "the ordinary post-training int8 files from the same calibration images "
+        "(`python -m experiments.int8_qat transfer --results docs/results/transfer_int8 "
+        "--work runs/transfer_int8`, rows in [qat.jsonl](../results/transfer_int8/qat.jsonl)). "
+        "`qat` is paired by net against `default`, the same nets' files measured again in "
+        "the same run; `qat`'s agreement and drop are against its own float net, the one "
+        "a user of the phase would ship.",
+        "",
+        *qat_table(rows),
+    ]
