@@ -79,3 +79,30 @@ def test_bad_arguments_are_refused_in_one_line(arguments, message):
     with pytest.raises(ValueError, match=message) as error:
         int8_qat.check_arguments(**values)
     assert "\n" not in str(error.value)
+
+
+def test_the_page_pairs_qat_with_the_same_runs_defaults_and_states_the_float_change():
+    from experiments import transfer_int8
+
+    rows = []
+    for k, (base, gain, change) in enumerate(
+        [(0.95, 0.01, -0.2), (0.96, 0.02, 0.0), (0.97, 0.03, 0.2)]
+    ):
+        common = {"net": f"n{k}", "seed": f"n{k}", "runtime": "litert", "accuracy_drop": 0.0}
+        rows.append({**common, "setting": "default", "top1_agreement": base})
+        rows.append(
+            {
+                **common,
+                "setting": "qat",
+                "top1_agreement": base + gain,
+                "float_accuracy_change": change,
+                "float_agreement": 0.99,
+                "qat": {"epochs": 3},
+            }
+        )
+    lines = "\n".join(transfer_int8.render_qat(rows)).splitlines()
+    qat_line = next(line for line in lines if line.startswith("| litert | qat |"))
+    # Paired by net: the change is +2 points [2 -/+ t(0.975, 2) * 1 / sqrt(3)].
+    assert "| 3 | 98.00 [" in qat_line and "| +2.00 [-0.48, +4.48] |" in qat_line
+    change = next(line for line in lines if line.startswith("The float nets after"))
+    assert "accuracy change +0.00 [-0.50, +0.50] points" in change and "99.00" in change
