@@ -319,6 +319,11 @@ def _append(path, rows):
         append_row(path, row)
 
 
+def _phase(qat, train):
+    """The phase's parameters as a row records them."""
+    return {**qat, "batch_size": 32, "train_images": train.num_examples, "activations": True}
+
+
 def run_transfer(args, qat):
     """Each finished transfer net of the study without rows in `--rows`."""
     from experiments import int8_transfer_levers
@@ -343,8 +348,8 @@ def run_transfer(args, qat):
         train, _ = int8_transfer_levers.run_split(run_folder, plan["settings"], images_root)
         folded = folding.fold_model(model, name=model.name)
         trained = quantization_aware(folded, train, calibration, **qat)
-        extra = {"per_class": row["per_class"], "study_seed": row["seed"]}
-        phase = {**qat, "train_images": train.num_examples}
+        extra = {"per_class": row["per_class"], "study_seed": row["seed"], **args.machine}
+        phase = _phase(qat, train)
         _append(
             rows_path, measure_net(row["name"], model, trained, calibration, test, phase, extra)
         )
@@ -369,8 +374,9 @@ def run_fashion_mnist(args, qat):
         phase_data = augmented.subset(args.train_images)
         keras.utils.set_random_seed(seed)
         trained = quantization_aware(folded, phase_data, calibration, **qat)
-        phase = {**qat, "train_images": phase_data.num_examples}
-        rows = measure_net(f"seed{seed}", model, trained, calibration, (images, labels), phase)
+        phase = _phase(qat, phase_data)
+        test = (images, labels)
+        rows = measure_net(f"seed{seed}", model, trained, calibration, test, phase, args.machine)
         _append(
             args.rows, [{**r, "seed": seed, "model": os.path.abspath(args.model)} for r in rows]
         )
@@ -393,7 +399,7 @@ def main(argv=None):
     parser.add_argument("--weight-bits", type=int, default=8)
     parser.add_argument("--table", action="store_true", help="print the summary, measure nothing")
     args = parser.parse_args(argv)
-    if args.study == "transfer" and not args.results:
+    if args.study == "transfer" and not (args.results and (args.work or args.table)):
         parser.error("transfer needs --results (and --work unless --table)")
     if args.study == "fashion-mnist" and not args.rows:
         parser.error("fashion-mnist needs --rows")
@@ -408,6 +414,11 @@ def main(argv=None):
             check_arguments(**qat)
         except ValueError as error:
             parser.error(str(error))
+        from experiments.transfer_study import code_version
+        from keras_autoshuffle.finetuning.report import cpu_name
+
+        # The code's commit read once, before this run's rows make the checkout dirty.
+        args.machine = {"cpu": cpu_name(), "code": code_version()}
         path = run_transfer(args, qat) if args.study == "transfer" else run_fashion_mnist(args, qat)
     from experiments.transfer_int8 import qat_table
 
