@@ -190,7 +190,7 @@ def quantization_aware(
     train,
     calibration: np.ndarray,
     epochs: int = 3,
-    learning_rate: float = 0.001,
+    learning_rate: float = 0.002,
     weight_bits: int = 8,
     batch_size: int = 32,
 ) -> keras.Model:
@@ -395,7 +395,7 @@ def main(argv=None):
     parser.add_argument("--test-images", type=int, default=10000)
     parser.add_argument("--train-images", type=int, default=6000)
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--learning-rate", type=float, default=0.001)
+    parser.add_argument("--learning-rate", type=float, default=0.002)
     parser.add_argument("--weight-bits", type=int, default=8)
     parser.add_argument("--table", action="store_true", help="print the summary, measure nothing")
     args = parser.parse_args(argv)
