@@ -24,7 +24,7 @@ skips the nets it holds. The summary pairs by net (`int8_levers.summarize`).
 
 Usage:
     python -m experiments.int8_qat transfer --results docs/results/transfer_int8 \
-        --work runs/transfer_int8 [--epochs 3 --learning-rate 0.001] [--table]
+        --work runs/transfer_int8 [--epochs 3 --learning-rate 0.002] [--table]
     python -m experiments.int8_qat fashion-mnist --model runs/fm_v2/model.keras \
         --rows docs/results/int8_qat_fashion_mnist.jsonl --seeds 0 1 2 3 4
 """
