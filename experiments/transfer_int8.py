@@ -147,8 +147,25 @@ def qat_float_change(rows: list[dict]) -> dict | None:
         "nets": len(nets),
         "accuracy_change": t_interval([r["float_accuracy_change"] for r in nets.values()]),
         "agreement": t_interval([100 * r["float_agreement"] for r in nets.values()]),
-        "phases": sorted({json.dumps(r["qat"], sort_keys=True) for r in nets.values()}),
+        "phases": sorted(
+            {json.dumps(_without(r["qat"], "train_images"), sort_keys=True) for r in nets.values()}
+        ),
+        "drop_from_original": {
+            runtime: t_interval(
+                [
+                    r["drop_from_original_float"]
+                    for r in rows
+                    if r["setting"] == "qat" and r["runtime"] == runtime
+                ]
+            )
+            for runtime in RUNTIMES
+            if any(r["setting"] == "qat" and r["runtime"] == runtime for r in rows)
+        },
     }
+
+
+def _without(entry: dict, key: str) -> dict:
+    return {k: v for k, v in entry.items() if k != key}
 
 
 def qat_table(rows: list[dict]) -> list[str]:
@@ -162,7 +179,13 @@ def qat_table(rows: list[dict]) -> list[str]:
         lines += [
             f"The float nets after the phase against before ({change['nets']} nets): accuracy "
             f"change {_ci(change['accuracy_change'], True)} points, top-1 agreement "
-            f"{_ci(change['agreement'])}%. The phase: {'; '.join(change['phases'])}.",
+            f"{_ci(change['agreement'])}%. The int8 files after the phase against the float "
+            "net before it, drop (points): "
+            + ", ".join(
+                f"{RUNTIMES[runtime]} {_ci(drop, True)}"
+                for runtime, drop in change["drop_from_original"].items()
+            )
+            + f". The phase (each net's own training images): {'; '.join(change['phases'])}.",
             "",
         ]
     return lines

@@ -98,6 +98,7 @@ def test_the_page_pairs_qat_with_the_same_runs_defaults_and_states_the_float_cha
                 "float_accuracy_change": change,
                 "float_agreement": 0.99,
                 "qat": {"epochs": 3},
+                "drop_from_original_float": 0.0,
             }
         )
     lines = "\n".join(transfer_int8.render_qat(rows)).splitlines()
