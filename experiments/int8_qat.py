@@ -164,11 +164,14 @@ def check_arguments(epochs: int, learning_rate: float, weight_bits: int) -> None
         raise ValueError(f"`weight_bits` must be 7 or 8. Received: weight_bits={weight_bits!r}")
 
 
-def fake_quantized_clone(folded: keras.Model, calibration: np.ndarray) -> keras.Model:
+def fake_quantized_clone(
+    folded: keras.Model, calibration: np.ndarray, rounded: bool = True
+) -> keras.Model:
     """A copy of `folded` (its weights copied, BatchNormalization frozen) with a
-    `FakeQuant` after each of its `quantized_activations`, ranged on `calibration`."""
-    names = set(quantized_activations(folded))
-    ranges = _ranges(folded, sorted(names), calibration)
+    `FakeQuant` after each of its `quantized_activations`, ranged on `calibration` (none
+    unless `rounded`)."""
+    names = set(quantized_activations(folded)) if rounded else set()
+    ranges = _ranges(folded, sorted(names), calibration) if names else {}
 
     def call_function(layer, *args, **kwargs):
         outputs = layer(*args, **kwargs)
@@ -193,19 +196,21 @@ def quantization_aware(
     learning_rate: float = 0.002,
     weight_bits: int = 8,
     batch_size: int = 32,
+    rounded: bool = True,
 ) -> keras.Model:
     """A copy of the folded float net `folded` (same config) trained `epochs` epochs of
     `train` (an `EpochData`: its own order and augmentation) with its int8 rounding
     simulated (module docstring); activation ranges from `calibration`. TensorFlow
-    backend (the training step's tape)."""
+    backend (the training step's tape). `rounded=False`: the same phase without any
+    rounding (the control: more training alone)."""
     import tensorflow as tf
 
     check_arguments(epochs, learning_rate, weight_bits)
-    clone = fake_quantized_clone(folded, calibration)
+    clone = fake_quantized_clone(folded, calibration, rounded)
     kernels = {
         id(layer.kernel): isinstance(layer, layers.DepthwiseConv2D)
         for layer in clone.layers
-        if isinstance(layer, (layers.Conv2D, layers.DepthwiseConv2D, layers.Dense))
+        if rounded and isinstance(layer, (layers.Conv2D, layers.DepthwiseConv2D, layers.Dense))
     }
     trainable, fixed = clone.trainable_variables, clone.non_trainable_variables
     depthwise = [kernels.get(id(v)) for v in trainable]  # None: not a kernel
@@ -245,10 +250,12 @@ def _accuracy(outputs, labels):
     return float(np.mean(np.argmax(outputs, -1) == labels))
 
 
-def measure_net(name, model, trained, calibration, test, qat, extra=None):
+def measure_net(name, model, trained, calibration, test, qat, extra=None, setting="qat"):
     """The rows of one net: each runtime's int8 file of the folded `model` ("default")
-    and of `trained` ("qat", its phase's parameters `qat`), checked on `test` against
-    its own float net; LiteRT's as finetune writes it (`int8_transfer_levers.litert_inputs`)."""
+    and of `trained` (`setting`: "qat", or "float_phase", the control without rounding,
+    whose run does not measure the default again; the phase's parameters `qat`), checked
+    on `test` against its own float net; LiteRT's as finetune writes it
+    (`int8_transfer_levers.litert_inputs`)."""
     from experiments import int8_levers, int8_transfer_levers
     from experiments.int8_accuracy import _row
     from keras_autoshuffle import folding
@@ -257,21 +264,22 @@ def measure_net(name, model, trained, calibration, test, qat, extra=None):
     images, labels = test
     outputs = {
         s: m.predict(images, batch_size=256, verbose=0)
-        for s, m in (("default", model), ("qat", trained))
+        for s, m in (("default", model), (setting, trained))
     }
     accuracy = {s: _accuracy(o, labels) for s, o in outputs.items()}
     change = {
         "qat": qat,
         "original_float_accuracy": accuracy["default"],
-        "float_accuracy_change": 100 * (accuracy["qat"] - accuracy["default"]),
+        "float_accuracy_change": 100 * (accuracy[setting] - accuracy["default"]),
         "float_agreement": float(
-            np.mean(outputs["qat"].argmax(-1) == outputs["default"].argmax(-1))
+            np.mean(outputs[setting].argmax(-1) == outputs["default"].argmax(-1))
         ),
     }
     base = {"net": name, "test_images": len(labels), "calibration_images": len(calibration)}
     rows = []
     folded = folding.fold_model(model, name=model.name)
-    for setting, net, reference in (("default", folded, model), ("qat", trained, trained)):
+    measured = [("default", folded, model)] if setting == "qat" else []
+    for kind, net, reference in [*measured, (setting, trained, trained)]:
         files = int8_levers.Files(net, reference, images)
         lite_net, lite_float, lite_calibration, lite_images = int8_transfer_levers.litert_inputs(
             net, reference, calibration, images
@@ -286,16 +294,16 @@ def measure_net(name, model, trained, calibration, test, qat, extra=None):
                         lite_calibration,
                         lite_images,
                         labels,
-                        outputs[setting],
+                        outputs[kind],
                         100.0,  # never refused: every file is measured
                     )
             else:
                 entry = int8_levers.measure(
-                    runtime, "7bit", files, net, calibration, test, outputs[setting]
+                    runtime, "7bit", files, net, calibration, test, outputs[kind]
                 )
-            row = {**_row(name, runtime, entry), "setting": setting, **base, **(extra or {})}
+            row = {**_row(name, runtime, entry), "setting": kind, **base, **(extra or {})}
             row.update({k: v for k, v in entry.items() if k.startswith("avx2_")})
-            if setting == "qat":
+            if kind != "default":
                 drop = 100 * (accuracy["default"] - entry["accuracy"])
                 row.update({**change, "drop_from_original_float": drop})
             row["load_1min"] = os.getloadavg()[0]
@@ -334,9 +342,12 @@ def run_transfer(args, qat):
     rows_path = args.rows or os.path.join(args.results, QAT_FILE)
     with open(os.path.join(args.results, PLAN_FILE)) as f:
         plan = json.load(f)
-    done = {r["net"] for r in read_rows(rows_path)}
+    setting = "qat" if qat["rounded"] else "float_phase"
+    done = {r["net"] for r in read_rows(rows_path) if r["setting"] == setting}
     for row in study_rows(os.path.join(args.results, ROWS_FILE), plan["plan"]):
         if row["arm"] != "transfer" or row["name"] in done:
+            continue
+        if args.nets and row["name"] not in args.nets:
             continue
         run_folder = os.path.join(args.work, "runs", row["name"])
         images_root = os.path.join(
@@ -351,7 +362,8 @@ def run_transfer(args, qat):
         extra = {"per_class": row["per_class"], "study_seed": row["seed"], **args.machine}
         phase = _phase(qat, train)
         _append(
-            rows_path, measure_net(row["name"], model, trained, calibration, test, phase, extra)
+            rows_path,
+            measure_net(row["name"], model, trained, calibration, test, phase, extra, setting),
         )
     return rows_path
 
@@ -376,7 +388,10 @@ def run_fashion_mnist(args, qat):
         trained = quantization_aware(folded, phase_data, calibration, **qat)
         phase = _phase(qat, phase_data)
         test = (images, labels)
-        rows = measure_net(f"seed{seed}", model, trained, calibration, test, phase, args.machine)
+        setting = "qat" if qat["rounded"] else "float_phase"
+        rows = measure_net(
+            f"seed{seed}", model, trained, calibration, test, phase, args.machine, setting
+        )
         _append(
             args.rows, [{**r, "seed": seed, "model": os.path.abspath(args.model)} for r in rows]
         )
@@ -397,6 +412,12 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--learning-rate", type=float, default=0.002)
     parser.add_argument("--weight-bits", type=int, default=8)
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help='the same phase without rounding ("float_phase": more training alone)',
+    )
+    parser.add_argument("--nets", nargs="+", help="transfer: only these nets (names)")
     parser.add_argument("--table", action="store_true", help="print the summary, measure nothing")
     args = parser.parse_args(argv)
     if args.study == "transfer" and not (args.results and (args.work or args.table)):
@@ -412,6 +433,7 @@ def main(argv=None):
         }
         try:
             check_arguments(**qat)
+            qat["rounded"] = not args.control
         except ValueError as error:
             parser.error(str(error))
         from experiments.transfer_study import code_version
