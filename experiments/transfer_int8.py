@@ -134,13 +134,15 @@ def render_levers(levers: list[dict]) -> list[str]:
     return lines
 
 
-def qat_float_change(rows: list[dict]) -> dict | None:
-    """The quantization-aware phase's effect on the float nets (`experiments.int8_qat`'s
-    "qat" rows, one value per net): the change of float accuracy (points) and the two
-    float nets' top-1 agreement (%), mean and 95% t interval; the phase's parameters."""
+def qat_float_change(rows: list[dict], setting: str = "qat") -> dict | None:
+    """The phase's effect on the float nets (`experiments.int8_qat`'s rows of `setting`:
+    "qat", or "float_phase", the phase without rounding; one value per net): the change
+    of float accuracy (points), the two float nets' top-1 agreement (%), and each
+    runtime's int8 drop against the float net before the phase (points), mean and 95% t
+    interval; the phase's parameters."""
     import json
 
-    nets = {r["net"]: r for r in rows if r["setting"] == "qat"}
+    nets = {r["net"]: r for r in rows if r["setting"] == setting}
     if not nets:
         return None
     return {
@@ -155,11 +157,11 @@ def qat_float_change(rows: list[dict]) -> dict | None:
                 [
                     r["drop_from_original_float"]
                     for r in rows
-                    if r["setting"] == "qat" and r["runtime"] == runtime
+                    if r["setting"] == setting and r["runtime"] == runtime
                 ]
             )
             for runtime in RUNTIMES
-            if any(r["setting"] == "qat" and r["runtime"] == runtime for r in rows)
+            if any(r["setting"] == setting and r["runtime"] == runtime for r in rows)
         },
     }
 
@@ -174,13 +176,15 @@ def qat_table(rows: list[dict]) -> list[str]:
     from experiments import int8_levers
 
     lines = [int8_levers.table(int8_levers.summarize(rows, "default"), "default"), ""]
-    change = qat_float_change(rows)
-    if change:
+    for setting, phase in (("qat", "the phase"), ("float_phase", "the phase without rounding")):
+        change = qat_float_change(rows, setting)
+        if not change:
+            continue
         lines += [
-            f"The float nets after the phase against before ({change['nets']} nets): accuracy "
-            f"change {_ci(change['accuracy_change'], True)} points, top-1 agreement "
-            f"{_ci(change['agreement'])}%. The int8 files after the phase against the float "
-            "net before it, drop (points): "
+            f"`{setting}`: the float nets after {phase} against before ({change['nets']} "
+            f"nets): accuracy change {_ci(change['accuracy_change'], True)} points, top-1 "
+            f"agreement {_ci(change['agreement'])}%. Its int8 files against the float net "
+            "before it, drop (points): "
             + ", ".join(
                 f"{RUNTIMES[runtime]} {_ci(drop, True)}"
                 for runtime, drop in change["drop_from_original"].items()
