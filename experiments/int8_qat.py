@@ -329,7 +329,12 @@ def _append(path, rows):
 
 def _phase(qat, train):
     """The phase's parameters as a row records them."""
-    return {**qat, "batch_size": 32, "train_images": train.num_examples, "activations": True}
+    return {
+        **qat,
+        "batch_size": 32,
+        "train_images": train.num_examples,
+        "activations": qat["rounded"],
+    }
 
 
 def run_transfer(args, qat):

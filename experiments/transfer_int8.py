@@ -210,7 +210,8 @@ def render_qat(rows: list[dict]) -> list[str]:
         "--work runs/transfer_int8`, rows in [qat.jsonl](../results/transfer_int8/qat.jsonl)). "
         "`qat` is paired by net against `default`, the same nets' files measured again in "
         "the same run; `qat`'s agreement and drop are against its own float net, the one "
-        "a user of the phase would ship.",
+        "a user of the phase would ship. `float_phase` (where measured, `--control`): the "
+        "same phase without any rounding, a control for what the extra training alone does.",
         "",
         *qat_table(rows),
     ]
