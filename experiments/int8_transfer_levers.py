@@ -40,14 +40,11 @@ SETTINGS = {
 }
 
 
-def net_data(run_folder: str, plan_settings: dict, images_root: str):
-    """(model, calibration images, (validation images, labels)) of a finished run, as
-    finetune's int8 export had them (its recorded split, read from a copy)."""
-    import keras
-
+def run_split(run_folder: str, plan_settings: dict, images_root: str):
+    """(training data, validation data) of a finished run as finetune read them: its
+    recorded split (read from a copy), its image size and flips."""
     from keras_autoshuffle.data.image_folder import image_folder
-    from keras_autoshuffle.finetuning.run_folder import ALL_DIR, SPLIT_FILE
-    from keras_autoshuffle.training.exports import int8_data
+    from keras_autoshuffle.finetuning.run_folder import SPLIT_FILE
 
     with tempfile.TemporaryDirectory() as scratch:
         record = os.path.join(scratch, SPLIT_FILE)
@@ -58,6 +55,18 @@ def net_data(run_folder: str, plan_settings: dict, images_root: str):
             flip=plan_settings["flip"],
             record=record,
         )
+    return train, val
+
+
+def net_data(run_folder: str, plan_settings: dict, images_root: str):
+    """(model, calibration images, (validation images, labels)) of a finished run, as
+    finetune's int8 export had them (`run_split`)."""
+    import keras
+
+    from keras_autoshuffle.finetuning.run_folder import ALL_DIR
+    from keras_autoshuffle.training.exports import int8_data
+
+    train, val = run_split(run_folder, plan_settings, images_root)
     model = keras.saving.load_model(
         os.path.join(run_folder, ALL_DIR, "model.keras"), compile=False, safe_mode=True
     )

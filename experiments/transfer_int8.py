@@ -64,8 +64,9 @@ def latency_ratios(levers: list[dict]) -> dict:
     return ratios
 
 
-def render(rows: list[dict], levers: list[dict]) -> list[str]:
-    """The page's lines: the defaults' table, then the levers' (where measured)."""
+def render(rows: list[dict], levers: list[dict], qat: list[dict] = ()) -> list[str]:
+    """The page's lines: the defaults' table, then the levers' and the quantization-aware
+    phase's (where measured)."""
     entries = summarize(rows)
     if not entries:
         return []
@@ -93,6 +94,8 @@ def render(rows: list[dict], levers: list[dict]) -> list[str]:
     lines += ["", f"The bound of these runs (points): {', '.join(map(str, bounds))}.", ""]
     if levers:
         lines += render_levers(levers)
+    if qat:
+        lines += render_qat(qat)
     return lines
 
 
@@ -129,3 +132,86 @@ def render_levers(levers: list[dict]) -> list[str]:
         )
         lines.append("")
     return lines
+
+
+def qat_float_change(rows: list[dict], setting: str = "qat") -> dict | None:
+    """The phase's effect on the float nets (`experiments.int8_qat`'s rows of `setting`:
+    "qat", or "float_phase", the phase without rounding; one value per net): the change
+    of float accuracy (points), the two float nets' top-1 agreement (%), and each
+    runtime's int8 drop against the float net before the phase (points), mean and 95% t
+    interval; the phase's parameters."""
+    import json
+
+    nets = {r["net"]: r for r in rows if r["setting"] == setting}
+    if not nets:
+        return None
+    return {
+        "nets": len(nets),
+        "accuracy_change": t_interval([r["float_accuracy_change"] for r in nets.values()]),
+        "agreement": t_interval([100 * r["float_agreement"] for r in nets.values()]),
+        "phases": sorted(
+            {json.dumps(_without(r["qat"], "train_images"), sort_keys=True) for r in nets.values()}
+        ),
+        "drop_from_original": {
+            runtime: t_interval(
+                [
+                    r["drop_from_original_float"]
+                    for r in rows
+                    if r["setting"] == setting and r["runtime"] == runtime
+                ]
+            )
+            for runtime in RUNTIMES
+            if any(r["setting"] == setting and r["runtime"] == runtime for r in rows)
+        },
+    }
+
+
+def _without(entry: dict, key: str) -> dict:
+    return {k: v for k, v in entry.items() if k != key}
+
+
+def qat_table(rows: list[dict]) -> list[str]:
+    """`experiments.int8_qat`'s rows as the levers' table ("qat" paired by net against the
+    "default" files measured in the same run) and the float nets' change."""
+    from experiments import int8_levers
+
+    lines = [int8_levers.table(int8_levers.summarize(rows, "default"), "default"), ""]
+    for setting, phase in (("qat", "the phase"), ("float_phase", "the phase without rounding")):
+        change = qat_float_change(rows, setting)
+        if not change:
+            continue
+        lines += [
+            f"`{setting}`: the float nets after {phase} against before ({change['nets']} "
+            f"nets): accuracy change {_ci(change['accuracy_change'], True)} points, top-1 "
+            f"agreement {_ci(change['agreement'])}%. Its int8 files against the float net "
+            "before it, drop (points): "
+            + ", ".join(
+                f"{RUNTIMES[runtime]} {_ci(drop, True)}"
+                for runtime, drop in change["drop_from_original"].items()
+            )
+            + f". The phase (each net's own training images): {'; '.join(change['phases'])}.",
+            "",
+        ]
+    return lines
+
+
+def render_qat(rows: list[dict]) -> list[str]:
+    """The quantization-aware lever's section of the page."""
+    nets = sorted({r["net"] for r in rows})
+    return [
+        "### A quantization-aware phase",
+        "",
+        f"{len(nets)} nets: each folded float net trained a few more epochs on its own "
+        "training images with int8 rounding simulated (kernels per output channel, "
+        "symmetric; each activation the int8 files keep per tensor, over its range on the "
+        "calibration images; gradients straight through; BatchNormalization frozen), then "
+        "the ordinary post-training int8 files from the same calibration images "
+        "(`python -m experiments.int8_qat transfer --results docs/results/transfer_int8 "
+        "--work runs/transfer_int8`, rows in [qat.jsonl](../results/transfer_int8/qat.jsonl)). "
+        "`qat` is paired by net against `default`, the same nets' files measured again in "
+        "the same run; `qat`'s agreement and drop are against its own float net, the one "
+        "a user of the phase would ship. `float_phase` (where measured, `--control`): the "
+        "same phase without any rounding, a control for what the extra training alone does.",
+        "",
+        *qat_table(rows),
+    ]

@@ -59,6 +59,8 @@ PAGE = os.path.join("docs", "evidence", "transfer.md")
 ROWS_FILE, PLAN_FILE = "rows.jsonl", "plan.json"
 # experiments.int8_transfer_levers' rows, beside the study's.
 LEVERS_FILE = "levers.jsonl"
+# experiments.int8_qat's rows: the quantization-aware lever and its paired defaults.
+QAT_FILE = "qat.jsonl"
 ARMS = ("backbone", "transfer", "scratch", "end_to_end")
 # finetune's report: each runtime's int8 check.
 INT8_REPORT_KEYS = {"litert": "int8", "onnx": "onnx_int8", "openvino": "openvino_int8"}
@@ -926,7 +928,9 @@ def render_page(summary, plan, rows_link):
     if int8 is not None:
         from experiments import transfer_int8
 
-        lines += transfer_int8.render(summary["all_rows"], summary.get("int8_levers", []))
+        lines += transfer_int8.render(
+            summary["all_rows"], summary.get("int8_levers", []), summary.get("int8_qat", [])
+        )
     e2e = summary["end_to_end"]
     lines += ["## The command end to end", ""]
     if e2e is None:
@@ -1094,6 +1098,10 @@ def write_page(results, page, work=None):
     if os.path.exists(levers):  # experiments.int8_transfer_levers' rows of these nets
         with open(levers) as f:
             summary["int8_levers"] = [json.loads(line) for line in f if line.strip()]
+    qat = os.path.join(results, QAT_FILE)
+    if os.path.exists(qat):  # experiments.int8_qat's rows of these nets
+        with open(qat) as f:
+            summary["int8_qat"] = [json.loads(line) for line in f if line.strip()]
     summary["code"] = {}
     for row in rows:
         code = row.get("code")
