@@ -175,14 +175,20 @@ def qat_table(rows: list[dict]) -> list[str]:
     "default" files measured in the same run) and the float nets' change."""
     from experiments import int8_levers
 
-    lines = [int8_levers.table(int8_levers.summarize(rows, "default"), "default"), ""]
+    # A setting measured on one net has no interval: the paragraph below states it alone.
+    nets = {}
+    for row in rows:
+        nets.setdefault(row["setting"], set()).add(row["net"])
+    tabled = [row for row in rows if len(nets[row["setting"]]) > 1]
+    lines = [int8_levers.table(int8_levers.summarize(tabled, "default"), "default"), ""]
     for setting, phase in (("qat", "the phase"), ("float_phase", "the phase without rounding")):
         change = qat_float_change(rows, setting)
         if not change:
             continue
         lines += [
             f"`{setting}`: the float nets after {phase} against before ({change['nets']} "
-            f"nets): accuracy change {_ci(change['accuracy_change'], True)} points, top-1 "
+            f"net{'s' if change['nets'] != 1 else ''}): accuracy change "
+            f"{_ci(change['accuracy_change'], True)} points, top-1 "
             f"agreement {_ci(change['agreement'])}%. Its int8 files against the float net "
             "before it, drop (points): "
             + ", ".join(

@@ -113,3 +113,17 @@ def test_the_page_pairs_qat_with_the_same_runs_defaults_and_states_the_float_cha
     assert "| 3 | 98.00 [" in qat_line and "| +2.00 [-0.48, +4.48] |" in qat_line
     change = next(line for line in lines if line.startswith("`qat`: the float nets after"))
     assert "accuracy change +0.00 [-0.50, +0.50] points" in change and "99.00" in change
+    # A control measured on one net has no interval: stated in words, not as NaN in the table.
+    common = {"net": "n0", "seed": "n0", "runtime": "litert", "accuracy_drop": 0.0}
+    control = {
+        **common,
+        "setting": "float_phase",
+        "top1_agreement": 0.97,
+        "float_accuracy_change": 0.01,
+        "float_agreement": 0.98,
+        "qat": {"epochs": 3, "rounded": False},
+        "drop_from_original_float": 0.0,
+    }
+    page = "\n".join(transfer_int8.render_qat([*rows, control]))
+    assert "nan" not in page.lower() and "| litert | float_phase |" not in page
+    assert "against before (1 net): accuracy change +0.01 [-] points" in page
