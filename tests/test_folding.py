@@ -281,6 +281,29 @@ def test_one_conv_per_slice_splits_only_columns_it_may():
         np.testing.assert_allclose(new(x), model(x), atol=1e-6)
 
 
+def test_one_conv_per_slice_keeps_graphs_it_cannot_copy_layer_by_layer():
+    # Every LiteRT file is written through the rewrite (`export.export_litert`): a keras op
+    # (`x / 255`, `y * 2`) or a shared layer around a folded net must not make it fail.
+    from keras_autoshuffle.export.litert_graph import one_conv_per_slice
+
+    def folded():
+        return folding.fold_model(tiny_v2(classes=3))
+
+    inputs, net = keras.Input(TINY_SHAPE), folded()
+    pixels = keras.Model(inputs, net(inputs / 255.0))
+    net = folded()
+    scaled = keras.Model(net.inputs, net.outputs[0] * 2.0)
+    net, dense = folded(), keras.layers.Dense(3)
+    shared = keras.Model(net.inputs, dense(keras.layers.ReLU()(dense(net.outputs[0]))))
+    x = np.random.default_rng(0).uniform(0, 255, size=(2, *TINY_SHAPE)).astype("float32")
+    for model in (pixels, scaled, shared):
+        new = one_conv_per_slice(model)
+        np.testing.assert_allclose(new(x), model(x), atol=1e-5)
+    # The nested folded net behind the op is still rewritten.
+    nested = [op for op in one_conv_per_slice(pixels).operations if isinstance(op, keras.Model)]
+    assert len(nested) == 1 and not _layer_counts(nested[0]).get("ChannelSlice")
+
+
 def test_one_conv_per_slice_reaches_a_folded_net_inside_a_wrapper():
     # The fine-tune's int8 LiteRT file is of the folded net behind its input normalisation
     # (a nested model): the rewrite must reach inside it (6 QUANTIZE ops before, 1 after).

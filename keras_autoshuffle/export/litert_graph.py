@@ -115,15 +115,27 @@ def _with_nested_rewritten(model):
 
     wrapper = keras.models.clone_model(model, clone_function=clone)
     for layer, copy in copies:  # clone_model gives its copies new weights
-        copy.set_weights(layer.get_weights())
+        if isinstance(layer, keras.layers.Layer):  # a keras op (`x / 255`) holds none
+            copy.set_weights(layer.get_weights())
     return wrapper
+
+
+def _copyable(model):
+    """Whether the rewrite can rebuild `model`'s graph layer by layer (`copy_layer` calls
+    each copy on its input tensors alone): each operation a layer called once. A keras op
+    (`x * 2`) keeps other arguments in its call, and a shared layer has several calls."""
+    return all(
+        isinstance(op, keras.layers.Layer) and len(inbound_nodes(op)) == 1
+        for op in model.operations
+    )
 
 
 def one_conv_per_slice(model: keras.Model) -> keras.Model:
     """`model` with each dense conv whose output (through BatchNormalization and ReLU) only
     ChannelSlices or a ChannelSplit read written as one conv per slice (see the module
     docstring), also inside a nested model (a wrapper around the folded net); `model`
-    itself when it has none. The outputs are the same up to float
+    itself when it has none, or when its graph holds a keras op or a shared layer
+    (`_copyable`). The outputs are the same up to float
     rounding (each output channel is the same sum of products).
 
     Args:
@@ -137,7 +149,7 @@ def one_conv_per_slice(model: keras.Model) -> keras.Model:
         return model
     model = _with_nested_rewritten(model)
     chains = _sliced_convs(model)
-    if not chains:
+    if not chains or not _copyable(model):
         return model
     replaced = {id(layer) for chain in chains.values() for layer in chain}
     inputs = keras.Input(shape=model.inputs[0].shape[1:], dtype=model.inputs[0].dtype)
