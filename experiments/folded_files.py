@@ -3,8 +3,9 @@ runtime makes of them (issue 53, items 3 and 4). Not in CI.
 
 Writes into `--out` the folded net (`folding.fold_model`) and the no-shuffle floor (the
 manual net with Identity in place of each shuffle, `experiments.benchmark`) as LiteRT float
-and int8 files and ONNX float and int8 files, and the folded net as a float LiteRT file
-with one conv per slice, as its int8 file is written (`export.litert_graph`); random seeded
+and int8 files and ONNX float and int8 files (LiteRT: one conv per slice,
+`export.litert_graph`), and the folded net as a float LiteRT file with its slices, as
+Keras's exporter writes it (`folded_slices.tflite`, `export_slices`); random seeded
 weights, 224 x 224, 1000 classes (a file's speed does not depend on its values), int8
 calibrated on 16 seeded random images; then `ops.json`: each LiteRT file's op counts and
 XNNPACK delegate partitions, and each ONNX file's op counts in ONNX Runtime's optimized
@@ -34,7 +35,6 @@ def write(out):
 
     from keras_autoshuffle import applications, export, folding
     from keras_autoshuffle.export.int8_runtimes import export_onnx_int8
-    from keras_autoshuffle.export.litert_graph import one_conv_per_slice
     from keras_autoshuffle.layers import ChannelShuffle
 
     def no_shuffle(layer):  # as experiments.benchmark._no_shuffle (importable from here)
@@ -59,10 +59,20 @@ def write(out):
         files[f"{name}_int8.tflite"] = export.export_int8(net, f"{path}_int8.tflite", images)
         files[f"{name}.onnx"] = export.export_onnx(net, f"{path}.onnx")
         files[f"{name}_int8.onnx"] = export_onnx_int8(f"{path}.onnx", f"{path}_int8.onnx", images)
-    # The float folded net as the int8 LiteRT file is written: one conv per slice.
-    sliced = os.path.join(out, "folded_sliced.tflite")
-    files["folded_sliced.tflite"] = export.export_litert(one_conv_per_slice(nets["folded"]), sliced)
+    # The float folded net with its slices: `export_litert` writes one conv per slice.
+    slices = os.path.join(out, "folded_slices.tflite")
+    files["folded_slices.tflite"] = export_slices(nets["folded"], slices)
     return files
+
+
+def export_slices(net, path):
+    """`net` as a LiteRT file with its slices (Keras's exporter alone): the float file
+    `export.export_litert` wrote before it wrote one conv per slice."""
+    from keras_autoshuffle._atomic import write_atomically
+
+    return write_atomically(
+        path, lambda partial: net.export(partial, format="litert", verbose=False)
+    )
 
 
 def litert_ops(path):
