@@ -381,7 +381,8 @@ def run_fashion_mnist(args, qat):
     from keras_autoshuffle import data
 
     model, train, images, labels, folded = int8_levers.study_net(args.model, args.test_images)
-    done = {r["seed"] for r in read_rows(args.rows)}
+    setting = "qat" if qat["rounded"] else "float_phase"
+    done = {r["seed"] for r in read_rows(args.rows) if r["setting"] == setting}
     for seed in args.seeds:
         if seed in done:
             continue
@@ -393,7 +394,6 @@ def run_fashion_mnist(args, qat):
         trained = quantization_aware(folded, phase_data, calibration, **qat)
         phase = _phase(qat, phase_data)
         test = (images, labels)
-        setting = "qat" if qat["rounded"] else "float_phase"
         rows = measure_net(
             f"seed{seed}", model, trained, calibration, test, phase, args.machine, setting
         )

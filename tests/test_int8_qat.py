@@ -127,3 +127,38 @@ def test_the_page_pairs_qat_with_the_same_runs_defaults_and_states_the_float_cha
     page = "\n".join(transfer_int8.render_qat([*rows, control]))
     assert "nan" not in page.lower() and "| litert | float_phase |" not in page
     assert "against before (1 net): accuracy change +0.01 [-] points" in page
+
+
+def test_a_fashion_mnist_control_run_is_not_skipped_by_the_qat_rows(tmp_path, monkeypatch):
+    # Rows of both settings share one file (as the transfer study's): a seed measured with
+    # "qat" still needs its "float_phase" rows, and the other way round.
+    import json
+    import types
+
+    from experiments import int8_levers
+    from keras_autoshuffle import data
+
+    train = types.SimpleNamespace(images=np.zeros((4, 2)), num_examples=4)
+    study = (None, train, None, None, "folded")
+    monkeypatch.setattr(int8_levers, "study_net", lambda path, count: study)
+    augmented = types.SimpleNamespace(subset=lambda count: train)
+    monkeypatch.setattr(data, "fashion_mnist", lambda seed, augment: (augmented, None))
+    monkeypatch.setattr(int8_qat, "quantization_aware", lambda *args, **kwargs: "trained")
+    measured = []
+
+    def measure_net(name, *args):
+        measured.append((name, args[-1]))
+        return [{"net": name, "setting": args[-1]}]
+
+    monkeypatch.setattr(int8_qat, "measure_net", measure_net)
+    rows = tmp_path / "rows.jsonl"
+    rows.write_text(json.dumps({"net": "seed0", "seed": 0, "setting": "qat"}) + "\n")
+    args = types.SimpleNamespace(
+        model="m.keras", test_images=4, rows=str(rows), seeds=[0], calibration=2,
+        train_images=4, machine={},
+    )  # fmt: skip
+    qat = {"epochs": 1, "learning_rate": 0.01, "weight_bits": 8, "rounded": False}
+    int8_qat.run_fashion_mnist(args, qat)
+    assert measured == [("seed0", "float_phase")]
+    int8_qat.run_fashion_mnist(args, qat)  # a rerun skips what it holds
+    assert measured == [("seed0", "float_phase")]
