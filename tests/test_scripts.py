@@ -55,7 +55,8 @@ def _main(name, *args):
 @pytest.fixture(scope="module")
 def digits_job(tmp_path_factory):
     """`autoshuffle-train`'s digits job, run once: (output folder, exit, printed).
-    The tiny v2 has a basic unit in stage 3 (its channel split: SPLIT in the LiteRT file)."""
+    The tiny v2 has a basic unit in stage 3 (its channel split: in the folded LiteRT file,
+    one conv per half, `export.litert_graph`)."""
     keras.backend.clear_session()
     out = tmp_path_factory.mktemp("digits_job") / "run"
     with pytest.MonkeyPatch.context() as monkeypatch:
