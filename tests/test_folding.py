@@ -304,6 +304,21 @@ def test_one_conv_per_slice_keeps_graphs_it_cannot_copy_layer_by_layer():
     assert len(nested) == 1 and not _layer_counts(nested[0]).get("ChannelSlice")
 
 
+def test_one_conv_per_slice_writes_two_slices_of_one_range_as_one_piece():
+    # Each piece is named after its conv and range: two slices of one range made two
+    # layers of one name, which keras.Model refuses.
+    from keras_autoshuffle.export.litert_graph import one_conv_per_slice
+
+    inputs = keras.Input((4, 4, 3))
+    y = keras.layers.Conv2D(6, 1, activation="relu")(inputs)
+    y = keras.layers.Add()([ka.ChannelSlice(0, 3)(y), ka.ChannelSlice(0, 3)(y)])
+    model = keras.Model(inputs, y)
+    new = one_conv_per_slice(model)
+    assert _layer_counts(new).get("Conv2D") == 1 and not _layer_counts(new).get("ChannelSlice")
+    x = np.random.default_rng(0).normal(size=(2, 4, 4, 3)).astype("float32")
+    np.testing.assert_allclose(new(x), model(x), atol=1e-6)
+
+
 def test_one_conv_per_slice_reaches_a_folded_net_inside_a_wrapper():
     # The fine-tune's int8 LiteRT file is of the folded net behind its input normalisation
     # (a nested model): the rewrite must reach inside it (6 QUANTIZE ops before, 1 after).

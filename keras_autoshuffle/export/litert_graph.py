@@ -153,7 +153,7 @@ def one_conv_per_slice(model: keras.Model) -> keras.Model:
         return model
     replaced = {id(layer) for chain in chains.values() for layer in chain}
     inputs = keras.Input(shape=model.inputs[0].shape[1:], dtype=model.inputs[0].dtype)
-    tensors = {id(model.inputs[0]): inputs}
+    tensors, pieces = {id(model.inputs[0]): inputs}, {}
     for layer in model.operations:
         node = inbound_nodes(layer)[0]
         if isinstance(layer, keras.layers.InputLayer) or id(layer) in replaced:
@@ -162,7 +162,10 @@ def one_conv_per_slice(model: keras.Model) -> keras.Model:
             chain = chains[id(layer)]
             source = tensors[id(inbound_nodes(chain[0])[0].input_tensors[0])]
             for output, start, stop in _slice_ranges(layer, node.input_tensors[0]):
-                tensors[id(output)] = _piece(chain, source, start, stop)
+                key = (id(chain[0]), start, stop)  # two slices of one range: one piece
+                if key not in pieces:
+                    pieces[key] = _piece(chain, source, start, stop)
+                tensors[id(output)] = pieces[key]
             continue
         ins = [tensors[id(t)] for t in node.input_tensors]
         merge = isinstance(layer, (keras.layers.Concatenate, keras.layers.Add))
