@@ -283,7 +283,8 @@ def test_one_conv_per_slice_splits_only_columns_it_may():
 
 def test_one_conv_per_slice_keeps_graphs_it_cannot_copy_layer_by_layer():
     # Every LiteRT file is written through the rewrite (`export.export_litert`): a keras op
-    # (`x / 255`, `y * 2`) or a shared layer around a folded net must not make it fail.
+    # (`x / 255`, `y * 2`), a shared layer or a Lambda around a folded net must not make it
+    # fail (a Lambda does not load back from its config: Keras's safe mode).
     from keras_autoshuffle.export.litert_graph import one_conv_per_slice
 
     def folded():
@@ -295,8 +296,12 @@ def test_one_conv_per_slice_keeps_graphs_it_cannot_copy_layer_by_layer():
     scaled = keras.Model(net.inputs, net.outputs[0] * 2.0)
     net, dense = folded(), keras.layers.Dense(3)
     shared = keras.Model(net.inputs, dense(keras.layers.ReLU()(dense(net.outputs[0]))))
+    net = folded()
+    doubled = keras.Model(net.inputs, keras.layers.Lambda(lambda t: t * 2)(net.outputs[0]))
+    inputs, net = keras.Input(TINY_SHAPE), folded()
+    lambda_pixels = keras.Model(inputs, net(keras.layers.Lambda(lambda t: t / 255)(inputs)))
     x = np.random.default_rng(0).uniform(0, 255, size=(2, *TINY_SHAPE)).astype("float32")
-    for model in (pixels, scaled, shared):
+    for model in (pixels, scaled, shared, doubled, lambda_pixels):
         new = one_conv_per_slice(model)
         np.testing.assert_allclose(new(x), model(x), atol=1e-5)
     # The nested folded net behind the op is still rewritten.

@@ -100,6 +100,8 @@ def _with_nested_rewritten(model):
     """`model` with each nested model in it rewritten by `one_conv_per_slice`: the
     fine-tune's files wrap the folded net (`metadata.with_input_normalization`,
     `raw_inputs.raw_input_model`); `model` itself when none changes."""
+    if any(isinstance(op, keras.layers.Lambda) for op in model.operations):
+        return model  # clone_model copies it from its config (`_copyable`)
     nested = {
         id(op): one_conv_per_slice(op) for op in model.operations if isinstance(op, keras.Model)
     }
@@ -122,10 +124,14 @@ def _with_nested_rewritten(model):
 
 def _copyable(model):
     """Whether the rewrite can rebuild `model`'s graph layer by layer (`copy_layer` calls
-    each copy on its input tensors alone): each operation a layer called once. A keras op
-    (`x * 2`) keeps other arguments in its call, and a shared layer has several calls."""
+    each copy on its input tensors alone): each operation a layer called once, none a
+    Lambda. A keras op (`x * 2`) keeps other arguments in its call, a shared layer has
+    several calls, and a Lambda's Python function does not load back from its config
+    (Keras's safe mode)."""
     return all(
-        isinstance(op, keras.layers.Layer) and len(inbound_nodes(op)) == 1
+        isinstance(op, keras.layers.Layer)
+        and len(inbound_nodes(op)) == 1
+        and not isinstance(op, keras.layers.Lambda)
         for op in model.operations
     )
 
@@ -134,8 +140,8 @@ def one_conv_per_slice(model: keras.Model) -> keras.Model:
     """`model` with each dense conv whose output (through BatchNormalization and ReLU) only
     ChannelSlices or a ChannelSplit read written as one conv per slice (see the module
     docstring), also inside a nested model (a wrapper around the folded net); `model`
-    itself when it has none, or when its graph holds a keras op or a shared layer
-    (`_copyable`). The outputs are the same up to float
+    itself when it has none, or when its graph holds a keras op, a shared layer or a
+    Lambda (`_copyable`). The outputs are the same up to float
     rounding (each output channel is the same sum of products).
 
     Args:
