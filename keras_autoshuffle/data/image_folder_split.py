@@ -7,10 +7,12 @@ be edited), and the error every problem with a folder or record raises
 import dataclasses
 import json
 import os
+from dataclasses import asdict
 
 import numpy as np
 
 from keras_autoshuffle import _atomic, _validation
+from keras_autoshuffle._atomic import as_json
 from keras_autoshuffle._class_names import class_name_problem
 from keras_autoshuffle._files import read_bounded
 
@@ -66,24 +68,9 @@ class ImageFolderSplit:
         return np.array([label for _, label in self.train], dtype=np.int32)
 
     def to_json(self) -> dict:
-        """The split as JSON values (what `save` writes).
-
-        Returns:
-            A dict of lists, strings and numbers.
-        """
-        return {
-            "format": SPLIT_FORMAT,
-            "version": SPLIT_VERSION,
-            "root": self.root,
-            "class_names": list(self.class_names),
-            "train": [list(example) for example in self.train],
-            "val": [list(example) for example in self.val],
-            "source": self.source,
-            "val_fraction": self.val_fraction,
-            "split_seed": self.split_seed,
-            "skipped": [list(item) for item in self.skipped],
-            "ignored": self.ignored,
-        }
+        """The split as JSON values (what `save` writes): a dict of lists, strings and
+        numbers."""
+        return {"format": SPLIT_FORMAT, "version": SPLIT_VERSION, **as_json(asdict(self))}
 
     @classmethod
     def from_json(cls, data: dict, root: str | os.PathLike) -> "ImageFolderSplit":
