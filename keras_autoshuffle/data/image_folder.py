@@ -133,14 +133,7 @@ class ImageFolderData(EpochData):
         return os.path.join(self.root, *self.examples[index][0].split("/"))
 
     def subset(self, count: int) -> "ImageFolderData":
-        """The first `count` examples (smoke tests).
-
-        Args:
-            count: how many, a positive integer.
-
-        Returns:
-            An `ImageFolderData` with the same settings.
-        """
+        """The first `count` examples (a positive integer), with the same settings."""
         count = _validation.positive_int(count, "count")
         subset = ImageFolderData(
             self.root,

@@ -53,14 +53,8 @@ class ImageFileError(ValueError):
 
 
 def has_image_extension(path: str | os.PathLike) -> bool:
-    """Whether `path` ends in one of `IMAGE_EXTENSIONS`, in any case (as Keras matches them).
-
-    Args:
-        path: a file name or path.
-
-    Returns:
-        True for `photo.JPG`, False for `notes.txt`.
-    """
+    """Whether `path` ends in one of `IMAGE_EXTENSIONS`, in any case (as Keras matches
+    them): True for `photo.JPG`, False for `notes.txt`."""
     return os.fspath(path).lower().endswith(IMAGE_EXTENSIONS)
 
 

@@ -26,6 +26,7 @@ What `output_dir` holds, in the order it is written:
 """
 
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -376,28 +377,22 @@ def _export_unit_rgb_litert(model, output_dir, sample, int8_arrays, int8_bound):
     files taking RGB in [0, 1], checked against the hardened net behind the same layer.
     Written in a folder of their own, then moved beside the others: `export_model` keeps
     no file of other inputs in its folder."""
-    from keras_autoshuffle import folding
-
-    inference = folding.fold_model(model, name=model.name) if folding.is_foldable(model) else model
-    net, reference = (metadata.with_input_normalization(m) for m in (inference, model))
-    int8 = {}
+    int8 = None
     if int8_arrays is not None:
         calibration, (images, labels) = int8_arrays
-        int8 = dict(
-            quantize="int8",
-            representative_data=_unit_rgb(calibration),
-            test_data=(_unit_rgb(images), labels),
-            max_accuracy_drop=int8_bound,
-        )
+        int8 = (_unit_rgb(calibration), (_unit_rgb(images), labels))
     folder = os.path.join(output_dir, run_folder.LITERT_STAGING)
     _atomic.remove(folder)  # what a killed run left
     try:
-        export = dict(formats=("litert",), reference=reference)
-        try:
-            files = export_lib.export_model(net, folder, _unit_rgb(sample), **export, **int8)
-        except export_lib.Int8CheckError as error:  # the float file stays, as `export_run`'s
-            files = export_lib.export_model(net, folder, _unit_rgb(sample), **export)
-            files[error.key] = {**error.check, "path": None, "refused": str(error)}
+        files = training_exports.export_run(
+            model,
+            folder,
+            _unit_rgb(sample),
+            ("litert",),
+            int8,
+            int8_bound,
+            wrap=metadata.with_input_normalization,
+        )
         for entry in files.values():
             if entry.get("path"):
                 moved = os.path.join(output_dir, os.path.basename(entry["path"]))
@@ -405,7 +400,7 @@ def _export_unit_rgb_litert(model, output_dir, sample, int8_arrays, int8_bound):
                 entry["path"] = moved
     finally:
         _atomic.remove(folder)
-    return {name: {**entry, "folded": inference is not model} for name, entry in files.items()}
+    return files
 
 
 def _unit_rgb(images):
@@ -442,18 +437,10 @@ def _export_raw_input(model, output_dir, val_data, formats, probabilities):
     """The folded network with its preprocessing inside (`raw_input_model`) in `formats`,
     each checked against the unfolded one's on a validation image as it is; `model.keras`
     (normalised inputs); then each file run on the validation image files."""
-    from keras_autoshuffle import folding
-
     size = model.input_shape[1]
     image = read_image(val_data.path(0))
-    inference = folding.fold_model(model, name=model.name) if folding.is_foldable(model) else model
-    export_lib.export_model(
-        raw_input_model(inference, size),
-        output_dir,
-        image[None],
-        formats=formats,
-        reference=raw_input_model(model, size),
-    )
+    wrap = functools.partial(raw_input_model, image_size=size)
+    training_exports.export_run(model, output_dir, image[None], formats, wrap=wrap)
     # After the raw files: `export_model` keeps no earlier file of other inputs beside them.
     keras_path = os.path.join(output_dir, export_lib.FILENAMES["keras"])
     export_lib.save_keras(model, keras_path)
