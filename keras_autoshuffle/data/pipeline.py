@@ -1,16 +1,10 @@
 """The tf.data pipeline: seeded epoch order, per-example augmentation seeds, batching.
 
-Every training pipeline is a pure function of `(seed, epoch, example)`: the epoch's
-order is a permutation drawn from `(seed, epoch)` (or a shuffle buffer seeded with
-them), and each example's augmentation uses stateless random ops seeded with
-`(seed, epoch, example index)`. So a run resumed at an epoch boundary
-(`keras.callbacks.BackupAndRestore`) sees exactly the batches an uninterrupted run
-sees, and ends with the same weights.
-
-`EpochData.fit_dataset()` gives `model.fit` one dataset whose epoch is read from an
-`EpochCounter` variable when Keras opens the epoch's iterator (after
-`on_epoch_begin`); `EpochData.epoch_dataset(epoch)` builds one epoch directly (custom
-training loops, evaluation).
+Every training pipeline is a pure function of `(seed, epoch, example)`: the epoch's order
+is drawn from `(seed, epoch)` and each example's augmentation is seeded with `(seed,
+epoch, example index)`, so a run resumed at an epoch boundary sees exactly the batches of
+an uninterrupted one. `EpochData.fit_dataset()` gives `model.fit` one dataset whose epoch
+is read from an `EpochCounter` when Keras opens the epoch's iterator.
 """
 
 from collections.abc import Callable
