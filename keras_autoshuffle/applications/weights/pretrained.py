@@ -28,16 +28,8 @@ from keras_autoshuffle import _keras_internals
 from keras_autoshuffle.applications import architecture as arch
 from keras_autoshuffle.applications.architecture import REPEATS, V2_CONFIGS
 from keras_autoshuffle.applications.weights import registry
-
-# download's names, re-exported: the public seam of the tests and the commands.
-from keras_autoshuffle.applications.weights.download import (  # noqa: F401
-    DEFAULT_TIMEOUT,
-    MAX_DOWNLOAD_BYTES,
-    MAX_TIMEOUT,
-    STALE_SECONDS,
-    TIMEOUT_VARIABLE,
+from keras_autoshuffle.applications.weights.download import (
     download_checkpoint,
-    download_timeout,
     partial_path,
     remove_dead_partials,
 )
@@ -189,12 +181,12 @@ def imagenet_weights_file(model, include_top, classes, build, weights="imagenet"
         classes: its class count; with `include_top`, the checkpoint's (1000).
         build: builds the same net with manual shuffles, for `converted_weights`.
         weights: "imagenet" (the checkpoint of the model's width) or a registry name
-            (`registry.list_weights()`), which must be of the model's width.
+            (`registry.names()`, either spelling), which must be of the model's width.
 
     Returns:
         The path of the Keras weights file to load.
     """
-    named = None if weights == registry.IMAGENET else registry.get_weights(weights)
+    named = registry.named(weights)
     shape = tuple(model.inputs[0].shape[1:])
     channels = shape[0] if keras.config.image_data_format() == "channels_first" else shape[-1]
     if channels != 3:
