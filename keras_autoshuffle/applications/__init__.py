@@ -21,6 +21,7 @@ from keras_autoshuffle.applications.preprocessing import (
     ResizeCenterCrop,
     evaluation_preprocessing,
     evaluation_sizes,
+    imagenet_preprocessing,
     preprocess_input,
 )
 from keras_autoshuffle.applications.shufflenet_v1 import AutoShuffleNetV1, ShuffleNetV1
@@ -29,7 +30,6 @@ from keras_autoshuffle.applications.weights.registry import (
     CHECKPOINTS,
     Checkpoint,
     decode_predictions,
-    imagenet_preprocessing,
 )
 from keras_autoshuffle.applications.weights.torch_checkpoint import (
     CheckpointError,

@@ -22,7 +22,7 @@ import keras
 from keras_autoshuffle import _atomic, _validation
 from keras_autoshuffle._files import read_bounded
 from keras_autoshuffle._keras_internals import PRESET_WEIGHTS_FILES
-from keras_autoshuffle.applications import architecture
+from keras_autoshuffle.applications import architecture, preprocessing
 from keras_autoshuffle.applications.weights import registry
 
 # The layout of the configs this package writes into a preset (`config.json`'s
@@ -197,11 +197,12 @@ def classifier_from_model(
     """
     classifier_cls = keras.saving.get_registered_object(CLASSIFIER)
     preprocessor_cls = classifier_cls.preprocessor_cls
+    scale, offset = preprocessing.scale_offset(mean, std)
     converter = preprocessor_cls.image_converter_cls(
         image_size=(image_size, image_size),
         resize_size=resize_size,
-        scale=[1 / (255 * s) for s in std],
-        offset=[-m / s for m, s in zip(mean, std, strict=True)],
+        scale=list(scale),
+        offset=list(offset),
     )
     backbone = classifier_cls.backbone_cls(width, **_layout(model, width))
     classifier = classifier_cls(

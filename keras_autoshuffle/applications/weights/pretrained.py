@@ -1,21 +1,9 @@
 """From a builder's `weights=` to a Keras weights file: torchvision's ImageNet checkpoints
-behind `weights="imagenet"` and `weights="shufflenet_v2_x1_0.imagenet"` (an entry of
-`registry`) downloaded, checked, converted and cached; and what any Keras weights file says
-of the net it fits (its learned shuffles, the padding it was marked with).
-
-`ShuffleNetV2(width, weights="imagenet")` (or the name of the width's entry):
-
-1. uses `<cache>/models/<checkpoint>.weights.h5` (or `..._notop.weights.h5`) if it is
-   there: no network, no torch;
-2. otherwise takes the checkpoint from the cache or downloads it, hash-checked
-   (`download.download_checkpoint`, `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` for a mirror);
-3. reads it with `read_torch_checkpoint` (no torch, no code from the file), converts it
-   with `load_torchvision_weights`, marks it with PyTorch's padding (`mark_padding`) and
-   writes the Keras weights file atomically.
-
-`<cache>` is Keras's cache folder (`registry.cache_dir()`), `$KERAS_HOME` (read at each
-call) or `~/.keras`. The entries (`registry.CHECKPOINTS`) are read at each call: a test
-that replaces one is seen here too.
+behind `weights="imagenet"` or an entry's name, downloaded (`download`), read without torch,
+converted and cached once as `<cache>/models/<checkpoint>[_notop].weights.h5`
+(`converted_weights`); and what any Keras weights file says of the net it fits (its learned
+shuffles, the padding it was marked with). The entries (`registry.CHECKPOINTS`) are read at
+each call: a test that replaces one is seen here too.
 """
 
 import math

@@ -28,8 +28,6 @@ from typing import Any
 import keras
 import numpy as np
 
-from keras_autoshuffle import _validation
-from keras_autoshuffle.applications import preprocessing
 from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD, width_name
 
 BASE_URL = "https://download.pytorch.org/models/"
@@ -181,7 +179,7 @@ class Checkpoint:
 
     The fields are data a program can read (`to_dict()` gives them all, with `url`);
     `class_names()` is the classifier's classes, in its order;
-    `imagenet_preprocessing(width)` the evaluation transform.
+    `applications.imagenet_preprocessing(width)` the evaluation transform.
 
     Attributes:
         file_name: the file's name (the download URL's last part).
@@ -380,33 +378,3 @@ def is_pretrained(weights: object) -> bool:
     """Whether a builder's `weights` asks for published weights: "imagenet" or an entry
     name, either spelling (which wins over a file of the same name)."""
     return isinstance(weights, str) and (weights == IMAGENET or named(weights) is not None)
-
-
-def imagenet_preprocessing(width: float = 1.0, data_format: str | None = None) -> keras.Sequential:
-    """torchvision's evaluation transform for the ImageNet weights of `ShuffleNetV2(width)`
-    (the checkpoint's resize and crop sizes, ImageNet's normalisation), as a
-    `keras.Sequential`: `evaluation_preprocessing`'s layers and limits, named after the
-    checkpoint; the same transform as its preset's `hub.ShuffleNetImageConverter`.
-
-    Args:
-        width: a key of `applications.CHECKPOINTS` (0.5, 1.0, 1.5, 2.0).
-        data_format: "channels_last" or "channels_first" (default: Keras's).
-
-    Returns:
-        A `keras.Sequential` from pixel values in [0, 255], a batch of any size
-            (batch, height, width, channels), to the model's input (batch, 224, 224, 3).
-
-    Example:
-        >>> preprocess = applications.imagenet_preprocessing(1.0)
-        >>> model = applications.ShuffleNetV2(1.0, weights="imagenet")
-        >>> batch = data.read_image("cat.jpg")[None]
-        >>> applications.decode_predictions(model.predict(preprocess(batch)), top=3)
-    """
-    entry = CHECKPOINTS[_validation.choice(width, tuple(CHECKPOINTS), "width")]
-    scale, offset = preprocessing.scale_offset(entry.mean, entry.std)
-    layers = preprocessing.evaluation_layers(
-        entry.crop_size, entry.resize_size, scale, offset, data_format
-    )
-    return preprocessing.as_sequential(
-        layers, f"shufflenet_v2_{width_name(entry.width)}_preprocessing"
-    )
