@@ -186,18 +186,35 @@ def ShuffleNetV1(
     round it to the nearest multiple of 4 x groups (the stem: of groups), so every
     bottleneck (stage width // 4) and grouped convolution divides by `groups` and every
     pair builds (g3 0.25x is osmr's 6, 60, 120, 240; see `v1_channels`).
-    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults). The
-    arguments not listed below (`include_top`, `input_tensor`, `input_shape`, `pooling`,
-    `classes`, `classifier_activation`, `stem`, `padding`, `features_only`) are
-    `ShuffleNetV2`'s.
+    BatchNormalization uses momentum 0.9, epsilon 1e-5 (PyTorch's defaults).
 
     Args:
         width: width multiplier, one of 0.25, 0.5, 1.0, 1.5, 2.0 (default 1.0).
         groups: groups of the 1x1 convolutions, one of 1, 2, 3, 4, 8 (default 3).
+        include_top: whether to include the global pooling and the classifier.
         weights: None (random initialization) or the path to a Keras weights file
             (`.weights.h5`).
+        input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
+        input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
+            Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
+        pooling: with `include_top=False`: None (4D feature map), "avg" or "max".
+        classes: number of classes (with `include_top`).
+        classifier_activation: activation of the "predictions" layer; None gives logits.
         name: model name (default `shufflenet_v1_g<groups>_<width>`,
             e.g. `shufflenet_v1_g3_x1_0`).
+        stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar" (3x3
+            stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial sides are
+            at most 64).
+        padding: "torch" (default: PyTorch's padding=1 on every 3x3 layer, an explicit
+            one-pixel ZeroPadding2D before each stride-2 layer, so torchvision's weights
+            give torchvision's outputs) or "same" (Keras's 'same' everywhere: the
+            stride-2 layers sample a grid one pixel off on even sides, no PAD ops in
+            LiteRT, 5-10% faster there; for nets trained from scratch).
+        features_only: return the feature pyramid instead (like timm's
+            `features_only=True`): a model whose output is the dict {"P2": ..., "P5": ...}
+            of the maps that end the stem and stages 2-4 (strides 4, 8, 16, 32; the
+            `pyramid_outputs` of `hub.ShuffleNetBackbone`). Needs `include_top=False`, no
+            `pooling` and the ImageNet stem; `weights` load as without it.
 
     Returns:
         A `keras.Model`.
@@ -234,20 +251,35 @@ def AutoShuffleNetV1(
     """Instantiates the AutoShuffleNet v1 architecture.
 
     ShuffleNet v1 whose shuffles are learned (RelaxedShuffle, hardened after training).
-    The architecture and defaults are `ShuffleNetV1`'s, so only the shuffles differ; the
-    arguments not listed below are `ShuffleNetV1`'s, and `shuffle_initializer`,
-    `sinkhorn_iterations`, `shuffle_forward` and `shuffle_permutations` are
-    `AutoShuffleNetV2`'s.
+    The architecture and defaults are `ShuffleNetV1`'s, so only the shuffles differ.
 
     Args:
-        weights: as `ShuffleNetV1`'s; a learned-shuffle net also takes the file of the
-            same net with manual shuffles, its shuffles then starting as
-            `shuffle_initializer` says.
+        width: width multiplier, one of 0.25, 0.5, 1.0, 1.5, 2.0 (default 1.0).
+        groups: groups of the 1x1 convolutions, one of 1, 2, 3, 4, 8 (default 3).
+        include_top: whether to include the global pooling and the classifier.
+        weights: None (random initialization) or the path to a Keras weights file
+            (`.weights.h5`). A learned-shuffle net also takes the file of the same net
+            with manual shuffles; its shuffles then start as `shuffle_initializer` says.
+        input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
+        input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
+            Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
+        pooling: with `include_top=False`: None (4D feature map), "avg" or "max".
+        classes: number of classes (with `include_top`).
+        classifier_activation: activation of the "predictions" layer; None gives logits.
         name: model name (default `autoshufflenet_v1_g<groups>_<width>`,
             e.g. `autoshufflenet_v1_g3_x1_0`).
+        stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar" (3x3
+            stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial sides are
+            at most 64).
+        padding: "torch" or "same", as `ShuffleNetV1`'s.
         shuffle: "manual" (ChannelShuffle(groups), none for groups=1) or "auto"
             (RelaxedShuffle in every unit) (default "auto").
         penalty: lambda of the relaxed shuffles' l1-2 penalty (default 1e-3).
+        shuffle_initializer: "random" or "manual", as `AutoShuffleNetV2`'s.
+        sinkhorn_iterations: an integer in [1, 1000] (default 10), as `AutoShuffleNetV2`'s.
+        shuffle_forward: "relaxed" or "hard", as `AutoShuffleNetV2`'s.
+        shuffle_permutations: {shuffle layer name: permutation}, as `AutoShuffleNetV2`'s.
+        features_only: return the feature pyramid instead, as `ShuffleNetV1`'s.
 
     Returns:
         A `keras.Model`.

@@ -226,17 +226,28 @@ def AutoShuffleNetV2(
     """Instantiates the AutoShuffleNet v2 architecture.
 
     ShuffleNet v2 whose shuffles are learned (RelaxedShuffle, hardened after training).
-    The architecture and defaults are `ShuffleNetV2`'s, so only the shuffles differ; the
-    arguments not listed below are `ShuffleNetV2`'s.
+    The architecture and defaults are `ShuffleNetV2`'s, so only the shuffles differ.
 
     Args:
+        width: width multiplier, one of 0.5, 1.0, 1.5, 2.0 (default 1.0).
+        include_top: whether to include the global pooling and the classifier.
         weights: as `ShuffleNetV2`'s; with "imagenet" (or a name) learned shuffles
             start at the manual shuffle (the pretrained net; `shuffle_initializer` is
             ignored). A learned-shuffle net also takes the file of the same net with manual
             shuffles (e.g. written by the `autoshuffle-convert-weights` command); its
             shuffles then start as `shuffle_initializer` says.
+        input_tensor: optional Keras tensor (output of `keras.Input()`) as input.
+        input_shape: optional shape tuple, e.g. (224, 224, 3); any channel count.
+            Default: (224, 224, 3) with `include_top`, (None, None, 3) without.
+        pooling: with `include_top=False`: None (4D feature map), "avg" or "max".
+        classes: number of classes (with `include_top`).
+        classifier_activation: activation of the "predictions" layer; None gives logits.
         name: model name (default `autoshufflenet_v2_<width>`, e.g.
             `autoshufflenet_v2_x1_0`).
+        stem: "imagenet" (3x3 stride-2 conv + 3x3 stride-2 max-pool), "cifar" (3x3
+            stride-1 conv, no max-pool) or "auto" ("cifar" when both spatial sides are
+            at most 64).
+        padding: "torch" or "same", as `ShuffleNetV2`'s.
         shuffle: "manual" (ChannelShuffle with 2 groups) or "auto" (RelaxedShuffle)
             (default "auto").
         penalty: lambda of the relaxed shuffles' l1-2 penalty (default 1e-3).
@@ -260,6 +271,7 @@ def AutoShuffleNetV2(
             learned shuffle from the first step (the layers start hardened; e.g. the
             permutations of an earlier, hardened net: "search, then retrain"). Needs
             shuffle="auto"; one entry per shuffle layer.
+        features_only: return the feature pyramid instead, as `ShuffleNetV2`'s.
 
     Returns:
         A `keras.Model`.
