@@ -155,21 +155,16 @@ def _layout(model, width):
     stem = "imagenet" if architecture.IMAGENET_STEM[-1] in names else "cifar"
     # "torch" padding puts a ZeroPadding2D before every stride-2 layer; "same" none.
     torch_pad = architecture.unit_layer(2, 1, architecture.pad_name("dwconv"))
-    ends = [
-        architecture.unit_layer(stage, units, architecture.unit_parts("v2", units)[-1])
-        for stage, units in described.stages()
-    ]
     channels = (
         model.get_layer(architecture.STEM_CONV).filters,
-        *(model.get_layer(name).output.shape[-1] for name in ends),
+        *(model.get_layer(name).output.shape[-1] for name in described.stage_ends()),
         model.get_layer(architecture.HEAD_CONV).filters,
     )
-    repeats = tuple(units for _, units in described.stages())
     return dict(
         stem=stem,
         padding="torch" if torch_pad in names else "same",
         channels=None if channels == architecture.V2_CONFIGS.get(width) else channels,
-        repeats=None if repeats == architecture.REPEATS else repeats,
+        repeats=None if described.repeats == architecture.REPEATS else described.repeats,
     )
 
 
