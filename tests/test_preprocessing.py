@@ -101,9 +101,7 @@ def test_the_converter_and_the_old_spellings_are_one_transform():
     images = _images(300, 398, batch=1)
     converter = ShuffleNetImageConverter(image_size=(224, 224), resize_size=232)
     expected = keras.ops.convert_to_numpy(converter(images))
-    with pytest.deprecated_call(match="ShuffleNetImageConverter"):
-        deprecated = CHECKPOINTS[1.5].preprocessing()
-    for preprocess in (imagenet_preprocessing(1.5), evaluation_preprocessing(224, 232), deprecated):
+    for preprocess in (imagenet_preprocessing(1.5), evaluation_preprocessing(224, 232)):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(preprocess(images)), expected)
 
 
