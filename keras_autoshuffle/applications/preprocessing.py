@@ -25,7 +25,7 @@ from keras_autoshuffle._resize_crop import (
     tf_check_sides,
     tf_resize_center_crop,
 )
-from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD
+from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD, width_name
 from keras_autoshuffle.applications.weights.registry import CHECKPOINTS
 
 
@@ -334,10 +334,14 @@ def evaluation_preprocessing(
     """
     image_size, resize_size = evaluation_sizes(image_size, resize_size)
     layers = evaluation_layers(image_size, resize_size, data_format=data_format)
+    return _sequential(layers, f"evaluation_preprocessing_{image_size}")
+
+
+def _sequential(layers, name):
+    """`layers` as a `keras.Sequential` called `name`, built for batches of any shape."""
     # Built now, for any batch: Keras builds a Sequential without an input on its first
     # call, for that call's shape, and kept it even when that call failed.
-    inputs = keras.Input(shape=(None, None, None))
-    model = keras.Sequential([inputs, *layers], name=f"evaluation_preprocessing_{image_size}")
+    model = keras.Sequential([keras.Input(shape=(None, None, None)), *layers], name=name)
     # A wrong rank is refused by Keras before the call ("expected ndim=4"); a loaded copy
     # lacks this spec and is refused by its input layer instead, also unchanged.
     model.input_spec = keras.InputSpec(ndim=4, name="images")
@@ -345,7 +349,7 @@ def evaluation_preprocessing(
 
 
 def imagenet_preprocessing(width: float = 1.0, data_format: str | None = None) -> keras.Sequential:
-    """`evaluation_preprocessing` at the sizes of the ImageNet weights of
+    """`evaluation_preprocessing` at the sizes and normalisation of the ImageNet weights of
     `ShuffleNetV2(width)` (`CHECKPOINTS[width]`: 256 or 232, then 224); the same transform
     as its preset's `hub.ShuffleNetImageConverter`.
 
@@ -354,10 +358,15 @@ def imagenet_preprocessing(width: float = 1.0, data_format: str | None = None) -
         data_format: "channels_last" or "channels_first" (default: Keras's).
 
     Returns:
-        A `keras.Sequential`, as `evaluation_preprocessing`'s.
+        A `keras.Sequential`, as `evaluation_preprocessing`'s, named after the checkpoint
+            (`shufflenet_v2_x1_0_preprocessing`).
     """
     entry = CHECKPOINTS[_validation.choice(width, tuple(CHECKPOINTS), "width")]
-    return evaluation_preprocessing(entry.crop_size, entry.resize_size, data_format)
+    # The entry's mean and std, as its preset's converter; named after the checkpoint
+    # (two widths' transforms in one model need two names).
+    scale, offset = scale_offset(entry.mean, entry.std)
+    layers = evaluation_layers(entry.crop_size, entry.resize_size, scale, offset, data_format)
+    return _sequential(layers, f"shufflenet_v2_{width_name(entry.width)}_preprocessing")
 
 
 def preprocess_input(x: Any, data_format: str | None = None) -> Any:
