@@ -218,6 +218,7 @@ def test_a_file_failing_its_check_is_removed_with_the_stale_ones(tmp_path):
 # 9. Unknown spatial sizes: the default feature extractor.
 
 
+@pytest.mark.slow  # a tiny net of unknown side to ONNX (twice) and LiteRT: 17 s of CPU
 @pytest.mark.tensorflow_only(reason="LiteRT export; Keras's ONNX exporter (tf2onnx)")
 def test_the_default_feature_extractor_exports(tmp_path):
     # The builder's default input is of unknown side; the files are written from a tiny
