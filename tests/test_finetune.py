@@ -1,20 +1,17 @@
 """`finetune()` and `autoshuffle-finetune` end to end on a folder of real image files.
 
-One run with every export is shared by the tests of what it writes (MediaPipe Tasks' own
-`ImageClassifier` runs its `.tflite` files too); the resume test kills a run of the command
-with SIGKILL mid-training (a real kill, in a child process) and checks the rerun ends with
-the weights of an uninterrupted run.
+One run with every export is shared by the tests of what it writes; the resume test kills
+a run of the command with SIGKILL mid-training (a real kill, in a child process) and checks
+the rerun ends with the weights of an uninterrupted run.
 """
 
 import importlib.util
-import io
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
-import zipfile
 
 import keras
 import numpy as np
@@ -27,10 +24,8 @@ from test_pretrained_weights import server as server  # noqa: F401
 
 from keras_autoshuffle import export, prediction
 from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, ShuffleNetV2
-from keras_autoshuffle.applications.preprocessing import ResizeCenterCrop
 from keras_autoshuffle.commands import finetune as finetune_command
 from keras_autoshuffle.export import metadata as litert_metadata
-from keras_autoshuffle.export import open_runner
 from keras_autoshuffle.finetuning import finetune, network, run_folder
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 
@@ -468,105 +463,3 @@ def test_without_the_litert_extra_the_summary_and_report_name_what_was_not_writt
     report = (output / "report.md").read_text(encoding="utf-8")
     assert "Not written: model.tflite (" in report and "keras-autoshuffle\\[litert\\]" in report
     assert "model.tflite" in json.loads((output / "report.json").read_text())["not_exported"]
-
-
-# MediaPipe Tasks' own `ImageClassifier` runs the shared run's `.tflite` files (float and
-# int8) as they are, and names the classes `autoshuffle-predict` names on the same images.
-needs_mediapipe = pytest.mark.skipif(
-    importlib.util.find_spec("mediapipe") is None, reason="needs mediapipe (the test extra)"
-)
-# A top-1 decided by less than this (a score difference) is a near tie: the uint8 rounding of
-# the crop MediaPipe is given moves scores by up to 9e-4 (float) and 3 output steps of 1/256
-# (int8) on a tiny net, and a net trained with other rounding (another CPU) by other amounts.
-NEAR_TIE = 0.05
-
-
-def _mediapipe_names(path, pictures):
-    """MediaPipe Tasks' ImageClassifier on `pictures`, given the file alone: the top-1 class
-    names, and each picture's {name: score}."""
-    from mediapipe import Image as MediaPipeImage
-    from mediapipe import ImageFormat
-    from mediapipe.tasks.python import BaseOptions, vision
-
-    options = vision.ImageClassifierOptions(base_options=BaseOptions(model_asset_path=str(path)))
-    with vision.ImageClassifier.create_from_options(options) as classifier:
-        results = [
-            classifier.classify(MediaPipeImage(image_format=ImageFormat.SRGB, data=picture))
-            .classifications[0]
-            .categories
-            for picture in pictures
-        ]
-    return [r[0].category_name for r in results], [
-        {c.category_name: c.score for c in r} for r in results
-    ]
-
-
-def _margins(probabilities):
-    top_two = np.sort(probabilities, axis=-1)[:, -2:]
-    return top_two[:, 1] - top_two[:, 0]
-
-
-@needs_mediapipe
-def test_mediapipe_names_the_classes_predict_names(run, images):
-    """MediaPipe computes what the file computes: on the same pixels (predict's resize of the
-    shorter side and centre crop, as uint8 at the input size, where MediaPipe resizes
-    nothing) its scores are the file's own (float: 1e-5; int8: one output step). On the
-    image files, its top-1 names are predict's wherever predict's top-1 is not a near tie,
-    for both files, and agree with the Keras model's as often as the report says (near ties
-    excused). MediaPipe resizes a whole image (or a region) with its own resampling: on the
-    files themselves it may differ from predict on near ties."""
-    output, report = run
-    paths = sorted((images / "val").rglob("*.*"))
-    pictures = [np.asarray(Image.open(p).convert("RGB")) for p in paths]
-    resize = prediction.read_preprocessing(output / "preprocessing.json")["resize_size"]
-    crop = ResizeCenterCrop(resize, SIDE)  # the pictures' sizes differ: one at a time
-    crops = np.stack([np.asarray(crop(p[None].astype("float32")))[0] for p in pictures])
-    crops = np.clip(np.round(crops), 0, 255).astype("uint8")
-    keras_classifier = prediction.Classifier.from_file(output / "model.keras")
-    keras_probabilities = keras_classifier.predict(pictures)
-    keras_names = np.array(keras_classifier.labels)[keras_probabilities.argmax(-1)]
-    assert len(set(keras_names)) == len(CLASSES), keras_names  # a net that tells them apart
-    for name, atol in (("model.tflite", 1e-5), ("model_int8.tflite", 1 / 256 + 1e-6)):
-        assert litert_metadata.read_litert_metadata(output / name)["mean"] == [0.0]
-        runner = open_runner(output / name)
-        named, scores = _mediapipe_names(output / name, crops)
-        named = np.array(named)
-        mediapipe = np.array([[score[label] for label in runner.labels] for score in scores])
-        expected = runner.run(crops.astype("float32") / 255)
-        np.testing.assert_allclose(mediapipe, expected, atol=atol, err_msg=name)
-        classifier = prediction.Classifier.from_file(output / name)
-        probabilities = classifier.predict(pictures)
-        clear = _margins(probabilities) > NEAR_TIE
-        assert clear.mean() >= 0.5, (name, _margins(probabilities))
-        names = np.array(classifier.labels)[probabilities.argmax(-1)]
-        assert (named[clear] == names[clear]).all(), (name, named, names)
-        key = "int8" if "int8" in name else "litert"
-        near_ties = np.mean(_margins(keras_probabilities) <= NEAR_TIE)
-        agreement = np.mean(named == keras_names)
-        assert agreement >= report["files"][key]["top1_agreement"] - near_ties, (name, agreement)
-
-
-@needs_mediapipe
-def test_a_file_whose_metadata_names_another_class_count_is_refused(run, tmp_path):
-    """A `.tflite` whose label file names another count of classes than its outputs: a
-    clear error naming the file and the field from predict (`export.runner`); the file is
-    left as it was."""
-    output, _ = run
-    folder = tmp_path / "tampered"
-    folder.mkdir()
-    for name in ("labels.txt", "preprocessing.json", "model.tflite"):
-        shutil.copy(output / name, folder / name)
-    path = folder / "model.tflite"
-    content = path.read_bytes()
-    start = content.rfind(b"PK\x03\x04")  # the label file's zip, after the model
-    archive = io.BytesIO()
-    with zipfile.ZipFile(archive, "w") as labels:
-        labels.writestr(litert_metadata.LABEL_FILE, "a\nb\n")
-    tampered = content[:start] + archive.getvalue()
-    path.write_bytes(tampered)
-    message = r"model\.tflite: its metadata's field `labels` names 2 classes but the file has 3"
-    with pytest.raises(ValueError, match=message):
-        prediction.Classifier.from_file(path)
-    assert path.read_bytes() == tampered and sorted(os.listdir(folder)) == sorted(
-        ["labels.txt", "preprocessing.json", "model.tflite"]
-    )
