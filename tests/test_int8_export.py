@@ -161,7 +161,7 @@ def test_the_drop_is_counted_in_images_so_a_drop_equal_to_the_bound_passes(expor
     # 5 of 500 images lost (the transfer study's seed 1: 0.818 against 0.828) is 1.0 point,
     # not the 1.0000000000000009 of 100 * (0.828 - 0.818) that a bound of 1.0 refused.
     results, images = exported[0], np.concatenate([exported[1]] * 2)[:500]
-    predicted = np.argmax(export.litert_predict(results["int8"]["path"], images), axis=-1)
+    predicted = np.argmax(export.open_runner(results["int8"]["path"]).run(images), axis=-1)
     wrong = (predicted + 1) % 10
     labels = np.where(np.arange(500) < 409, predicted, wrong)  # the int8 file: 409 right
     float_classes = np.where(np.arange(500) < 414, labels, (labels + 1) % 10)  # float: 414
@@ -359,7 +359,7 @@ def test_int8_onnx_is_integer_and_its_report_matches_onnx_runtime(exported):
     entry = results["onnx_int8"]
     path = entry["path"]
     assert path.endswith("model_int8.onnx") and os.path.isfile(path)
-    classes = np.argmax(onnx_runtimes.onnx_outputs(path, images), axis=-1)
+    classes = np.argmax(export.open_runner(path).run(images), axis=-1)
     # 0.953 on the 2-core AMD EPYC (AVX2, no VNNI), with 7-bit weights (`reduce_range`).
     _entry_matches(entry, classes, float_classes, labels, min_agreement=0.9)
     assert entry["float_bytes"] == os.path.getsize(results["onnx"]["path"])
@@ -383,7 +383,7 @@ def test_int8_openvino_is_integer_and_its_report_matches_openvino(exported):
     entry = results["openvino_int8"]
     xml = os.path.join(entry["path"], onnx_runtimes.OPENVINO_XML)
     assert os.path.isfile(xml)
-    classes = np.argmax(onnx_runtimes.openvino_outputs(entry["path"], images), axis=-1)
+    classes = np.argmax(export.open_runner(entry["path"]).run(images), axis=-1)
     # 0.897 on the 2-core AMD EPYC (AVX2, no VNNI) with NNCF's overflow fix in every
     # layer (0.775 with its default, the first layer only).
     _entry_matches(entry, classes, float_classes, labels, min_agreement=0.85)

@@ -16,7 +16,7 @@ from keras_autoshuffle._atomic import write_atomically
 from keras_autoshuffle.export.files import INT8_FILES
 from keras_autoshuffle.export.int8 import write_checked
 from keras_autoshuffle.export.onnx_graph import drop_unread_dequantize
-from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML, onnx_outputs, openvino_outputs
+from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML
 
 ONNX_INT8_FILENAME = INT8_FILES["onnx_int8"][1]
 OPENVINO_INT8_DIRNAME = INT8_FILES["openvino_int8"][1]
@@ -302,7 +302,6 @@ def export_openvino_int8(
 
 
 _WRITERS = {"onnx_int8": export_onnx_int8, "openvino_int8": export_openvino_int8}
-_PREDICTORS = {"onnx_int8": onnx_outputs, "openvino_int8": openvino_outputs}
 
 
 def export_int8_file_checked(
@@ -355,7 +354,6 @@ def export_int8_file_checked(
             weight_bits=weight_bits,
             calibration_method=calibration_method,
         ),
-        _PREDICTORS[key],
         path,
         float_path,
         test,

@@ -15,7 +15,6 @@ from keras_autoshuffle.export import (
     files,
     int8,
     int8_runtimes,
-    litert,
     onnx_runtimes,
     runner,
 )
@@ -353,7 +352,7 @@ def _write_int8(model, reference, output_dir, results, int8_formats, int8_data, 
     `int8_options`) and calibrated and tested on `int8_data` against `reference`: {int8
     key: its entry}."""
     calibration, test, max_accuracy_drop = int8_data
-    float_outputs = litert.keras_predict(reference, test[0])
+    float_outputs = reference.predict(test[0], batch_size=runner.CHUNK, verbose=0)
     written = {}
     for key, (fmt, filename) in files.INT8_FILES.items():
         if fmt not in int8_formats:
