@@ -215,6 +215,37 @@ def untrained():
     return tiny_v2(classes=10)
 
 
+@pytest.mark.slow
+def test_the_litert_files_are_written_from_one_rewritten_graph(untrained, tmp_path, monkeypatch):
+    """The float and the int8 LiteRT file of one export come from one `one_conv_per_slice`
+    copy: each sliced conv is rewritten once, not once per file."""
+    from keras_autoshuffle.export import litert_graph
+
+    folded = folding.fold_model(untrained)
+    pieces, piece = [], litert_graph._piece
+
+    def counted(chain, x, start, stop):
+        pieces.append((chain[0].name, start, stop))
+        return piece(chain, x, start, stop)
+
+    monkeypatch.setattr(litert_graph, "_piece", counted)
+    litert_graph.one_conv_per_slice(folded)
+    once, pieces[:] = len(pieces), []
+    assert once > 0
+    images = _images(32)
+    export.export_model(
+        folded,
+        str(tmp_path),
+        images[:2],
+        formats=("litert",),
+        quantize="int8",
+        representative_data=images[:16],
+        test_data=(images, np.zeros(len(images), "int64")),
+        max_accuracy_drop=100.0,
+    )
+    assert len(pieces) == once
+
+
 def test_a_float_export_removes_an_earlier_int8_file(exported, untrained, tmp_path):
     # The old int8 file does not match the new float model beside it.
     shutil.copy(exported[0]["int8"]["path"], tmp_path / "model_int8.tflite")

@@ -9,6 +9,7 @@ exports holding their own preprocessing).
 """
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -127,6 +128,27 @@ def outputs(model, images, preprocess=None):
     evaluation transform as Keras layers) if given, then the Keras model."""
     batches = [image[None] if preprocess is None else preprocess(image[None]) for image in images]
     return np.concatenate([keras.ops.convert_to_numpy(model(b, training=False)) for b in batches])
+
+
+@pytest.mark.parametrize("name", ["model.keras", "model.tflite"])
+def test_the_runner_feeds_a_large_batch_in_chunks(exported, monkeypatch, name):
+    """A batch of more than `runner.CHUNK` inputs reaches the runtime CHUNK at a time
+    (bounded memory: the int8 check runs a whole test set), with the whole's outputs."""
+    from keras_autoshuffle.export import runner as runner_module
+
+    folder, _, model = exported
+    monkeypatch.setattr(runner_module, "CHUNK", 2)
+    runner = runner_module.open_runner(folder / name)
+    seen = []
+
+    def spy(batch):
+        seen.append(len(batch))
+        return runner._run(batch)
+
+    batch = np.random.default_rng(0).normal(size=(5, 16, 16, 3)).astype("float32")
+    result = dataclasses.replace(runner, _run=spy).run(batch)
+    np.testing.assert_allclose(result, outputs(model, batch), atol=1e-5)
+    assert seen == [2, 2, 1]
 
 
 def keras_probabilities(model, images):
