@@ -677,6 +677,11 @@ NAMES = json.dumps(list(LABELS))
     "props, field",
     [
         ({"labels": '"abc"', "image_mean": "[0.0]", "image_std": "[255.0]"}, "`labels`"),
+        # One rule for class names: an escape sequence (it would clear the terminal).
+        (
+            {"labels": '["cat", "dog\\u001b[2J", "bird"]', "image_mean": "[0]", "image_std": "[1]"},
+            r"`labels`.*control character",
+        ),
         ({"labels": NAMES, "image_mean": "[0.0]", "image_std": "[0.0]"}, "std"),
         (
             {"labels": NAMES, "image_mean": "[0, 1]", "image_std": "[1, 1]"},
@@ -691,6 +696,7 @@ def test_tampered_metadata_values_are_refused_by_field(exported, tmp_path, props
     import onnx
 
     model = copy_export(exported[0], tmp_path / "copy", names=("model.onnx",)) / "model.onnx"
+    (model.parent / "labels.txt").unlink()  # the file's metadata alone names the classes
     proto = onnx.load(model)
     onnx.helper.set_model_props(proto, props)
     onnx.save(proto, model)

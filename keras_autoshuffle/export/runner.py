@@ -24,6 +24,7 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
+from keras_autoshuffle._class_names import class_name_problem
 from keras_autoshuffle._validation import one_line
 from keras_autoshuffle.export import metadata as metadata_lib
 from keras_autoshuffle.export.checks import EXTRAS
@@ -245,15 +246,18 @@ def open_runner(
 def _checked_metadata(described, model_path):
     """`(labels, mean, std)` of a file's metadata (each None where absent), as tuples; a
     ValueError naming the file and the field for values a tampered file may hold (a string
-    of labels, a std of 0 or of another count than the mean: NaN or wrong predictions)."""
+    of labels, a name with a control character, a std of 0 or of another count than the
+    mean: NaN or wrong predictions)."""
     labels, mean, std = (described.get(key) for key in ("labels", "mean", "std"))
-    if labels is not None and (
-        not isinstance(labels, list) or not all(isinstance(name, str) for name in labels)
-    ):
-        raise ValueError(
-            f"{model_path}: its metadata's field `labels` must be a list of class names. "
-            f"Received: labels={labels!r:.100}"
-        )
+    if labels is not None:  # the one rule for a class name (`_class_names`)
+        wrong = not isinstance(labels, list) or not all(isinstance(n, str) for n in labels)
+        problem = None if wrong else next(filter(None, map(class_name_problem, labels)), None)
+        if wrong or problem:
+            raise ValueError(
+                f"{model_path}: its metadata's field `labels` must be a list of class names"
+                + (f": a name {problem}" if problem else "")
+                + f". Received: labels={labels!r:.100}"
+            )
     if mean is None and std is None:
         return None if labels is None else tuple(labels), None, None
     try:
