@@ -24,13 +24,9 @@ from keras_autoshuffle.export.runner import open_runner
 MIN_CALIBRATION_IMAGES = 16
 MAX_SCALE_RATIO = 8.0
 # The default bound on an int8 file's accuracy drop (float minus int8 accuracy on the test
-# images), in percentage points. Measured drops: 0.2-1.0 on the transfer study's five
-# fine-tuned nets (500 validation images; mean 0.56), -0.12-0.26 on the Fashion-MNIST net
-# (10,000 images, 3 runtimes x 5 seeds). On 500 images at 98.5% agreement the drop's own
-# sampling noise is about 0.55 points (one standard error), so a file losing the mean 0.56
-# measures past 1 point one time in five; past 2, about one time in 200. A file that
-# quantization broke (saturated kernels, inputs of another scale) is refused beyond 2.
-# The argument with its rows: docs/guide/export.md, "How much an int8 file may lose".
+# images), in percentage points: measured drops were 0.2-1.0 points, and a file that
+# quantization broke loses more. The argument with its rows: docs/guide/export.md, "How
+# much an int8 file may lose".
 MAX_ACCURACY_DROP = 2.0
 
 

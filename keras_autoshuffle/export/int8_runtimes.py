@@ -29,26 +29,16 @@ ONNX_QUANT_FORMAT = "QDQ"
 ONNX_ACTIVATION_TYPE = "QUInt8"
 
 # The weights' bits: 7 (the default) runs right on every x86 CPU; 8 only where the CPU
-# that runs the file has VNNI (AVX-512 VNNI, AVX-VNNI, AMX). Without VNNI, the u8 x s8
-# kernels of AVX2 and AVX-512 add pairs of products into 16-bit sums, which 8-bit weights
-# can saturate ("Reduce-range will quantize the weights to 7-bits. It is designed for the
-# U8S8 format on AVX2 and AVX512 (non-VNNI) machines to mitigate saturation issues. This is
-# not needed on machines supporting VNNI": ONNX Runtime's quantization guide, FAQ;
-# OpenVINO's "Saturation (overflow) issue workaround" says the same of its CPU plugin).
-# A file is checked on the CPU that writes it, so an 8-bit file that passes there can
-# still lose accuracy on a CPU without VNNI: it is the user's choice, never automatic.
-# Measured (Lab notes: inference, "int8 accuracy levers"): OpenVINO's 8-bit file of the
-# Fashion-MNIST net run with oneDNN capped at AVX2 agreed with float on about 1.2 points
-# fewer test images than on the VNNI kernels that checked it; the 7-bit file the same.
+# that runs the file has VNNI: without it, int8 kernels sum pairs of u8 x s8 products in
+# 16 bits, which 8-bit weights saturate, and the check on the writing CPU cannot see it
+# (docs/guide/export.md, "8-bit weights for CPUs with VNNI").
 WEIGHT_BITS = (7, 8)
 DEFAULT_WEIGHT_BITS = 7
-# How the activations' ranges are chosen from the calibration images. "minmax": ONNX
-# Runtime's MinMax (the extremes over all images), NNCF's default for OpenVINO (the mean
-# over images of each image's extremes); "percentile": ONNX Runtime's Percentile (the
-# 99.999th percentile of |x| over all images), NNCF's MEAN_QUANTILE (the mean over images
-# of each image's 0.01% quantiles). Measured on the Fashion-MNIST net (Lab notes:
-# inference, "int8 accuracy levers"): "percentile" gained nothing in ONNX Runtime and cost
-# OpenVINO 2.4 points of accuracy, so export_model keeps "minmax"; the writers take both.
+# How the activations' ranges are chosen from the calibration images: "minmax" (ONNX
+# Runtime's MinMax, NNCF's default) or "percentile" (ONNX Runtime's Percentile, NNCF's
+# MEAN_QUANTILE). export_model keeps "minmax": "percentile" gained nothing in ONNX Runtime
+# and cost OpenVINO 2.4 points on the Fashion-MNIST net (Lab notes: inference, "int8
+# accuracy levers").
 CALIBRATION_METHODS = ("minmax", "percentile")
 DEFAULT_CALIBRATION_METHOD = "minmax"
 
@@ -214,9 +204,7 @@ def export_onnx_int8(
                 _calibration_reader(name, data),
                 quant_format=getattr(QuantFormat, quant_format),
                 per_channel=True,
-                # 7-bit weights: u8 x s8 products saturate the 16-bit sums of AVX2 kernels
-                # without VNNI (tiny digits net: top-1 agreement 0.76 without, 0.95 with).
-                reduce_range=weight_bits == 7,
+                reduce_range=weight_bits == 7,  # 7-bit weights (`WEIGHT_BITS`)
                 calibrate_method=method,
                 activation_type=getattr(QuantType, activation_type),
                 weight_type=QuantType.QInt8,
@@ -276,9 +264,7 @@ def export_openvino_int8(
     ignored = _check_float_nodes(float_nodes, names, float_path)
     dataset = nncf.Dataset([data[i : i + 1] for i in range(len(data))])
     # 7-bit weights in every layer (NNCF's default: the first only), as ONNX's
-    # `reduce_range`: u8 x s8 products saturate the 16-bit sums of AVX2 kernels without
-    # VNNI; the file may run on such a CPU whatever CPU wrote it. Tiny digits net, AMD
-    # EPYC (AVX2): top-1 agreement with float 0.775 with the default, 0.897 with this.
+    # `reduce_range` (`WEIGHT_BITS`).
     advanced = AdvancedQuantizationParameters(
         overflow_fix=OverflowFix.ENABLE if weight_bits == 7 else OverflowFix.DISABLE,
         **({"activations_range_estimator_params": ranges} if ranges else {}),
