@@ -13,13 +13,9 @@ import os
 import numpy as np
 
 from keras_autoshuffle._atomic import write_atomically
-from keras_autoshuffle.export.files import INT8_FILES
 from keras_autoshuffle.export.int8 import write_checked
 from keras_autoshuffle.export.onnx_graph import drop_unread_dequantize
 from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML
-
-ONNX_INT8_FILENAME = INT8_FILES["onnx_int8"][1]
-OPENVINO_INT8_DIRNAME = INT8_FILES["openvino_int8"][1]
 
 # QDQ with uint8 activations (int8 per-channel weights): on a 2-core AMD EPYC (AVX2, no
 # VNNI), ONNX Runtime 1.32, ShuffleNet v2 1.0x at 224, batch 1, 2 threads, 5 interleaved

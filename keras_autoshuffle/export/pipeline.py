@@ -234,7 +234,8 @@ def _check_args(model, formats, allow_relaxed, quantize, representative_data, te
     formats = checks.check_formats(formats)
     if len(set(formats)) != len(formats):
         raise ValueError(f"`formats` must not repeat a format. Received: formats={formats}")
-    checks.check_model_formats(model, formats)
+    for name in formats:  # relaxed shuffles of forward="hard" in SavedModel or OpenVINO
+        files.check_no_hard_forward(model, name)
     unsupported = checks.unsupported_formats(formats, checks.compute_dtypes(model))
     if unsupported:
         raise ValueError(
