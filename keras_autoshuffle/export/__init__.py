@@ -18,11 +18,10 @@ test data, within `max_accuracy_drop` points (`export_int8`, `int8_runtimes`).
 - what is checked before anything is written (`checks.py`);
 - each format's writer and reader (`files.py`);
 - the one place that runs an exported file in any runtime, with its input description,
-  class names and size (`runner.py`: `open_runner`);
-- the LiteRT interpreter (`litert.py`); the files' metadata,
-  the class names and the input's normalisation, that MediaPipe Tasks reads in a `.tflite`
-  file, in ONNX `metadata_props` and OpenVINO `rt_info` (`metadata.py`: `describe_*`,
-  `read_*_metadata`);
+  class names and size (`runner.py`: `open_runner`; `litert_interpreter`);
+- the files' metadata, the class names and the input's normalisation, that MediaPipe Tasks
+  reads in a `.tflite` file, in ONNX `metadata_props` and OpenVINO `rt_info` (`metadata.py`:
+  `describe_*`, `read_*_metadata`);
 - the int8 LiteRT file and the int8 check (`int8.py`); the int8 ONNX and OpenVINO files
   (`int8_runtimes.py`);
 - ONNX and OpenVINO files, loaded in ONNX Runtime and OpenVINO (`onnx_runtimes.py`), written
@@ -59,7 +58,6 @@ from keras_autoshuffle.export.int8 import (
     int8_check,
 )
 from keras_autoshuffle.export.int8_runtimes import export_onnx_int8, export_openvino_int8
-from keras_autoshuffle.export.litert import litert_interpreter
 from keras_autoshuffle.export.metadata import (
     describe_litert,
     describe_onnx,
@@ -83,7 +81,12 @@ from keras_autoshuffle.export.pipeline import (
     QUANTIZE,
     export_model,
 )
-from keras_autoshuffle.export.runner import InputDescription, Runner, open_runner
+from keras_autoshuffle.export.runner import (
+    InputDescription,
+    Runner,
+    litert_interpreter,
+    open_runner,
+)
 
 __all__ = [
     "DEFAULT_FORMATS",

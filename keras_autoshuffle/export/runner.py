@@ -19,23 +19,27 @@ the file.
 import dataclasses
 import os
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike, DTypeLike
 
 from keras_autoshuffle._class_names import class_name_problem
+from keras_autoshuffle._startup import quiet_runtime
 from keras_autoshuffle._validation import one_line
 from keras_autoshuffle.export import metadata as metadata_lib
 from keras_autoshuffle.export.checks import EXTRAS
 from keras_autoshuffle.export.files import keras_outputs, size_bytes
-from keras_autoshuffle.export.litert import litert_interpreter
 from keras_autoshuffle.export.onnx_runtimes import (
     OPENVINO_PRECISION,
     OPENVINO_XML,
     onnx_session,
     openvino_model,
 )
+
+if TYPE_CHECKING:
+    from ai_edge_litert.interpreter import Interpreter
 
 # Formats by file suffix; a folder is an OpenVINO IR folder (holding model.xml).
 SUFFIXES = {".keras": "keras", ".tflite": "litert", ".onnx": "onnx", ".xml": "openvino"}
@@ -134,6 +138,27 @@ class Runner:
                 f"{_reason(error)}): a damaged file, or not an export of this package. "
                 "Export it again."
             ) from None
+
+
+def litert_interpreter(
+    path: str | os.PathLike,
+    batch: int = 1,
+    num_threads: int | None = None,
+    shape: Sequence[int] | None = None,
+) -> "Interpreter":
+    """A LiteRT interpreter (ai-edge-litert, XNNPACK delegate) resized to `batch`, or to
+    the whole input `shape` (batch first): a file of a model with unknown spatial sizes
+    (`input_shape=(None, None, 3)`) holds 1 x 1 placeholders for them."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    with quiet_runtime():  # its "Created TensorFlow Lite XNNPACK delegate" line
+        interpreter = Interpreter(model_path=path, num_threads=num_threads)
+        detail = interpreter.get_input_details()[0]
+        wanted = [batch, *detail["shape"][1:]] if shape is None else list(shape)
+        if [int(v) for v in detail["shape"]] != [int(v) for v in wanted]:
+            interpreter.resize_tensor_input(detail["index"], wanted)
+        interpreter.allocate_tensors()
+    return interpreter
 
 
 def cast_inputs(inputs: ArrayLike, dtype: DTypeLike) -> np.ndarray:
