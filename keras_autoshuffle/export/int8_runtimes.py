@@ -300,28 +300,23 @@ def export_int8_file_checked(
 ) -> dict:
     """The int8 ONNX or OpenVINO file quantized from `float_path`, kept only when its
     runtime's accuracy on the test images is within `max_accuracy_drop` of the float
-    model's.
-
-    OpenVINO runs the file with f32 inference precision for the parts left in float,
-    whatever the CPU (its default is bf16 on some).
+    model's (`int8.write_checked`; OpenVINO runs it with f32 inference precision for the
+    parts left in float, whatever the CPU: its default is bf16 on some).
 
     Args:
         key: "onnx_int8" (`export_onnx_int8`) or "openvino_int8" (`export_openvino_int8`).
         float_path: the float ONNX file or OpenVINO IR folder.
         path: the int8 file (ONNX) or folder (OpenVINO) to write.
         calibration: float32 calibration inputs.
-        test: (images, labels): float32 test inputs and their integer labels.
-        float_outputs: the float model's outputs on the test images.
-        max_accuracy_drop: the most the int8 accuracy may be below the float model's, in
-            percentage points.
-        float_nodes: nodes left in float (the writers' `float_nodes`).
-        weight_bits: 7 or 8 (the writers' `weight_bits`).
-        calibration_method: "minmax" or "percentile" (the writers' `calibration_method`).
+        test: as `int8.write_checked`'s.
+        float_outputs: as `int8.write_checked`'s.
+        max_accuracy_drop: as `int8.write_checked`'s.
+        float_nodes: the writers' (`export_onnx_int8`, `export_openvino_int8`).
+        weight_bits: the writers'.
+        calibration_method: the writers'.
 
     Returns:
-        The check's entry: accuracy, float_accuracy, accuracy_drop, top1_agreement,
-            max_accuracy_drop, test_examples, bytes, float_bytes, size_ratio,
-            calibration_examples, path.
+        The check's entry (`int8.write_checked`'s, and `calibration_examples`).
 
     Raises:
         Int8CheckError: a drop beyond `max_accuracy_drop` (nothing left at `path`).
