@@ -242,9 +242,9 @@ def raw_input_model(
     1920 x 1080 and 0.9 s for 4000 x 3000 on one thread of a shared x86 server core.
 
     Formats (`raw_input_formats()`): `.keras`, SavedModel, LiteRT (`export.export_litert`;
-    run it with `export.litert_interpreter(path, shape=(1, height, width, 3))` and uint8
-    pixels), ONNX and OpenVINO (`export.export_onnx`, `export.export_openvino`, through
-    Keras's exporters), each with the sides unknown. Not int8: see `raw_input_formats`.
+    run it with `export.open_runner(path).run` on uint8 pixels), ONNX and OpenVINO
+    (`export.export_onnx`, `export.export_openvino`, through Keras's exporters), each with
+    the sides unknown. Not int8: see `raw_input_formats`.
 
     Args:
         classifier: a Keras model taking (batch, image_size, image_size, 3) normalised
@@ -265,8 +265,7 @@ def raw_input_model(
     Example:
         >>> model = raw_input_model(folded, 224)
         >>> export.export_litert(model, "model.tflite")
-        >>> interpreter = export.litert_interpreter("model.tflite", shape=(1, 480, 640, 3))
-        >>> export.litert_run(interpreter, pixels[None])  # pixels: uint8 (480, 640, 3)
+        >>> export.open_runner("model.tflite").run(pixels[None])  # pixels: uint8 (480, 640, 3)
     """
     image_size, resize_size = evaluation_sizes(image_size, resize_size)
     _check_classifier(classifier, image_size)
