@@ -214,19 +214,19 @@ def _runtime_call(task, model, path, threads, calibration=None):
             export.export_int8(model, path, calibration)
         else:
             export.export_litert(model, path)
-        size = os.path.getsize(path)
-        interpreter = export.litert_interpreter(path, 1, threads)
-        return lambda x: export.litert_run(interpreter, x), size
+        runner = export.open_runner(path, threads)
+        return runner.run, runner.size_bytes
     if task == "ort_infer":
         if model is not None:
             export.export_onnx(model, path)
-        session = export.onnx_session(path, threads)
-        return lambda x: export.onnx_run(session, x), os.path.getsize(path)
+        runner = export.open_runner(path, threads)
+        return runner.run, runner.size_bytes
     if model is not None:
         export.export_openvino(model, path)
+    # OpenVINO itself also for torchvision's `.onnx` file (open_runner would use ONNX Runtime).
     compiled = export.openvino_model(path, threads, precision=export.OPENVINO_PRECISION)
     size = sum(e.stat().st_size for e in os.scandir(path)) if os.path.isdir(path) else 0
-    return lambda x: export.openvino_run(compiled, x), size
+    return lambda x: compiled(x)[compiled.outputs[0]], size
 
 
 _SUFFIX = {"litert_infer": ".tflite", "ort_infer": ".onnx", "openvino_infer": ""}

@@ -151,8 +151,8 @@ def measure(runtime, setting, files, folded, calibration, test, float_outputs):
 _CAPPED_RUN = """
 import sys
 import numpy as np
-from keras_autoshuffle.export.onnx_runtimes import openvino_outputs
-np.save(sys.argv[3], np.argmax(openvino_outputs(sys.argv[1], np.load(sys.argv[2])), -1))
+from keras_autoshuffle.export import open_runner
+np.save(sys.argv[3], np.argmax(open_runner(sys.argv[1]).run(np.load(sys.argv[2])), -1))
 """
 
 

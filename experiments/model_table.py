@@ -27,7 +27,7 @@ the parameter count, the multiply-adds (`count_macs`), the float times (`litert_
 not installed) and `int8_calibration_images`, the machine, its load average at the start
 and the end, and the library versions.
 
-`render` makes the markdown table from the weights registry (`applications.list_weights()`:
+`render` makes the markdown table from the weights registry (`applications.CHECKPOINTS`:
 names, parameters, multiply-adds, torchvision's accuracies, not measured here) and the rows'
 times and file sizes, refusing a row whose counts differ from its entry's; its caption
 names the machine, the threads and the versions, while the run's facts (date, load averages,
@@ -250,10 +250,10 @@ def measure(widths, threads, repeats, note, processes=3):
 
 
 def _entries():
-    """The registry's entries (`applications.list_weights()`), by width."""
-    from keras_autoshuffle import applications
+    """The registry's entries (`applications.CHECKPOINTS`), by width."""
+    from keras_autoshuffle.applications import CHECKPOINTS
 
-    return [applications.get_weights(name) for name in applications.list_weights()]
+    return [CHECKPOINTS[width] for width in sorted(CHECKPOINTS)]
 
 
 def _int8_table(entries, by_width, prefixes):
@@ -389,7 +389,7 @@ def render(rows, accuracy=None):
         lines.append("")
         lines.append(
             "Parameters, multiply-adds and top-1/top-5: the weights registry "
-            "(`applications.get_weights(name)`); top-1/top-5 are torchvision's ImageNet-1K "
+            "(`applications.CHECKPOINTS`); top-1/top-5 are torchvision's ImageNet-1K "
             "report for its weights, not measured here. "
             f"Latency: the folded float32 net at {SIDE}x{SIDE}, batch 1, {threads} threads, "
             f"median ms (LiteRT with XNNPACK"

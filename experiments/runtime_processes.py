@@ -191,9 +191,9 @@ def write_files(directory, torchvision_dir, runtime="onnxruntime"):
     models = benchmark.build_variants("v2_1.0", spec, 224, 1000, variants, None, torchvision)
     nhwc = torchvision[2].transpose(0, 2, 3, 1).copy()
     writers = {
-        "onnxruntime": (export.export_onnx, export.onnx_outputs, ".onnx"),
-        "openvino": (openvino_xml, export.openvino_outputs, ""),
-        "litert": (export.export_litert, export.litert_outputs, ".tflite"),
+        "onnxruntime": (export.export_onnx, _runner_outputs, ".onnx"),
+        "openvino": (openvino_xml, _openvino_outputs, ""),
+        "litert": (export.export_litert, _runner_outputs, ".tflite"),
     }
     jobs = [(name, model, runtime) for name, model in models.items()]
     if runtime == "litert":  # the control, in ONNX Runtime beside LiteRT
@@ -212,6 +212,20 @@ def write_files(directory, torchvision_dir, runtime="onnxruntime"):
     if not diff <= benchmark.OUTPUT_TOLERANCE:
         raise SystemExit(f"error: torchvision's file in {engine} differs from torch by {diff:.3e}")
     return files
+
+
+def _runner_outputs(path, inputs):
+    from keras_autoshuffle import export
+
+    return export.open_runner(path).run(inputs)
+
+
+def _openvino_outputs(path, inputs):
+    """OpenVINO's outputs of the file at `path`, also of torchvision's `.onnx` file."""
+    from keras_autoshuffle import export
+
+    compiled = export.openvino_model(path, batch=len(inputs))
+    return compiled(inputs)[compiled.outputs[0]]
 
 
 def openvino_xml(model, folder):

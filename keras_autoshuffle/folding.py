@@ -19,10 +19,6 @@ moves data through a GATHER:
 
 The folded model is for inference: BatchNormalization keeps its (permuted) statistics
 and is not fused, so it stays trainable as a Keras model but has no shuffles to learn.
-
-Over 400 lines on purpose: the v1 and v2 rewrites share the walk over the architecture's
-units, the weight permutations and the rebuild; split apart, each half would need the
-other's internals.
 """
 
 from typing import Any
@@ -117,10 +113,12 @@ def _apply_tail(model, x, after):
     return x
 
 
-def _stem(model, x):
-    names = {layer.name for layer in model.layers}
-    for name in arch.IMAGENET_STEM:
-        if name in names:
+def _copy_present(model, names, x):
+    """`x` through copies of the layers of `names` that the model has (the ImageNet stem's
+    and the paddings may be absent: `arch.PADS`)."""
+    present = {layer.name for layer in model.layers}
+    for name in names:
+        if name in present:
             x = copy_layer(model.get_layer(name), x)
     return x
 
@@ -130,27 +128,26 @@ def _unit(model, stage, unit):
     return lambda part: model.get_layer(arch.unit_layer(stage, unit, part))
 
 
-def _copy_padding(model, stage, unit, part, x):
-    """Copies the ZeroPadding2D `part` of a unit when the model has it (see `arch.PADS`)."""
-    name = arch.unit_layer(stage, unit, part)
-    if name in {layer.name for layer in model.layers}:
-        return copy_layer(model.get_layer(name), x)
-    return x
-
-
 # ---------------------------------------------------------------- ShuffleNet v1
 
 
-def _block_route(counts):
-    """The canonical permutation with block counts `counts` (sources ordered by target)."""
+def _block_ranges(counts):
+    """The canonical permutation with block counts `counts` (sources ordered by target) as
+    the `(start, stop)` source ranges it reads, in output order."""
     groups = counts.shape[0]
     size = counts[:, 0].sum()
-    perm = []
+    ranges = []
     for b in range(groups):
         for a in range(groups):
-            start = a * size + counts[a, :b].sum()
-            perm.extend(range(start, start + counts[a, b]))
-    return np.asarray(perm, dtype=np.int64)
+            start = int(a * size + counts[a, :b].sum())
+            if counts[a, b]:
+                ranges.append((start, start + int(counts[a, b])))
+    return ranges
+
+
+def _block_route(counts):
+    """The canonical permutation with block counts `counts`."""
+    return np.concatenate([np.arange(*r) for r in _block_ranges(counts)]).astype(np.int64)
 
 
 def decompose(perm: ArrayLike, canonical: ArrayLike, groups: int) -> tuple[np.ndarray, np.ndarray]:
@@ -190,13 +187,12 @@ def _fold_v1_unit(model, stage, unit, x, route_manual):
         if arch.unit_layer(stage, unit, arch.SHUFFLE) in names
         else np.arange(channels)
     )
-    groups = conv2.groups
-    if conv1.groups == 1 or groups == 1:
-        # A dense conv on either side absorbs the whole permutation.
-        if conv1.groups == 1:
-            sigma, tau, route = perm, np.arange(channels), None
-        else:
-            sigma, tau, route = np.arange(channels), perm, None
+    groups, route = conv2.groups, None
+    # A dense conv on either side absorbs the whole permutation.
+    if conv1.groups == 1:
+        sigma, tau = perm, np.arange(channels)
+    elif groups == 1:
+        sigma, tau = np.arange(channels), perm
     else:
         counts = permutations.block_counts(perm, groups)
         manual = permutations.group_shuffle_permutation(channels, groups)
@@ -217,7 +213,7 @@ def _fold_v1_unit(model, stage, unit, x, route_manual):
     # After the canonical shuffle, channel j feeds what tau^-1 sends it to.
     inverse = permutations.invert_permutation(tau)
     dw = dwconv.get_weights()
-    x = _copy_padding(model, stage, unit, arch.pad_name("dwconv"), x)
+    x = _copy_present(model, [arch.unit_layer(stage, unit, arch.pad_name("dwconv"))], x)
     x = copy_layer(dwconv, x, [np.take(dw[0], inverse, axis=2), *_take(dw[1:], inverse)])
     x = copy_layer(dwbn, x, _take(dwbn.get_weights(), inverse))
     kernel = conv2.get_weights()[0]
@@ -237,17 +233,9 @@ def _fold_v1_unit(model, stage, unit, x, route_manual):
 
 def _route_slices(x, counts, prefix):
     """`_block_route(counts)` as one concat of contiguous slices (no GATHER)."""
-    groups = counts.shape[0]
-    size = counts[:, 0].sum()
-    pieces = []
-    for b in range(groups):
-        for a in range(groups):
-            if counts[a, b]:
-                start = int(a * size + counts[a, :b].sum())
-                pieces.append((start, start + int(counts[a, b])))
-    merged = [list(pieces[0])]
-    for start, stop in pieces[1:]:
-        if start == merged[-1][1]:
+    merged = []
+    for start, stop in _block_ranges(counts):
+        if merged and start == merged[-1][1]:
             merged[-1][1] = stop
         else:
             merged.append([start, stop])
@@ -261,7 +249,7 @@ def _route_slices(x, counts, prefix):
 def _fold_v1(model, architecture, inputs, route_manual=True, ends=None):
     """The folded v1; `ends`, when a list, receives `(tensor, None)` for the stem and each
     stage's end (their channels keep the model's order: v1 folds inside each unit)."""
-    x = _stem(model, inputs)
+    x = _copy_present(model, arch.IMAGENET_STEM, inputs)
     ends = [] if ends is None else ends
     ends.append((x, None))
     last = None
@@ -272,7 +260,8 @@ def _fold_v1(model, architecture, inputs, route_manual=True, ends=None):
             branch = _fold_v1_unit(model, stage, unit, x, route_manual)
             if unit == 1:
                 branch = copy_layer(get("relu2"), branch)
-                shortcut = _copy_padding(model, stage, unit, arch.pad_name("pool"), shortcut)
+                pad = arch.unit_layer(stage, unit, arch.pad_name("pool"))
+                shortcut = _copy_present(model, [pad], shortcut)
                 x = copy_layer(get("concat"), [copy_layer(get("pool"), shortcut), branch])
                 last = get("concat").name
             else:
@@ -390,7 +379,7 @@ def _v2_left(get, x, rows, columns):
 def _fold_v2(model, architecture, inputs, ends=None):
     """The folded v2; `ends`, when a list, receives `(tensor, rows)` for the stem and each
     stage's end: physical channel k of the tensor is the model's channel `rows[k]`."""
-    x = _stem(model, inputs)
+    x = _copy_present(model, arch.IMAGENET_STEM, inputs)
     rows = np.arange(x.shape[-1])
     ends = [] if ends is None else ends
     ends.append((x, rows))

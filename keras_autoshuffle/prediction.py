@@ -1,20 +1,11 @@
-"""Classifying images with a trained classifier of any exported format.
-
-`Classifier.from_file` loads what `autoshuffle-finetune` writes into its output folder: a
-model (`model.keras`, `model.tflite`, `model_int8.tflite`, `model.onnx` or the `openvino/`
-IR folder), run by `export.runner`, with the class names and normalisation its metadata
-holds or those of an older run's side files (`labels.txt`, `preprocessing.json`:
-`side_files`); or a keras-hub preset folder. `Classifier.imagenet` is torchvision's
-pretrained ShuffleNetV2 with ImageNet's class names. `predict_files` classifies image
-files and folders; the command `autoshuffle-predict` prints what it returns.
+"""Classifying images with a trained classifier of any exported format: `Classifier`
+(`from_file`: an exported file, a `.keras` file or a keras-hub preset folder, each read as
+untrusted; `imagenet`: torchvision's pretrained ShuffleNetV2), and `predict_files` on
+image files and folders, whose results `autoshuffle-predict` prints.
 
     classifier = Classifier.from_file("runs/pets/model.tflite")
     for result in predict_files(classifier, ["photos/"], k=3):
         print(result["path"], result["top"][0]["label"])
-
-Every file is read as untrusted: `.keras` files load with `safe_mode=True`, the side files
-are read up to a bound, side files that disagree with the file's metadata are refused, and
-a model whose outputs are not probabilities of its labels' count is refused by name.
 """
 
 import os

@@ -65,7 +65,7 @@ def test_round_trips_with_parity(tmp_path):
     identity.set_weights(model.get_weights())
     interpreter = export.litert_interpreter(result["litert"]["path"])
     assert "GATHER" in {op["op_name"] for op in interpreter._get_ops_details()}
-    litert = export.litert_outputs(result["litert"]["path"], inputs)
+    litert = export.open_runner(result["litert"]["path"]).run(inputs)
     assert np.max(np.abs(litert - export.keras_outputs(identity, inputs))) > 1e-3
 
 

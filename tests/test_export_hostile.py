@@ -153,7 +153,7 @@ def test_openvino_computes_a_gather_read_by_two_convs(tmp_path):
     x = _images()
     path = export.export_openvino(model, str(tmp_path / "openvino"))
     expected = keras.ops.convert_to_numpy(model(x))
-    np.testing.assert_allclose(export.openvino_outputs(path, x), expected, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(export.open_runner(path).run(x), expected, atol=1e-5, rtol=0)
 
 
 @needs_openvino
@@ -218,6 +218,7 @@ def test_a_file_failing_its_check_is_removed_with_the_stale_ones(tmp_path):
 # 9. Unknown spatial sizes: the default feature extractor.
 
 
+@pytest.mark.slow  # a tiny net of unknown side to ONNX (twice) and LiteRT: 17 s of CPU
 @pytest.mark.tensorflow_only(reason="LiteRT export; Keras's ONNX exporter (tf2onnx)")
 def test_the_default_feature_extractor_exports(tmp_path):
     # The builder's default input is of unknown side; the files are written from a tiny
@@ -234,14 +235,14 @@ def test_the_default_feature_extractor_exports(tmp_path):
         path = export.export_onnx(fresh, str(tmp_path / "fresh.onnx"))
         y = _images(1, 40)
         np.testing.assert_allclose(
-            export.onnx_outputs(path, y), keras.ops.convert_to_numpy(fresh(y)), atol=1e-4
+            export.open_runner(path).run(y), keras.ops.convert_to_numpy(fresh(y)), atol=1e-4
         )
     result = export.export_model(model, str(tmp_path / "out"), _images(2, 32), formats=formats)
     assert all(entry["max_abs_diff"] <= 1e-4 for entry in result.values())
     # Another side than the parity check's, through the same file.
     y = _images(1, 48)
     np.testing.assert_allclose(
-        export.litert_outputs(result["litert"]["path"], y),
+        export.open_runner(result["litert"]["path"]).run(y),
         keras.ops.convert_to_numpy(model(y)),
         atol=1e-4,
     )

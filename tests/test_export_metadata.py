@@ -51,7 +51,7 @@ def exported(tmp_path_factory):
     folder = tmp_path_factory.mktemp("export")
     path = export.export_model(model, folder, held_out[:8] / 255, formats=("litert",))
     path = path["litert"]["path"]
-    return model, path, held_out, export.litert_outputs(path, held_out / np.float32(255))
+    return model, path, held_out, export.open_runner(path).run(held_out / np.float32(255))
 
 
 @needs_mediapipe
@@ -62,7 +62,7 @@ def test_float_file_carries_labels_and_normalization(exported):
     metadata.describe_litert(path, LABELS)
     assert metadata.read_litert_metadata(path) == {"labels": LABELS, "mean": [0.0], "std": [255.0]}
     # The interpreter ignores the metadata: the file computes what it did.
-    np.testing.assert_array_equal(export.litert_outputs(path, images / np.float32(255)), before)
+    np.testing.assert_array_equal(export.open_runner(path).run(images / np.float32(255)), before)
     # Described again: replaced, not added.
     size = os.path.getsize(path)
     metadata.describe_litert(path, LABELS[::-1], mean=[127.5], std=[127.5])
@@ -108,12 +108,12 @@ def small_file(tmp_path):
 def test_describing_keeps_a_file_holding_a_zip_end_marker_whole(small_file):
     # "PK\x05\x06" (a zip's end record) in the file's last 64 KB, as weights may hold it.
     images = np.random.default_rng(0).random((2, 4, 4, 3), dtype="float32")
-    before = export.litert_outputs(small_file, images)
+    before = export.open_runner(small_file).run(images)
     marker = "PK\x05\x06" + "\x00" * 18
     metadata.describe_litert(small_file, ["a", "b"], description=marker)
     metadata.describe_litert(small_file, ["a", "b"], description=marker)
     assert metadata.read_litert_metadata(small_file)["labels"] == ["a", "b"]
-    np.testing.assert_array_equal(export.litert_outputs(small_file, images), before)
+    np.testing.assert_array_equal(export.open_runner(small_file).run(images), before)
 
 
 @needs_mediapipe
@@ -222,7 +222,7 @@ def test_onnx_and_openvino_files_carry_labels_and_normalization(tmp_path):
     net = tiny_v2(classes=len(LABELS), weights=None)
     written = export.export_model(net, tmp_path, images, formats=("onnx", "openvino"))
     onnx_path, openvino_path = written["onnx"]["path"], written["openvino"]["path"]
-    before = export.onnx_outputs(onnx_path, images), export.openvino_outputs(openvino_path, images)
+    before = [export.open_runner(path).run(images) for path in (onnx_path, openvino_path)]
     cases = (
         (metadata.describe_onnx, metadata.read_onnx_metadata, onnx_path),
         (metadata.describe_openvino, metadata.read_openvino_metadata, openvino_path),
@@ -235,7 +235,7 @@ def test_onnx_and_openvino_files_carry_labels_and_normalization(tmp_path):
         with pytest.raises(ValueError, match=r"each of the 4 outputs.*Received: 5 labels"):
             describe(path, [*LABELS, "four"])
         assert read(path)["labels"] == LABELS
-    after = export.onnx_outputs(onnx_path, images), export.openvino_outputs(openvino_path, images)
+    after = [export.open_runner(path).run(images) for path in (onnx_path, openvino_path)]
     np.testing.assert_array_equal(after[0], before[0])
     np.testing.assert_array_equal(after[1], before[1])
 
@@ -261,4 +261,4 @@ def test_int8_file_behind_the_normalization_keeps_the_inputs_levels(tmp_path):
     path = export.export_int8(model, str(tmp_path / "model_int8.tflite"), pixels[:32])
     expected = model.predict(pixels[32:], verbose=0)
     step = (expected.max() - expected.min()) / 255  # the output's quantization step
-    assert np.abs(export.litert_outputs(path, pixels[32:]) - expected).max() <= 2 * step
+    assert np.abs(export.open_runner(path).run(pixels[32:]) - expected).max() <= 2 * step

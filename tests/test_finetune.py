@@ -1,7 +1,7 @@
 """`finetune()` and `autoshuffle-finetune` end to end on a folder of real image files.
 
-One run with every export is shared by the tests of what it writes; the resume test kills a
-run of the command with SIGKILL mid-training (a real kill, in a child process) and checks
+One run with every export is shared by the tests of what it writes; the resume test kills
+a run of the command with SIGKILL mid-training (a real kill, in a child process) and checks
 the rerun ends with the weights of an uninterrupted run.
 """
 
@@ -252,8 +252,9 @@ def test_a_weights_file_of_another_width_is_refused_naming_it(run, images, tmp_p
 def test_imagenet_weights_through_the_download_code(images, tmp_path, server, monkeypatch):
     """`weights="imagenet"` downloads torchvision's file from a server on 127.0.0.1 (the
     x0.5 test checkpoint); the head phase leaves the base exactly the checkpoint's, the
-    whole-net phase leaves its BatchNormalization statistics so (frozen). The run's
-    exports hold their preprocessing (`test_raw_input_exports_...` checks them)."""
+    whole-net phase leaves its BatchNormalization statistics so (frozen). No exports:
+    they do not depend on the weights (a 0.5x LiteRT file with its preprocessing took a
+    third of this test; `test_raw_input_exports_...` writes one of the tiny net)."""
     register(monkeypatch)
     server.serve(CHECKPOINT)
     report = finetune(
@@ -262,13 +263,9 @@ def test_imagenet_weights_through_the_download_code(images, tmp_path, server, mo
         weights="imagenet",
         head_epochs=1,
         epochs=1,
-        # LiteRT alone: the ONNX and OpenVINO files of `raw_input_model` are
-        # test_raw_inputs.py's (a 0.5x ONNX export here took 32 s).
-        export_formats=("litert",),
-        include_preprocessing=True,
+        export_formats=(),
         **TINY,
     )
-    check_raw_input_exports(tmp_path / "out", report, images)
     assert report["settings"]["base_weights"] == "imagenet" and server.requests
     pretrained = ShuffleNetV2(
         0.5, include_top=False, weights="imagenet", input_shape=(SIDE, SIDE, 3), stem="imagenet"
@@ -289,6 +286,18 @@ def test_imagenet_weights_through_the_download_code(images, tmp_path, server, mo
         pretrained.get_layer("stem_conv").kernel.numpy(),
         final.get_layer("stem_conv").kernel.numpy(),
     ), "the whole-net phase trained the convolutions"
+
+
+@pytest.mark.usefixtures("tiny_networks")
+def test_raw_input_exports_hold_their_preprocessing(run, images, tmp_path):
+    """`include_preprocessing` on the shared run's trained net: a rerun of its finished
+    phase goes straight to the exports (LiteRT alone: the ONNX and OpenVINO files of
+    `raw_input_model` are test_raw_inputs.py's)."""
+    output = tmp_path / "out"
+    output.mkdir()
+    copy_trained(run[0], output)
+    options = dict(RUN_ARGUMENTS, export_formats=("litert",), include_preprocessing=True)
+    check_raw_input_exports(output, finetune(images, output, **options), images)
 
 
 def check_raw_input_exports(output, report, images):

@@ -7,7 +7,8 @@ from helpers import tiny_v2
 from experiments import folded_files
 from keras_autoshuffle import export, folding
 
-pytestmark = pytest.mark.tensorflow_only
+# Two LiteRT conversions: 14 s of CPU, the last file of the run without the mark (conftest.py).
+pytestmark = [pytest.mark.tensorflow_only, pytest.mark.slow]
 
 
 def test_the_slices_file_is_not_the_one_conv_per_slice_file(tmp_path):

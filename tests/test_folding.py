@@ -157,7 +157,7 @@ def test_folded_litert_has_no_gather_and_matches(tmp_path):
     assert "GATHER" not in ops
     assert "CONCATENATION" in ops
     assert "STRIDED_SLICE" not in ops  # one conv per slice (`export.litert_graph`)
-    litert = export.litert_outputs(result["litert"]["path"], x)
+    litert = export.open_runner(result["litert"]["path"]).run(x)
     np.testing.assert_allclose(litert, export.keras_outputs(model, x), atol=1e-4)
 
 

@@ -23,8 +23,7 @@ from keras_autoshuffle._files import sha256_of
 from keras_autoshuffle.applications.weights import registry
 from keras_autoshuffle.data import load_fashion_mnist
 from keras_autoshuffle.data.sources import DataMissingError
-from keras_autoshuffle.export import export_litert
-from keras_autoshuffle.export.litert import litert_interpreter
+from keras_autoshuffle.export import export_litert, litert_interpreter
 from keras_autoshuffle.folding import count_gathers, fold_pyramid
 from keras_autoshuffle.hub import ShuffleNetBackbone
 from keras_autoshuffle.hub.tasks import deeplab_segmenter, retinanet_detector

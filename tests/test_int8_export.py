@@ -95,15 +95,25 @@ def _everything_printed():
 
 @pytest.fixture(scope="module")
 def export_and_screen(tmp_path_factory):
-    """`exported`, and what the export printed, run as `autoshuffle-finetune --verbose 0`
-    runs it (OpenVINO's converter reads sys.argv)."""
+    """`exported`, what the export printed, run as `autoshuffle-finetune --verbose 0` runs
+    it (OpenVINO's converter reads sys.argv), and the pieces `litert_graph` made (conv,
+    start, stop)."""
+    from keras_autoshuffle.export import litert_graph
+
     train, test = data.digits(seed=0, augment=False)
     model = folding.fold_model(_trained_model(train))
     float_classes = np.argmax(model.predict(test.images, verbose=0), axis=-1)
+    pieces, piece = [], litert_graph._piece
+
+    def counted(chain, x, start, stop):
+        pieces.append((chain[0].name, start, stop))
+        return piece(chain, x, start, stop)
+
     argv = sys.argv
     sys.argv = ["autoshuffle-finetune", "photos", "--output", "run", "--verbose", "0"]
     try:
-        with _everything_printed() as printed:
+        with _everything_printed() as printed, pytest.MonkeyPatch.context() as patch:
+            patch.setattr(litert_graph, "_piece", counted)
             results = export.export_model(
                 model,
                 str(tmp_path_factory.mktemp("int8")),
@@ -118,7 +128,7 @@ def export_and_screen(tmp_path_factory):
             )
     finally:
         sys.argv = argv
-    return (results, test.images, test.labels, float_classes), printed[0]
+    return (results, test.images, test.labels, float_classes), printed[0], pieces
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +146,7 @@ CHATTER = re.compile(
 
 
 def test_the_export_prints_none_of_the_runtimes_chatter(export_and_screen):
-    (results, *_), printed = export_and_screen
+    (results, *_), printed, _ = export_and_screen
     assert {"int8", "onnx_int8", "openvino_int8"} & set(results)  # the runtimes did run
     assert not CHATTER.findall(printed), printed[-3000:]
 
@@ -161,7 +171,7 @@ def test_the_drop_is_counted_in_images_so_a_drop_equal_to_the_bound_passes(expor
     # 5 of 500 images lost (the transfer study's seed 1: 0.818 against 0.828) is 1.0 point,
     # not the 1.0000000000000009 of 100 * (0.828 - 0.818) that a bound of 1.0 refused.
     results, images = exported[0], np.concatenate([exported[1]] * 2)[:500]
-    predicted = np.argmax(export.litert_predict(results["int8"]["path"], images), axis=-1)
+    predicted = np.argmax(export.open_runner(results["int8"]["path"]).run(images), axis=-1)
     wrong = (predicted + 1) % 10
     labels = np.where(np.arange(500) < 409, predicted, wrong)  # the int8 file: 409 right
     float_classes = np.where(np.arange(500) < 414, labels, (labels + 1) % 10)  # float: 414
@@ -213,6 +223,13 @@ def test_int8_file_is_quantized_with_float_inputs_and_outputs(exported):
 def untrained():
     keras.utils.set_random_seed(4)
     return tiny_v2(classes=10)
+
+
+def test_the_litert_files_are_written_from_one_rewritten_graph(export_and_screen):
+    """The float and the int8 LiteRT file of one export come from one `one_conv_per_slice`
+    copy: each sliced conv's piece is made once, not once per file."""
+    pieces = export_and_screen[2]
+    assert pieces and len(set(pieces)) == len(pieces), pieces
 
 
 def test_a_float_export_removes_an_earlier_int8_file(exported, untrained, tmp_path):
@@ -359,7 +376,7 @@ def test_int8_onnx_is_integer_and_its_report_matches_onnx_runtime(exported):
     entry = results["onnx_int8"]
     path = entry["path"]
     assert path.endswith("model_int8.onnx") and os.path.isfile(path)
-    classes = np.argmax(onnx_runtimes.onnx_outputs(path, images), axis=-1)
+    classes = np.argmax(export.open_runner(path).run(images), axis=-1)
     # 0.953 on the 2-core AMD EPYC (AVX2, no VNNI), with 7-bit weights (`reduce_range`).
     _entry_matches(entry, classes, float_classes, labels, min_agreement=0.9)
     assert entry["float_bytes"] == os.path.getsize(results["onnx"]["path"])
@@ -383,7 +400,7 @@ def test_int8_openvino_is_integer_and_its_report_matches_openvino(exported):
     entry = results["openvino_int8"]
     xml = os.path.join(entry["path"], onnx_runtimes.OPENVINO_XML)
     assert os.path.isfile(xml)
-    classes = np.argmax(onnx_runtimes.openvino_outputs(entry["path"], images), axis=-1)
+    classes = np.argmax(export.open_runner(entry["path"]).run(images), axis=-1)
     # 0.897 on the 2-core AMD EPYC (AVX2, no VNNI) with NNCF's overflow fix in every
     # layer (0.775 with its default, the first layer only).
     _entry_matches(entry, classes, float_classes, labels, min_agreement=0.85)

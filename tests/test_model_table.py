@@ -7,7 +7,6 @@ import pathlib
 import pytest
 
 from experiments import model_table
-from keras_autoshuffle import applications
 from keras_autoshuffle.applications import CHECKPOINTS
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -25,9 +24,9 @@ def test_guide_table_is_rendered_from_the_registry():
     argv = ["render", "--json", str(ROOT / model_table.ROWS), "--guide", guide, "--check"]
     assert model_table.main(argv) == 0
     table = model_table.render_weights()
-    # One line per registry entry, in list_weights() order.
+    # One line per registry entry, by width.
     names = [line.split("`")[1] for line in table.splitlines()[2:]]
-    assert names == applications.list_weights()
+    assert names == [CHECKPOINTS[width].name for width in sorted(CHECKPOINTS)]
     assert "| `shufflenet_v2_x1_0.imagenet` | `shufflenetv2_x1-5666bf0f80.pth` | 8.8 MiB " in table
     assert "| 2,278,604 | 145M | 69.362 / 88.316 | 256 / 224 | all 64 digits |" in table
 
@@ -36,7 +35,7 @@ def test_readme_lines_are_the_registry_entries():
     rows = json.loads((ROOT / model_table.ROWS).read_text())
     lines = model_table.render(rows).splitlines()[2:6]
     names = [line.split("`")[3] for line in lines]
-    assert names == applications.list_weights()
+    assert names == [CHECKPOINTS[width].name for width in sorted(CHECKPOINTS)]
     # A row whose counts differ from its entry's is refused (one number per claim).
     wrong = [{**rows[0], "parameters": rows[0]["parameters"] + 1}]
     with pytest.raises(ValueError, match="the registry's shufflenet_v2_x0_5.imagenet holds"):
@@ -152,7 +151,7 @@ def test_int8_table_from_the_rows(tmp_path):
     assert lines[0] == "| int8 model |" + "".join(f" {h} ms | {h} MB |" for h in headers)
     assert lines[1] == "|---|" + "---|---|" * 3
     # One line per registry entry, the measured width's numbers from its row.
-    assert len(lines) == 2 + len(applications.list_weights())
+    assert len(lines) == 2 + len(CHECKPOINTS)
     expected = "| `ShuffleNetV2(1.0)` | " + " | ".join(_int8_cells(INT8_ROW, prefixes)) + " |"
     assert expected in lines
     assert "| `ShuffleNetV2(0.5)` | " + " | ".join(["-"] * 6) + " |" in lines

@@ -111,10 +111,10 @@ def test_export_model_writes_and_checks_onnx_and_openvino(nets, tmp_path):
     y = _images(64, batch=1)
     expected = export.keras_outputs(reference, y)
     np.testing.assert_allclose(
-        export.onnx_outputs(str(tmp_path / "model.onnx"), y), expected, atol=1e-4
+        export.open_runner(str(tmp_path / "model.onnx")).run(y), expected, atol=1e-4
     )
     np.testing.assert_allclose(
-        export.openvino_outputs(str(tmp_path / "openvino"), y), expected, atol=1e-4
+        export.open_runner(str(tmp_path / "openvino")).run(y), expected, atol=1e-4
     )
 
 
@@ -313,7 +313,7 @@ def test_what_the_nchw_writer_would_get_wrong_goes_through_keras_exporter(tmp_pa
     expected = export.keras_outputs(model, x)
     assert np.max(np.abs(expected)) > 1e-2
     np.testing.assert_allclose(
-        export.onnx_outputs(str(tmp_path / "model.onnx"), x), expected, atol=1e-4
+        export.open_runner(str(tmp_path / "model.onnx")).run(x), expected, atol=1e-4
     )
 
 

@@ -211,7 +211,7 @@ def test_export_onnx_writes_a_folded_v2_without_transposes(tmp_path):
     assert ops["Transpose"] == 0 and ops["Reshape"] == 1, ops
     x = np.random.default_rng(6).normal(size=(2, 32, 32, 3)).astype("float32")
     np.testing.assert_allclose(
-        export.onnx_outputs(path, x), export.keras_outputs(model, x), atol=2e-5, rtol=0
+        export.open_runner(path).run(x), export.keras_outputs(model, x), atol=2e-5, rtol=0
     )
 
 

@@ -9,6 +9,7 @@ exports holding their own preprocessing).
 """
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -127,6 +128,27 @@ def outputs(model, images, preprocess=None):
     evaluation transform as Keras layers) if given, then the Keras model."""
     batches = [image[None] if preprocess is None else preprocess(image[None]) for image in images]
     return np.concatenate([keras.ops.convert_to_numpy(model(b, training=False)) for b in batches])
+
+
+@pytest.mark.parametrize("name", ["model.keras", "model.tflite"])
+def test_the_runner_feeds_a_large_batch_in_chunks(exported, monkeypatch, name):
+    """A batch of more than `runner.CHUNK` inputs reaches the runtime CHUNK at a time
+    (bounded memory: the int8 check runs a whole test set), with the whole's outputs."""
+    from keras_autoshuffle.export import runner as runner_module
+
+    folder, _, model = exported
+    monkeypatch.setattr(runner_module, "CHUNK", 2)
+    runner = runner_module.open_runner(folder / name)
+    seen = []
+
+    def spy(batch):
+        seen.append(len(batch))
+        return runner._run(batch)
+
+    batch = np.random.default_rng(0).normal(size=(5, 16, 16, 3)).astype("float32")
+    result = dataclasses.replace(runner, _run=spy).run(batch)
+    np.testing.assert_allclose(result, outputs(model, batch), atol=1e-5)
+    assert seen == [2, 2, 1]
 
 
 def keras_probabilities(model, images):
@@ -655,6 +677,11 @@ NAMES = json.dumps(list(LABELS))
     "props, field",
     [
         ({"labels": '"abc"', "image_mean": "[0.0]", "image_std": "[255.0]"}, "`labels`"),
+        # One rule for class names: an escape sequence (it would clear the terminal).
+        (
+            {"labels": '["cat", "dog\\u001b[2J", "bird"]', "image_mean": "[0]", "image_std": "[1]"},
+            r"`labels`.*control character",
+        ),
         ({"labels": NAMES, "image_mean": "[0.0]", "image_std": "[0.0]"}, "std"),
         (
             {"labels": NAMES, "image_mean": "[0, 1]", "image_std": "[1, 1]"},
@@ -669,6 +696,7 @@ def test_tampered_metadata_values_are_refused_by_field(exported, tmp_path, props
     import onnx
 
     model = copy_export(exported[0], tmp_path / "copy", names=("model.onnx",)) / "model.onnx"
+    (model.parent / "labels.txt").unlink()  # the file's metadata alone names the classes
     proto = onnx.load(model)
     onnx.helper.set_model_props(proto, props)
     onnx.save(proto, model)

@@ -8,6 +8,7 @@ triangle filter of PIL's `BILINEAR` resampling, whose weights torchvision's
 `torchvision.transforms.functional.center_crop`'s `int(round((side - crop) / 2.0))`.
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -101,10 +102,24 @@ def test_the_converter_and_the_old_spellings_are_one_transform():
     images = _images(300, 398, batch=1)
     converter = ShuffleNetImageConverter(image_size=(224, 224), resize_size=232)
     expected = keras.ops.convert_to_numpy(converter(images))
-    with pytest.deprecated_call(match="ShuffleNetImageConverter"):
-        deprecated = CHECKPOINTS[1.5].preprocessing()
-    for preprocess in (imagenet_preprocessing(1.5), evaluation_preprocessing(224, 232), deprecated):
+    for preprocess in (imagenet_preprocessing(1.5), evaluation_preprocessing(224, 232)):
         np.testing.assert_array_equal(keras.ops.convert_to_numpy(preprocess(images)), expected)
+
+
+def test_imagenet_preprocessing_is_its_checkpoints_by_name_and_normalisation(monkeypatch):
+    # Both widths' transforms were named "evaluation_preprocessing_224" (the names since
+    # 0.1.0 are the checkpoint's): one model with the two was refused by Keras.
+    inputs = keras.Input((None, None, 3))
+    model = keras.Model(inputs, [imagenet_preprocessing(w)(inputs) for w in (1.0, 1.5)])
+    names = ["shufflenet_v2_x1_0_preprocessing", "shufflenet_v2_x1_5_preprocessing"]
+    assert [layer.name for layer in model.layers[1:]] == names
+    # The entry's mean and std, as its preset's converter (`hub.presets._classifier`).
+    entry = dataclasses.replace(CHECKPOINTS[1.0], mean=(0.5, 0.5, 0.5), std=(0.25, 0.5, 1.0))
+    monkeypatch.setitem(CHECKPOINTS, 1.0, entry)
+    normalize = imagenet_preprocessing(1.0).get_layer("normalize")
+    scale, offset = (np.ravel(v) for v in (normalize.scale, normalize.offset))
+    np.testing.assert_allclose(scale, 1 / (255 * np.array(entry.std)))
+    np.testing.assert_allclose(offset, -np.array(entry.mean) / entry.std)
 
 
 def test_preprocessing_ends_as_preprocess_input():

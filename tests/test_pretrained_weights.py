@@ -245,7 +245,7 @@ def test_a_wrong_hash_caches_nothing(cache, server, monkeypatch):
     for wrong in ("0" * 64, "0123456789"):  # a full hash, a published prefix
         register(monkeypatch, sha256=wrong)
         with pytest.raises(ValueError) as info:
-            pretrained.download_checkpoint(0.5)
+            download.download_checkpoint(0.5)
         message = str(info.value)
         assert f"{server.url}{NAME}" in message and wrong in message
         assert sha256_of(CHECKPOINT) in message and "nothing was cached" in message
@@ -253,7 +253,7 @@ def test_a_wrong_hash_caches_nothing(cache, server, monkeypatch):
     # A damaged file in the cache is replaced by a good download.
     register(monkeypatch)
     (cache / NAME).write_bytes(b"damaged")
-    path = pretrained.download_checkpoint(0.5)
+    path = download.download_checkpoint(0.5)
     assert sha256_of(path) == sha256_of(CHECKPOINT)
     assert sorted(os.listdir(cache)) == [NAME]
 
@@ -276,7 +276,7 @@ def test_the_location_variable_takes_file_urls_and_folders(cache, monkeypatch):
     for base in (f"file://{folder}", f"file://{folder}/", folder):
         monkeypatch.setenv(registry.URL_VARIABLE, base)
         assert registry.CHECKPOINTS[0.5].url == f"file://{folder}/{NAME}"
-    path = pretrained.download_checkpoint(0.5)
+    path = download.download_checkpoint(0.5)
     assert path == str(cache / NAME) and sha256_of(path) == sha256_of(CHECKPOINT)
     monkeypatch.setenv(registry.URL_VARIABLE, "mirror/models")
     with pytest.raises(ValueError, match="KERAS_AUTOSHUFFLE_WEIGHTS_URL='mirror/models'"):
@@ -463,7 +463,7 @@ def test_a_stalled_server_times_out_naming_the_url_and_the_ways_out(cache, monke
     register(monkeypatch)
     server = StallingServer(mode)
     monkeypatch.setenv(registry.URL_VARIABLE, server.url)
-    monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, "1")
+    monkeypatch.setenv(download.TIMEOUT_VARIABLE, "1")
     start = time.monotonic()
     try:
         with pytest.raises(OSError) as info:
@@ -473,20 +473,20 @@ def test_a_stalled_server_times_out_naming_the_url_and_the_ways_out(cache, monke
     assert time.monotonic() - start < 10
     message = str(info.value)
     assert f"{server.url}{NAME}" in message and "stalled" in message
-    assert f"Set {pretrained.TIMEOUT_VARIABLE} to a number of seconds" in message
+    assert f"Set {download.TIMEOUT_VARIABLE} to a number of seconds" in message
     assert registry.URL_VARIABLE in message and str(cache / NAME) in message
     assert os.listdir(cache) == []  # the partial download is removed
 
 
 def test_the_download_timeout_is_a_setting(monkeypatch):
-    monkeypatch.delenv(pretrained.TIMEOUT_VARIABLE, raising=False)
-    assert pretrained.download_timeout() == 60
-    monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, " 2.5 ")
-    assert pretrained.download_timeout() == 2.5
+    monkeypatch.delenv(download.TIMEOUT_VARIABLE, raising=False)
+    assert download.download_timeout() == 60
+    monkeypatch.setenv(download.TIMEOUT_VARIABLE, " 2.5 ")
+    assert download.download_timeout() == 2.5
     for bad in ("0", "-1", "nan", "inf", "soon"):
-        monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, bad)
-        with pytest.raises(ValueError, match=f"Received: {pretrained.TIMEOUT_VARIABLE}='{bad}'"):
-            pretrained.download_timeout()
+        monkeypatch.setenv(download.TIMEOUT_VARIABLE, bad)
+        with pytest.raises(ValueError, match=f"Received: {download.TIMEOUT_VARIABLE}='{bad}'"):
+            download.download_timeout()
 
 
 def test_mirror_urls_keep_their_query_string(cache, server, monkeypatch):
@@ -509,7 +509,7 @@ def test_mirror_urls_keep_their_query_string(cache, server, monkeypatch):
     register(monkeypatch)
     server.serve(CHECKPOINT)
     monkeypatch.setenv(registry.URL_VARIABLE, server.url + "?token=abc")
-    path = pretrained.download_checkpoint(0.5)
+    path = download.download_checkpoint(0.5)
     assert server.requests == [f"/models/{NAME}?token=abc"]
     assert sha256_of(path) == sha256_of(CHECKPOINT)
 
@@ -519,7 +519,7 @@ def test_a_mirror_folder_entry_that_is_not_a_file_is_refused(cache, monkeypatch,
     os.mkfifo(tmp_path / NAME)  # opening it to read would wait for a writer for ever
     monkeypatch.setenv(registry.URL_VARIABLE, str(tmp_path))
     with pytest.raises(OSError, match="is not a regular file"):
-        pretrained.download_checkpoint(0.5)
+        download.download_checkpoint(0.5)
 
 
 def test_a_wrong_hash_file_in_the_cache_is_named_when_offline(cache, server, monkeypatch):
@@ -528,7 +528,7 @@ def test_a_wrong_hash_file_in_the_cache_is_named_when_offline(cache, server, mon
     cache.mkdir(parents=True)
     (cache / NAME).write_bytes(b"tampered")
     with pytest.raises(OSError) as info:
-        pretrained.download_checkpoint(0.5)
+        download.download_checkpoint(0.5)
     message = str(info.value)
     assert f"The file already at {cache / NAME} failed its hash check" in message
     assert sha256_of(cache / NAME) in message and "replace it" in message
@@ -577,7 +577,7 @@ def test_a_folder_where_the_checkpoint_is_cached_is_named(cache, server, monkeyp
     server.serve(CHECKPOINT)
     (cache / NAME).mkdir(parents=True)
     with pytest.raises(ValueError, match=f"{re.escape(str(cache / NAME))}, where .* delete it"):
-        pretrained.download_checkpoint(0.5)
+        download.download_checkpoint(0.5)
     assert server.requests == []  # refused before downloading
 
 
@@ -587,7 +587,7 @@ def test_a_server_sending_too_much_is_cut_off(cache, server, monkeypatch):
     monkeypatch.setattr(download, "MAX_DOWNLOAD_BYTES", 100_000)  # the checkpoint has 1.5 MB
     # This server announces its length (Content-Length): refused before any byte is read.
     with pytest.raises(OSError, match=r"announces \d+ bytes \(Content-Length\), more than"):
-        pretrained.download_checkpoint(0.5)
+        download.download_checkpoint(0.5)
     assert os.listdir(cache) == []
 
 
@@ -612,7 +612,7 @@ def test_a_download_cut_short_is_named_as_such(cache, monkeypatch):
     # It was blamed on the mirror ("not torchvision's checkpoint: its SHA-256 is ...").
     register(monkeypatch)
     with raw_server(monkeypatch, _cut_short) as server, pytest.raises(OSError) as info:
-        pretrained.download_checkpoint(0.5)
+        download.download_checkpoint(0.5)
     message = str(info.value)
     assert "the download was cut short: received 1000 of 100000 bytes" in message, message
     assert f"{server.url}{NAME}" in message and "not torchvision's checkpoint" not in message
@@ -623,7 +623,7 @@ def test_a_download_cut_short_is_named_as_such(cache, monkeypatch):
         connection.sendall(head + b"186a0\r\n" + b"x" * 1000)
 
     with raw_server(monkeypatch, chunked), pytest.raises(OSError, match="cut short after"):
-        pretrained.download_checkpoint(0.5)
+        download.download_checkpoint(0.5)
     assert os.listdir(cache) == []
 
 
@@ -639,10 +639,10 @@ def test_a_length_past_the_bound_is_refused_before_downloading(cache, monkeypatc
 
     start = time.monotonic()
     with raw_server(monkeypatch, huge), pytest.raises(OSError) as info:
-        pretrained.download_checkpoint(0.5)
+        download.download_checkpoint(0.5)
     message = str(info.value)
     assert "announces 1000000000000000 bytes (Content-Length), more than the " in message
-    assert f"{pretrained.MAX_DOWNLOAD_BYTES} a checkpoint can have" in message
+    assert f"{download.MAX_DOWNLOAD_BYTES} a checkpoint can have" in message
     assert time.monotonic() - start < 10 and os.listdir(cache) == []
 
     def unannounced(connection, stop):  # no length: cut off at the bound while streaming
@@ -652,35 +652,35 @@ def test_a_length_past_the_bound_is_refused_before_downloading(cache, monkeypatc
 
     monkeypatch.setattr(download, "MAX_DOWNLOAD_BYTES", 100_000)
     with raw_server(monkeypatch, unannounced), pytest.raises(OSError, match="more than 100000"):
-        pretrained.download_checkpoint(0.5)
+        download.download_checkpoint(0.5)
     assert os.listdir(cache) == []
 
 
 def test_the_download_timeout_has_a_documented_maximum(monkeypatch):
     # 1e10 gave an OverflowError ("timeout doesn't fit into C timeval") from the socket.
     for bad in ("1e10", "3600.5", "1e400", "-inf", "-0", "0x10", "", "1 000"):
-        monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, bad)
+        monkeypatch.setenv(download.TIMEOUT_VARIABLE, bad)
         if not bad.strip():
-            assert pretrained.download_timeout() == 60  # unset
+            assert download.download_timeout() == 60  # unset
             continue
         with pytest.raises(ValueError) as info:
-            pretrained.download_timeout()
+            download.download_timeout()
         message = str(info.value)
         assert "at most 3600" in message, message
-        assert message.endswith(f"Received: {pretrained.TIMEOUT_VARIABLE}={bad!r}"), message
-    monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, "3600")
-    assert pretrained.download_timeout() == pretrained.MAX_TIMEOUT == 3600
+        assert message.endswith(f"Received: {download.TIMEOUT_VARIABLE}={bad!r}"), message
+    monkeypatch.setenv(download.TIMEOUT_VARIABLE, "3600")
+    assert download.download_timeout() == download.MAX_TIMEOUT == 3600
 
 
 _KILLED_DOWNLOAD = """
 import os, sys
-from keras_autoshuffle.applications.weights import pretrained, registry
+from keras_autoshuffle.applications.weights import download, registry
 import dataclasses
 entry = dataclasses.replace(
     registry.CHECKPOINTS[0.5], file_name=sys.argv[1], sha256="0" * 64, classes=10
 )
 registry.CHECKPOINTS[0.5] = entry
-pretrained.download_checkpoint(0.5)
+download.download_checkpoint(0.5)
 """
 
 
@@ -699,7 +699,7 @@ def test_a_killed_download_leaves_no_partial_file_for_ever(cache, monkeypatch, t
         environment = {
             **os.environ,
             "KERAS_BACKEND": "numpy",  # a faster import; the download code is the same
-            pretrained.TIMEOUT_VARIABLE: "600",
+            download.TIMEOUT_VARIABLE: "600",
             "PYTHONPATH": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
         }
         child = subprocess.Popen(
@@ -733,14 +733,14 @@ def test_a_killed_download_leaves_no_partial_file_for_ever(cache, monkeypatch, t
     old = f".{NAME}.12345.download"
     for name in (live, other_host, old):
         (cache / name).write_bytes(b"x")
-    long_ago = time.time() - 3 * 24 * 3600  # past pretrained.STALE_SECONDS (2 h)
+    long_ago = time.time() - 3 * 24 * 3600  # past download.STALE_SECONDS (2 h)
     os.utime(cache / old, (long_ago, long_ago))
     # A later download (here, good) removes the dead writer's file and the stale one.
     good = LocalServer(tmp_path / "good")
     try:
         good.serve(CHECKPOINT)
         monkeypatch.setenv(registry.URL_VARIABLE, good.url)
-        path = pretrained.download_checkpoint(0.5)
+        path = download.download_checkpoint(0.5)
     finally:
         good.stop()
     assert sha256_of(path) == sha256_of(CHECKPOINT)
@@ -807,7 +807,7 @@ def test_a_server_dribbling_its_headers_times_out(cache, monkeypatch):
     # Each header byte came within the socket's timeout, so urlopen waited for as long as
     # the server dribbled (a slowloris); now the headers have `timeout` seconds in all.
     register(monkeypatch)
-    monkeypatch.setenv(pretrained.TIMEOUT_VARIABLE, "1")
+    monkeypatch.setenv(download.TIMEOUT_VARIABLE, "1")
 
     def dribble(connection, stop):
         connection.sendall(b"HTTP/1.0 200 OK\r\n")
@@ -817,7 +817,7 @@ def test_a_server_dribbling_its_headers_times_out(cache, monkeypatch):
 
     start = time.monotonic()
     with raw_server(monkeypatch, dribble), pytest.raises(OSError) as info:
-        pretrained.download_checkpoint(0.5)
+        download.download_checkpoint(0.5)
     assert time.monotonic() - start < 5
     assert "stalled (the response's headers took more than 1 s)" in str(info.value)
     assert os.listdir(cache) == []

@@ -104,16 +104,16 @@ def test_other_resize_size_and_statistics():
 
 def test_litert_file_takes_any_size(model, tmp_path):
     path = export.export_litert(model, str(tmp_path / "model.tflite"))
+    runner = export.open_runner(path)
+    assert runner.input.dtype == "uint8"
     for height, width in [(48, 48), (150, 100), (1200, 1600)]:
         images = photo(height, width, seed=height)[None]
-        interpreter = export.litert_interpreter(path, shape=images.shape)
-        assert interpreter.get_input_details()[0]["dtype"] == np.uint8
-        outputs = export.litert_run(interpreter, images)
+        outputs = runner.run(images)
         expected = keras.ops.convert_to_numpy(model(images))
         np.testing.assert_allclose(outputs, expected, rtol=0, atol=FILE_TOLERANCE)
     # Normalised floats are not pixels: refused, not wrapped into uint8.
     with pytest.raises(ValueError, match="raw pixels.*Received: inputs from"):
-        export.litert_run(interpreter, images.astype("float32") / 255 - 0.5)
+        runner.run(images.astype("float32") / 255 - 0.5)
     ops = operators(path)
     assert {"WHILE", "GATHER"} <= ops and "CUSTOM" not in ops, ops  # Flex ops are CUSTOM
 
@@ -135,11 +135,9 @@ def operators(path):
 def test_onnx_and_openvino_files_take_any_size(model, tmp_path, fmt):
     assert fmt in RAW_INPUT_FORMATS
     if fmt == "onnx":
-        session = export.onnx_session(export.export_onnx(model, str(tmp_path / "model.onnx")))
-        run = lambda images: export.onnx_run(session, images)  # noqa: E731
+        run = export.open_runner(export.export_onnx(model, str(tmp_path / "model.onnx"))).run
     else:
-        compiled = export.openvino_model(export.export_openvino(model, str(tmp_path / "ov")))
-        run = lambda images: export.openvino_run(compiled, images)  # noqa: E731
+        run = export.open_runner(export.export_openvino(model, str(tmp_path / "ov"))).run
     for height, width in [(48, 48), (150, 100), (1200, 1600)]:
         images = photo(height, width, seed=height)[None]
         expected = keras.ops.convert_to_numpy(model(images))

@@ -23,7 +23,7 @@ MACHINE_PATH = re.compile(
     r"/[^\s\"'`),\]]*"
 )
 # Named on purpose: Keras's own fallback cache (`keras.utils.get_file`'s docs name it so).
-ALLOWED = {("keras_autoshuffle/applications/weights/locations.py", "/tmp/.keras")}
+ALLOWED = {("keras_autoshuffle/applications/weights/registry.py", "/tmp/.keras")}
 # A test line that builds such a path deliberately (a page must not show it) ends with this
 # comment; this file's own examples are exempt as a whole.
 ON_PURPOSE = "# a machine's path, on purpose"

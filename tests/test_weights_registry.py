@@ -1,6 +1,6 @@
-"""The named weights registry (`applications.list_models`, `list_weights`, `get_weights`):
-its names, each entry's data against an independent source (torchvision's published
-metadata, the built model, `count_macs`), and its errors. Loading by name goes through the
+"""The weights registry (`applications.CHECKPOINTS`, `hub.list_presets()`): its names,
+each entry's data against an independent source (torchvision's published metadata, the
+built model, `count_macs`), and its errors. Loading by name goes through the
 download seam of tests/test_pretrained_weights.py (`test_weights_by_name_*`)."""
 
 import json
@@ -30,39 +30,22 @@ TORCHVISION = {
 }
 
 
-def test_names():
-    assert applications.list_weights() == NAMES
-    assert applications.list_weights("ShuffleNetV2") == NAMES
-    assert applications.list_weights("AutoShuffleNetV2") == NAMES  # starts at the manual net
-    assert applications.list_weights("ShuffleNetV1") == []
-    assert applications.list_models() == [
-        "AutoShuffleNetV1",
-        "AutoShuffleNetV2",
-        "ShuffleNetV1",
-        "ShuffleNetV2",
-    ]
-    assert applications.list_models(pretrained=True) == ["AutoShuffleNetV2", "ShuffleNetV2"]
-    # Every listed model is a builder of `applications`.
-    assert all(callable(getattr(applications, name)) for name in applications.list_models())
-    for width, name in zip(sorted(CHECKPOINTS), NAMES, strict=True):
-        entry = applications.get_weights(name)
-        assert entry is CHECKPOINTS[width]
-        assert (entry.name, entry.width, entry.builder) == (name, width, "ShuffleNetV2")
-
-
 def test_one_registry_the_presets_and_names_are_views_of_it():
     from keras_autoshuffle import hub
     from keras_autoshuffle.applications.weights import registry
 
+    assert registry.names() == NAMES
     presets = [name.replace(".", "_") for name in NAMES]
     assert list(hub.list_presets()) == presets
     for width, name, preset in zip(sorted(CHECKPOINTS), NAMES, presets, strict=True):
         entry = CHECKPOINTS[width]
-        assert entry.preset == preset
-        assert applications.get_weights(preset) is applications.get_weights(name) is entry
+        assert (entry.name, entry.preset, entry.width) == (name, preset, width)
+        assert entry.builder == "ShuffleNetV2"
+        assert registry.named(preset) is registry.named(name) is entry
         assert hub.list_presets()[preset]["metadata"]["weights"] == name
         assert registry.is_pretrained(preset) and registry.is_pretrained(name)
-    assert not registry.is_pretrained("shufflenet_v2_x1_0")
+    for other in ("shufflenet_v2_x1_0", 1.0, None, np.array(["imagenet"])):
+        assert registry.named(other) is None and not registry.is_pretrained(other)
 
 
 @pytest.mark.parametrize("width", sorted(TORCHVISION))
@@ -88,7 +71,7 @@ def test_each_entry_is_torchvisions(width):
 
 def test_the_x1_0_file_size_and_hash_are_exact():
     # OpenVINO's model zoo (models/public/shufflenet-v2-x1.0/model.yml).
-    entry = applications.get_weights("shufflenet_v2_x1_0.imagenet")
+    entry = CHECKPOINTS[1.0]
     assert entry.file_size == 9_218_294 and len(entry.sha256) == 64
 
 
@@ -105,13 +88,8 @@ def test_parameters_and_multiply_adds_are_the_built_models(width):
 @pytest.mark.parametrize("width", sorted(CHECKPOINTS))
 def test_preprocessing_is_the_evaluation_transform(width):
     entry = CHECKPOINTS[width]
-    ours, reference = entry.preprocessing(), applications.imagenet_preprocessing(width)
-    assert ours.name == reference.name
-    assert [layer.get_config() for layer in ours.layers] == [
-        layer.get_config() for layer in reference.layers
-    ]
+    ours = applications.imagenet_preprocessing(width)
     images = np.random.default_rng(0).uniform(0, 255, size=(2, 300, 260, 3)).astype("float32")
-    np.testing.assert_array_equal(np.asarray(ours(images)), np.asarray(reference(images)))
     same = applications.evaluation_preprocessing(entry.crop_size, entry.resize_size)
     np.testing.assert_array_equal(np.asarray(ours(images)), np.asarray(same(images)))
 
@@ -124,21 +102,15 @@ def test_class_names_are_decode_predictions_classes(tmp_path, monkeypatch):
         os.path.join(FIXTURES, "imagenet_class_index.json"),
         tmp_path / "models" / "imagenet_class_index.json",
     )
-    names = applications.get_weights("shufflenet_v2_x1_0.imagenet").class_names()
+    names = CHECKPOINTS[1.0].class_names()
     assert len(names) == 1000 and names[:2] == ["tench", "goldfish"]
     preds = np.eye(1000, dtype="float32")[[281]]
     assert applications.decode_predictions(preds, top=1)[0][0][1] == names[281] == "tabby"
 
 
-def test_errors_name_the_value_and_the_valid_names():
+def test_a_name_that_is_no_entry_is_refused_naming_the_entries():
     with pytest.raises(ValueError) as info:
-        applications.get_weights("shufflenet_v2_x1_0")
+        applications.ShuffleNetV2(weights="shufflenet_v2_x1_0")
     message = str(info.value)
     assert all(name in message for name in NAMES)
-    assert message.endswith("Received: name='shufflenet_v2_x1_0'")
-    with pytest.raises(ValueError, match=r"Received: name=1\.0$"):
-        applications.get_weights(1.0)
-    with pytest.raises(ValueError, match=r"'ShuffleNetV2'\].*Received: model='resnet50'$"):
-        applications.list_weights("resnet50")
-    with pytest.raises(ValueError, match=r"Received: pretrained='yes'$"):
-        applications.list_models(pretrained="yes")
+    assert message.endswith("Received: weights='shufflenet_v2_x1_0'")

@@ -21,6 +21,7 @@ from keras_autoshuffle.applications.preprocessing import (
     ResizeCenterCrop,
     evaluation_preprocessing,
     evaluation_sizes,
+    imagenet_preprocessing,
     preprocess_input,
 )
 from keras_autoshuffle.applications.shufflenet_v1 import AutoShuffleNetV1, ShuffleNetV1
@@ -29,10 +30,6 @@ from keras_autoshuffle.applications.weights.registry import (
     CHECKPOINTS,
     Checkpoint,
     decode_predictions,
-    get_weights,
-    imagenet_preprocessing,
-    list_models,
-    list_weights,
 )
 from keras_autoshuffle.applications.weights.torch_checkpoint import (
     CheckpointError,
@@ -63,10 +60,7 @@ __all__ = [
     "describe",
     "evaluation_preprocessing",
     "evaluation_sizes",
-    "get_weights",
     "imagenet_preprocessing",
-    "list_models",
-    "list_weights",
     "load_torchvision_weights",
     "preprocess_input",
     "read_torch_checkpoint",

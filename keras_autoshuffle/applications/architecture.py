@@ -131,6 +131,12 @@ class Architecture:
         """`(stage, units)` pairs, stage 2 first."""
         return list(enumerate(self.repeats, start=2))
 
+    def stage_ends(self) -> list[str]:
+        """The names of the layers that end stages 2, 3, 4, ... (their last units' last)."""
+        return [
+            unit_layer(s, units, unit_parts(self.family, units)[-1]) for s, units in self.stages()
+        ]
+
     def shuffle_position(self, name: str) -> tuple[int, int]:
         """`(stage, unit)` of the shuffle layer called `name`; ValueError otherwise."""
         for stage, units in self.stages():

@@ -175,7 +175,7 @@ def check_shared_arguments(shared):
 
 def _check_weights(weights, padding, stem, shuffle_initializer):
     """`(weights file or None, shuffle_initializer)`: "imagenet" or a registry name
-    (`registry.list_weights()`) needs torchvision's padding and stem and starts learned
+    (`registry.names()`) needs torchvision's padding and stem and starts learned
     shuffles at the manual one; a path must exist."""
     if registry.is_pretrained(weights):
         # torchvision's network: the width, stem and classes are checked by `finish`
@@ -200,7 +200,7 @@ def _check_weights(weights, padding, stem, shuffle_initializer):
         raise ValueError(
             "`weights` must be None (random initialization), 'imagenet' (torchvision's "
             "ImageNet weights, ShuffleNet v2 only), the name of published weights (one of "
-            f"{registry.list_weights()}) or the path to an existing weights file. "
+            f"{registry.names()}) or the path to an existing weights file. "
             f"Received: weights={weights!r}"
         )
     return weights, shuffle_initializer

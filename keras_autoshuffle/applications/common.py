@@ -218,11 +218,7 @@ def pyramid_outputs(model: keras.Model) -> dict:
             "with input sides of 64 or less. Build it with stem='imagenet'. "
             "Received: stem='cifar'"
         )
-    described = arch.describe(model)
-    ends = [arch.STEM_POOL] + [
-        arch.unit_layer(stage, units, arch.unit_parts(described.family, units)[-1])
-        for stage, units in described.stages()
-    ]
+    ends = [arch.STEM_POOL, *arch.describe(model).stage_ends()]
     return {
         level: model.get_layer(name).output
         for level, name in zip(PYRAMID_LEVELS, ends, strict=True)

@@ -25,7 +25,8 @@ from keras_autoshuffle._resize_crop import (
     tf_check_sides,
     tf_resize_center_crop,
 )
-from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD
+from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD, width_name
+from keras_autoshuffle.applications.weights.registry import CHECKPOINTS
 
 
 def _pixels(images, layer):
@@ -196,19 +197,6 @@ class ResizeCenterCrop(keras.layers.Layer):
 MIN_IMAGE_SIZE, MAX_IMAGE_SIZE = 16, 4096
 
 
-def _check_image_size(image_size, name="image_size"):
-    """`image_size` as an int; ValueError naming `name` unless it is an integer in
-    [MIN_IMAGE_SIZE, MAX_IMAGE_SIZE]."""
-    if not _validation.is_integer(image_size) or not (
-        MIN_IMAGE_SIZE <= image_size <= MAX_IMAGE_SIZE
-    ):
-        raise ValueError(
-            f"`{name}` must be an integer from {MIN_IMAGE_SIZE} to {MAX_IMAGE_SIZE} (the "
-            f"side of the square images the model takes). Received: {name}={image_size!r}"
-        )
-    return int(image_size)
-
-
 def _default_resize_size(image_size):
     """torchvision's evaluation resize for a crop of `image_size`: its 256 / 224 ratio,
     `round(image_size * 256 / 224)` (256 for 224)."""
@@ -230,7 +218,14 @@ def evaluation_sizes(image_size: int, resize_size: int | None = None) -> tuple[i
     Raises:
         ValueError: a size out of range or not an integer.
     """
-    image_size = _check_image_size(image_size)
+    if not _validation.is_integer(image_size) or not (
+        MIN_IMAGE_SIZE <= image_size <= MAX_IMAGE_SIZE
+    ):
+        raise ValueError(
+            f"`image_size` must be an integer from {MIN_IMAGE_SIZE} to {MAX_IMAGE_SIZE} (the "
+            f"side of the square images the model takes). Received: image_size={image_size!r}"
+        )
+    image_size = int(image_size)
     if resize_size is None:
         resize_size = _default_resize_size(image_size)
     if not _validation.is_integer(resize_size) or not (image_size <= resize_size <= 2 * image_size):
@@ -315,13 +310,8 @@ def evaluation_preprocessing(
 
     Built-in layers and this module's only (no Lambda): it saves and loads with
     `safe_mode=True`. It is built when made, for batches of any size, sides and channel
-    count, so no call (a wrong one included) fixes the shape later calls must have.
-    Limits (each a ValueError naming `images` and the shape received, before any work; in
-    a `tf.data` map with sides unknown when traced, an InvalidArgumentError when run): a
-    batch (rank 4) only (`image[None]` for one image); 1 to 4 channels, made RGB as PIL's
-    `convert("RGB")` does; at least 1 pixel per side and a longer side at most 100 times
-    the shorter (`MAX_ASPECT_RATIO`). Pixel values are not checked: images in [0, 1]
-    rather than [0, 255] are silently wrong.
+    count. Its limits are its layers' (`ToRGB`, `ResizeCenterCrop`); pixel values are not
+    checked: images in [0, 1] rather than [0, 255] are silently wrong.
 
     Args:
         image_size: the side of the square output, an integer from 16 to 4096.
@@ -344,11 +334,11 @@ def evaluation_preprocessing(
     """
     image_size, resize_size = evaluation_sizes(image_size, resize_size)
     layers = evaluation_layers(image_size, resize_size, data_format=data_format)
-    return as_sequential(layers, f"evaluation_preprocessing_{image_size}")
+    return _sequential(layers, f"evaluation_preprocessing_{image_size}")
 
 
-def as_sequential(layers: list[keras.layers.Layer], name: str) -> keras.Sequential:
-    """`layers` as a `keras.Sequential` built for batches of images of any shape."""
+def _sequential(layers, name):
+    """`layers` as a `keras.Sequential` called `name`, built for batches of any shape."""
     # Built now, for any batch: Keras builds a Sequential without an input on its first
     # call, for that call's shape, and kept it even when that call failed.
     model = keras.Sequential([keras.Input(shape=(None, None, None)), *layers], name=name)
@@ -356,6 +346,27 @@ def as_sequential(layers: list[keras.layers.Layer], name: str) -> keras.Sequenti
     # lacks this spec and is refused by its input layer instead, also unchanged.
     model.input_spec = keras.InputSpec(ndim=4, name="images")
     return model
+
+
+def imagenet_preprocessing(width: float = 1.0, data_format: str | None = None) -> keras.Sequential:
+    """`evaluation_preprocessing` at the sizes and normalisation of the ImageNet weights of
+    `ShuffleNetV2(width)` (`CHECKPOINTS[width]`: 256 or 232, then 224); the same transform
+    as its preset's `hub.ShuffleNetImageConverter`.
+
+    Args:
+        width: a key of `applications.CHECKPOINTS` (0.5, 1.0, 1.5, 2.0).
+        data_format: "channels_last" or "channels_first" (default: Keras's).
+
+    Returns:
+        A `keras.Sequential`, as `evaluation_preprocessing`'s, named after the checkpoint
+            (`shufflenet_v2_x1_0_preprocessing`).
+    """
+    entry = CHECKPOINTS[_validation.choice(width, tuple(CHECKPOINTS), "width")]
+    # The entry's mean and std, as its preset's converter; named after the checkpoint
+    # (two widths' transforms in one model need two names).
+    scale, offset = scale_offset(entry.mean, entry.std)
+    layers = evaluation_layers(entry.crop_size, entry.resize_size, scale, offset, data_format)
+    return _sequential(layers, f"shufflenet_v2_{width_name(entry.width)}_preprocessing")
 
 
 def preprocess_input(x: Any, data_format: str | None = None) -> Any:

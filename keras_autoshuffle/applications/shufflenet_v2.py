@@ -162,10 +162,10 @@ def ShuffleNetV2(
         width: width multiplier, one of 0.5, 1.0, 1.5, 2.0 (default 1.0).
         include_top: whether to include the global pooling and the classifier.
         weights: None (random initialization), "imagenet", the name of published weights
-            (`applications.list_weights()`, e.g. "shufflenet_v2_x1_0.imagenet"; it must be
-            of `width`) or the path to a Keras weights file (`.weights.h5`). "imagenet"
-            (or the name): torchvision's ImageNet-1K checkpoint for `width`
-            (`applications.get_weights(name)`: URL, SHA-256, accuracy, preprocessing;
+            (`applications.CHECKPOINTS[width].name`, e.g. "shufflenet_v2_x1_0.imagenet", or
+            its preset spelling; it must be of `width`) or the path to a Keras weights file
+            (`.weights.h5`). "imagenet" (or the name): torchvision's ImageNet-1K checkpoint
+            for `width` (`applications.CHECKPOINTS[width]`: URL, SHA-256, accuracy;
             `applications.imagenet_preprocessing(width)` is its evaluation transform),
             downloaded once into Keras's cache (docs/guide/pretrained.md: mirrors, hash
             check), read without torch and cached as a `.weights.h5`. It needs

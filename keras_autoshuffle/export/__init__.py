@@ -18,14 +18,13 @@ test data, within `max_accuracy_drop` points (`export_int8`, `int8_runtimes`).
 - what is checked before anything is written (`checks.py`);
 - each format's writer and reader (`files.py`);
 - the one place that runs an exported file in any runtime, with its input description,
-  class names and size (`runner.py`: `open_runner`);
-- running `.tflite` files with the LiteRT interpreter (`litert.py`); the files' metadata,
-  the class names and the input's normalisation, that MediaPipe Tasks reads in a `.tflite`
-  file, in ONNX `metadata_props` and OpenVINO `rt_info` (`metadata.py`: `describe_*`,
-  `read_*_metadata`);
+  class names and size (`runner.py`: `open_runner`; `litert_interpreter`);
+- the files' metadata, the class names and the input's normalisation, that MediaPipe Tasks
+  reads in a `.tflite` file, in ONNX `metadata_props` and OpenVINO `rt_info` (`metadata.py`:
+  `describe_*`, `read_*_metadata`);
 - the int8 LiteRT file and the int8 check (`int8.py`); the int8 ONNX and OpenVINO files
   (`int8_runtimes.py`);
-- ONNX and OpenVINO files, run with ONNX Runtime and OpenVINO (`onnx_runtimes.py`), written
+- ONNX and OpenVINO files, loaded in ONNX Runtime and OpenVINO (`onnx_runtimes.py`), written
   from the net's layers as an NCHW graph (`onnx_graph.py`).
 """
 
@@ -59,13 +58,6 @@ from keras_autoshuffle.export.int8 import (
     int8_check,
 )
 from keras_autoshuffle.export.int8_runtimes import export_onnx_int8, export_openvino_int8
-from keras_autoshuffle.export.litert import (
-    keras_predict,
-    litert_interpreter,
-    litert_outputs,
-    litert_predict,
-    litert_run,
-)
 from keras_autoshuffle.export.metadata import (
     describe_litert,
     describe_onnx,
@@ -81,19 +73,20 @@ from keras_autoshuffle.export.onnx_runtimes import (
     OPENVINO_PRECISIONS,
     export_onnx,
     export_openvino,
-    onnx_outputs,
-    onnx_run,
     onnx_session,
     openvino_config,
     openvino_model,
-    openvino_outputs,
-    openvino_run,
 )
 from keras_autoshuffle.export.pipeline import (
     QUANTIZE,
     export_model,
 )
-from keras_autoshuffle.export.runner import InputDescription, Runner, open_runner
+from keras_autoshuffle.export.runner import (
+    InputDescription,
+    Runner,
+    litert_interpreter,
+    open_runner,
+)
 
 __all__ = [
     "DEFAULT_FORMATS",
@@ -125,20 +118,12 @@ __all__ = [
     "export_saved_model",
     "int8_check",
     "keras_outputs",
-    "keras_predict",
     "litert_interpreter",
-    "litert_outputs",
-    "litert_predict",
-    "litert_run",
     "make_folder",
     "onnx_graph",
-    "onnx_outputs",
-    "onnx_run",
     "onnx_session",
     "openvino_config",
     "openvino_model",
-    "openvino_outputs",
-    "openvino_run",
     "open_runner",
     "read_litert_metadata",
     "read_onnx_metadata",

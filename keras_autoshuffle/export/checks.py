@@ -12,12 +12,7 @@ import keras
 import numpy as np
 
 from keras_autoshuffle.export import onnx_runtimes
-from keras_autoshuffle.export.files import (
-    FILENAMES,
-    FORMATS,
-    INT8_FILES,
-    check_no_hard_forward,
-)
+from keras_autoshuffle.export.files import FILENAMES, FORMATS, INT8_FILES
 from keras_autoshuffle.layers import relaxed_shuffles
 
 
@@ -192,14 +187,6 @@ def make_folder(path: str | os.PathLike, name: str) -> str | os.PathLike:
     if not os.access(path, os.W_OK | os.X_OK):
         raise ValueError(f"`{name}` is not writable. Received: {name}={path!r}")
     return path
-
-
-def check_model_formats(model: keras.Model, formats: Sequence[str]) -> None:
-    """ValueError, before anything is written, for a format of `formats` that cannot hold
-    `model`: relaxed shuffles computed with forward="hard" in SavedModel or OpenVINO
-    (`files.check_no_hard_forward`)."""
-    for name in formats:
-        check_no_hard_forward(model, name)
 
 
 def _looks_exported(name, path):

@@ -58,21 +58,12 @@ def size_bytes(path: str | os.PathLike) -> int:
 HARD_FORWARD_REFUSED = ("saved_model", "openvino")
 
 
-def hard_forward_shuffles(model: keras.Model) -> list[str]:
-    """Names of `model`'s relaxed shuffles computed with `forward="hard"`."""
-    return [
-        layer.name
-        for layer in relaxed_shuffles(model)
-        if getattr(layer, "forward_pass", "relaxed") == "hard"
-    ]
-
-
 def check_no_hard_forward(
     model: keras.Model, name: Literal["keras", "saved_model", "litert", "onnx", "openvino"]
 ) -> None:
     """ValueError, before anything is written, if format `name` (one of
     `HARD_FORWARD_REFUSED`) cannot hold `model`'s hard-forward relaxed shuffles."""
-    hard = hard_forward_shuffles(model)
+    hard = [s.name for s in relaxed_shuffles(model) if getattr(s, "forward_pass", "") == "hard"]
     if hard and name in HARD_FORWARD_REFUSED:
         raise ValueError(
             f"The {name} export cannot hold relaxed shuffles computed with forward='hard' "

@@ -16,21 +16,17 @@ from keras_autoshuffle._atomic import remove, write_atomically
 from keras_autoshuffle._startup import quiet_runtime
 from keras_autoshuffle.export.checks import _single_input
 from keras_autoshuffle.export.files import size_bytes
-from keras_autoshuffle.export.litert import litert_predict
 from keras_autoshuffle.export.litert_graph import one_conv_per_slice
+from keras_autoshuffle.export.runner import open_runner
 
 # Calibration: at least this many inputs; and on the scale of the test images (99th
 # percentile of |x|) within this factor.
 MIN_CALIBRATION_IMAGES = 16
 MAX_SCALE_RATIO = 8.0
 # The default bound on an int8 file's accuracy drop (float minus int8 accuracy on the test
-# images), in percentage points. Measured drops: 0.2-1.0 on the transfer study's five
-# fine-tuned nets (500 validation images; mean 0.56), -0.12-0.26 on the Fashion-MNIST net
-# (10,000 images, 3 runtimes x 5 seeds). On 500 images at 98.5% agreement the drop's own
-# sampling noise is about 0.55 points (one standard error), so a file losing the mean 0.56
-# measures past 1 point one time in five; past 2, about one time in 200. A file that
-# quantization broke (saturated kernels, inputs of another scale) is refused beyond 2.
-# The argument with its rows: docs/guide/export.md, "How much an int8 file may lose".
+# images), in percentage points: measured drops were 0.2-1.0 points, and a file that
+# quantization broke loses more. The argument with its rows: docs/guide/export.md, "How
+# much an int8 file may lose".
 MAX_ACCURACY_DROP = 2.0
 
 
@@ -146,8 +142,30 @@ def _check_ranges(calibration, images):
         )
 
 
-def _report(path, float_path, predicted, labels, float_outputs):
-    """The check's numbers from the int8 file's top-1 `predicted` on the test images."""
+def int8_check(
+    path: str,
+    float_path: str,
+    images: np.ndarray,
+    labels: np.ndarray,
+    float_outputs: np.ndarray,
+) -> dict:
+    """The int8 file's report (a `.tflite`, `.onnx` or OpenVINO file, run by
+    `runner.open_runner`): its accuracy on (`images`, `labels`), the float
+    model's (`float_outputs`, its outputs on `images`), the drop between them in
+    percentage points, their top-1 agreement, and the size ratio float bytes / int8 bytes.
+
+    Args:
+        path: the int8 file.
+        float_path: the float file it was converted from.
+        images: float32 test inputs.
+        labels: their integer labels.
+        float_outputs: the float model's outputs on `images`.
+
+    Returns:
+        `{"accuracy", "float_accuracy", "accuracy_drop", "top1_agreement", "size_ratio",
+            "bytes", "float_bytes", "test_examples", "path"}`.
+    """
+    predicted = np.argmax(open_runner(path).run(images), axis=-1)
     expected = np.argmax(float_outputs, axis=-1)
     size, float_size = size_bytes(path), size_bytes(float_path)
     # In whole images, then points: 5 of 500 images is 1.0 point exactly, not the
@@ -166,51 +184,22 @@ def _report(path, float_path, predicted, labels, float_outputs):
     }
 
 
-def int8_check(
-    path: str,
-    float_path: str,
-    images: np.ndarray,
-    labels: np.ndarray,
-    float_outputs: np.ndarray,
-) -> dict:
-    """The int8 `.tflite` file's report: its accuracy on (`images`, `labels`), the float
-    model's (`float_outputs`, its outputs on `images`), the drop between them in
-    percentage points, their top-1 agreement, and the size ratio float LiteRT bytes /
-    int8 bytes.
-
-    Args:
-        path: the int8 `.tflite` file.
-        float_path: the float `.tflite` file it was converted beside.
-        images: float32 test inputs.
-        labels: their integer labels.
-        float_outputs: the float model's outputs on `images`.
-
-    Returns:
-        `{"accuracy", "float_accuracy", "accuracy_drop", "top1_agreement", "size_ratio",
-            "bytes", "float_bytes", "test_examples", "path"}`.
-    """
-    predicted = np.argmax(litert_predict(path, images), axis=-1)
-    return _report(path, float_path, predicted, labels, float_outputs)
-
-
 def write_checked(
     key: str,
     write_file: Callable[[str], object],
-    predict: Callable[[str, np.ndarray], np.ndarray],
     path: str,
     float_path: str,
     test: tuple[np.ndarray, np.ndarray],
     float_outputs: np.ndarray,
     max_accuracy_drop: float,
 ) -> dict:
-    """Writes an int8 file with `write_file(partial)`, runs it with `predict(partial,
-    images)` on `test` and moves it to `path` only when its accuracy drop is within
-    `max_accuracy_drop` (`refuse_beyond_bound`).
+    """Writes an int8 file with `write_file(partial)`, checks it on `test` (`int8_check`)
+    and moves it to `path` only when its accuracy drop is within `max_accuracy_drop`
+    (`refuse_beyond_bound`).
 
     Args:
         key: the file's result key ("int8" for LiteRT, "onnx_int8", "openvino_int8").
         write_file: writes the file at the path it is given.
-        predict: the file's outputs on a batch of images.
         path: where the file goes when it passes.
         float_path: the float file it is quantized from (the size ratio).
         test: (images, labels): float32 test inputs and their integer labels.
@@ -231,8 +220,7 @@ def write_checked(
 
     def write(partial):
         write_file(partial)
-        predicted = np.argmax(predict(partial, images), axis=-1)
-        entry.update(_report(partial, float_path, predicted, labels, float_outputs))
+        entry.update(int8_check(partial, float_path, images, labels, float_outputs))
         entry["max_accuracy_drop"] = max_accuracy_drop
         refuse_beyond_bound(entry, key, os.path.basename(path))
 
@@ -252,7 +240,6 @@ def _export_int8_checked(
     entry = write_checked(
         "int8",
         lambda partial: export_int8(model, partial, calibration),
-        litert_predict,
         path,
         float_path,
         (images, labels),

@@ -13,13 +13,9 @@ import os
 import numpy as np
 
 from keras_autoshuffle._atomic import write_atomically
-from keras_autoshuffle.export.files import INT8_FILES
 from keras_autoshuffle.export.int8 import write_checked
 from keras_autoshuffle.export.onnx_graph import drop_unread_dequantize
-from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML, onnx_outputs, openvino_outputs
-
-ONNX_INT8_FILENAME = INT8_FILES["onnx_int8"][1]
-OPENVINO_INT8_DIRNAME = INT8_FILES["openvino_int8"][1]
+from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML
 
 # QDQ with uint8 activations (int8 per-channel weights): on a 2-core AMD EPYC (AVX2, no
 # VNNI), ONNX Runtime 1.32, ShuffleNet v2 1.0x at 224, batch 1, 2 threads, 5 interleaved
@@ -29,26 +25,16 @@ ONNX_QUANT_FORMAT = "QDQ"
 ONNX_ACTIVATION_TYPE = "QUInt8"
 
 # The weights' bits: 7 (the default) runs right on every x86 CPU; 8 only where the CPU
-# that runs the file has VNNI (AVX-512 VNNI, AVX-VNNI, AMX). Without VNNI, the u8 x s8
-# kernels of AVX2 and AVX-512 add pairs of products into 16-bit sums, which 8-bit weights
-# can saturate ("Reduce-range will quantize the weights to 7-bits. It is designed for the
-# U8S8 format on AVX2 and AVX512 (non-VNNI) machines to mitigate saturation issues. This is
-# not needed on machines supporting VNNI": ONNX Runtime's quantization guide, FAQ;
-# OpenVINO's "Saturation (overflow) issue workaround" says the same of its CPU plugin).
-# A file is checked on the CPU that writes it, so an 8-bit file that passes there can
-# still lose accuracy on a CPU without VNNI: it is the user's choice, never automatic.
-# Measured (Lab notes: inference, "int8 accuracy levers"): OpenVINO's 8-bit file of the
-# Fashion-MNIST net run with oneDNN capped at AVX2 agreed with float on about 1.2 points
-# fewer test images than on the VNNI kernels that checked it; the 7-bit file the same.
+# that runs the file has VNNI: without it, int8 kernels sum pairs of u8 x s8 products in
+# 16 bits, which 8-bit weights saturate, and the check on the writing CPU cannot see it
+# (docs/guide/export.md, "8-bit weights for CPUs with VNNI").
 WEIGHT_BITS = (7, 8)
 DEFAULT_WEIGHT_BITS = 7
-# How the activations' ranges are chosen from the calibration images. "minmax": ONNX
-# Runtime's MinMax (the extremes over all images), NNCF's default for OpenVINO (the mean
-# over images of each image's extremes); "percentile": ONNX Runtime's Percentile (the
-# 99.999th percentile of |x| over all images), NNCF's MEAN_QUANTILE (the mean over images
-# of each image's 0.01% quantiles). Measured on the Fashion-MNIST net (Lab notes:
-# inference, "int8 accuracy levers"): "percentile" gained nothing in ONNX Runtime and cost
-# OpenVINO 2.4 points of accuracy, so export_model keeps "minmax"; the writers take both.
+# How the activations' ranges are chosen from the calibration images: "minmax" (ONNX
+# Runtime's MinMax, NNCF's default) or "percentile" (ONNX Runtime's Percentile, NNCF's
+# MEAN_QUANTILE). export_model keeps "minmax": "percentile" gained nothing in ONNX Runtime
+# and cost OpenVINO 2.4 points on the Fashion-MNIST net (Lab notes: inference, "int8
+# accuracy levers").
 CALIBRATION_METHODS = ("minmax", "percentile")
 DEFAULT_CALIBRATION_METHOD = "minmax"
 
@@ -214,9 +200,7 @@ def export_onnx_int8(
                 _calibration_reader(name, data),
                 quant_format=getattr(QuantFormat, quant_format),
                 per_channel=True,
-                # 7-bit weights: u8 x s8 products saturate the 16-bit sums of AVX2 kernels
-                # without VNNI (tiny digits net: top-1 agreement 0.76 without, 0.95 with).
-                reduce_range=weight_bits == 7,
+                reduce_range=weight_bits == 7,  # 7-bit weights (`WEIGHT_BITS`)
                 calibrate_method=method,
                 activation_type=getattr(QuantType, activation_type),
                 weight_type=QuantType.QInt8,
@@ -276,9 +260,7 @@ def export_openvino_int8(
     ignored = _check_float_nodes(float_nodes, names, float_path)
     dataset = nncf.Dataset([data[i : i + 1] for i in range(len(data))])
     # 7-bit weights in every layer (NNCF's default: the first only), as ONNX's
-    # `reduce_range`: u8 x s8 products saturate the 16-bit sums of AVX2 kernels without
-    # VNNI; the file may run on such a CPU whatever CPU wrote it. Tiny digits net, AMD
-    # EPYC (AVX2): top-1 agreement with float 0.775 with the default, 0.897 with this.
+    # `reduce_range` (`WEIGHT_BITS`).
     advanced = AdvancedQuantizationParameters(
         overflow_fix=OverflowFix.ENABLE if weight_bits == 7 else OverflowFix.DISABLE,
         **({"activations_range_estimator_params": ranges} if ranges else {}),
@@ -302,7 +284,6 @@ def export_openvino_int8(
 
 
 _WRITERS = {"onnx_int8": export_onnx_int8, "openvino_int8": export_openvino_int8}
-_PREDICTORS = {"onnx_int8": onnx_outputs, "openvino_int8": openvino_outputs}
 
 
 def export_int8_file_checked(
@@ -319,28 +300,23 @@ def export_int8_file_checked(
 ) -> dict:
     """The int8 ONNX or OpenVINO file quantized from `float_path`, kept only when its
     runtime's accuracy on the test images is within `max_accuracy_drop` of the float
-    model's.
-
-    OpenVINO runs the file with f32 inference precision for the parts left in float,
-    whatever the CPU (its default is bf16 on some).
+    model's (`int8.write_checked`; OpenVINO runs it with f32 inference precision for the
+    parts left in float, whatever the CPU: its default is bf16 on some).
 
     Args:
         key: "onnx_int8" (`export_onnx_int8`) or "openvino_int8" (`export_openvino_int8`).
         float_path: the float ONNX file or OpenVINO IR folder.
         path: the int8 file (ONNX) or folder (OpenVINO) to write.
         calibration: float32 calibration inputs.
-        test: (images, labels): float32 test inputs and their integer labels.
-        float_outputs: the float model's outputs on the test images.
-        max_accuracy_drop: the most the int8 accuracy may be below the float model's, in
-            percentage points.
-        float_nodes: nodes left in float (the writers' `float_nodes`).
-        weight_bits: 7 or 8 (the writers' `weight_bits`).
-        calibration_method: "minmax" or "percentile" (the writers' `calibration_method`).
+        test: as `int8.write_checked`'s.
+        float_outputs: as `int8.write_checked`'s.
+        max_accuracy_drop: as `int8.write_checked`'s.
+        float_nodes: the writers' (`export_onnx_int8`, `export_openvino_int8`).
+        weight_bits: the writers'.
+        calibration_method: the writers'.
 
     Returns:
-        The check's entry: accuracy, float_accuracy, accuracy_drop, top1_agreement,
-            max_accuracy_drop, test_examples, bytes, float_bytes, size_ratio,
-            calibration_examples, path.
+        The check's entry (`int8.write_checked`'s, and `calibration_examples`).
 
     Raises:
         Int8CheckError: a drop beyond `max_accuracy_drop` (nothing left at `path`).
@@ -355,7 +331,6 @@ def export_int8_file_checked(
             weight_bits=weight_bits,
             calibration_method=calibration_method,
         ),
-        _PREDICTORS[key],
         path,
         float_path,
         test,

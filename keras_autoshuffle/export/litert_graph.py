@@ -100,8 +100,6 @@ def _with_nested_rewritten(model):
     """`model` with each nested model in it rewritten by `one_conv_per_slice`: the
     fine-tune's files wrap the folded net (`metadata.with_input_normalization`,
     `raw_inputs.raw_input_model`); `model` itself when none changes."""
-    if any(isinstance(op, keras.layers.Lambda) for op in model.operations):
-        return model  # clone_model copies it from its config (`_copyable`)
     nested = {
         id(op): one_conv_per_slice(op) for op in model.operations if isinstance(op, keras.Model)
     }
@@ -124,14 +122,10 @@ def _with_nested_rewritten(model):
 
 def _copyable(model):
     """Whether the rewrite can rebuild `model`'s graph layer by layer (`copy_layer` calls
-    each copy on its input tensors alone): each operation a layer called once, none a
-    Lambda. A keras op (`x * 2`) keeps other arguments in its call, a shared layer has
-    several calls, and a Lambda's Python function does not load back from its config
-    (Keras's safe mode)."""
+    each copy on its input tensors alone): each operation a layer called once. A keras op
+    (`x * 2`) keeps other arguments in its call, a shared layer has several calls."""
     return all(
-        isinstance(op, keras.layers.Layer)
-        and len(inbound_nodes(op)) == 1
-        and not isinstance(op, keras.layers.Lambda)
+        isinstance(op, keras.layers.Layer) and len(inbound_nodes(op)) == 1
         for op in model.operations
     )
 
@@ -140,9 +134,9 @@ def one_conv_per_slice(model: keras.Model) -> keras.Model:
     """`model` with each dense conv whose output (through BatchNormalization and ReLU) only
     ChannelSlices or a ChannelSplit read written as one conv per slice (see the module
     docstring), also inside a nested model (a wrapper around the folded net); `model`
-    itself when it has none, or when its graph holds a keras op, a shared layer or a
-    Lambda (`_copyable`). The outputs are the same up to float
-    rounding (each output channel is the same sum of products).
+    itself when it has none (a rewritten model has none), or when its graph holds a
+    Lambda, a keras op or a shared layer (`_copyable`). The outputs are the same up to
+    float rounding (each output channel is the same sum of products).
 
     Args:
         model: a single-input functional Keras model, e.g. a folded ShuffleNet v2.
@@ -152,6 +146,10 @@ def one_conv_per_slice(model: keras.Model) -> keras.Model:
     """
     # A Sequential model has no `operations` graph to rewrite; a folded net is functional.
     if not hasattr(model, "operations") or len(model.inputs) != 1 or len(model.outputs) != 1:
+        return model
+    # Copies are made from configs, and a Lambda's Python function does not load back from
+    # its config (Keras's safe mode): a graph with one is written as it is.
+    if any(isinstance(op, keras.layers.Lambda) for op in model.operations):
         return model
     model = _with_nested_rewritten(model)
     chains = _sliced_convs(model)

@@ -1,5 +1,6 @@
 """The ONNX and OpenVINO formats: writing `model.onnx` and `openvino/model.xml` (+ `.bin`),
-each atomically, and running them with ONNX Runtime and OpenVINO.
+each atomically, and loading them in ONNX Runtime and OpenVINO (`runner.open_runner` runs
+them).
 
 Both are written from `onnx_graph` (the net in NCHW, as torchvision's graphs are) when it
 takes every layer of the model, which is the case for this package's ShuffleNet nets;
@@ -15,12 +16,10 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import keras
 import numpy as np
-from numpy.typing import ArrayLike
 
 from keras_autoshuffle._atomic import write_atomically
 from keras_autoshuffle._keras_internals import is_called
 from keras_autoshuffle.export.files import check_no_hard_forward
-from keras_autoshuffle.export.litert import cast_inputs
 from keras_autoshuffle.export.onnx_graph import onnx_graph, unsupported_layers
 from keras_autoshuffle.export.onnx_input import read_input_as_columns
 
@@ -99,22 +98,6 @@ def onnx_session(
     return onnxruntime.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
-def onnx_run(session: "onnxruntime.InferenceSession", inputs: ArrayLike) -> np.ndarray:
-    """Runs a single-input, single-output ONNX Runtime session on `inputs`, cast to the
-    input's dtype where it is uint8 (a raw-pixel file)."""
-    first = session.get_inputs()[0]
-    if first.type == "tensor(uint8)":
-        inputs = cast_inputs(inputs, "uint8")
-    return session.run(None, {first.name: inputs})[0]
-
-
-def onnx_outputs(
-    path: str | os.PathLike, inputs: ArrayLike, num_threads: int | None = None
-) -> np.ndarray:
-    """Loads an ONNX file with ONNX Runtime and runs it on `inputs`."""
-    return onnx_run(onnx_session(path, num_threads), np.asarray(inputs, dtype="float32"))
-
-
 def export_openvino(model: keras.Model, path: str | os.PathLike) -> str | os.PathLike:
     """Writes `model` as an OpenVINO IR folder (`model.xml`, `model.bin`, float32 weights):
     converted from `onnx_graph`'s NCHW graph where it takes every layer, else Keras's
@@ -176,21 +159,3 @@ def openvino_model(
     shape[0] = batch
     model.reshape({model.inputs[0]: shape})
     return core.compile_model(model, "CPU", config)
-
-
-def openvino_run(compiled: "openvino.CompiledModel", inputs: ArrayLike) -> np.ndarray:
-    """Runs a single-input, single-output compiled OpenVINO model on `inputs`, cast to the
-    input's dtype (float32 pixel values to a raw-pixel file's uint8)."""
-    inputs = cast_inputs(inputs, compiled.inputs[0].element_type.to_dtype())
-    return compiled(inputs)[compiled.outputs[0]]
-
-
-def openvino_outputs(
-    path: str | os.PathLike,
-    inputs: ArrayLike,
-    num_threads: int | None = None,
-    precision: Literal["f32", "bf16", "f16"] = OPENVINO_PRECISION,
-) -> np.ndarray:
-    """Loads an OpenVINO IR folder and runs it on `inputs` (in float32 unless asked)."""
-    inputs = np.asarray(inputs, dtype="float32")
-    return openvino_run(openvino_model(path, num_threads, len(inputs), precision), inputs)

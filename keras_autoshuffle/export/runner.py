@@ -6,7 +6,8 @@ its folder; OpenVINO's CPU plugin in float32) and gives a `Runner`: `run(batch)`
 file's first output on a batch of any size; `input` describes what it takes (shape, dtype,
 and the normalisation its own metadata declares); `labels` are the class names its metadata
 holds; `size_bytes` and `format` say what it is. Prediction, the fine-tune's evaluation and
-latency, and the export's parity check all run files through it.
+latency, the export's parity check and the int8 check all run files through it; a large
+batch is fed to the runtime `CHUNK` inputs at a time.
 
     runner = open_runner("runs/pets/model.tflite", num_threads=1)
     probabilities = runner.run(runner.input.normalize(pixels))  # pixels: (n, h, w, 3)
@@ -18,24 +19,27 @@ the file.
 import dataclasses
 import os
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from numpy.typing import ArrayLike
+from numpy.typing import ArrayLike, DTypeLike
 
+from keras_autoshuffle._class_names import class_name_problem
+from keras_autoshuffle._startup import quiet_runtime
 from keras_autoshuffle._validation import one_line
 from keras_autoshuffle.export import metadata as metadata_lib
 from keras_autoshuffle.export.checks import EXTRAS
 from keras_autoshuffle.export.files import keras_outputs, size_bytes
-from keras_autoshuffle.export.litert import litert_interpreter, litert_run
 from keras_autoshuffle.export.onnx_runtimes import (
     OPENVINO_PRECISION,
     OPENVINO_XML,
-    onnx_run,
     onnx_session,
     openvino_model,
-    openvino_run,
 )
+
+if TYPE_CHECKING:
+    from ai_edge_litert.interpreter import Interpreter
 
 # Formats by file suffix; a folder is an OpenVINO IR folder (holding model.xml).
 SUFFIXES = {".keras": "keras", ".tflite": "litert", ".onnx": "onnx", ".xml": "openvino"}
@@ -50,6 +54,9 @@ RUNTIMES = {
 METADATA_EXTRA = "keras-autoshuffle[mediapipe]"
 # The most characters of a runtime's own error quoted in a refusal.
 _MAX_REASON = 300
+# The most inputs per runtime call: a larger batch (an int8 check's test set) is fed in
+# chunks of this many, so memory stays bounded whatever the batch.
+CHUNK = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,20 +120,64 @@ class Runner:
         return RUNTIMES[self.format]
 
     def run(self, batch: ArrayLike) -> np.ndarray:
-        """The file's first output on `batch` (any number of inputs, batch first), cast
-        to the input's dtype (float32; whole pixel values to a raw-pixel file's uint8).
+        """The file's first output on `batch` (any number of inputs, batch first, fed
+        `CHUNK` at a time), cast to the input's dtype (float32; whole pixel values to a
+        raw-pixel file's uint8, `cast_inputs`).
 
         Raises:
             ValueError: the runtime fails (naming the file and its reason).
         """
         try:
-            return np.asarray(self._run(np.asarray(batch)))
+            batch = np.asarray(batch)
+            # One call at least: an empty batch goes to the runtime as it is.
+            starts = range(0, max(len(batch), 1), CHUNK)
+            return np.concatenate([np.asarray(self._run(batch[i : i + CHUNK])) for i in starts])
         except Exception as error:  # each runtime raises its own types
             raise ValueError(
                 f"{self.path} failed when run by {self.runtime} ({type(error).__name__}: "
                 f"{_reason(error)}): a damaged file, or not an export of this package. "
                 "Export it again."
             ) from None
+
+
+def litert_interpreter(
+    path: str | os.PathLike,
+    batch: int = 1,
+    num_threads: int | None = None,
+    shape: Sequence[int] | None = None,
+) -> "Interpreter":
+    """A LiteRT interpreter (ai-edge-litert, XNNPACK delegate) resized to `batch`, or to
+    the whole input `shape` (batch first): a file of a model with unknown spatial sizes
+    (`input_shape=(None, None, 3)`) holds 1 x 1 placeholders for them."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    with quiet_runtime():  # its "Created TensorFlow Lite XNNPACK delegate" line
+        interpreter = Interpreter(model_path=path, num_threads=num_threads)
+        detail = interpreter.get_input_details()[0]
+        wanted = [batch, *detail["shape"][1:]] if shape is None else list(shape)
+        if [int(v) for v in detail["shape"]] != [int(v) for v in wanted]:
+            interpreter.resize_tensor_input(detail["index"], wanted)
+        interpreter.allocate_tensors()
+    return interpreter
+
+
+def cast_inputs(inputs: ArrayLike, dtype: DTypeLike) -> np.ndarray:
+    """`inputs` as `dtype`, the input dtype of a file: for an integer dtype (a raw-pixel
+    file's uint8) only where every value survives the cast (whole numbers in its range),
+    else ValueError naming both dtypes: normalised floats fed to a raw-pixel file would wrap
+    into wrong predictions."""
+    inputs = np.asarray(inputs)
+    dtype = np.dtype(dtype)
+    if inputs.dtype == dtype or dtype.kind == "f":
+        return inputs.astype(dtype, copy=False)
+    cast = inputs.astype(dtype)
+    if not np.array_equal(cast, inputs):
+        raise ValueError(
+            f"The model file takes {dtype} values (raw pixels); these {inputs.dtype} inputs "
+            f"are not all whole numbers in its range. Feed decoded pixel values. Received: "
+            f"inputs from {inputs.min()} to {inputs.max()}"
+        )
+    return cast
 
 
 def locate(path: str | os.PathLike) -> tuple[str, str]:
@@ -220,15 +271,18 @@ def open_runner(
 def _checked_metadata(described, model_path):
     """`(labels, mean, std)` of a file's metadata (each None where absent), as tuples; a
     ValueError naming the file and the field for values a tampered file may hold (a string
-    of labels, a std of 0 or of another count than the mean: NaN or wrong predictions)."""
+    of labels, a name with a control character, a std of 0 or of another count than the
+    mean: NaN or wrong predictions)."""
     labels, mean, std = (described.get(key) for key in ("labels", "mean", "std"))
-    if labels is not None and (
-        not isinstance(labels, list) or not all(isinstance(name, str) for name in labels)
-    ):
-        raise ValueError(
-            f"{model_path}: its metadata's field `labels` must be a list of class names. "
-            f"Received: labels={labels!r:.100}"
-        )
+    if labels is not None:  # the one rule for a class name (`_class_names`)
+        wrong = not isinstance(labels, list) or not all(isinstance(n, str) for n in labels)
+        problem = None if wrong else next(filter(None, map(class_name_problem, labels)), None)
+        if wrong or problem:
+            raise ValueError(
+                f"{model_path}: its metadata's field `labels` must be a list of class names"
+                + (f": a name {problem}" if problem else "")
+                + f". Received: labels={labels!r:.100}"
+            )
     if mean is None and std is None:
         return None if labels is None else tuple(labels), None, None
     try:
@@ -278,7 +332,10 @@ def _open_litert(path, num_threads, precision):
                 shape=batch.shape,
                 interpreter=litert_interpreter(path, num_threads=num_threads, shape=batch.shape),
             )
-        return litert_run(current["interpreter"], batch)
+        interpreter = current["interpreter"]
+        interpreter.set_tensor(inputs[0]["index"], cast_inputs(batch, inputs[0]["dtype"]))
+        interpreter.invoke()
+        return interpreter.get_tensor(outputs[0]["index"])
 
     output_shape = tuple(_side(v) for v in outputs[0]["shape_signature"][1:])
     return run, shape, inputs[0]["dtype"], output_shape, _litert_metadata(path)
@@ -304,11 +361,13 @@ def _open_onnx(path, num_threads, precision):
     fixed = _side(inputs[0].shape[0])  # a fixed batch (1): one input per call
     dtype = "uint8" if inputs[0].type == "tensor(uint8)" else "float32"
 
+    def call(batch):
+        return session.run(None, {inputs[0].name: cast_inputs(batch, dtype)})[0]
+
     def run(batch):
-        batch = batch if dtype == "uint8" else batch.astype("float32", copy=False)
         if fixed is None or len(batch) == fixed:
-            return onnx_run(session, batch)
-        return np.concatenate([onnx_run(session, batch[i : i + 1]) for i in range(len(batch))])
+            return call(batch)
+        return np.concatenate([call(batch[i : i + 1]) for i in range(len(batch))])
 
     shape = tuple(_side(v) for v in inputs[0].shape[1:])
     output_shape = tuple(_side(v) for v in outputs[0].shape[1:])
@@ -327,7 +386,8 @@ def _open_openvino(path, num_threads, precision):
     def run(batch):
         if len(batch) not in compiled:  # compiled for each batch size met
             compiled[len(batch)] = openvino_model(path, num_threads, len(batch), precision)
-        return openvino_run(compiled[len(batch)], batch)
+        model = compiled[len(batch)]
+        return model(cast_inputs(batch, model.inputs[0].element_type.to_dtype()))[model.outputs[0]]
 
     # The first output is the classifier's: Keras's OpenVINO exporter leaves a net with
     # unknown sides the scalar shape values of its shuffles as further outputs.

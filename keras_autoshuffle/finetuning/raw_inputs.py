@@ -210,8 +210,7 @@ def raw_input_model(
     Example:
         >>> model = raw_input_model(folded, 224)
         >>> export.export_litert(model, "model.tflite")
-        >>> interpreter = export.litert_interpreter("model.tflite", shape=(1, 480, 640, 3))
-        >>> export.litert_run(interpreter, pixels[None])  # pixels: uint8 (480, 640, 3)
+        >>> export.open_runner("model.tflite").run(pixels[None])  # pixels: uint8 (480, 640, 3)
     """
     image_size, resize_size = evaluation_sizes(image_size, resize_size)
     _check_classifier(classifier, image_size)

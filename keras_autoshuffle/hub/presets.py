@@ -22,7 +22,7 @@ import keras
 from keras_autoshuffle import _atomic, _validation
 from keras_autoshuffle._files import read_bounded
 from keras_autoshuffle._keras_internals import PRESET_WEIGHTS_FILES
-from keras_autoshuffle.applications import architecture
+from keras_autoshuffle.applications import architecture, preprocessing
 from keras_autoshuffle.applications.weights import registry
 
 # The layout of the configs this package writes into a preset (`config.json`'s
@@ -155,21 +155,16 @@ def _layout(model, width):
     stem = "imagenet" if architecture.IMAGENET_STEM[-1] in names else "cifar"
     # "torch" padding puts a ZeroPadding2D before every stride-2 layer; "same" none.
     torch_pad = architecture.unit_layer(2, 1, architecture.pad_name("dwconv"))
-    ends = [
-        architecture.unit_layer(stage, units, architecture.unit_parts("v2", units)[-1])
-        for stage, units in described.stages()
-    ]
     channels = (
         model.get_layer(architecture.STEM_CONV).filters,
-        *(model.get_layer(name).output.shape[-1] for name in ends),
+        *(model.get_layer(name).output.shape[-1] for name in described.stage_ends()),
         model.get_layer(architecture.HEAD_CONV).filters,
     )
-    repeats = tuple(units for _, units in described.stages())
     return dict(
         stem=stem,
         padding="torch" if torch_pad in names else "same",
         channels=None if channels == architecture.V2_CONFIGS.get(width) else channels,
-        repeats=None if repeats == architecture.REPEATS else repeats,
+        repeats=None if described.repeats == architecture.REPEATS else described.repeats,
     )
 
 
@@ -197,11 +192,12 @@ def classifier_from_model(
     """
     classifier_cls = keras.saving.get_registered_object(CLASSIFIER)
     preprocessor_cls = classifier_cls.preprocessor_cls
+    scale, offset = preprocessing.scale_offset(mean, std)
     converter = preprocessor_cls.image_converter_cls(
         image_size=(image_size, image_size),
         resize_size=resize_size,
-        scale=[1 / (255 * s) for s in std],
-        offset=[-m / s for m, s in zip(mean, std, strict=True)],
+        scale=list(scale),
+        offset=list(offset),
     )
     backbone = classifier_cls.backbone_cls(width, **_layout(model, width))
     classifier = classifier_cls(

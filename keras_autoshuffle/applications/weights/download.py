@@ -3,7 +3,7 @@ folder if it is there with the right hash, else from torchvision's server (or
 `$KERAS_AUTOSHUFFLE_WEIGHTS_URL`), giving up when the server sends nothing for
 `$KERAS_AUTOSHUFFLE_DOWNLOAD_TIMEOUT` seconds, hash-checked, written atomically; and the
 partial files a download or conversion writes (`partial_path`, `remove_dead_partials`).
-`weights.pretrained` converts what it downloads; its names are re-exported there.
+`weights.pretrained` converts what it downloads.
 """
 
 import contextlib

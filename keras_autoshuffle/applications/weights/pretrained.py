@@ -1,21 +1,9 @@
 """From a builder's `weights=` to a Keras weights file: torchvision's ImageNet checkpoints
-behind `weights="imagenet"` and `weights="shufflenet_v2_x1_0.imagenet"` (an entry of
-`registry`) downloaded, checked, converted and cached; and what any Keras weights file says
-of the net it fits (its learned shuffles, the padding it was marked with).
-
-`ShuffleNetV2(width, weights="imagenet")` (or the name of the width's entry):
-
-1. uses `<cache>/models/<checkpoint>.weights.h5` (or `..._notop.weights.h5`) if it is
-   there: no network, no torch;
-2. otherwise takes the checkpoint from the cache or downloads it, hash-checked
-   (`download.download_checkpoint`, `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` for a mirror);
-3. reads it with `read_torch_checkpoint` (no torch, no code from the file), converts it
-   with `load_torchvision_weights`, marks it with PyTorch's padding (`mark_padding`) and
-   writes the Keras weights file atomically.
-
-`<cache>` is Keras's cache folder (`registry.cache_dir()`), `$KERAS_HOME` (read at each
-call) or `~/.keras`. The entries (`registry.CHECKPOINTS`) are read at each call: a test
-that replaces one is seen here too.
+behind `weights="imagenet"` or an entry's name, downloaded (`download`), read without torch,
+converted and cached once as `<cache>/models/<checkpoint>[_notop].weights.h5`
+(`converted_weights`); and what any Keras weights file says of the net it fits (its learned
+shuffles, the padding it was marked with). The entries (`registry.CHECKPOINTS`) are read at
+each call: a test that replaces one is seen here too.
 """
 
 import math
@@ -28,16 +16,8 @@ from keras_autoshuffle import _keras_internals
 from keras_autoshuffle.applications import architecture as arch
 from keras_autoshuffle.applications.architecture import REPEATS, V2_CONFIGS
 from keras_autoshuffle.applications.weights import registry
-
-# download's names, re-exported: the public seam of the tests and the commands.
-from keras_autoshuffle.applications.weights.download import (  # noqa: F401
-    DEFAULT_TIMEOUT,
-    MAX_DOWNLOAD_BYTES,
-    MAX_TIMEOUT,
-    STALE_SECONDS,
-    TIMEOUT_VARIABLE,
+from keras_autoshuffle.applications.weights.download import (
     download_checkpoint,
-    download_timeout,
     partial_path,
     remove_dead_partials,
 )
@@ -189,12 +169,12 @@ def imagenet_weights_file(model, include_top, classes, build, weights="imagenet"
         classes: its class count; with `include_top`, the checkpoint's (1000).
         build: builds the same net with manual shuffles, for `converted_weights`.
         weights: "imagenet" (the checkpoint of the model's width) or a registry name
-            (`registry.list_weights()`), which must be of the model's width.
+            (`registry.names()`, either spelling), which must be of the model's width.
 
     Returns:
         The path of the Keras weights file to load.
     """
-    named = None if weights == registry.IMAGENET else registry.get_weights(weights)
+    named = registry.named(weights)
     shape = tuple(model.inputs[0].shape[1:])
     channels = shape[0] if keras.config.image_data_format() == "channels_first" else shape[-1]
     if channels != 3:

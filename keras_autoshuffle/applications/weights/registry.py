@@ -1,25 +1,15 @@
 """The weights registry: torchvision's ImageNet ShuffleNetV2 checkpoints, the one source of
-the published weights.
+the published weights, and where their files are.
 
 `CHECKPOINTS` holds one `Checkpoint` per width: its names, file, URL, hash and size, what
 torchvision reports of it, its multiply-adds, its evaluation sizes and class names.
-Everything else is a view of it: `list_weights()` is the one list of names; an entry has
-two spellings of one name, `entry.name` (`shufflenet_v2_x1_0.imagenet`, torchvision's
-builder name; what a builder takes as `weights=`) and `entry.preset`
-(`shufflenet_v2_x1_0_imagenet`, keras-hub's spelling: `from_preset`'s name), and
-`get_weights` and `weights=` take either; `CHECKPOINTS[1.0]` is the entry by width;
-`hub.list_presets()` is the same entries as keras-hub's preset tables. Where the files
-are (`checkpoint_url`, `cache_dir`) and ImageNet's class index are `weights.locations`'s,
-re-exported here; `weights.pretrained` downloads, checks and converts the files.
-
-Example:
-    >>> from keras_autoshuffle import applications
-    >>> applications.list_weights()
-    ['shufflenet_v2_x0_5.imagenet', 'shufflenet_v2_x1_0.imagenet', ...]
-    >>> entry = applications.get_weights("shufflenet_v2_x1_0_imagenet")
-    >>> entry.name, entry.acc1, entry.num_params
-    ('shufflenet_v2_x1_0.imagenet', 69.362, 2278604)
-    >>> model = applications.ShuffleNetV2(1.0, weights=entry.name)
+`CHECKPOINTS[1.0]` is the entry by width; `hub.list_presets()` is the one list of them (as
+keras-hub's preset tables). An entry's name has two spellings, `entry.name`
+(`shufflenet_v2_x1_0.imagenet`, torchvision's builder name) and `entry.preset`
+(`shufflenet_v2_x1_0_imagenet`, keras-hub's: `from_preset`'s name); a builder's `weights=`
+takes either. Also here: the download URL rule (`checkpoint_url`,
+`$KERAS_AUTOSHUFFLE_WEIGHTS_URL`), Keras's cache folder (`cache_dir`), ImageNet's class
+index and `decode_predictions`; `weights.pretrained` downloads, checks and converts the files.
 
 Test seam: `CHECKPOINTS` is a plain dict {width: Checkpoint}, read at each call; a test may
 replace an entry (e.g. `monkeypatch.setitem(CHECKPOINTS, 0.5, dataclasses.replace(
@@ -28,25 +18,154 @@ hash and conversion code, by width (`weights="imagenet"`) or by name (`weights=e
 """
 
 import dataclasses
-import warnings
+import json
+import os
+import pathlib
+import tempfile
+import urllib.parse
+from typing import Any
 
 import keras
+import numpy as np
 
-from keras_autoshuffle import _validation
-from keras_autoshuffle.applications import preprocessing
 from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD, width_name
-from keras_autoshuffle.applications.weights.locations import (  # noqa: F401 (re-exported)
-    BASE_URL,
-    CACHE_SUBDIR,
-    CLASS_INDEX_FILE,
-    CLASS_INDEX_MD5,
-    CLASS_INDEX_URL,
-    URL_VARIABLE,
-    cache_dir,
-    checkpoint_url,
-    decode_predictions,
-    imagenet_class_index,
-)
+
+BASE_URL = "https://download.pytorch.org/models/"
+URL_VARIABLE = "KERAS_AUTOSHUFFLE_WEIGHTS_URL"
+# The checkpoints and their converted files go to `<cache>/models` (`cache_dir`).
+CACHE_SUBDIR = "models"
+# Keras's ImageNet class index (keras.applications.imagenet_utils), the same file, URL
+# and MD5, so both share one cached copy.
+CLASS_INDEX_FILE = "imagenet_class_index.json"
+CLASS_INDEX_URL = "https://storage.googleapis.com/download.tensorflow.org/data/" + CLASS_INDEX_FILE
+CLASS_INDEX_MD5 = "c2c37ea517e94d9795004a39431a14cb"
+
+
+def checkpoint_url(file_name: str) -> str:
+    """`<base>/<file_name>`: the base is `$KERAS_AUTOSHUFFLE_WEIGHTS_URL` when set (an
+    http(s):// or file:// URL of a folder, its query string kept, or an absolute folder
+    path), else torchvision's."""
+    base = os.environ.get(URL_VARIABLE, "").strip() or BASE_URL
+    parts = urllib.parse.urlsplit(base)
+    if not parts.scheme and os.path.isabs(base):
+        parts = urllib.parse.urlsplit(pathlib.Path(base).as_uri())
+    elif not _is_folder_url(parts):
+        raise ValueError(
+            f"The environment variable {URL_VARIABLE} must be the URL of a folder holding "
+            "torchvision's checkpoint files (https://mirror/models/, file:///path/to/folder) "
+            f"or an absolute folder path. Received: {URL_VARIABLE}={base!r}"
+        )
+    path = parts.path.rstrip("/") + "/" + urllib.parse.quote(file_name)
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, parts.query, parts.fragment))
+
+
+def _is_folder_url(parts):
+    """Whether split URL `parts` can be a base: http(s)/ftp with a host, or file: with an
+    absolute path (`file:relative/dir` has no meaning without a current folder)."""
+    absolute = parts.path.startswith("/")
+    if parts.scheme == "file":
+        return absolute and parts.netloc in ("", "localhost")
+    return (
+        parts.scheme in ("http", "https", "ftp")
+        and bool(parts.netloc)
+        and (absolute or not parts.path)
+    )
+
+
+def cache_dir() -> str:
+    """Keras's cache folder: `$KERAS_HOME` at the time of the call, else `~/.keras`
+    (`/tmp/.keras` when that cannot be written, as `keras.utils.get_file` does)."""
+    base = os.path.expanduser(
+        os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    )
+    try:
+        os.makedirs(os.path.join(base, CACHE_SUBDIR), exist_ok=True)
+    except OSError:
+        base = None
+    if base is None or not os.access(base, os.W_OK):
+        base = os.path.join(tempfile.gettempdir(), ".keras")
+        os.makedirs(os.path.join(base, CACHE_SUBDIR), exist_ok=True)
+    return base
+
+
+def imagenet_class_index(received: str) -> dict:
+    """ImageNet's class index, `{"0": [wnid, name], ..., "999": [...]}`: Keras's
+    `imagenet_class_index.json`, fetched once with `keras.utils.get_file` (MD5-checked)
+    into Keras's cache folder (`cache_dir()`, read at each call).
+
+    Args:
+        received: what the caller was given, for the error's `Received: ...` ending.
+
+    Returns:
+        The index as a dict from the class number (a string) to `[wnid, name]`.
+
+    Raises:
+        OSError: the file is not in the cache and cannot be downloaded; the message says
+            where to put it offline.
+    """
+    try:
+        path = keras.utils.get_file(
+            CLASS_INDEX_FILE,
+            CLASS_INDEX_URL,
+            cache_subdir=CACHE_SUBDIR,
+            file_hash=CLASS_INDEX_MD5,
+            cache_dir=cache_dir(),
+        )
+    except Exception as error:  # get_file raises a bare Exception on network errors
+        where = os.path.join(cache_dir(), CACHE_SUBDIR, CLASS_INDEX_FILE)
+        raise OSError(
+            f"Could not get ImageNet's class names from {CLASS_INDEX_URL} ({type(error).__name__}"
+            f": {error}). Offline: download it elsewhere and put it at {where}. "
+            f"Received: {received}"
+        ) from None
+    with open(path) as handle:
+        return json.load(handle)
+
+
+def decode_predictions(preds: Any, top: int = 5) -> list[list[tuple[str, str, float]]]:
+    """Decodes ImageNet predictions into (class id, class name, score), best first.
+
+    The same results as `keras.applications.imagenet_utils.decode_predictions`, with
+    the class index Keras uses (the synset order torchvision's classifiers share):
+    `imagenet_class_index.json` is fetched once with `keras.utils.get_file`
+    (MD5-checked) into Keras's cache, where Keras's own copy is found too. Not a call
+    to Keras's: that one reads the cache folder fixed when Keras was imported and keeps
+    the index in a module global; this one reads `$KERAS_HOME` at each call, says how
+    to place the file offline, and refuses scores that are NaN or infinite (which
+    would rank arbitrarily).
+
+    Args:
+        preds: scores of shape (samples, 1000): probabilities or logits, NumPy or tensor,
+            all finite.
+        top: how many classes per sample, an integer in [1, 1000] (Python or NumPy).
+
+    Returns:
+        A list with, per sample, a list of `top` tuples `(class_id, class_name, score)`,
+            by decreasing score.
+    """
+    preds = np.asarray(keras.ops.convert_to_numpy(preds))
+    if preds.ndim != 2 or preds.shape[1] != 1000:
+        raise ValueError(
+            "`preds` must be ImageNet scores of shape (samples, 1000). "
+            f"Received: preds.shape={preds.shape}"
+        )
+    if not np.all(np.isfinite(preds)):
+        sample, column = np.argwhere(~np.isfinite(preds))[0]
+        raise ValueError(
+            "`preds` must be finite scores; a NaN or infinite score has no rank (a diverged "
+            f"model?). Received: preds[{sample}, {column}]={preds[sample, column]}"
+        )
+    integer = isinstance(top, (int, np.integer)) and not isinstance(top, (bool, np.bool_))
+    if not integer or not 1 <= top <= 1000:
+        raise ValueError(f"`top` must be an integer in [1, 1000]. Received: top={top!r}")
+    top = int(top)
+    index = imagenet_class_index(f"preds.shape={preds.shape}")
+    results = []
+    for row in preds:
+        best = np.argsort(row)[::-1][:top]
+        results.append([(*index[str(i)], row[i]) for i in best])
+    return results
+
 
 # torchvision's `Weights.meta["recipe"]` of each checkpoint.
 PORTED_RECIPE = "https://github.com/ericsun99/Shufflenet-v2-Pytorch"
@@ -56,11 +175,11 @@ NEW_RECIPE = "https://github.com/pytorch/vision/pull/5906"
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
     """One published ShuffleNetV2 ImageNet checkpoint and what torchvision says of it:
-    an entry of the weights registry (`applications.get_weights(name)`).
+    an entry of the weights registry (`applications.CHECKPOINTS[width]`).
 
     The fields are data a program can read (`to_dict()` gives them all, with `url`);
     `class_names()` is the classifier's classes, in its order;
-    `imagenet_preprocessing(width)` the evaluation transform.
+    `applications.imagenet_preprocessing(width)` the evaluation transform.
 
     Attributes:
         file_name: the file's name (the download URL's last part).
@@ -136,17 +255,6 @@ class Checkpoint:
         """The reported accuracy as torchvision's `meta["_metrics"]`:
         `{"ImageNet-1K": {"acc@1": ..., "acc@5": ...}}` (%)."""
         return {self.dataset: {"acc@1": self.acc1, "acc@5": self.acc5}}
-
-    def preprocessing(self, data_format: str | None = None) -> keras.Sequential:
-        """Deprecated alias of `applications.imagenet_preprocessing(self.width)`; the
-        preset's `ShuffleNetImageConverter` is the one spelling."""
-        warnings.warn(
-            "Checkpoint.preprocessing() is deprecated: use keras_autoshuffle.hub."
-            "ShuffleNetImageConverter (or applications.imagenet_preprocessing(width)).",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return _preprocessing_of(self, data_format)
 
     def class_names(self) -> list[str]:
         """The classifier's class names, in its output order (1000 ImageNet-1K classes):
@@ -250,124 +358,23 @@ CHECKPOINTS = {
 }
 
 
-# The public builders and the network family each builds (a checkpoint's `builder` is the
-# manual-shuffle builder of its family; the learned-shuffle one loads its weights too).
-MODELS = {
-    "ShuffleNetV1": "ShuffleNetV1",
-    "ShuffleNetV2": "ShuffleNetV2",
-    "AutoShuffleNetV1": "ShuffleNetV1",
-    "AutoShuffleNetV2": "ShuffleNetV2",
-}
 # What `weights=` names for "the checkpoint of the model's width".
 IMAGENET = "imagenet"
 
 
-def list_models(pretrained: bool = False) -> list[str]:
-    """The builders of `applications`, by name (as timm's `list_models`).
-
-    Args:
-        pretrained: only the builders that published weights exist for
-            (`list_weights(model)` is not empty).
-
-    Returns:
-        The builder names, sorted (e.g. `"ShuffleNetV2"`: `applications.ShuffleNetV2`).
-    """
-    if not isinstance(pretrained, bool):
-        raise ValueError(f"`pretrained` must be True or False. Received: pretrained={pretrained!r}")
-    names = sorted(MODELS)
-    return [name for name in names if list_weights(name)] if pretrained else names
+def named(name: object) -> Checkpoint | None:
+    """The entry whose `name` or `preset` is `name`, or None."""
+    if not isinstance(name, str):
+        return None
+    return next((e for e in CHECKPOINTS.values() if name in (e.name, e.preset)), None)
 
 
-def list_weights(model: str | None = None) -> list[str]:
-    """The names of the published weights (`weights=` of a builder), by width.
-
-    Args:
-        model: a builder name (`list_models()`) to list only the weights it loads, or None
-            for all.
-
-    Returns:
-        The entry names, e.g. `["shufflenet_v2_x0_5.imagenet", ...]`; empty for a builder
-            with none (ShuffleNet v1).
-
-    Raises:
-        ValueError: `model` is not a builder name.
-    """
-    if model is not None and model not in MODELS:
-        raise ValueError(
-            f"`model` must be None or a builder name, one of {sorted(MODELS)}. "
-            f"Received: model={model!r}"
-        )
-    entries = [CHECKPOINTS[width] for width in sorted(CHECKPOINTS)]
-    return [e.name for e in entries if model is None or e.builder == MODELS[model]]
-
-
-def get_weights(name: str) -> Checkpoint:
-    """The registry entry of the published weights `name`.
-
-    Args:
-        name: an entry name of `list_weights()`, e.g. `"shufflenet_v2_x1_0.imagenet"`, or
-            its preset spelling (`entry.preset`, `"shufflenet_v2_x1_0_imagenet"`).
-
-    Returns:
-        Its `Checkpoint`: URL, SHA-256, file name and size, class count and names, the
-            evaluation sizes, accuracy (`metrics`), parameter count and multiply-adds.
-
-    Raises:
-        ValueError: no entry has that name; the message lists the names.
-    """
-    entry = _named(name)
-    if entry is None:
-        raise ValueError(
-            f"No published weights are named {name!r}. The names are {list_weights()} "
-            f"(`applications.list_weights()`), or the same with '_' for '.'. "
-            f"Received: name={name!r}"
-        )
-    return entry
-
-
-def _named(name):
-    """The entry named `name` (either spelling), or None."""
-    found = [
-        e for e in CHECKPOINTS.values() if isinstance(name, str) and name in (e.name, e.preset)
-    ]
-    return found[0] if found else None
+def names() -> list[str]:
+    """The entries' names (`entry.name`), by width: what a builder's `weights=` takes."""
+    return [CHECKPOINTS[width].name for width in sorted(CHECKPOINTS)]
 
 
 def is_pretrained(weights: object) -> bool:
     """Whether a builder's `weights` asks for published weights: "imagenet" or an entry
     name, either spelling (which wins over a file of the same name)."""
-    return isinstance(weights, str) and (weights == IMAGENET or _named(weights) is not None)
-
-
-def imagenet_preprocessing(width: float = 1.0, data_format: str | None = None) -> keras.Sequential:
-    """torchvision's evaluation transform for the ImageNet weights of `ShuffleNetV2(width)`
-    (the checkpoint's resize and crop sizes, ImageNet's normalisation), as a
-    `keras.Sequential`: `evaluation_preprocessing`'s layers and limits, named after the
-    checkpoint; the same transform as its preset's `hub.ShuffleNetImageConverter`.
-
-    Args:
-        width: a key of `applications.CHECKPOINTS` (0.5, 1.0, 1.5, 2.0).
-        data_format: "channels_last" or "channels_first" (default: Keras's).
-
-    Returns:
-        A `keras.Sequential` from pixel values in [0, 255], a batch of any size
-            (batch, height, width, channels), to the model's input (batch, 224, 224, 3).
-
-    Example:
-        >>> preprocess = applications.imagenet_preprocessing(1.0)
-        >>> model = applications.ShuffleNetV2(1.0, weights="imagenet")
-        >>> batch = data.read_image("cat.jpg")[None]
-        >>> applications.decode_predictions(model.predict(preprocess(batch)), top=3)
-    """
-    entry = CHECKPOINTS[_validation.choice(width, tuple(CHECKPOINTS), "width")]
-    return _preprocessing_of(entry, data_format)
-
-
-def _preprocessing_of(entry, data_format):
-    scale, offset = preprocessing.scale_offset(entry.mean, entry.std)
-    layers = preprocessing.evaluation_layers(
-        entry.crop_size, entry.resize_size, scale, offset, data_format
-    )
-    return preprocessing.as_sequential(
-        layers, f"shufflenet_v2_{width_name(entry.width)}_preprocessing"
-    )
+    return isinstance(weights, str) and (weights == IMAGENET or named(weights) is not None)
