@@ -1,19 +1,11 @@
 """TensorFlow's start-up lines, kept off a command's screen (imports nothing heavy).
 
-TensorFlow 2.19 and later print some lines while their libraries load ("Could not find cuda
-drivers", "This TensorFlow binary is optimized ...", absl's "All log messages before
-absl::InitializeLog()") whatever `TF_CPP_MIN_LOG_LEVEL` says (tensorflow/tensorflow#100442):
-they are written to file descriptor 2 by C++ before the setting is read. `import_quietly`
-imports a module with descriptor 2 sent to a temporary file, then writes back only the lines
-the setting lets through.
-
-The package's `__init__` imports this module first, which imports Keras (and so TensorFlow)
-through `import_quietly`:
-- in an installed command (`autoshuffle-*`), whose script parses its arguments first
-  (`keras_autoshuffle_cli`, no TensorFlow) and then imports the package for the work,
-  `TF_CPP_MIN_LOG_LEVEL` defaults to "2" (errors only);
-- elsewhere the user's `TF_CPP_MIN_LOG_LEVEL` is honoured for those lines too, and nothing
-  is filtered where it is unset or "0" (a library import changes no setting).
+TensorFlow 2.19 and later print some lines from C++ while their libraries load, whatever
+`TF_CPP_MIN_LOG_LEVEL` says (tensorflow/tensorflow#100442). `import_quietly` imports a
+module with file descriptor 2 sent to a temporary file, then writes back only the lines
+the setting lets through. In an installed command `TF_CPP_MIN_LOG_LEVEL` defaults to "2"
+(errors only); elsewhere the user's setting is honoured, nothing filtered where it is
+unset or "0".
 """
 
 import contextlib

@@ -51,6 +51,16 @@ def non_negative_int(value, name):
     return int(value)
 
 
+def seed(value, name="seed"):
+    """`value` as an int; ValueError unless it is an integer in [0, 2**32 - 1] (NumPy's and
+    TensorFlow's seeds are 32-bit)."""
+    if not is_integer(value) or not 0 <= value < 2**32:
+        raise ValueError(
+            f"`{name}` must be an integer in [0, 2**32 - 1]. Received: {name}={value!r}"
+        )
+    return int(value)
+
+
 def optional_positive_int(value, name):
     """None, or `positive_int(value, name)`."""
     return None if value is None else positive_int(value, name)

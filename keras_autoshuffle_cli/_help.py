@@ -4,7 +4,7 @@ the count type, and the hand-over to the command's work."""
 import argparse
 import importlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 from keras_autoshuffle_cli._terminal import printable
@@ -40,31 +40,29 @@ def command_parser(prog: str, description: str, example: str) -> argparse.Argume
     )
 
 
-def positive_int_argument(text: str) -> int:
-    """An argparse `type=`: a positive integer (the command lines' counts), or a usage error
-    that quotes the text."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
+def number_argument(
+    kind: type, accept: Callable[[float], bool], wanted: str
+) -> Callable[[str], float]:
+    """An argparse `type=`: `kind(text)` where `accept` holds, else a usage error that says
+    what is `wanted` and quotes the text (NaN and inf refused where `accept` refuses them)."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            value = math.nan
+        if not accept(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
+        return value + 0  # -0.0 as 0.0
+
+    return parse
 
 
-def percentage_points_argument(text: str) -> float:
-    """An argparse `type=`: a number of percentage points in [0, 100] (--int8-max-drop), as
-    `keras_autoshuffle._validation.percentage_points` checks it in Python, or a usage error
-    that quotes the text (NaN, inf and 1e308 included)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not 0 <= value <= 100:
-        raise argparse.ArgumentTypeError(
-            f"must be a number of percentage points in [0, 100], got {text!r}"
-        )
-    return value + 0.0  # -0 as 0
+# The command lines' counts, and --int8-max-drop as `_validation.percentage_points` checks it.
+positive_int_argument = number_argument(int, lambda v: v >= 1, "a positive integer")
+percentage_points_argument = number_argument(
+    float, lambda v: 0 <= v <= 100, "a number of percentage points in [0, 100]"
+)
 
 
 def add_int8_max_drop(parser: argparse.ArgumentParser, held_out: str) -> None:

@@ -30,11 +30,8 @@ from keras_autoshuffle_cli._help import (
 EXAMPLE = "autoshuffle-finetune photos/ --output runs/photos --width 0.5 --int8"
 
 
-def _weights(text):
-    return None if text.lower() == "none" else text
-
-
-def _class_weights(text):
+def _none_or_text(text):
+    """--weights and --class-weights: "none" (any case) is None."""
     return None if text.lower() == "none" else text
 
 
@@ -48,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--weights",
-        type=_weights,
+        type=_none_or_text,
         default="imagenet",
         help='"imagenet", a preset name (shufflenet_v2_x1_0_imagenet, ...) or folder (a '
         'run\'s preset/), the path of a .keras ShuffleNet v2 of --width, or "none"',
@@ -74,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--label-smoothing", type=float, default=0.1, help="in [0, 1)")
     p.add_argument(
         "--class-weights",
-        type=_class_weights,
+        type=_none_or_text,
         default="balanced",
         help='"balanced" (weigh classes by their image counts) or "none"',
     )

@@ -14,7 +14,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from keras_autoshuffle_cli._help import command_parser, run_command
+from keras_autoshuffle_cli._help import command_parser, positive_int_argument, run_command
 
 EXAMPLE = "autoshuffle-predict runs/photos/model.tflite photos/cat.jpg photos/dogs/ --top 3"
 
@@ -36,7 +36,9 @@ def parser() -> argparse.ArgumentParser:
         help="use torchvision's pretrained ImageNet ShuffleNetV2 of this width "
         "(0.5, 1.0, 1.5, 2.0; downloaded once) instead of a MODEL (default: a MODEL)",
     )
-    p.add_argument("--top", type=int, default=5, metavar="K", help="classes printed per image")
+    p.add_argument(
+        "--top", type=positive_int_argument, default=5, metavar="K", help="classes per image"
+    )
     p.add_argument("--json", action="store_true", help="print a JSON list for scripts")
     p.add_argument(
         "--skip-damaged",
@@ -51,8 +53,6 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     as argparse's own do (usage, `error: ...`, status 2)."""
     p = parser()
     args = p.parse_args(argv)
-    if args.top < 1:
-        p.error(f"--top must be a positive integer. Received: --top={args.top}")
     if args.imagenet is None and len(args.inputs) < 2:
         p.error(
             "give a MODEL and at least one IMAGE (or --imagenet WIDTH and images). "

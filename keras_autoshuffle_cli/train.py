@@ -13,6 +13,7 @@ started again with the same arguments resumes from its last finished epoch. Reci
 """
 
 import argparse
+import math
 import sys
 from collections.abc import Sequence
 
@@ -20,6 +21,7 @@ from keras_autoshuffle_cli._help import (
     add_int8_max_drop,
     add_int8_weight_bits,
     command_parser,
+    number_argument,
     positive_int_argument,
     run_command,
 )
@@ -59,14 +61,10 @@ def _sinkhorn_iterations(text):
         raise argparse.ArgumentTypeError(str(error)) from None
 
 
-def _seed(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"must be an integer in [0, 2**32 - 1], got {text!r}")
-    return value
+_seed = number_argument(int, lambda v: 0 <= v < 2**32, "an integer in [0, 2**32 - 1]")
+_non_negative_int = number_argument(int, lambda v: v >= 0, "an integer >= 0")
+_non_negative_float = number_argument(float, lambda v: 0 <= v < math.inf, "a finite number >= 0")
+_positive_float = number_argument(float, lambda v: 0 < v < math.inf, "a finite number > 0")
 
 
 def _export_formats(text):
@@ -87,39 +85,12 @@ class _FormatsAction(argparse.Action):
         setattr(namespace, self.dest, tuple(f for group in values for f in group))
 
 
-def _non_negative_int(text):
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 0, got {text!r}")
-    return value
-
-
-def _non_negative_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
-
-
 def _penalty(text):
     from keras_autoshuffle._validation import MAX_PENALTY
 
     value = _non_negative_float(text)
     if value > MAX_PENALTY:  # lambda x P(M) would overflow the loss
         raise argparse.ArgumentTypeError(f"must be at most {MAX_PENALTY:g}, got {text!r}")
-    return value
-
-
-def _positive_float(text):
-    value = _non_negative_float(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text!r}")
     return value
 
 

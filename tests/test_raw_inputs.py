@@ -12,8 +12,8 @@ from helpers import needs_extra, tiny_v2
 from keras_autoshuffle import export
 from keras_autoshuffle.applications.preprocessing import evaluation_preprocessing
 from keras_autoshuffle.finetuning.raw_inputs import (
+    RAW_INPUT_FORMATS,
     RawImagePreprocessing,
-    raw_input_formats,
     raw_input_model,
 )
 
@@ -133,7 +133,7 @@ def operators(path):
 @pytest.mark.parametrize("fmt", ["onnx", pytest.param("openvino", marks=needs_extra("openvino"))])
 @needs_extra("onnx")
 def test_onnx_and_openvino_files_take_any_size(model, tmp_path, fmt):
-    assert fmt in raw_input_formats()
+    assert fmt in RAW_INPUT_FORMATS
     if fmt == "onnx":
         run = export.open_runner(export.export_onnx(model, str(tmp_path / "model.onnx"))).run
     else:
@@ -158,7 +158,7 @@ def test_saves_and_loads_with_safe_mode(model, tmp_path):
 
 
 def test_formats():
-    assert set(raw_input_formats()) == set(export.FORMATS)
+    assert set(RAW_INPUT_FORMATS) == set(export.FORMATS)
 
 
 @pytest.mark.parametrize(

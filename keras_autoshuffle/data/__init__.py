@@ -1,29 +1,14 @@
 """Input pipelines: TFDS CIFAR-10 and ImageNet, Fashion-MNIST IDX files, embedded digits,
-folders of labelled images.
-
-- `pipeline`: `EpochData` splits whose epoch is a pure function of `(seed, epoch)`
-  (`ArrayData` in memory, `TFDSData` streamed), the seeds, `EpochCounter` for `model.fit`.
-- `transforms`: per-image normalisation and augmentation.
-- `sources`: one loader per data set (`digits`, `fashion_mnist`, `cifar10`, `imagenet`)
-  and their statistics.
-- `registry`: `load(name)` over `DATASETS`.
-- `images`: one untrusted image file: `check_image_file`, `read_image`, `decode_rgb`
-  (upright: the EXIF orientation applied).
-- `exif`: a file's EXIF orientation read and applied with TensorFlow ops (`orientation`,
-  `upright`).
-- `image_folder`: a folder of labelled images: `scan_image_folder` (checked, split,
-  recorded as an `ImageFolderSplit`), `ImageFolderData`, `image_folder`.
-
+folders of labelled images, each split an `EpochData` whose epoch is a pure function of
+`(seed, epoch)` (`pipeline`). One loader per data set (`sources`, `registry.load`); one
+untrusted image file checked and decoded upright (`images`, `exif`); a folder of labelled
+images scanned, split and recorded (`image_folder*`), cached decoded (`image_cache`).
 Everything is re-exported here: `from keras_autoshuffle import data; data.digits()`.
 """
 
-from keras_autoshuffle.data.image_folder import (
-    ImageFolderData,
-    ImageFolderError,
-    ImageFolderSplit,
-    image_folder,
-    scan_image_folder,
-)
+from keras_autoshuffle.data.image_folder import ImageFolderData, image_folder
+from keras_autoshuffle.data.image_folder_scan import scan_image_folder
+from keras_autoshuffle.data.image_folder_split import ImageFolderError, ImageFolderSplit
 from keras_autoshuffle.data.images import (
     IMAGE_EXTENSIONS,
     MAX_FILE_BYTES,

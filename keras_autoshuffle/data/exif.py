@@ -2,18 +2,12 @@
 `tf.data` pipelines turn a phone's sideways photo upright, as Pillow's
 `ImageOps.exif_transpose` does.
 
-A camera stores the sensor's pixels as they were read and writes in the file's EXIF data
-how to turn them upright: the Orientation tag (0x0112), 1 (upright) to 8. `orientation`
-reads it from the file's bytes: in a JPEG from the first `Exif` APP1 segment before the
-pixel data, in a PNG from an `eXIf` chunk before the pixel data (where Pillow writes it);
-BMP and GIF files have none. `upright` applies it: the pixels of `exif_transpose`. The
-first Orientation entry of the first image directory (IFD0) counts when it is one SHORT,
-as cameras write it; anything else, a value outside 2..8, a damaged or truncated EXIF
-block, or no EXIF data gives 1, the pixels as stored: reading one never fails. The work
-is bounded whatever a file declares: at most `MAX_SEGMENTS` JPEG segments (or fill bytes)
-or PNG chunks are walked, and at most `MAX_EXIF_BYTES` of the EXIF data are read.
-Pillow also takes an orientation from XMP metadata when EXIF has none, and from a PNG's
-eXIf chunk after its pixel data; this does not.
+`orientation` reads the Orientation tag (0x0112, 1 upright to 8) of the first IFD, one
+SHORT as cameras write it, from a JPEG's first `Exif` APP1 segment or a PNG's `eXIf` chunk
+before the pixel data (BMP and GIF have none); anything else, or damaged EXIF data, gives
+1: reading never fails. The work is bounded: at most `MAX_SEGMENTS` segments or chunks
+walked and `MAX_EXIF_BYTES` of EXIF data read. `upright` applies it. (Pillow also reads
+XMP metadata and a PNG's eXIf chunk after the pixels; this does not.)
 """
 
 import tensorflow as tf

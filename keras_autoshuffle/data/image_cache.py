@@ -1,21 +1,12 @@
 """Training images decoded once, shrunk and kept on disk as raw pixels, so that each epoch
-reads them instead of decoding the files again (as Ultralytics' `cache=disk`).
+reads them instead of decoding the files again (as Ultralytics' `cache=disk`): decoding a
+camera photo takes longer than the training step's share of it on a small CPU.
 
-Decoding dominates the input pipeline of camera photos: a 4000 x 3000 JPEG's entropy
-decoding alone takes longer than the training step's share of one image on a small CPU,
-whatever the output size. The cache stores each training image once, decoded (a large
-JPEG by libjpeg's DCT scaling) and resized, antialiased, so that its shorter side is at
-most `min_side` pixels (the training decode's least side, twice the network's input): a
-random-resized crop then reads a few hundred kilobytes of pixels, no decoding. The
-pixels are upright (`decode_rgb` applies the EXIF orientation).
-
-A cache file is `MAGIC`, the height and width (two native int32) and the RGB pixels
-(uint8, row-major). Its name is a hash of the image file's path, size, inode, modification
-and change times and of `min_side`, so an image edited or replaced in place gets a new
-file (an edit that restores all of them is not seen: the cache is the run's own, not a
-user's file). Each file is written
-atomically; a cache killed while it was being built is completed by the next build,
-which checks every existing file's header and size and rewrites a damaged one.
+A cache file is `MAGIC`, the height and width (two native int32) and the upright RGB
+pixels (uint8, row-major), the shorter side at most `min_side`. Its name hashes the image
+file's path, size, inode, modification and change times and `min_side`, so an image
+replaced in place gets a new file. Each file is written atomically; a build killed midway
+is completed by the next, which checks every existing file's header and size.
 """
 
 import hashlib

@@ -16,35 +16,24 @@ from keras_autoshuffle import _validation
 from keras_autoshuffle.applications import evaluation_sizes
 from keras_autoshuffle.data import transforms
 from keras_autoshuffle.data.image_cache import build_image_cache, read_cached
-from keras_autoshuffle.data.image_folder_scan import (  # noqa: F401 (re-exported)
-    MAX_FILES,
+from keras_autoshuffle.data.image_folder_scan import (
     _check_root,
     _problems,
     _split_arguments,
     scan_image_folder,
 )
-from keras_autoshuffle.data.image_folder_split import (  # noqa: F401 (re-exported)
-    ImageFolderError,
-    ImageFolderSplit,
-    _error,
-)
+from keras_autoshuffle.data.image_folder_split import ImageFolderError, ImageFolderSplit, _error
 from keras_autoshuffle.data.images import (
     MAX_PIXELS,
     decode_rgb,
 )
-from keras_autoshuffle.data.pipeline import EpochData, epoch_permutation
+from keras_autoshuffle.data.pipeline import EpochData
 
 # Training decodes a JPEG at 1/2, 1/4 or 1/8 scale when its shorter side stays at least
-# TRAINING_DECODE_FACTOR * image_size (`decode_rgb(contents, min_side)`). Why 2: the
-# photos the ImageNet weights were trained on are mostly about 500 x 375 (a shorter side
-# ~1.7 x 224), so a random-resized crop (8% to 100% of the area) keeps at least the
-# pixels it had there, and a full-area crop is still shrunk 2x or more by the resize.
-# The DCT scaling averages blocks, where `tf.image.resize` (bilinear, not antialiased)
-# skips pixels: a 4000 x 3000 photo's full-area crop is shrunk 3 to 4.5x (from
-# 1000 x 750) instead of 13 to 18x, less aliased. Measured on 2 loaded cores
-# (experiments/finetune_throughput.py, docs/results/finetune_throughput.json): training
-# epochs of 4000 x 3000 photos 1.9x faster (1/4 scale), of 1600 x 1200 ones no faster
-# (1/2 scale: the entropy decoding, which scaling does not shorten, dominates).
+# TRAINING_DECODE_FACTOR * image_size: a random-resized crop (8% to 100% of the area) then
+# keeps the pixels it had on the ~500 x 375 photos the ImageNet weights were trained on,
+# and the DCT scaling averages blocks where the bilinear resize would skip pixels.
+# Measured (experiments/finetune_throughput.py): epochs of 4000 x 3000 photos 1.9x faster.
 TRAINING_DECODE_FACTOR = 2
 
 
@@ -52,17 +41,11 @@ class ImageFolderData(EpochData):
     """Images read from files, as `EpochData`: an epoch is a pure function of `(seed,
     epoch)`.
 
-    Training: the files in `epoch_permutation(seed, epoch)`'s order, each decoded (a large
-    JPEG at 1/2, 1/4 or 1/8 scale, by libjpeg, its shorter side kept at
-    `TRAINING_DECODE_FACTOR * image_size` pixels or more: `decode_rgb(..., min_side)`),
-    or, after `cache_images`, its pixels read from the cache (decoded once, the shorter
-    side shrunk to `decode_min_side` at most); then a random-resized crop to `image_size`
-    (and a random horizontal flip unless `flip` is False), scaled to [0, 1] and
-    normalised with ImageNet's mean and standard deviation.
-    Evaluation: the files in order, `applications.evaluation_preprocessing(image_size)`'s
-    transform (resize the shorter side, crop the centre, normalise): the same pixels.
-    Files are read and decoded in parallel, in a deterministic order, and the batches
-    prefetched.
+    Training: each file decoded (a large JPEG at a reduced scale, its shorter side kept
+    at `decode_min_side` or more) or read from the cache (`cache_images`), then a
+    random-resized crop to `image_size`, a random flip unless `flip` is False, and
+    ImageNet's normalisation. Evaluation: `applications.evaluation_preprocessing(
+    image_size)`'s pixels (resize the shorter side, crop the centre, normalise).
 
     Args:
         root: the folder the paths are relative to.
@@ -80,8 +63,7 @@ class ImageFolderData(EpochData):
         num_classes: as given.
         input_shape: (image_size, image_size, 3).
         resize_size: the evaluation resize's shorter side before the central crop.
-        decode_min_side: the least shorter side of a training image downscaled as it is
-            decoded, `TRAINING_DECODE_FACTOR * image_size`.
+        decode_min_side: `TRAINING_DECODE_FACTOR * image_size`.
 
     Raises:
         ValueError: an argument out of range, or a label outside [0, num_classes).
@@ -102,10 +84,8 @@ class ImageFolderData(EpochData):
         self.num_classes = _validation.positive_int(num_classes, "num_classes")
         self.input_shape = (self.image_size, self.image_size, 3)
         self.decode_min_side = TRAINING_DECODE_FACTOR * self.image_size
-        for name, value in (("flip", flip), ("training", training)):
-            if not isinstance(value, bool):
-                raise ValueError(f"`{name}` must be True or False. Received: {name}={value!r}")
-        self.flip, self.training = flip, training
+        self.flip = _validation.boolean(flip, "flip")
+        self.training = _validation.boolean(training, "training")
         self._cached = None  # (cache file, height, width) per example, by cache_images
         self.root = os.path.abspath(root)  # read later, wherever the working folder is
         self.examples = tuple((str(path), int(label)) for path, label in examples)
@@ -126,9 +106,7 @@ class ImageFolderData(EpochData):
     def cache_images(self, folder: str | os.PathLike) -> None:
         """Decodes the training images once into `folder` (`data.image_cache`), each
         shrunk to a shorter side of at most `decode_min_side`; training epochs then read
-        the cached pixels instead of decoding the files. A cache left by a killed run is
-        completed, not rebuilt. Evaluation still decodes the files (the exact pixels of
-        `evaluation_preprocessing`).
+        the cached pixels. A cache left by a killed run is completed, not rebuilt.
 
         Args:
             folder: the cache folder (created).
@@ -155,14 +133,7 @@ class ImageFolderData(EpochData):
         return os.path.join(self.root, *self.examples[index][0].split("/"))
 
     def subset(self, count: int) -> "ImageFolderData":
-        """The first `count` examples (smoke tests).
-
-        Args:
-            count: how many, a positive integer.
-
-        Returns:
-            An `ImageFolderData` with the same settings.
-        """
+        """The first `count` examples (a positive integer), with the same settings."""
         count = _validation.positive_int(count, "count")
         subset = ImageFolderData(
             self.root,
@@ -185,10 +156,6 @@ class ImageFolderData(EpochData):
             )
         paths = tf.constant([self.path(i) for i in range(self.num_examples)])
         labels = tf.constant(self.labels)
-        if training:
-            order = epoch_permutation(self.num_examples, self.seed, epoch)
-        else:
-            order = tf.range(self.num_examples)
 
         if training and self._cached is not None:
             files = tf.constant([file for file, _, _ in self._cached])
@@ -203,14 +170,11 @@ class ImageFolderData(EpochData):
             # Evaluation: the full image, for evaluation_preprocessing's exact pixels.
             image = decode_rgb(contents, self.decode_min_side if training else None)
             if not training:
-                image = self._evaluate(image)
+                image = transforms.imagenet_evaluation(image, self.image_size, self.resize_size)
             return prepare(image, tf.gather(labels, index), index)
 
-        order = tf.data.Dataset.from_tensor_slices(tf.cast(order, tf.int64))
+        order = self._order(epoch, training)
         return order.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-
-    def _evaluate(self, image):
-        return transforms.imagenet_evaluation(image, self.image_size, self.resize_size)
 
     def _augment(self, image, seed):
         return transforms.imagenet_training(image, seed, self.image_size, self.flip)
@@ -227,12 +191,10 @@ def image_folder(
     skip_damaged: bool = False,
     record: str | os.PathLike | None = None,
 ) -> tuple[ImageFolderData, ImageFolderData, ImageFolderSplit]:
-    """A folder of labelled images as training and validation `ImageFolderData`.
-
-    The folder is scanned and split by `scan_image_folder`. With `record` (a JSON file in
-    the run's output folder), the split is saved there; when that file exists, it is read
-    instead, and each file it lists must still be there and usable: a resumed or repeated
-    run trains and validates on the same images.
+    """A folder of labelled images as training and validation `ImageFolderData`,
+    scanned and split by `scan_image_folder`. With `record` (a JSON file), the split is
+    saved there; when that file exists it is read instead, each file it lists checked
+    again: a resumed or repeated run uses the same images.
 
     Args:
         root: the folder (see `scan_image_folder` for the layouts).
@@ -240,8 +202,7 @@ def image_folder(
         val_fraction: the fraction of each class for validation, in (0, 1).
         split_seed: the seed of the split.
         seed: the run's data seed (epoch order and augmentation).
-        flip: whether training flips images horizontally at random (False for text,
-            digits, anything whose mirror image is another thing).
+        flip: whether training flips images horizontally at random.
         skip_damaged: skip the files that cannot be used instead of refusing the folder.
         record: the split's JSON file, or None not to record it.
 

@@ -1,19 +1,12 @@
 """The scan of a folder of labelled images (`scan_image_folder`): its layout, classes and
 files found and checked before any training, then split (`image_folder_split`).
 
-Layouts (as `keras.utils.image_dataset_from_directory` reads them):
-
-- `root/<class>/...`: one folder per class, split per class with a seeded generator
-  (`source="split"`);
-- `root/train/<class>/...` and `root/val/<class>/...` (or `validation/`): the split is the
-  folders' (`source="folders"`).
-
-Images in nested folders of a class folder count; files without an image extension
-(`IMAGE_EXTENSIONS`, any case) are ignored, as Keras does, and so are hidden files and
-folders (names starting with "."). Class names are sorted as Keras sorts them. Symbolic
-links to folders are followed, each folder once. Every image is checked with
-`check_image_file`: a damaged file is refused before training starts (or skipped and
-recorded, with `skip_damaged=True`).
+Layouts, as `keras.utils.image_dataset_from_directory` reads them: `root/<class>/...`
+(split per class with a seeded generator, `source="split"`), or `root/train/<class>/...`
+and `root/val/<class>/...` (or `validation/`; `source="folders"`). Images in nested
+folders count; files without an image extension and hidden files and folders are
+ignored, as Keras does; class names are sorted as Keras sorts them. Symbolic links to
+folders are followed, each folder once.
 """
 
 import concurrent.futures
@@ -49,11 +42,10 @@ def scan_image_folder(
 ) -> ImageFolderSplit:
     """Finds and checks a folder's labelled images, and splits them.
 
-    With `root/train/` and `root/val/` (or `validation/`) folders, the split is theirs
-    (the same class folders in both). Otherwise each class folder `root/<class>/` is split
-    with `np.random.default_rng(split_seed)`: `round(n * val_fraction)` of its `n` images
-    to validation, at least 1 and at most `n - 1`. Every image is decoded once here, as
-    the pipeline will (`check_image_file`); a scan of many thousand photos takes minutes.
+    With `root/train/` and `root/val/` (or `validation/`) folders, the split is theirs.
+    Otherwise each class folder is split with `np.random.default_rng(split_seed)`:
+    `round(n * val_fraction)` of its `n` images to validation, at least 1 and at most
+    `n - 1`. Every image is decoded once here, as the pipeline will (`check_image_file`).
 
     Args:
         root: the folder.
@@ -67,17 +59,12 @@ def scan_image_folder(
         The split; its paths are relative to `root`, sorted within each class.
 
     Raises:
-        ImageFolderError: `root` is missing, not a folder or empty; fewer than 2 class
-            folders; a class folder without images (or with fewer than 2 to split); the
-            `train/` and `val/` folders' classes differ; two class names differ only in
-            case or Unicode normalisation (`café` composed and decomposed); a class name
-            that is blank or holds a line break, a control character (ESC...), a byte-order
-            mark or a
-            text-direction control (labels.txt holds one name a line, and the names are
-            printed); a symbolic link loop, or a folder reached twice through links; a name
-            that is not valid UTF-8; more than `MAX_FILES` files and folders; and unless
-            `skip_damaged`, an image file that cannot be used (damaged, not an image, a
-            decompression bomb, or its longer side over 100 times its shorter).
+        ImageFolderError: `root` missing, not a folder or empty; fewer than 2 class
+            folders, or one without (enough) images; `train/` and `val/` with other
+            classes; class names differing only in case or Unicode form, or holding a
+            line break or control character; a symbolic link loop; a name not valid
+            UTF-8; more than `MAX_FILES` entries; unless `skip_damaged`, an image file
+            that cannot be used (named, with its problem).
         ValueError: an argument out of range, or `root` not a path.
     """
     val_fraction, split_seed = _split_arguments(val_fraction, split_seed)

@@ -7,10 +7,12 @@ be edited), and the error every problem with a folder or record raises
 import dataclasses
 import json
 import os
+from dataclasses import asdict
 
 import numpy as np
 
 from keras_autoshuffle import _atomic, _validation
+from keras_autoshuffle._atomic import as_json
 from keras_autoshuffle._class_names import class_name_problem
 from keras_autoshuffle._files import read_bounded
 
@@ -66,24 +68,9 @@ class ImageFolderSplit:
         return np.array([label for _, label in self.train], dtype=np.int32)
 
     def to_json(self) -> dict:
-        """The split as JSON values (what `save` writes).
-
-        Returns:
-            A dict of lists, strings and numbers.
-        """
-        return {
-            "format": SPLIT_FORMAT,
-            "version": SPLIT_VERSION,
-            "root": self.root,
-            "class_names": list(self.class_names),
-            "train": [list(example) for example in self.train],
-            "val": [list(example) for example in self.val],
-            "source": self.source,
-            "val_fraction": self.val_fraction,
-            "split_seed": self.split_seed,
-            "skipped": [list(item) for item in self.skipped],
-            "ignored": self.ignored,
-        }
+        """The split as JSON values (what `save` writes): a dict of lists, strings and
+        numbers."""
+        return {"format": SPLIT_FORMAT, "version": SPLIT_VERSION, **as_json(asdict(self))}
 
     @classmethod
     def from_json(cls, data: dict, root: str | os.PathLike) -> "ImageFolderSplit":
@@ -91,16 +78,16 @@ class ImageFolderSplit:
 
         Args:
             data: what `to_json` returned, read back from JSON.
-            root: the folder the paths are relative to (it may have moved since the split
-                was made: the record's own `root` is not used).
+            root: the folder the paths are relative to (the record's own `root` is not
+                used: the folder may have moved).
 
         Returns:
             The split, its `root` set to `root`.
 
         Raises:
-            ImageFolderError: a field is missing or not valid (named): a wrong format or
-                version, a label out of range, a path absolute, with "..", or not in its
-                class's folder, a path listed twice, a class without examples.
+            ImageFolderError: a field missing or not valid (named): a wrong format or
+                version, a label out of range, a path outside its class's folder or
+                listed twice, a class without examples.
         """
         if not isinstance(data, dict):
             raise _error("A split record is a JSON object", _RECORD_ADVICE, "record", data)
@@ -153,14 +140,7 @@ class ImageFolderSplit:
         )
 
     def save(self, path: str | os.PathLike) -> str:
-        """Writes the split as JSON, atomically (a killed run leaves the old file or this).
-
-        Args:
-            path: the JSON file.
-
-        Returns:
-            `path`, as a string.
-        """
+        """Writes the split as JSON to `path`, atomically; returns `path` as a string."""
         return _atomic.write_json(path, self.to_json())
 
     @classmethod
@@ -176,7 +156,7 @@ class ImageFolderSplit:
 
         Raises:
             ImageFolderError: the file cannot be read, is over 1 GiB, is not JSON, or a
-                field is not valid (see `from_json`); the message names the file.
+                field is not valid; the message names the file.
         """
         path = os.fspath(path)
         try:

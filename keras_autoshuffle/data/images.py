@@ -1,29 +1,15 @@
 """One image file, untrusted: checked before it is decoded, decoded as the pipeline does.
 
-`check_image_file` reads a file's header with Pillow (no pixel decoded) and refuses what
-the pipeline could not use, before any training: a format other than JPEG, PNG, BMP and
-GIF, a declared size over `max_pixels` (a decompression bomb: a few bytes that declare
-billions of pixels), a file that is not an image; then it decodes the file with
-TensorFlow (`decode_rgb`, what `tf.data` pipelines run), so a truncated or damaged file is
-found there and then, not mid-training. `read_image` returns the decoded pixels.
+`check_image_file` reads the header with Pillow (no pixel decoded) and refuses a format
+other than JPEG, PNG, BMP and GIF, a declared size over `max_pixels` (a decompression
+bomb) or a file that is not an image; then decodes it with TensorFlow (`decode_rgb`, what
+the `tf.data` pipelines run), so a damaged file is found before training, not mid-way.
 
-What TensorFlow's decoders do (`tf.io.decode_image`, as `keras.utils.
-image_dataset_from_directory`, but JPEGs with libjpeg's accurate inverse DCT, as Pillow):
-RGB, uint8; gray is repeated to three channels and alpha
-dropped (as PIL's `convert("RGB")`); a GIF gives its first frame; a 16-bit PNG keeps the
-high byte of each value (`x >> 8`). Its BMP
-decoder reads a palette BMP as gray without an error, and cannot read 1-bit BMPs: BMPs are
-therefore also decoded by Pillow and must match exactly. It decodes every frame of a GIF
-to return the first: `max_pixels` bounds the frames' pixels together.
-
-Training pipelines may decode a large JPEG smaller, with libjpeg's DCT-domain scaling
-(`decode_rgb(contents, min_side)`); the checks decode every file at full size.
-
-Every decode turns the picture upright as its EXIF orientation says (a phone's photo
-stored sideways, `data.exif`), as galleries and Pillow's `ImageOps.exif_transpose` show
-it: the sizes `check_image_file` returns, `read_image`'s pixels and every pipeline's are
-the upright picture's. (TensorFlow's decoders and `keras.utils.load_img` do not apply
-it.)
+TensorFlow's decoders read a palette BMP as gray without an error, and cannot read 1-bit
+BMPs: BMPs are also decoded by Pillow and must match. They decode every frame of a GIF to
+return the first: `max_pixels` bounds the frames' pixels together. Every decode turns the
+picture upright as its EXIF orientation says (`data.exif`), as Pillow's
+`ImageOps.exif_transpose` does (TensorFlow's decoders and `keras.utils.load_img` do not).
 """
 
 import io
@@ -67,35 +53,19 @@ class ImageFileError(ValueError):
 
 
 def has_image_extension(path: str | os.PathLike) -> bool:
-    """Whether `path` ends in one of `IMAGE_EXTENSIONS`, in any case (as Keras matches them).
-
-    Args:
-        path: a file name or path.
-
-    Returns:
-        True for `photo.JPG`, False for `notes.txt`.
-    """
+    """Whether `path` ends in one of `IMAGE_EXTENSIONS`, in any case (as Keras matches
+    them): True for `photo.JPG`, False for `notes.txt`."""
     return os.fspath(path).lower().endswith(IMAGE_EXTENSIONS)
 
 
 def decode_rgb(contents: tf.Tensor, min_side: int | None = None) -> tf.Tensor:
-    """Decodes an encoded JPEG, PNG, BMP or GIF to RGB pixels; graph-safe (`tf.data` maps).
+    """Decodes an encoded JPEG, PNG, BMP or GIF to upright RGB pixels, graph-safe.
 
     Gray is repeated to three channels, alpha dropped, a GIF's first frame kept; a JPEG is
-    decoded with the accurate inverse DCT (Pillow's, not `decode_image`'s fast one). The
-    picture is turned upright as the file's EXIF orientation says (`data.exif`: Pillow's
-    `ImageOps.exif_transpose` pixels), at any scale. Decode untrusted files only after
-    `check_image_file`: this op bounds nothing.
-
-    With `min_side`, a JPEG is decoded smaller, by libjpeg's DCT-domain scaling
-    (`tf.io.decode_jpeg(..., ratio=r)`, each side `ceil(side / r)`): `r` is the largest of
-    `JPEG_RATIOS` (1, 2, 4, 8) that keeps the shorter side at `min_side` pixels or more,
-    read from the file's header (`tf.image.extract_jpeg_shape`). A camera photo then
-    decodes faster (the inverse DCT, chroma upsampling and colour conversion shrink with
-    the output; the entropy decoding does not), each pixel from an r x r block (a filtered
-    downscale). Other formats, and
-    JPEGs too small for r = 2 (a shorter side under `2 * min_side - 1`), decode at full
-    size.
+    decoded with the accurate inverse DCT (Pillow's pixels). Decode untrusted files only
+    after `check_image_file`: this op bounds nothing. With `min_side`, a JPEG is decoded
+    smaller by libjpeg's DCT-domain scaling: the largest of `JPEG_RATIOS` that keeps the
+    shorter side at `min_side` pixels or more (other formats at full size).
 
     Args:
         contents: a scalar string tensor, the file's bytes.
@@ -219,9 +189,8 @@ def _read_checked(path, max_pixels):
 def decode_error(
     path: str | os.PathLike, error: tf.errors.OpError, kind: str = "image"
 ) -> ImageFileError:
-    """The `ImageFileError` for a file TensorFlow failed to decode (`decode_rgb`): it names
-    the file and says what is wrong in plain words, with the decoder's own reason but
-    none of TensorFlow's internals (graph nodes, devices, tracebacks).
+    """The `ImageFileError` for a file TensorFlow failed to decode (`decode_rgb`), in
+    plain words with the decoder's own reason, none of TensorFlow's internals.
 
     Args:
         path: the file.

@@ -1,16 +1,10 @@
 """The tf.data pipeline: seeded epoch order, per-example augmentation seeds, batching.
 
-Every training pipeline is a pure function of `(seed, epoch, example)`: the epoch's
-order is a permutation drawn from `(seed, epoch)` (or a shuffle buffer seeded with
-them), and each example's augmentation uses stateless random ops seeded with
-`(seed, epoch, example index)`. So a run resumed at an epoch boundary
-(`keras.callbacks.BackupAndRestore`) sees exactly the batches an uninterrupted run
-sees, and ends with the same weights.
-
-`EpochData.fit_dataset()` gives `model.fit` one dataset whose epoch is read from an
-`EpochCounter` variable when Keras opens the epoch's iterator (after
-`on_epoch_begin`); `EpochData.epoch_dataset(epoch)` builds one epoch directly (custom
-training loops, evaluation).
+Every training pipeline is a pure function of `(seed, epoch, example)`: the epoch's order
+is drawn from `(seed, epoch)` and each example's augmentation is seeded with `(seed,
+epoch, example index)`, so a run resumed at an epoch boundary sees exactly the batches of
+an uninterrupted one. `EpochData.fit_dataset()` gives `model.fit` one dataset whose epoch
+is read from an `EpochCounter` when Keras opens the epoch's iterator.
 """
 
 from collections.abc import Callable
@@ -90,13 +84,15 @@ class EpochData:
             return self.num_examples // batch_size
         return -(-self.num_examples // batch_size)
 
-    def _check_batch(self, batch_size, training):
+    def check_batch_size(self, batch_size: int, training: bool = True) -> None:
+        """ValueError naming `batch_size` unless it is a positive integer, in training at
+        most the examples (a full batch per epoch)."""
         if not _validation.is_integer(batch_size) or batch_size < 1:
             raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size=}")
         if training and batch_size > self.num_examples:
             raise ValueError(
-                f"`batch_size` exceeds the {self.num_examples} training examples. "
-                f"Received: batch_size={batch_size}"
+                f"`batch_size` must be at most the {self.num_examples} training examples "
+                f"(no full batch per epoch). Received: batch_size={batch_size}"
             )
 
     def epoch_dataset(
@@ -113,7 +109,7 @@ class EpochData:
         step k of shard w holds the batch `k * num_shards + w`, so the shards' batches of
         one step together are the global batch of a single-worker run.
         """
-        self._check_batch(batch_size, training)
+        self.check_batch_size(batch_size, training)
 
         def prepare(image, label, index):
             if training:
@@ -140,6 +136,14 @@ class EpochData:
     def eval_dataset(self, batch_size: int) -> tf.data.Dataset:
         """The evaluation batches: fixed order, no augmentation, last partial batch kept."""
         return self.epoch_dataset(0, batch_size, training=False)
+
+    def _order(self, epoch, training):
+        """The example indices of an epoch: `epoch_permutation`'s in training, else 0..n-1."""
+        if training:
+            order = epoch_permutation(self.num_examples, self.seed, epoch)
+        else:
+            order = tf.range(self.num_examples)
+        return tf.data.Dataset.from_tensor_slices(tf.cast(order, tf.int64))
 
     def _augment(self, image, seed):
         return image
@@ -189,11 +193,7 @@ class ArrayData(EpochData):
 
     def _examples(self, epoch, training, prepare):
         images, labels = tf.constant(self.images), tf.constant(self.labels)
-        if training:
-            order = epoch_permutation(self.num_examples, self.seed, epoch)
-        else:
-            order = tf.range(self.num_examples)
-        return tf.data.Dataset.from_tensor_slices(tf.cast(order, tf.int64)).map(
+        return self._order(epoch, training).map(
             lambda i: prepare(tf.gather(images, i), tf.gather(labels, i), i),
             num_parallel_calls=tf.data.AUTOTUNE,
             deterministic=True,

@@ -9,7 +9,7 @@ from typing import Any
 from keras_autoshuffle import _validation
 from keras_autoshuffle import export as export_lib
 from keras_autoshuffle.applications import V2_WIDTHS
-from keras_autoshuffle.finetuning.run_folder import RUN_FILES, SPLIT_FILE
+from keras_autoshuffle.finetuning.run_folder import RUN_FILES
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 
 # What is exported beside model.keras by default, where this install can.
@@ -44,11 +44,7 @@ def check_arguments(pretrained: bool, **given: Any) -> dict:
     )
     for name in ("flip", "int8", "include_preprocessing", "cache_images"):
         options[name] = _validation.boolean(given[name], name)
-    options["seed"] = _validation.non_negative_int(given["seed"], "seed")
-    if options["seed"] >= 2**32:  # NumPy's and TensorFlow's seeds are 32-bit
-        raise ValueError(
-            f"`seed` must be an integer in [0, 2**32 - 1]. Received: seed={given['seed']!r}"
-        )
+    options["seed"] = _validation.seed(given["seed"])
     if given["int8"] and given["include_preprocessing"]:
         raise ValueError(
             "The int8 file quantizes the classifier alone; with its preprocessing inside, the "
@@ -152,41 +148,4 @@ def check_weights_outside(weights: object, output_dir: str) -> None:
             f"`weights` is one of the files the run in {output_dir} writes ({inside}): "
             "the run would remove it before reading it. Copy it out of the run's folder "
             f"first, or use another output folder. Received: weights={os.fspath(weights)!r}"
-        )
-
-
-def check_batch_size(batch_size: int, train_data: Any) -> None:
-    """Refuses a `batch_size` above the training images (`train_data`: no full batch)."""
-    if train_data.steps(batch_size) < 1:
-        raise ValueError(
-            f"`batch_size` must be at most the {train_data.num_examples} training images "
-            f"(no full batch per epoch). Received: batch_size={batch_size}"
-        )
-
-
-def check_split(
-    split: Any,
-    images: str | os.PathLike,
-    val_fraction: float,
-    split_seed: int,
-    output_dir: str,
-) -> None:
-    """A recorded split is reused only for the same images and split settings."""
-    given = dict(
-        images=os.path.abspath(os.fspath(images)), val_fraction=val_fraction, split_seed=split_seed
-    )
-    recorded = dict(
-        images=os.path.abspath(split.root),
-        val_fraction=split.val_fraction,
-        split_seed=split.split_seed,
-    )
-    if split.source == "folders":  # train/ and val/ given: the split settings mean nothing
-        given.pop("val_fraction"), given.pop("split_seed")
-    differ = [f"{k}={given[k]!r} ({SPLIT_FILE}: {recorded[k]!r})" for k in given]
-    differ = [d for k, d in zip(given, differ, strict=True) if given[k] != recorded[k]]
-    if differ:
-        raise RunDirectoryError(
-            f"{output_dir} holds the split of a run on other images or split settings; "
-            "resuming would mix two runs. Rerun with the same arguments, or use another "
-            f"output folder. Received: {', '.join(differ)}"
         )

@@ -70,10 +70,8 @@ def _class_names(class_names: Sequence[str]) -> list[str]:
 def classification_metrics(
     labels: np.ndarray, probabilities: np.ndarray, class_names: Sequence[str]
 ) -> dict:
-    """Accuracy overall and per class, and the confusion matrix, of predicted classes.
-
-    The predicted class of an example is the argmax of its row of `probabilities` (the
-    first of tied maxima); logits or any scores give the same.
+    """Accuracy overall and per class, and the confusion matrix, of predicted classes (the
+    argmax of each row of `probabilities`, the first of tied maxima).
 
     Args:
         labels: the true classes, integers in [0, len(class_names)), shape (N,), N >= 1.
@@ -81,17 +79,12 @@ def classification_metrics(
         class_names: the classes' names, in the order of the model's outputs.
 
     Returns:
-        `{"examples": N, "accuracy": fraction correct, "per_class": [{"name",
-            "examples" (of that true class), "accuracy" (recall: correct / examples; None
-            where the class has no example), "precision" (correct / predicted as that
-            class; None where never predicted)}, ...] in the order of `class_names`,
-            "confusion_matrix": [[int]] (rows: true class, columns: predicted class)}`.
-            Plain Python numbers, ready for JSON.
+        `{"examples": N, "accuracy", "per_class": [{"name", "examples", "accuracy"
+            (recall; None without examples), "precision" (None if never predicted)}],
+            "confusion_matrix": [[int]] (rows true, columns predicted)}`, JSON-ready.
 
     Raises:
-        ValueError: a bad argument, naming it and its value: `class_names` not distinct
-            strings, `labels` not 1-D integers or out of range, `probabilities` not a
-            finite (N, len(class_names)) array.
+        ValueError: a bad argument, naming it and its value.
     """
     names = _class_names(class_names)
     labels = _array(labels, "labels")
@@ -176,19 +169,14 @@ def plot_confusion_matrix(
     class_names: Sequence[str],
     path: str | os.PathLike,
 ) -> str:
-    """Draws a confusion matrix and writes it as a PNG, atomically.
-
-    Colours are the fraction of each row (of each true class's examples), so a rare class's
-    errors show as clearly as a common one's; the cells hold the counts up to
-    `MAX_ANNOTATED_CLASSES` classes. The figure grows with the number of classes (readable
-    up to about 100). Drawn on a `matplotlib.figure.Figure` with the Agg canvas: no display
-    is needed, and pyplot's backend (the user's choice) is not touched.
+    """Draws a confusion matrix and writes it as a PNG, atomically, without touching
+    pyplot's backend. Colours are the fraction of each row (each true class's examples);
+    the cells hold the counts up to `MAX_ANNOTATED_CLASSES` classes.
 
     Args:
         matrix: counts, rows the true class and columns the predicted one, as
             `classification_metrics`'s `"confusion_matrix"`.
-        class_names: the classes' names (any Unicode; shown whole up to `MAX_LABEL_CHARS`
-            characters; glyphs no installed font has show as boxes).
+        class_names: the classes' names (any Unicode; cut at `MAX_LABEL_CHARS`).
         path: the PNG file to write (its folder is created if missing).
 
     Returns:
@@ -307,17 +295,12 @@ def file_latency(
     runs: int = 30,
     pixels: bool = False,
 ) -> dict:
-    """Milliseconds per image of an exported file on this machine, batch 1, with its runtime.
-
-    The file is loaded with its runtime (`export.runner.open_runner`: LiteRT, ONNX Runtime,
-    OpenVINO's CPU plugin in float32), called `warmup` times untimed (allocation, and the
-    thread pools of an earlier runtime settle), then `runs` times, each call timed alone
-    (wall clock), on one random input (seed 0): standard normal float32 values, or with
-    `pixels` uint8 values in [0, 255] (a file taking raw pixels).
+    """Milliseconds per image of an exported file on this machine, batch 1, with its runtime
+    (`export.runner.open_runner`): `warmup` untimed calls, then `runs` calls each timed
+    alone, on one random input (seed 0; uint8 pixels with `pixels`).
 
     Args:
-        path: the file: a `.tflite`, a `.onnx`, an OpenVINO IR folder or its `.xml` (float
-            or int8), or a `.keras` file.
+        path: a `.tflite`, a `.onnx`, an OpenVINO IR folder or `.xml`, or a `.keras` file.
         input_shape: the file's input shape, batch first and batch 1, e.g. (1, 224, 224,
             3).
         num_threads: the runtime's threads (intra-op threads), >= 1.

@@ -1,16 +1,7 @@
 """A classifier that takes raw RGB pixels of any size, its preprocessing inside: for
-exported files (LiteRT, ONNX, OpenVINO) a phone or a server feeds decoded camera or gallery
-pixels to as they are.
-
-The classifier's own input is torchvision's evaluation transform of the image (shorter
-side resized to `resize_size`, bilinear and antialiased; central `image_size` square;
-scaled to [0, 1]; ImageNet's mean and standard deviation). `applications.
-evaluation_preprocessing` computes it with TensorFlow's antialiased resize
-(`ScaleAndTranslate`), which LiteRT runs only as a Flex op. `RawImagePreprocessing`
-computes the same numbers with ops LiteRT has as builtins: only the crop's
-`image_size` x `image_size` outputs, each the antialiased (triangle) filter's weighted sum
-of the input rows, then of the columns, one filter tap per turn of a `WHILE` loop whose
-length is read from the image's sides when run.
+exported files (LiteRT, ONNX, OpenVINO) a phone or a server feeds decoded images to as they
+are. The preprocessing is torchvision's evaluation transform, computed with ops LiteRT has
+as builtins (`applications.evaluation_preprocessing`'s antialiased resize is a Flex op).
 """
 
 from typing import Any
@@ -23,46 +14,23 @@ from keras_autoshuffle._resize_crop import crop_start, resized_size
 from keras_autoshuffle.applications.architecture import IMAGENET_MEAN, IMAGENET_STD
 from keras_autoshuffle.applications.preprocessing import evaluation_sizes, resize_crop_sizes
 
-# The export formats whose files keep the image sides unknown, so that one file takes
-# images of any size, each checked against Keras in tests/test_raw_inputs.py.
+# The export formats (`export.FORMATS` names) whose files of a `raw_input_model` take uint8
+# images of any size, each checked against Keras in tests/test_raw_inputs.py. Not int8: its
+# calibration feeds float32 images, which the uint8 input refuses, and with a float32
+# input the resize itself is quantized (crops 0.5 to 3.0 off after normalisation).
 RAW_INPUT_FORMATS = ("keras", "saved_model", "litert", "onnx", "openvino")
-
-
-def raw_input_formats() -> tuple[str, ...]:
-    """The export formats (`export.FORMATS` names) whose files of a `raw_input_model` take
-    uint8 images of any size: "keras", "saved_model", "litert" (builtin ops only),
-    "onnx" and "openvino" (both through Keras's own exporters, which keep the sides
-    unknown), each giving the Keras model's outputs to float32 rounding.
-
-    Not one of them: int8 (`export.export_int8`). It calibrates with float32 images, which
-    the uint8 input refuses (the converter's "Got value of type FLOAT32 but expected type
-    UINT8"); and with a float32 input it converts but quantizes the resize itself, its
-    crops 0.5 off the float model's after normalisation at the calibration size and 3.0
-    at others. Quantize the classifier alone and keep this model in float32.
-
-    Returns:
-        The format names, a tuple of str.
-    """
-    return RAW_INPUT_FORMATS
 
 
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")
 class RawImagePreprocessing(keras.layers.Layer):
     """torchvision's evaluation transform of RGB images whose sides are read when run,
-    with ops LiteRT has as builtins (no `ScaleAndTranslate`, no Flex op): `Resize(
-    resize_size)` (bilinear, antialiased), `CenterCrop(crop_size)`, then
-    `(pixel / 255 - mean) / std` per channel.
+    with LiteRT builtin ops only: `Resize(resize_size)` (bilinear, antialiased),
+    `CenterCrop(crop_size)`, then `(pixel / 255 - mean) / std` per channel.
 
-    The resized sides are torchvision's (the shorter `resize_size`, the longer
-    `int(resize_size * longer / shorter)`), the crop offset too (`int(round((side -
-    crop_size) / 2))`). Only the `crop_size` x `crop_size` outputs the crop keeps are
-    computed, each the weighted sum of the input rows, then columns, within the
-    antialiased filter's reach: a triangle `max(input / output pixels, 1)` input pixels
-    wide each side, its weights normalised to sum to 1 where it overhangs the image edge,
-    as `tf.image.resize(antialias=True)` (the same numbers to float32 rounding). One tap
-    is added per turn of a loop, so the cost grows with the image's pixels, not more,
-    and no copy of the image in floats is made; only the columns the crop reads are
-    kept, so a long panorama costs no more than its central square.
+    Only the crop's outputs are computed, each the antialiased (triangle) filter's
+    weighted sum of the input rows, then columns, one tap per turn of a loop: the same
+    numbers as `tf.image.resize(antialias=True)` to float32 rounding, at a cost that grows
+    with the image's pixels.
 
     Args:
         resize_size: the shorter side after resizing, a positive integer.
@@ -71,12 +39,8 @@ class RawImagePreprocessing(keras.layers.Layer):
         std: the three channels' standard deviations, positive (default: ImageNet's).
         **kwargs: other Layer arguments (`name`, `dtype`).
 
-    Input: a batch of RGB images of one size, (batch, height, width, 3), channels last
-    whatever Keras's image data format, integers (uint8) or floats in [0, 255];
-    TensorFlow backend. A side of 0 pixels is refused (ValueError) where the sides are
-    known when the layer is called; in an exported file nothing checks it.
-
-    Output: (batch, crop_size, crop_size, 3), the layer's compute dtype.
+    Input: (batch, height, width, 3) RGB images of one size, uint8 or floats in [0, 255],
+    channels last; TensorFlow backend. Output: (batch, crop_size, crop_size, 3).
     """
 
     def __init__(
@@ -219,32 +183,13 @@ def _filter(values, indices, taps, shape):
 def raw_input_model(
     classifier: keras.Model, image_size: int, resize_size: int | None = None
 ) -> keras.Model:
-    """`classifier` with its preprocessing inside: a model from raw RGB pixels of any
-    size to the classifier's outputs, for files a phone feeds decoded images to as they
-    are (no resize, crop or normalisation in the app).
-
-    Inside: a uint8 input (batch, height, width, 3), the sides unknown (a batch holds
-    images of one size; phones feed one, (1, height, width, 3));
-    `RawImagePreprocessing(resize_size, image_size)`: torchvision's antialiased bilinear
-    resize of the shorter side to `resize_size`, central `image_size` crop,
-    `(pixel / 255 - mean) / std` with ImageNet's mean and standard deviation, computed
-    with LiteRT builtin ops only (strided slice, reshape, gather, cast, mul, add,
-    transpose, a WHILE loop over the filter's taps, and the integer and float arithmetic
-    of the filter's weights); then `classifier`. Built-in layers and
-    `RawImagePreprocessing` only: it saves and loads as `.keras` with `safe_mode=True`.
-
-    It is the exact transform, not an approximation: its crops equal
-    `applications.evaluation_preprocessing(image_size, resize_size)`'s (TensorFlow's
-    antialiased resize) to float32 rounding, at most 7.5e-5 after normalisation (0.004 of
-    a 255 level) on synthetic photos (gradients, edges, stripes, noise) of 100 x 150 to
-    4000 x 6000 pixels at image sizes 32 and 224. Its cost grows with the image's pixels:
-    at 224, the LiteRT file's preprocessing took 0.03 s for 640 x 480 pixels, 0.1 s for
-    1920 x 1080 and 0.9 s for 4000 x 3000 on one thread of a shared x86 server core.
-
-    Formats (`raw_input_formats()`): `.keras`, SavedModel, LiteRT (`export.export_litert`;
-    run it with `export.open_runner(path).run` on uint8 pixels), ONNX and OpenVINO
-    (`export.export_onnx`, `export.export_openvino`, through Keras's exporters), each with
-    the sides unknown. Not int8: see `raw_input_formats`.
+    """`classifier` with its preprocessing inside: a model from uint8 RGB images of any
+    size, (batch, height, width, 3), through `RawImagePreprocessing(resize_size,
+    image_size)` to the classifier's outputs, for files a phone feeds decoded images to
+    as they are. It saves and loads as `.keras` with `safe_mode=True`, and exports to
+    the `RAW_INPUT_FORMATS` with the sides unknown (not int8: quantize the classifier
+    alone). Its crops equal `applications.evaluation_preprocessing(image_size,
+    resize_size)`'s to float32 rounding.
 
     Args:
         classifier: a Keras model taking (batch, image_size, image_size, 3) normalised

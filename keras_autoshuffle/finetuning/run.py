@@ -26,6 +26,7 @@ What `output_dir` holds, in the order it is written:
 """
 
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -35,7 +36,7 @@ import numpy as np
 
 from keras_autoshuffle import _atomic, _validation
 from keras_autoshuffle import export as export_lib
-from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD
+from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, evaluation_sizes
 from keras_autoshuffle.data.image_folder import image_folder
 from keras_autoshuffle.data.images import read_image
 from keras_autoshuffle.export import int8_runtimes, metadata
@@ -53,9 +54,6 @@ from keras_autoshuffle.finetuning.run_folder import (
 )
 from keras_autoshuffle.training import exports as training_exports
 from keras_autoshuffle.training.fault_tolerance import locked_folder
-
-# The resize before the centre crop: torchvision's 256 for 224.
-RESIZE_RATIO = 256 / 224
 
 
 def finetune(
@@ -86,84 +84,64 @@ def finetune(
     verbose: int = 1,
 ) -> dict:
     """Fine-tunes ShuffleNet v2 on a folder of labelled images; exports and reports it.
+    The options are those of `autoshuffle-finetune` (the fine-tuning guide).
 
     Args:
-        images: one subfolder per class (`root/<class>/*.jpg`, split into training and
-            validation images by `val_fraction`), or `root/train/<class>` and
-            `root/val/<class>`. JPEG, PNG, BMP, GIF; any size; gray and RGBA made RGB.
+        images: one subfolder per class (`root/<class>/*.jpg`, split by `val_fraction`),
+            or `root/train/<class>` and `root/val/<class>`. JPEG, PNG, BMP, GIF.
         output_dir: the run's folder (see the module's docstring for what it holds).
         width: 0.5, 1.0, 1.5 or 2.0.
-        weights: "imagenet" (torchvision's checkpoint), a preset name
-            (`hub.list_presets()`: "shufflenet_v2_x1_0_imagenet", ...) or folder (e.g.
-            an earlier run's `preset/`) of a ShuffleNet v2 of `width` (its backbone; a
-            new head for this run's classes), the path of a `.keras` ShuffleNet v2 of
-            `width` (its head is replaced: any class count), or None (random weights:
-            training from scratch, no head phase).
+        weights: "imagenet", a preset name (`hub.list_presets()`) or folder (e.g. an
+            earlier run's `preset/`), a `.keras` ShuffleNet v2 of `width` (a new head for
+            this run's classes), or None (random weights, no head phase).
         image_size: the network's input side; images are resized and cropped to it.
         epochs: epochs of the whole-net phase.
-        head_epochs: epochs of the head phase (default 3 with pretrained weights, 0
-            without: there is no base to freeze).
+        head_epochs: epochs of the head phase (default 3 with pretrained weights, else 0).
         batch_size: images per step, at most the training images.
         learning_rate: the whole-net phase's initial rate (default 0.01 with pretrained
             weights, 0.1 without); the head phase's is ten times it.
         label_smoothing: in [0, 1).
-        class_weights: "balanced" (each class weighs `images / (classes * its images)`,
-            scikit-learn's rule: 1 for a balanced folder) or None.
-        val_fraction: the share of each class held out for validation, where the folder
-            has no `train/` and `val/`; the split is seeded by `split_seed` and recorded
-            in `split.json`, so a rerun uses the same images.
+        class_weights: "balanced" (scikit-learn's rule: `images / (classes * its
+            images)`) or None.
+        val_fraction: the share of each class held out for validation (no `train/` and
+            `val/`); recorded in `split.json`, so a rerun uses the same images.
         split_seed: the validation split's seed.
         flip: random horizontal flips in training (False for text, digits, ...).
         seed: the initial head's, the data order's and the augmentation's seed.
         export_formats: of "litert", "onnx", "openvino" (default: LiteRT, and ONNX and
-            OpenVINO where their extras are installed); `model.keras` is always written.
-            The exports are folded (`folding.fold_model`) and each checked against Keras.
-        int8: also full-integer files of the exports (`model_int8.tflite`,
-            `model_int8.onnx`, `openvino_int8/`; OpenVINO's with the `openvino-int8`
-            extra), calibrated on training images and checked against the float model
-            on the validation images (one whose accuracy drop is beyond
-            `max_accuracy_drop` is refused and its numbers reported; the float files and
-            the other int8 files stay).
-        max_accuracy_drop: with `int8`, the most an int8 file's validation accuracy may
-            be below the float model's, in percentage points in [0, 100] (one image of
-            100 is 1 point); the drop and the top-1 agreement are reported either way.
-        int8_weight_bits: with `int8`, the ONNX and OpenVINO int8 files' weight bits
-            (`export.export_model`'s): 7 (right on every x86 CPU) or 8 (a little more
-            accurate, only for files that will run on CPUs with VNNI); in the report's
-            settings.
-        include_preprocessing: the exported files (LiteRT, ONNX, OpenVINO) take raw RGB
-            pixels, uint8 (1, height, width, 3) of any size, and resize, crop and
-            normalise inside (`finetuning.raw_input_model`), so an app feeds decoded
-            camera or gallery images as they are; `preprocessing.json` says so.
-            `model.keras` still takes normalised images. Not with `int8`: the int8 file
-            quantizes the classifier alone.
-        cache_images: decode the training images once into `image_cache/` in
-            `output_dir` (`data.image_cache`: raw pixels, the shorter side at most twice
-            `image_size`; refused up front if the disk lacks room) and train from it;
-            removed when the run finishes. False decodes every file every epoch.
+            OpenVINO where their extras are installed), folded and each checked against
+            Keras; `model.keras` is always written.
+        int8: also full-integer files of the exports, calibrated on training images; one
+            whose validation accuracy drops more than `max_accuracy_drop` is refused and
+            its numbers reported.
+        max_accuracy_drop: with `int8`, the most accuracy drop allowed, in percentage
+            points in [0, 100].
+        int8_weight_bits: with `int8`, the ONNX and OpenVINO int8 weights' bits: 7 (right
+            on every x86 CPU) or 8 (for CPUs with VNNI only).
+        include_preprocessing: the exported files take raw uint8 RGB pixels of any size
+            and resize, crop and normalise inside (`raw_input_model`). Not with `int8`.
+        cache_images: decode the training images once into `image_cache/`
+            (`data.image_cache`; removed when the run finishes) instead of every epoch.
         skip_damaged: skip (and count in the report) damaged images instead of stopping.
         overwrite: replace a finished run in `output_dir`.
         verbose: 0 silent, 1 progress bars, 2 one line per epoch.
 
     Returns:
-        The report, also written to `report.json` (and `report.md`): the data, the
+        The report, also written to `report.json` and `report.md`: the data, the
             settings, validation accuracy overall and per class with the confusion
             matrix, and each exported file's accuracy, size and latency.
 
     Raises:
-        ValueError: a bad argument, image folder, `weights` file or preset (the file and
-            field named: a missing file, a class not this package's, weights of another
-            width, class names of another count, a newer layout), before any image is
-            decoded (a `batch_size` larger than the training images right after the scan).
-        RunDirectoryError: `weights` is one of the files the run writes (the `preset/`
-            or `model.keras` of a run in `output_dir`); `output_dir` holds a finished run
-            (without `overwrite`) or a
-            run with other settings, is used by another living run (its lock,
-            `fault_tolerance.locked_folder`), cannot be made or written, or is inside the
-            image folder or holds it.
-        OSError: the ImageNet weights cannot be downloaded (before the scan), or the disk
-            is full. A run that fails removes its image cache and, where no epoch was
-            finished, every file it wrote.
+        ValueError: a bad argument, image folder, `weights` file or preset (naming the
+            file and field), before any image is decoded (a `batch_size` larger than the
+            training images right after the scan).
+        RunDirectoryError: `weights` is one of the files the run writes; `output_dir`
+            holds a finished run (without `overwrite`) or a run with other settings, is
+            locked by another living run, cannot be written, or is inside the image
+            folder or holds it.
+        OSError: the ImageNet weights cannot be downloaded, or the disk is full. A failed
+            run removes its image cache and, where no epoch was finished, every file it
+            wrote.
     """
     pretrained = weights is not None
     options = arguments.check_arguments(
@@ -229,12 +207,11 @@ def _fine_tune(images, output_dir, weights, source, options, formats, given):
         skip_damaged=given["skip_damaged"],
         record=None if replace else record,  # a finished run's split is not reused
     )
-    arguments.check_batch_size(options["batch_size"], train_data)  # before the cache is built
+    train_data.check_batch_size(options["batch_size"])  # before the cache is built
     training_exports.check_calibration_images(train_data.num_examples, options["int8"])
     if replace:  # only now: a bad folder leaves the finished run as it was
         run_folder.clear_run(output_dir)
         split.save(record)
-    arguments.check_split(split, images, val_fraction, split_seed, output_dir)
     _write_inputs(output_dir, split.class_names, options["image_size"], include_preprocessing)
     weighting = _class_weight(options["class_weights"], split.train_labels, len(split.class_names))
     settings = dict(
@@ -290,10 +267,8 @@ def _write_preset(model, output_dir, class_names, options):
     preprocessing (`preprocessing.json`'s sizes), for `from_preset`. Returns its path."""
     from keras_autoshuffle import hub
 
-    size = options["image_size"]
-    classifier = hub.presets.classifier_from_model(
-        model, options["width"], class_names, size, round(size * RESIZE_RATIO)
-    )
+    sizes = evaluation_sizes(options["image_size"])
+    classifier = hub.presets.classifier_from_model(model, options["width"], class_names, *sizes)
     return hub.presets.save_classifier(classifier, os.path.join(output_dir, PRESET_DIR))
 
 
@@ -339,7 +314,7 @@ def _write_inputs(output_dir, class_names, image_size, include_preprocessing):
         os.path.join(output_dir, PREPROCESSING_FILE),
         {
             "image_size": image_size,
-            "resize_size": round(image_size * RESIZE_RATIO),
+            "resize_size": evaluation_sizes(image_size)[1],
             "mean": list(IMAGENET_MEAN),
             "std": list(IMAGENET_STD),
             "exports_include_preprocessing": include_preprocessing,
@@ -402,28 +377,22 @@ def _export_unit_rgb_litert(model, output_dir, sample, int8_arrays, int8_bound):
     files taking RGB in [0, 1], checked against the hardened net behind the same layer.
     Written in a folder of their own, then moved beside the others: `export_model` keeps
     no file of other inputs in its folder."""
-    from keras_autoshuffle import folding
-
-    inference = folding.fold_model(model, name=model.name) if folding.is_foldable(model) else model
-    net, reference = (metadata.with_input_normalization(m) for m in (inference, model))
-    int8 = {}
+    int8 = None
     if int8_arrays is not None:
         calibration, (images, labels) = int8_arrays
-        int8 = dict(
-            quantize="int8",
-            representative_data=_unit_rgb(calibration),
-            test_data=(_unit_rgb(images), labels),
-            max_accuracy_drop=int8_bound,
-        )
+        int8 = (_unit_rgb(calibration), (_unit_rgb(images), labels))
     folder = os.path.join(output_dir, run_folder.LITERT_STAGING)
     _atomic.remove(folder)  # what a killed run left
     try:
-        export = dict(formats=("litert",), reference=reference)
-        try:
-            files = export_lib.export_model(net, folder, _unit_rgb(sample), **export, **int8)
-        except export_lib.Int8CheckError as error:  # the float file stays, as `export_run`'s
-            files = export_lib.export_model(net, folder, _unit_rgb(sample), **export)
-            files[error.key] = {**error.check, "path": None, "refused": str(error)}
+        files = training_exports.export_run(
+            model,
+            folder,
+            _unit_rgb(sample),
+            ("litert",),
+            int8,
+            int8_bound,
+            wrap=metadata.with_input_normalization,
+        )
         for entry in files.values():
             if entry.get("path"):
                 moved = os.path.join(output_dir, os.path.basename(entry["path"]))
@@ -431,7 +400,7 @@ def _export_unit_rgb_litert(model, output_dir, sample, int8_arrays, int8_bound):
                 entry["path"] = moved
     finally:
         _atomic.remove(folder)
-    return {name: {**entry, "folded": inference is not model} for name, entry in files.items()}
+    return files
 
 
 def _unit_rgb(images):
@@ -468,18 +437,10 @@ def _export_raw_input(model, output_dir, val_data, formats, probabilities):
     """The folded network with its preprocessing inside (`raw_input_model`) in `formats`,
     each checked against the unfolded one's on a validation image as it is; `model.keras`
     (normalised inputs); then each file run on the validation image files."""
-    from keras_autoshuffle import folding
-
     size = model.input_shape[1]
     image = read_image(val_data.path(0))
-    inference = folding.fold_model(model, name=model.name) if folding.is_foldable(model) else model
-    export_lib.export_model(
-        raw_input_model(inference, size),
-        output_dir,
-        image[None],
-        formats=formats,
-        reference=raw_input_model(model, size),
-    )
+    wrap = functools.partial(raw_input_model, image_size=size)
+    training_exports.export_run(model, output_dir, image[None], formats, wrap=wrap)
     # After the raw files: `export_model` keeps no earlier file of other inputs beside them.
     keras_path = os.path.join(output_dir, export_lib.FILENAMES["keras"])
     export_lib.save_keras(model, keras_path)

@@ -1,18 +1,7 @@
-"""Training: the paper's recipes, distribution, the loops with fault tolerance, the CLI.
-
-- `recipes.py`: `Recipe`, `RECIPES`, `get_recipe`, `make_optimizer`;
-- `distribution.py`: `make_strategy` and the strategy facts the loops need;
-- `loops.py`: `train()` (fit on one host), hardening; `multi_worker.py`: the custom step
-  across hosts; `job.py`: `TrainingJob`, what both loops are given, and the callbacks'
-  order; `exports.py`: the exports, checked before training and written after it;
-- `identity.py`: `RunIdentity`, the one record of the settings that define a run;
-- `fault_tolerance.py`: a run's files, each checked before a resume (a damaged one
-  named), the time, history and hardening records; `run_lock.py`: one run per folder;
-  `backup.py`: the weights backup;
-  `divergence.py`: a diverged run stopped at the step;
-- `search.py`: `search_then_retrain`, learned shuffles searched, hardened, then fixed
-  in a net trained from fresh weights;
-- `cli.py`: the training commands' options, `run_from_args`, `format_run_summary`.
+"""Training: the paper's recipes (`recipes`), distribution (`distribution`,
+`multi_worker`), `train()` with fault tolerance (`loops`, `identity`, `fault_tolerance`,
+`backup`, `divergence`, `run_lock`), the exports (`exports`), `search_then_retrain`
+(`search`) and the training commands' runs (`cli`).
 
 Reference:
     Lyu et al., AutoShuffleNet, https://arxiv.org/abs/1901.08624 (Section 4)

@@ -1,14 +1,11 @@
 """The weights backup: Keras's `BackupAndRestore`, written atomically and checked on resume.
 
-After each epoch the weights and optimizer state, then metadata naming the weights file's
-SHA-256, are written under temporary names (`_atomic`) and moved into place, the weights
-first: killed between the two moves, `fault_tolerance.recover` finishes the move. A failed
-write (a full disk) removes what it left and raises RunDirectoryError; the previous backup
-stays. On resume the weights must load (Keras's `load_weights` refuses a missing array or
-another shape), be finite, and fit the optimizer's step count. A hardened shuffle saves its
-permutation in place of its matrix, so the backup of a hardened net hardens the fresh
-model's shuffles as it loads; the optimizer, built before on the relaxed variables as in
-the run that saved it, fits its saved state.
+After each epoch the weights and optimizer state, then metadata naming the weights' SHA-256,
+are written under temporary names and moved into place, the weights first (killed between
+the two moves, `fault_tolerance.recover` finishes). A failed write (a full disk) removes
+what it left and raises RunDirectoryError, keeping the previous backup. On resume the
+weights must load, be finite, and fit the optimizer's step count; a hardened shuffle's
+saved permutation hardens the fresh model's shuffle as it loads.
 """
 
 import contextlib

@@ -1,12 +1,11 @@
 """Divergence: a run whose loss or weights stop being finite is stopped before its backup.
 
-`StopOnDivergence` is Keras's `TerminateOnNaN(raise_error=True)`, which checks the loss
-after every step, raising `TrainingDivergedError` naming the epoch and the step (ending
-normally would harden, export and report a broken network, and replace the last good
-backup). At the end of an epoch it also checks the validation loss and the weights, first
-of the run's callbacks, so a diverged epoch is never backed up. The divergence is recorded
-beside the backup (`DIVERGENCE_FILE`), which lets the rerun change its learning rate and
-resume from the last good epoch (`fault_tolerance.prepare_run_directory`).
+`StopOnDivergence` (Keras's `TerminateOnNaN(raise_error=True)`, first of the run's
+callbacks) checks the loss after every step, and the validation loss and the weights at
+the end of an epoch, raising `TrainingDivergedError` naming the epoch and the step, so a
+diverged epoch is never backed up. The divergence is recorded beside the backup
+(`DIVERGENCE_FILE`): the rerun may lower its learning rate and resume from the last good
+epoch.
 """
 
 import math

@@ -141,23 +141,29 @@ def export_run(
     int8_data=None,
     max_accuracy_drop=export_lib.MAX_ACCURACY_DROP,
     int8_weight_bits=int8_runtimes.DEFAULT_WEIGHT_BITS,
+    wrap=None,
 ):
     """`model.keras` as trained (hardened); `formats` (SavedModel, LiteRT, ONNX, OpenVINO)
     from the folded network, and with `int8_data` (calibration images, test data) the int8
     file of each of them that has one (`int8_formats`), refused where its accuracy drop is
     beyond `max_accuracy_drop` points, ONNX's and OpenVINO's weights in `int8_weight_bits`.
+    With `wrap` (a function of a model), the files are of `wrap(folded)` checked against
+    `wrap(model)`, and no `model.keras` is written.
 
     Folding (`folding.fold_model`) removes the shuffles' GATHERs, which split LiteRT's
     XNNPACK delegate; models it does not cover (not from `applications`, channels_first)
-    are exported as they are. Every file's max abs difference is against the hardened
-    model. An int8 file refused by its check does not cost the run: the export is made
-    again without it, and its entry holds the numbers and why it was refused.
+    are exported as they are. An int8 file refused by its check does not cost the run: the
+    export is made again without it, and its entry holds the numbers and why it was refused.
     """
     from keras_autoshuffle import folding
 
-    results = export_lib.export_model(model, output_dir, sample, formats=("keras",))
+    results = {}
+    if wrap is None:
+        results = export_lib.export_model(model, output_dir, sample, formats=("keras",))
     folded = folding.is_foldable(model)
     inference = folding.fold_model(model, name=model.name) if folded else model
+    if wrap is not None:
+        inference, model = wrap(inference), wrap(model)
     quantized = int8_formats(formats) if int8_data is not None else ()
     refused = {}
     while True:

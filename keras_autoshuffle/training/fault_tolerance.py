@@ -3,20 +3,12 @@
 Data order and augmentation are functions of (seed, epoch, example), so a resumed run
 ends with the weights of an uninterrupted one. Until `report.json`, its last file, a run
 keeps in `backup/`, each file rewritten atomically after every epoch: the weights and
-optimizer state (`backup.RunBackup`; a hardened net's carry its permutations), the
-settings, a divergence (`divergence.py`), the training time (`ElapsedTime`), and a
-hardening's report (`HardeningRecord`). That report is measured on the relaxed net before
-rounding, and tells `HardenShuffles` the hardening is done; it is written before the
-backup of the hardened weights (one written ahead of its backup is removed on resume: the
-hardening happens again on time). A hardening at the end of training comes after the last
-backup: its recorded permutations are applied (`HardenShuffles.recorded`), not rounded
-again (balanced hardening under a time limit could round differently). `history.csv`
-(`HistoryLog`) keeps one row per epoch however often the run was killed.
-
-`prepare_run_directory` trusts none of it: before a resume every file is checked (types,
-ranges, consistency with the settings and with each other) and a damaged one is named.
-
-One run at a time uses a folder (`run_lock.locked_folder`, re-exported here).
+optimizer state (`backup.RunBackup`), the settings, a divergence (`divergence.py`), the
+training time (`ElapsedTime`), and a hardening's report (`HardeningRecord`), written
+before the backup of the hardened weights (one ahead of its backup is removed on resume;
+a hardening after the last backup applies its recorded permutations, not rounding again).
+`history.csv` (`HistoryLog`) keeps one row per epoch however often the run was killed.
+`prepare_run_directory` checks every file before a resume, naming a damaged one.
 """
 
 import csv

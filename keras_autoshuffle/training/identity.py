@@ -24,38 +24,15 @@ CHANGEABLE_AFTER_DIVERGENCE = ("learning_rates",)
 class RunIdentity:
     """The settings that define a training, each with its default.
 
-    A record stored before a setting existed takes its default on resume: a new setting
-    comes with the default that trains as the runs before it did, so adding one never
-    makes an interrupted run unresumable. A new field that describes what a run measures
-    (the network as built: `layer_types`) has no such default; it is marked
-    `metadata={"unrecorded": True}` and not compared where a stored record lacks it. A
-    setting present with another value is refused by name; one this version does not
-    define (a record of a newer version) is refused naming it. `train()` fills the
-    recipe's, the data's and the built network's fields; the command line
-    (`run_from_args`), `search_then_retrain` and a caller's `settings` give the others.
-
-    The fields, by what they record (each with its type and default below):
-
-    - `learning_rates`, `cycle_epochs`, `penalty`, `momentum`, `weight_decay`,
-      `batch_size`: the `Recipe`'s; `epochs`: their total.
-    - `seed`: the initial weights', the data order's and the augmentation's.
-    - `train_examples`, `test_examples`: the data's sizes.
-    - `model_name`, `parameters`, `layer_types`: the network as built (its name, its
-      parameter count, its layers counted by type: a builder change is not resumed into).
-    - `mixed_precision`: the dtype policy's name, or False.
-    - `harden_at_epoch`, `balanced`: the hardening (`train()`'s).
-    - `search_epochs`, `search_balanced`: `search_then_retrain`'s search (None: no search).
-    - `dataset`, `model`, `width`, `groups`, `shuffle`, `padding`: the command line's
-      network and data (`add_arguments`).
-    - `sinkhorn_iterations`, `shuffle_initializer`, `shuffle_forward`,
-      `max_train_examples`: the command line's too.
-    - `label_smoothing`, `class_weights`: the loss (`train()`'s).
-    - `base_weights`, `frozen`, `image_size`, `flip`, `images`, `image_cache`: a
-      fine-tuning's (`finetuning`): the starting weights (their SHA-256 for a file), what
-      is frozen ("base", "batch_norm" or None), the input side, the flips, the SHA-256 of
-      the image split's record, whether training reads cached decoded images.
+    A record stored before a setting existed takes its default on resume (a new setting's
+    default trains as the runs before it did), except a field marked
+    `metadata={"unrecorded": True}` (what a run measures), not compared where a stored
+    record lacks it. A setting with another value, or one this version does not define,
+    is refused by name. `train()` fills the recipe's, the data's and the network's
+    fields; the command line, `search_then_retrain` and a caller's `settings` the others.
     """
 
+    # The `Recipe`'s (`epochs`: their total).
     learning_rates: tuple = ()
     cycle_epochs: tuple = ()
     epochs: int = 0
@@ -63,19 +40,20 @@ class RunIdentity:
     momentum: float = 0.0
     weight_decay: float = 0.0
     batch_size: int = 0
-    seed: int = 0
+    seed: int = 0  # the initial weights', the data order's and the augmentation's
     train_examples: int = 0
     test_examples: int = 0
+    # The network as built: a builder change is not resumed into. `layer_types` (its
+    # layers counted by type) is not compared where a record written before it lacks it.
     model_name: str = ""
     parameters: int = 0
-    # The network as built has no default: a record written before this field existed
-    # (issue 39) does not say, so it is not compared there (`UNRECORDED`).
     layer_types: dict = dataclasses.field(default_factory=dict, metadata={"unrecorded": True})
-    mixed_precision: str | bool = False
+    mixed_precision: str | bool = False  # the dtype policy's name, or False
     harden_at_epoch: int | None = None
     balanced: bool = False
-    search_epochs: int | None = None
+    search_epochs: int | None = None  # `search_then_retrain`'s search (None: no search)
     search_balanced: bool = False
+    # The command line's network and data (`add_arguments`).
     dataset: str | None = None
     model: str | None = None
     width: float | None = None
@@ -88,6 +66,9 @@ class RunIdentity:
     max_train_examples: int | None = None
     label_smoothing: float = 0.0
     class_weights: tuple | None = None
+    # A fine-tuning's: the starting weights (a file's SHA-256), what is frozen ("base",
+    # "batch_norm" or None), the input side, the flips, the SHA-256 of the split's record,
+    # whether training reads cached decoded images.
     base_weights: str | None = None
     frozen: str | None = None
     image_size: int | None = None

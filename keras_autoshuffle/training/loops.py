@@ -108,17 +108,13 @@ def train(
         overwrite: replace a finished run in `output_dir` (default: refuse).
         verbose: 0 silent, 1 progress bar, 2 one line per epoch.
         report_entries: entries added to the report before it is written.
-        int8: also the folded net's full-integer files, calibrated and checked
-            (`exports.int8_data`, `export_model`): `model_int8.tflite`, and
-            `model_int8.onnx` / `openvino_int8/` beside ONNX / OpenVINO exports (OpenVINO's
-            with the `openvino-int8` extra); needs one of those exports.
+        int8: also the folded net's full-integer files beside the LiteRT, ONNX and
+            OpenVINO exports, calibrated and checked (`export.export_model`).
         max_accuracy_drop: with `int8`, the most an int8 file's test accuracy may be below
             the float model's, in percentage points in [0, 100]; a file beyond it is not
-            written, its numbers reported (`export.export_model`'s, same default).
-        int8_weight_bits: with `int8`, the ONNX and OpenVINO int8 files' weight bits
-            (`export.export_model`'s): 7 (right on every x86 CPU) or 8 (a little more
-            accurate, only for files that will run on CPUs with VNNI); in the report's
-            settings.
+            written, its numbers reported.
+        int8_weight_bits: with `int8`, the ONNX and OpenVINO int8 files' weight bits: 7
+            (right on every x86 CPU) or 8 (for CPUs with VNNI only).
         label_smoothing: in [0, 1): the loss's (`losses.SmoothedSparseCrossentropy`);
             0 is sparse cross-entropy.
         class_weight: None, or a weight per class, a sequence as long as the classes
@@ -128,18 +124,15 @@ def train(
     strategy = distribution.make_strategy(strategy) if isinstance(strategy, str) else strategy
     harden_at_epoch = _check_harden_at_epoch(harden_at_epoch, recipe, strategy)
     _validation.choice(balanced, (False, True), "balanced")
-    seed, formats = _check_seed(seed), export_formats(export)
+    seed, formats = _validation.seed(seed), export_formats(export)
     _validation.choice(int8, (False, True), "int8")
     int8_bound = _validation.percentage_points(max_accuracy_drop, "max_accuracy_drop")
     weight_bits = int8_runtimes.check_weight_bits(int8_weight_bits, "int8_weight_bits")
     _check_data(test_data, recipe, strategy)
     loss = dict(label_smoothing=_validation.fraction_below_one(label_smoothing, "label_smoothing"))
     loss["class_weights"] = _check_class_weight(class_weight, train_data, strategy)
-    if loss["label_smoothing"] and distribution.is_multi_worker(strategy):
-        raise ValueError(
-            "`label_smoothing` works with fit (one host), not the multi-worker loop. "
-            f"Received: label_smoothing={label_smoothing!r}"
-        )
+    if loss["label_smoothing"]:
+        _fit_only("label_smoothing", label_smoothing, strategy)
     chief = distribution.is_chief(strategy)
     policy = distribution.mixed_precision_policy() if mixed_precision else False
     with _dtype_policy(policy):
@@ -168,17 +161,11 @@ def train(
 def reproducible_steps() -> Iterator[None]:
     """TensorFlow's graph optimizer (Grappler) off meanwhile: one seed gives one training.
 
-    With it on, learned-shuffle nets gave other gradients at every few steps of one run
-    repeated in one process (issue 39: two `autoshuffle-train` runs differed from the first
-    epoch, so a killed run did not resume to an uninterrupted one): equal inputs, another
-    sum (TF's CPU `AddN` adds its inputs in an order set by which input buffer it may reuse
-    at that instant; `enable_op_determinism()` does not change that). The functions traced
-    meanwhile (the train and evaluation steps) are left as written: in 3 x 11 steps of the
-    digits net and 7 gradient repeats no bit differed, at the same step time (measured
-    ~0.5 s either way on 2 CPU cores). One inter-op thread also removes it, but costs ~55%
-    of the speed and must be set before TensorFlow starts. Other backends, and GPUs (whose
-    kernels are not bit-reproducible anyway, and where Grappler's layout and fusions pay):
-    nothing changed.
+    With it on, learned-shuffle nets gave other gradients every few steps of one run
+    repeated in one process (issue 39: TF's CPU `AddN` sums in an order set by which
+    buffer it may reuse; `enable_op_determinism()` does not change that), at the same
+    step time without it. GPUs (not bit-reproducible anyway) and other backends: nothing
+    changed.
     """
     tf = None
     if keras.backend.backend() == "tensorflow":
@@ -245,13 +232,8 @@ def _build(model_fn, strategy, train_data, recipe):
     """(model, optimizer), built under the strategy's scope."""
     with strategy.scope():
         model = model_fn()
-        steps = train_data.steps(recipe.batch_size)
-        if steps < 1:
-            raise ValueError(
-                f"The batch size is larger than the {train_data.num_examples} training "
-                f"examples (no full batch per epoch). Received: batch_size={recipe.batch_size}"
-            )
-        return model, make_optimizer(recipe, steps, model)
+        train_data.check_batch_size(recipe.batch_size)
+        return model, make_optimizer(recipe, train_data.steps(recipe.batch_size), model)
 
 
 def _identity(settings, recipe, model, train_data, test_data, **fields):
@@ -331,11 +313,8 @@ def _write_report(job, report, files, identity, start, report_entries):
 
 def _check_harden_at_epoch(harden_at_epoch, recipe, strategy):
     harden_at_epoch = _validation.optional_positive_int(harden_at_epoch, "harden_at_epoch")
-    if harden_at_epoch is not None and distribution.is_multi_worker(strategy):
-        raise ValueError(
-            "`harden_at_epoch` works with fit (one host), not the multi-worker loop. "
-            f"Received: harden_at_epoch={harden_at_epoch}"
-        )
+    if harden_at_epoch is not None:
+        _fit_only("harden_at_epoch", harden_at_epoch, strategy)
     if harden_at_epoch is not None and harden_at_epoch >= recipe.epochs:
         raise ValueError(
             f"`harden_at_epoch` must be in [1, {recipe.epochs - 1}] (epochs={recipe.epochs}). "
@@ -358,19 +337,17 @@ def _check_class_weight(class_weight, train_data, strategy):
             f"`class_weight` must hold a positive weight for each of the {classes} classes. "
             f"Received: class_weight={class_weight!r}"
         )
-    if distribution.is_multi_worker(strategy):
-        raise ValueError(
-            "`class_weight` works with fit (one host), not the multi-worker loop. "
-            f"Received: class_weight={class_weight!r}"
-        )
+    _fit_only("class_weight", class_weight, strategy)
     return weights
 
 
-def _check_seed(seed):
-    seed = _validation.non_negative_int(seed, "seed")
-    if seed >= 2**32:  # NumPy's and TensorFlow's seeds are 32-bit
-        raise ValueError(f"`seed` must be an integer in [0, 2**32 - 1]. Received: seed={seed!r}")
-    return seed
+def _fit_only(name, value, strategy):
+    """ValueError naming `name` under the multi-worker loop (a setting only `fit` has)."""
+    if distribution.is_multi_worker(strategy):
+        raise ValueError(
+            f"`{name}` works with fit (one host), not the multi-worker loop. "
+            f"Received: {name}={value!r}"
+        )
 
 
 def _fit(job):

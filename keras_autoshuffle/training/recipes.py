@@ -53,17 +53,8 @@ class Recipe:
             _validation.positive_int(epochs, "cycle_epochs")
         for lr in self.learning_rates:
             _validation.positive_float(lr, "learning_rates")
-        if isinstance(self.momentum, bool) or not (
-            isinstance(self.momentum, (int, float)) and 0 <= self.momentum < 1
-        ):
-            raise ValueError(f"`momentum` must be in [0, 1). Received: momentum={self.momentum!r}")
-        if isinstance(self.weight_decay, bool) or not (
-            isinstance(self.weight_decay, (int, float)) and 0 <= self.weight_decay < float("inf")
-        ):
-            raise ValueError(
-                "`weight_decay` must be a finite number >= 0. "
-                f"Received: weight_decay={self.weight_decay!r}"
-            )
+        _validation.fraction_below_one(self.momentum, "momentum")
+        _validation.non_negative_float(self.weight_decay, "weight_decay")
         _validation.positive_int(self.batch_size, "batch_size")
 
     @property

@@ -36,7 +36,7 @@ from keras_autoshuffle.training.fault_tolerance import (
     unusable_folder,
 )
 from keras_autoshuffle.training.identity import differences, recipe_fields
-from keras_autoshuffle.training.loops import BALANCED_TIME_LIMIT, _check_seed, train
+from keras_autoshuffle.training.loops import BALANCED_TIME_LIMIT, train
 from keras_autoshuffle.training.recipes import Recipe
 
 PERMUTATIONS_FILE = "permutations.json"
@@ -62,19 +62,17 @@ def search_then_retrain(
 
     Args:
         model_fn: builds the learned-shuffle model; called with no arguments for the
-            search and with `shuffle_permutations={name: permutation}` for the retraining
-            (as `make_model_fn`'s functions and the builders take it).
+            search and with `shuffle_permutations={name: permutation}` for the retraining.
         train_data: as `train()`'s.
         test_data: as `train()`'s.
-        recipe: as `train()`'s: the retraining uses the whole recipe, the search its
-            first cycle's learning rate decayed over `search_epochs`.
+        recipe: as `train()`'s; the search takes its first cycle's learning rate.
         output_dir: as `train()`'s.
         search_epochs: epochs of the search, an integer >= 0 (0: harden the fresh net).
         balanced: balanced hardening of the searched matrices (`harden_model`).
         seed: as `train()`'s.
         settings: as `train()`'s.
-        **train_kwargs: passed on to the retraining's `train()` (`export`, `callbacks`,
-            `overwrite`, ...); the search gets only `verbose`.
+        **train_kwargs: passed on to the retraining's `train()`; the search gets only
+            `verbose`.
 
     Returns:
         The retraining's report, with `search`: the epochs, whether balanced, the P(M)
@@ -87,7 +85,7 @@ def search_then_retrain(
             f"is the short phase). Received: search_epochs={search_epochs}"
         )
     _validation.choice(balanced, (False, True), "balanced")
-    seed = _check_seed(seed)
+    seed = _validation.seed(seed)
     retrain_settings = {
         **(settings or {}),
         "search_epochs": search_epochs,
@@ -175,9 +173,7 @@ def _check_killed_retraining(output_dir, expected):
     path = os.path.join(output_dir, BACKUP, SETTINGS_FILE)
     if not os.path.exists(path):
         return
-    saved = read_json(path, "run settings")
-    if not isinstance(saved, dict):
-        raise damaged(path, "run settings", "not an object of settings", saved)
+    saved = read_json(path, "run settings", fields={})
     expected = as_json(expected)
     differ = _differences(saved, expected, output_dir, [k for k in expected if k in saved])
     if differ:
