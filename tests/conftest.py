@@ -48,24 +48,13 @@ if BACKEND == "tensorflow":
         pass
 
 
-def _cpu_flags():
-    """The x86 feature flags of /proc/cpuinfo that change a kernel or a precision default
-    (empty where the file is missing)."""
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
 def pytest_terminal_summary(terminalreporter):
     """The CPU features the run's numbers may depend on, at the end of every log (CI's
     `-q` run included, which shows no header), so a failure on another machine names what
     differs. The suite must pass whatever they are (docs/guide/testing.md)."""
-    flags = _cpu_flags()
+    from keras_autoshuffle._cpu import cpu_info
+
+    flags = cpu_info()[1] or set()
     wanted = ["avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8"]
     lines = [
         "cpu features: " + " ".join(f"{name}={'yes' if name in flags else 'no'}" for name in wanted)

@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from keras_autoshuffle._atomic import write_atomically
+from keras_autoshuffle._cpu import cpu_info
 from keras_autoshuffle.export.int8 import write_checked
 from keras_autoshuffle.export.onnx_graph import drop_unread_dequantize
 from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML
@@ -61,12 +62,7 @@ def check_calibration_method(method: object, name: str = "calibration_method") -
 def cpu_has_vnni() -> bool:
     """Whether this CPU has VNNI (Linux: an avx512_vnni, avx_vnni or amx_int8 flag in
     /proc/cpuinfo); False where that cannot be read."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = set(f.read().split())
-    except OSError:
-        return False
-    return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8"})
+    return bool((cpu_info()[1] or set()) & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def _calibration_reader(input_name: str, images: np.ndarray):

@@ -11,6 +11,7 @@ import numpy as np
 
 from keras_autoshuffle import _validation
 from keras_autoshuffle._atomic import write_atomically
+from keras_autoshuffle._cpu import cpu_info
 from keras_autoshuffle.export.runner import open_runner
 
 # Above this many classes the cells of the confusion matrix hold no count (too small to
@@ -261,17 +262,7 @@ def cpu_name() -> str:
     Returns:
         The name, never empty.
     """
-    name, flags = None, None
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                if key.strip() == "model name" and name is None:
-                    name = value.strip()
-                elif key.strip() == "flags" and flags is None:
-                    flags = value.split()
-    except OSError:
-        pass
+    name, flags = cpu_info()
     return describe_cpu(name or platform.processor() or platform.machine() or "unknown", flags)
 
 
