@@ -356,6 +356,71 @@ def test_a_training_run_keeps_its_float_files_when_int8_is_refused(untrained, tm
     assert sorted(os.listdir(tmp_path)) == sorted(["model.keras", *float_files])
 
 
+# One worker of a two-worker cluster: the model built under the strategy (as `train`
+# builds it); the chief alone exports, checked against it (as `training.loops._export`).
+_MULTI_WORKER_CHILD = """
+import sys
+from keras_autoshuffle import training
+strategy = training.make_strategy("multi-worker")  # before any TF op
+import keras
+import numpy as np
+from keras_autoshuffle import export
+
+with strategy.scope():
+    model = keras.Sequential([
+        keras.Input((8, 8, 3)),
+        keras.layers.Conv2D(4, 3),
+        keras.layers.GlobalAveragePooling2D(),
+        keras.layers.Dense(3, activation="softmax"),
+    ])
+if sys.argv[2] == "0":
+    plain = keras.models.clone_model(model)  # as the folded net: built outside the scope
+    plain.set_weights(model.get_weights())
+    x = np.random.default_rng(0).random((40, 8, 8, 3), dtype="float32")
+    labels = np.argmax(export.keras_outputs(plain, x), -1)
+    result = export.export_model(
+        plain, sys.argv[1], x[:2], formats=("litert",), reference=model, quantize="int8",
+        representative_data=x, test_data=(x, labels), max_accuracy_drop=100,
+    )
+    print("checked on", result["int8"]["test_examples"])
+"""
+
+
+@pytest.mark.slow
+def test_the_chief_of_a_multi_worker_run_checks_its_int8_file_alone(tmp_path):
+    """The float reference of the int8 check is computed by calling the model: `predict`
+    would run under the model's multi-worker strategy, whose collectives need the other
+    worker, which does not export (it failed: "Collective ops is aborted")."""
+    import json
+    import socket
+    import subprocess
+
+    sockets = [socket.socket() for _ in range(2)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    cluster = {"worker": [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]}
+    for s in sockets:
+        s.close()
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", _MULTI_WORKER_CHILD, str(tmp_path / "out"), str(index)],
+            env={
+                **os.environ,
+                "TF_CPP_MIN_LOG_LEVEL": "3",
+                "TF_CONFIG": json.dumps(
+                    {"cluster": cluster, "task": {"type": "worker", "index": index}}
+                ),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for index in range(2)
+    ]
+    outputs = [p.communicate(timeout=300)[0].decode(errors="replace") for p in processes]
+    assert [p.returncode for p in processes] == [0, 0], outputs[0][-3000:]
+    assert "checked on 40" in outputs[0], outputs[0][-3000:]
+
+
 def _entry_matches(entry, classes, float_classes, labels, min_agreement):
     assert entry["top1_agreement"] == pytest.approx(np.mean(classes == float_classes))
     assert entry["accuracy"] == pytest.approx(np.mean(classes == labels))

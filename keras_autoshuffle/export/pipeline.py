@@ -359,7 +359,15 @@ def _write_int8(model, reference, output_dir, results, int8_formats, int8_data, 
     `int8_options`) and calibrated and tested on `int8_data` against `reference`: {int8
     key: its entry}."""
     calibration, test, max_accuracy_drop = int8_data
-    float_outputs = reference.predict(test[0], batch_size=runner.CHUNK, verbose=0)
+    # Called, not `predict`: that runs under the strategy `reference` was built in, whose
+    # multi-worker collectives wait for the workers that do not export (the chief exports
+    # alone: `training.loops._export`).
+    float_outputs = np.concatenate(
+        [
+            files.keras_outputs(reference, test[0][i : i + runner.CHUNK])
+            for i in range(0, len(test[0]), runner.CHUNK)
+        ]
+    )
     written = {}
     for key, (fmt, filename) in files.INT8_FILES.items():
         if fmt not in int8_formats:
