@@ -224,7 +224,6 @@ def figures(root):
         "stem openvino agreement gain": _points(100 * paired["openvino"]["top1_agreement"]["mean"]),
         "stem onnx cost": _percent_costs(_load("int8_stem_speed", root)["runs"], "onnxruntime"),
         "stem openvino cost": _percent_costs(_load("int8_stem_speed", root)["runs"], "openvino"),
-        "transfer drop range": _range([d for d, _ in transfer["by_seed"].values()]),
         "transfer mean drop": _points(transfer["drop"]["mean"]),
         "transfer drop interval": "[{:+.2f}, {:+.2f}]".format(
             transfer["drop"]["low"], transfer["drop"]["high"]

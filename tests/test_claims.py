@@ -289,26 +289,3 @@ def test_transfer_page_int8_figures_are_its_rows(tmp_path, results, committed):
 
     committed = (ROOT / "docs/evidence" / committed).read_text()
     assert int8_part(page.read_text()) == int8_part(committed)
-
-
-def test_export_int8_comment_states_the_rows_figures():
-    # export.int8's comment on MAX_ACCURACY_DROP argues the default from the rows' figures.
-    source = (ROOT / "keras_autoshuffle/export/int8.py").read_text()
-    comment = " ".join(
-        line.strip().lstrip("#").strip() for line in source.splitlines() if line.strip()
-    )
-    f = FIGURES
-    low, high = (float(v) for v in f["int8 transfer drop range"].split("-"))
-    words = {5: "five"}
-    expected = [
-        f"Measured drops: {low:.1f}-{high:.1f} on the transfer study's",
-        f"({f['int8 noise images']} validation images; mean {f['int8 transfer mean drop']})",
-        f"{f['int8 fm drop range'].replace(' to ', '-')} on the Fashion-MNIST net "
-        f"({f['int8 fm test images']} images, 3 runtimes x {f['int8 fm seeds']} seeds)",
-        f"On {f['int8 noise images']} images at {f['int8 noise agreement']} agreement the drop's "
-        f"own sampling noise is about {f['int8 noise error']} points",
-        f"past 1 point one time in {words[f['int8 noise past 1']]}; past 2, about one time in "
-        f"{f['int8 noise past 2']}",
-    ]
-    for phrase in expected:
-        assert phrase in comment, phrase

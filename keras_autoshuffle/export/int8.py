@@ -24,9 +24,9 @@ from keras_autoshuffle.export.runner import open_runner
 MIN_CALIBRATION_IMAGES = 16
 MAX_SCALE_RATIO = 8.0
 # The default bound on an int8 file's accuracy drop (float minus int8 accuracy on the test
-# images), in percentage points: measured drops were 0.2-1.0 points, and a file that
-# quantization broke loses more. The argument with its rows: docs/guide/export.md, "How
-# much an int8 file may lose".
+# images), in percentage points; a file that quantization broke loses more. The argument,
+# with the measured drops and the check's own sampling noise from the rows:
+# docs/guide/export.md, "How much an int8 file may lose".
 MAX_ACCURACY_DROP = 2.0
 
 
