@@ -188,7 +188,10 @@ class FirstLayerFloat:
             entry = export_int8_file_checked(
                 f"{runtime}_int8",
                 os.path.join(self.folder, name),
-                os.path.join(self.folder, f"{runtime}_int8_{seed}"),
+                # A suffix `open_runner` reads; OpenVINO's file is a folder.
+                os.path.join(
+                    self.folder, f"{runtime}_int8_{seed}{'.onnx' if runtime == 'onnx' else ''}"
+                ),
                 calibration,
                 (self.images, self.labels),
                 self.float_outputs,

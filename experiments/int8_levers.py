@@ -130,7 +130,8 @@ def measure(runtime, setting, files, folded, calibration, test, float_outputs):
         entry = int8_runtimes.export_int8_file_checked(
             f"{runtime}_int8",
             files.paths[runtime],
-            os.path.join(folder, f"{runtime}_int8"),
+            # A suffix `open_runner` reads (".onnx"); OpenVINO's file is a folder.
+            os.path.join(folder, "int8.onnx" if runtime == "onnx" else "openvino_int8"),
             calibration,
             test,
             float_outputs,
