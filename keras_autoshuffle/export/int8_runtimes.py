@@ -137,6 +137,48 @@ def _percentile_failure(calibration_method):
         ) from None
 
 
+def _joined_ranges(float_path, input_name, graph, data, method):
+    """ONNX Runtime's `TensorQuantOverrides`: every tensor a Concat or a Split joins gets
+    the union of its group's calibrated ranges, so that an int8 Concat copies instead of
+    requantizing each input (0.92-0.94x the int8 file's time on ShuffleNet v2 1.0x, no
+    agreement lost on the transfer study's nets: Lab notes: inference, "Where ONNX
+    Runtime's int8 time goes")."""
+    import tempfile
+
+    from onnxruntime.quantization.calibrate import create_calibrator
+
+    with tempfile.TemporaryDirectory() as scratch:
+        calibrator = create_calibrator(
+            str(float_path),
+            augmented_model_path=f"{scratch}/augmented.onnx",
+            calibrate_method=method,
+        )
+        calibrator.collect_data(_calibration_reader(input_name, data))
+        ranges = {k: v.range_value for k, v in calibrator.compute_data().data.items()}
+    group = {name: name for name in ranges}
+
+    def root(name):
+        while group[name] != name:
+            name = group[name]
+        return name
+
+    for node in graph.node:
+        if node.op_type in ("Concat", "Split"):
+            joined = [t for t in (*node.input, *node.output) if t in ranges]
+            for name in joined[1:]:
+                group[root(name)] = root(joined[0])
+    members = {}
+    for name in ranges:
+        members.setdefault(root(name), []).append(name)
+    overrides = {}
+    for names in (m for m in members.values() if len(m) > 1):
+        low = min(float(np.min(ranges[n][0])) for n in names)
+        high = max(float(np.max(ranges[n][1])) for n in names)
+        bounds = {"rmin": np.float32(low), "rmax": np.float32(high)}
+        overrides.update({n: [bounds] for n in names})
+    return overrides
+
+
 def export_onnx_int8(
     float_path: str | os.PathLike,
     path: str | os.PathLike,
@@ -190,6 +232,7 @@ def export_onnx_int8(
 
     def write(partial):
         with _no_quantizer_advice(), _percentile_failure(calibration_method):
+            overrides = _joined_ranges(float_path, name, graph, data, method)
             quantize_static(
                 str(float_path),
                 partial,
@@ -201,6 +244,7 @@ def export_onnx_int8(
                 activation_type=getattr(QuantType, activation_type),
                 weight_type=QuantType.QInt8,
                 nodes_to_exclude=excluded,
+                extra_options={"TensorQuantOverrides": overrides},
             )
         quantized = onnx.load(partial)
         if drop_unread_dequantize(quantized):
