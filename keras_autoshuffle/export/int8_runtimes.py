@@ -17,6 +17,7 @@ from keras_autoshuffle._cpu import cpu_info
 from keras_autoshuffle.export.int8 import write_checked
 from keras_autoshuffle.export.onnx_graph import drop_unread_dequantize
 from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML
+from keras_autoshuffle.export.runner import SUFFIXES
 
 # QDQ with uint8 activations (int8 per-channel weights): on a 2-core AMD EPYC (AVX2, no
 # VNNI), ONNX Runtime 1.32, ShuffleNet v2 1.0x at 224, batch 1, 2 threads, 5 interleaved
@@ -57,6 +58,17 @@ def check_calibration_method(method: object, name: str = "calibration_method") -
             f"`{name}` must be one of {CALIBRATION_METHODS}. Received: {name}={method!r}"
         )
     return method
+
+
+def _check_onnx_path(path):
+    """ValueError unless `path` ends in the suffix by which the runner reads an ONNX file
+    (`runner.SUFFIXES`), as the int8 check runs it. (An OpenVINO IR is a folder, which the
+    runner reads whatever its name.)"""
+    if SUFFIXES.get(os.path.splitext(os.fspath(path))[1].lower()) != "onnx":
+        raise ValueError(
+            "`path`, the int8 ONNX file to write, must end in .onnx, by which `open_runner` "
+            f"reads it. Received: path={path!r}"
+        )
 
 
 def cpu_has_vnni() -> bool:
@@ -208,14 +220,15 @@ def export_onnx_int8(
         `path`.
 
     Raises:
-        ValueError: `float_nodes` is not a list of names, or names a node the float file
-            does not have; `weight_bits` or `calibration_method` not one of the choices
-            (nothing is written).
+        ValueError: `path` does not end in .onnx; `float_nodes` is not a list of names,
+            or names a node the float file does not have; `weight_bits` or
+            `calibration_method` not one of the choices (nothing is written).
     """
     import onnx
     import onnxruntime
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
+    _check_onnx_path(path)
     weight_bits = check_weight_bits(weight_bits)
     method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile}[
         check_calibration_method(calibration_method)
@@ -359,8 +372,11 @@ def export_int8_file_checked(
         The check's entry (`int8.write_checked`'s, and `calibration_examples`).
 
     Raises:
+        ValueError: an ONNX `path` that does not end in .onnx (nothing is written).
         Int8CheckError: a drop beyond `max_accuracy_drop` (nothing left at `path`).
     """
+    if key == "onnx_int8":  # the writer sees the temporary name: checked here for `path`
+        _check_onnx_path(path)
     entry = write_checked(
         key,
         lambda partial: _WRITERS[key](
