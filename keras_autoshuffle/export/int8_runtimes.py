@@ -17,7 +17,7 @@ from keras_autoshuffle._atomic import write_atomically
 from keras_autoshuffle._cpu import cpu_info
 from keras_autoshuffle.export.int8 import write_checked
 from keras_autoshuffle.export.onnx_graph import drop_unread_dequantize
-from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML
+from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML, onnx_session
 from keras_autoshuffle.export.runner import SUFFIXES
 
 # QDQ with uint8 activations (int8 per-channel weights): on a 2-core AMD EPYC (AVX2, no
@@ -93,20 +93,16 @@ def _calibration_reader(input_name: str, images: np.ndarray):
     return _Reader()
 
 
-class _QuantizerAdvice(logging.Filter):
-    """Drops ONNX Runtime's quantizer's warnings, logged on the root logger ("Please
-    consider pre-processing before quantization", twice a file): advice for a graph of
-    unknown origin, nothing a user of the export can act on."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        quantizer = os.path.join("onnxruntime", "quantization")
-        return record.levelno > logging.WARNING or quantizer not in record.pathname
-
-
 @contextlib.contextmanager
 def _no_quantizer_advice():
-    """The block without `_QuantizerAdvice`'s warnings."""
-    advice = _QuantizerAdvice()
+    """The block without ONNX Runtime's quantizer's warnings, logged on the root logger
+    ("Please consider pre-processing before quantization", twice a file): advice for a
+    graph of unknown origin, nothing a user of the export can act on."""
+    quantizer = os.path.join("onnxruntime", "quantization")
+
+    def advice(record):
+        return record.levelno > logging.WARNING or quantizer not in record.pathname
+
     logging.getLogger().addFilter(advice)
     try:
         yield
@@ -215,7 +211,6 @@ def export_onnx_int8(
             `calibration_method` not one of the choices (nothing is written).
     """
     import onnx
-    import onnxruntime
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
 
@@ -228,11 +223,7 @@ def export_onnx_int8(
     data = np.asarray(representative_data, dtype="float32")
     graph = onnx.load(str(float_path), load_external_data=False).graph
     excluded = _check_float_nodes(float_nodes, [n.name for n in graph.node], float_path)
-    name = (
-        onnxruntime.InferenceSession(str(float_path), providers=["CPUExecutionProvider"])
-        .get_inputs()[0]
-        .name
-    )
+    name = onnx_session(str(float_path)).get_inputs()[0].name
 
     def write(partial):
         # One calibration: the overrides' ranges and (ONNX Runtime's cache) the quantizer's.

@@ -9,12 +9,9 @@ BatchNormalization after a convolution folded into it, each padding into the op 
 and nested concatenations (LiteRT's 4-input limit, `folding._concat`) merged. The inputs
 and outputs are those of the Keras model (NHWC images in).
 
-It takes the layers of this package's ShuffleNet v1/v2 nets (manual, hardened, folded):
-Conv2D / GroupedConv2D, DepthwiseConv2D, BatchNormalization, ReLU, ZeroPadding2D,
-MaxPooling2D, AveragePooling2D, GlobalAveragePooling2D, Dense, Concatenate, Add,
-ChannelSplit, ChannelSlice, ChannelShuffle, hardened RelaxedShuffle (a Gather), Identity,
-Activation; `unsupported_layers` (`onnx_support.py`, re-exported here) names any other,
-for which the caller falls back to Keras's exporter.
+It takes the layers of this package's ShuffleNet v1/v2 nets (manual, hardened, folded:
+`onnx_support.LAYERS`); `unsupported_layers` (re-exported here) names any other, for which
+the caller falls back to Keras's exporter.
 """
 
 from typing import TYPE_CHECKING
