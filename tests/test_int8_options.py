@@ -2,6 +2,7 @@
 calibration method, on a tiny untrained net (the files' contents, not their accuracy)."""
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -223,3 +224,24 @@ def test_a_training_runs_export_writes_8_bit_weights_when_asked(tmp_path):
     )
     weights = _onnx_weights(results["onnx_int8"]["path"])
     assert max(int(np.abs(w.astype(int)).max()) for w in weights) == 127
+
+
+def test_an_onnx_int8_path_without_its_suffix_is_refused_before_writing(float_files, tmp_path):
+    # The int8 check reads the file back by its suffix: without .onnx the checked export
+    # failed after quantizing, naming its temporary file; `export_onnx_int8` wrote a file
+    # that `open_runner` refuses.
+    paths, images = float_files
+    target = str(tmp_path / "int8")
+    test = (images[:4], np.zeros(4, "int64"))
+    writers = {
+        "export_int8_file_checked": lambda: int8_runtimes.export_int8_file_checked(
+            "onnx_int8", paths["onnx"], target, images, test, np.eye(10)[:4], 100.0
+        ),
+        "export_onnx_int8": lambda: int8_runtimes.export_onnx_int8(paths["onnx"], target, images),
+    }
+    for name, write in writers.items():
+        with pytest.raises(
+            ValueError, match=rf"end in \.onnx.*Received: path={re.escape(repr(target))}$"
+        ):
+            write()
+        assert os.listdir(tmp_path) == [], name

@@ -9,6 +9,7 @@ import contextlib
 import io
 import logging
 import os
+from tempfile import TemporaryDirectory
 
 import numpy as np
 
@@ -16,7 +17,8 @@ from keras_autoshuffle._atomic import write_atomically
 from keras_autoshuffle._cpu import cpu_info
 from keras_autoshuffle.export.int8 import write_checked
 from keras_autoshuffle.export.onnx_graph import drop_unread_dequantize
-from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML
+from keras_autoshuffle.export.onnx_runtimes import OPENVINO_XML, onnx_session
+from keras_autoshuffle.export.runner import SUFFIXES
 
 # QDQ with uint8 activations (int8 per-channel weights): on a 2-core AMD EPYC (AVX2, no
 # VNNI), ONNX Runtime 1.32, ShuffleNet v2 1.0x at 224, batch 1, 2 threads, 5 interleaved
@@ -59,6 +61,17 @@ def check_calibration_method(method: object, name: str = "calibration_method") -
     return method
 
 
+def _check_onnx_path(path):
+    """ValueError unless `path` ends in the suffix by which the runner reads an ONNX file
+    (`runner.SUFFIXES`), as the int8 check runs it. (An OpenVINO IR is a folder, which the
+    runner reads whatever its name.)"""
+    if SUFFIXES.get(os.path.splitext(os.fspath(path))[1].lower()) != "onnx":
+        raise ValueError(
+            "`path`, the int8 ONNX file to write, must end in .onnx, by which `open_runner` "
+            f"reads it. Received: path={path!r}"
+        )
+
+
 def cpu_has_vnni() -> bool:
     """Whether this CPU has VNNI (Linux: an avx512_vnni, avx_vnni or amx_int8 flag in
     /proc/cpuinfo); False where that cannot be read."""
@@ -80,20 +93,16 @@ def _calibration_reader(input_name: str, images: np.ndarray):
     return _Reader()
 
 
-class _QuantizerAdvice(logging.Filter):
-    """Drops ONNX Runtime's quantizer's warnings, logged on the root logger ("Please
-    consider pre-processing before quantization", twice a file): advice for a graph of
-    unknown origin, nothing a user of the export can act on."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        quantizer = os.path.join("onnxruntime", "quantization")
-        return record.levelno > logging.WARNING or quantizer not in record.pathname
-
-
 @contextlib.contextmanager
 def _no_quantizer_advice():
-    """The block without `_QuantizerAdvice`'s warnings."""
-    advice = _QuantizerAdvice()
+    """The block without ONNX Runtime's quantizer's warnings, logged on the root logger
+    ("Please consider pre-processing before quantization", twice a file): advice for a
+    graph of unknown origin, nothing a user of the export can act on."""
+    quantizer = os.path.join("onnxruntime", "quantization")
+
+    def advice(record):
+        return record.levelno > logging.WARNING or quantizer not in record.pathname
+
     logging.getLogger().addFilter(advice)
     try:
         yield
@@ -137,24 +146,13 @@ def _percentile_failure(calibration_method):
         ) from None
 
 
-def _joined_ranges(float_path, input_name, graph, data, method):
-    """ONNX Runtime's `TensorQuantOverrides`: every tensor a Concat or a Split joins gets
-    the union of its group's calibrated ranges, so that an int8 Concat copies instead of
-    requantizing each input (0.92-0.94x the int8 file's time on ShuffleNet v2 1.0x, no
-    agreement lost on the transfer study's nets: Lab notes: inference, "Where ONNX
-    Runtime's int8 time goes")."""
-    import tempfile
-
-    from onnxruntime.quantization.calibrate import create_calibrator
-
-    with tempfile.TemporaryDirectory() as scratch:
-        calibrator = create_calibrator(
-            str(float_path),
-            augmented_model_path=f"{scratch}/augmented.onnx",
-            calibrate_method=method,
-        )
-        calibrator.collect_data(_calibration_reader(input_name, data))
-        ranges = {k: v.range_value for k, v in calibrator.compute_data().data.items()}
+def _joined_ranges(tensors, graph):
+    """ONNX Runtime's `TensorQuantOverrides` from its calibrated `TensorsData`: every
+    tensor a Concat or a Split joins gets the union of its group's ranges, so that an int8
+    Concat copies instead of requantizing each input (0.92-0.94x the int8 file's time on
+    ShuffleNet v2 1.0x, no agreement lost on the transfer study's nets: Lab notes:
+    inference, "Where ONNX Runtime's int8 time goes")."""
+    ranges = {k: v.range_value for k, v in tensors.items()}
     group = {name: name for name in ranges}
 
     def root(name):
@@ -208,14 +206,15 @@ def export_onnx_int8(
         `path`.
 
     Raises:
-        ValueError: `float_nodes` is not a list of names, or names a node the float file
-            does not have; `weight_bits` or `calibration_method` not one of the choices
-            (nothing is written).
+        ValueError: `path` does not end in .onnx; `float_nodes` is not a list of names,
+            or names a node the float file does not have; `weight_bits` or
+            `calibration_method` not one of the choices (nothing is written).
     """
     import onnx
-    import onnxruntime
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
 
+    _check_onnx_path(path)
     weight_bits = check_weight_bits(weight_bits)
     method = {"minmax": CalibrationMethod.MinMax, "percentile": CalibrationMethod.Percentile}[
         check_calibration_method(calibration_method)
@@ -224,28 +223,31 @@ def export_onnx_int8(
     data = np.asarray(representative_data, dtype="float32")
     graph = onnx.load(str(float_path), load_external_data=False).graph
     excluded = _check_float_nodes(float_nodes, [n.name for n in graph.node], float_path)
-    name = (
-        onnxruntime.InferenceSession(str(float_path), providers=["CPUExecutionProvider"])
-        .get_inputs()[0]
-        .name
-    )
+    name = onnx_session(str(float_path)).get_inputs()[0].name
 
     def write(partial):
+        # One calibration: the overrides' ranges and (ONNX Runtime's cache) the quantizer's.
         with _no_quantizer_advice(), _percentile_failure(calibration_method):
-            overrides = _joined_ranges(float_path, name, graph, data, method)
-            quantize_static(
-                str(float_path),
-                partial,
-                _calibration_reader(name, data),
-                quant_format=getattr(QuantFormat, quant_format),
-                per_channel=True,
-                reduce_range=weight_bits == 7,  # 7-bit weights (`WEIGHT_BITS`)
-                calibrate_method=method,
-                activation_type=getattr(QuantType, activation_type),
-                weight_type=QuantType.QInt8,
-                nodes_to_exclude=excluded,
-                extra_options={"TensorQuantOverrides": overrides},
-            )
+            with TemporaryDirectory() as tmp:
+                calibrator = create_calibrator(
+                    str(float_path), augmented_model_path=f"{tmp}/a.onnx", calibrate_method=method
+                )
+                calibrator.collect_data(_calibration_reader(name, data))
+                tensors = calibrator.compute_data()
+                save_tensors_data(tensors, f"{tmp}/ranges.json")
+                quantize_static(
+                    str(float_path),
+                    partial,
+                    calibration_cache_path=f"{tmp}/ranges.json",
+                    quant_format=getattr(QuantFormat, quant_format),
+                    per_channel=True,
+                    reduce_range=weight_bits == 7,  # 7-bit weights (`WEIGHT_BITS`)
+                    calibrate_method=method,
+                    activation_type=getattr(QuantType, activation_type),
+                    weight_type=QuantType.QInt8,
+                    nodes_to_exclude=excluded,
+                    extra_options={"TensorQuantOverrides": _joined_ranges(tensors, graph)},
+                )
         quantized = onnx.load(partial)
         if drop_unread_dequantize(quantized):
             onnx.save(quantized, partial)
@@ -359,8 +361,11 @@ def export_int8_file_checked(
         The check's entry (`int8.write_checked`'s, and `calibration_examples`).
 
     Raises:
+        ValueError: an ONNX `path` that does not end in .onnx (nothing is written).
         Int8CheckError: a drop beyond `max_accuracy_drop` (nothing left at `path`).
     """
+    if key == "onnx_int8":  # the writer sees the temporary name: checked here for `path`
+        _check_onnx_path(path)
     entry = write_checked(
         key,
         lambda partial: _WRITERS[key](

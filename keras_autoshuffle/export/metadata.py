@@ -51,7 +51,8 @@ def with_input_normalization(
     Keras's own `Rescaling` layer ("input_normalization", `x / std - mean / std`: loads
     with `safe_mode=True`) at the new input: an exported file takes plain RGB, described by
     one mean and one std; its int8 file keeps most of the input's levels (about 170 of 256
-    per channel; `x - mean` first kept about 55).
+    per channel; `x - mean` first kept about 55, twice the int8 file's mean output error:
+    tests/test_export_metadata.py).
 
     Args:
         model: a single-input Keras model taking channels-last normalised images.
@@ -61,9 +62,6 @@ def with_input_normalization(
     mean, std = _check_normalization(mean, std, channels=(1, 3))
     mean, std = np.asarray(mean), np.asarray(std)
     inputs = keras.Input(model.input_shape[1:], name="image")
-    # `x * (1 / std) - mean / std`: in the int8 file the product keeps ~170 levels of
-    # [0, 1]; `Normalization`'s `x - mean` first got the output's scale, ~55 levels
-    # (tests/test_export_metadata.py; twice the int8 file's mean output error).
     normalize = keras.layers.Rescaling(
         scale=list(1 / std), offset=list(-mean / std), name="input_normalization"
     )

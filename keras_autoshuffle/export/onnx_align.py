@@ -22,17 +22,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from keras_autoshuffle.export.onnx_input import _attributes
+
 if TYPE_CHECKING:
     import onnx
-
-
-def _attribute(node, name, default=None):
-    from onnx import helper
-
-    for attribute in node.attribute:
-        if attribute.name == name:
-            return helper.get_attribute_value(attribute)
-    return default
 
 
 class _Graph:
@@ -65,7 +58,7 @@ class _Graph:
 
 
 def _is_conv(node, groups=1):
-    return node.op_type == "Conv" and _attribute(node, "group", 1) == groups
+    return node.op_type == "Conv" and _attributes(node).get("group", 1) == groups
 
 
 def _paddable(graph, conv, depthwise_ok=True):
@@ -73,7 +66,7 @@ def _paddable(graph, conv, depthwise_ok=True):
     for user in graph.users(conv.output[0]):
         if user is None:
             return False
-        if user.op_type in ("Slice", "Split") and _attribute(user, "axis") == 1:
+        if user.op_type in ("Slice", "Split") and _attributes(user).get("axis") == 1:
             continue
         if _is_conv(user):
             continue
@@ -112,7 +105,7 @@ def _zero_outputs(graph, split):
         return {}
     if not all(name in graph.initializers for name in (*conv.input[1:], split.input[1])):
         return {}
-    if _attribute(split, "axis") != 1:
+    if _attributes(split).get("axis") != 1:
         return {}
     weights, bias = graph.array(conv.input[1]), graph.array(conv.input[2])
     bounds = np.cumsum([0, *graph.array(split.input[1])])
@@ -196,7 +189,7 @@ def align_channels(proto: "onnx.ModelProto", multiple: int = 8) -> int:
     channels = _channels(proto)
     for node in proto.graph.node:
         count = channels.get(node.output[0])
-        if node.op_type == "Concat" and _attribute(node, "axis") == 1 and count:
+        if node.op_type == "Concat" and _attributes(node).get("axis") == 1 and count:
             if count % multiple and _pad_concat(graph, node, count, multiple):
                 padded += 1
     return padded

@@ -9,12 +9,9 @@ BatchNormalization after a convolution folded into it, each padding into the op 
 and nested concatenations (LiteRT's 4-input limit, `folding._concat`) merged. The inputs
 and outputs are those of the Keras model (NHWC images in).
 
-It takes the layers of this package's ShuffleNet v1/v2 nets (manual, hardened, folded):
-Conv2D / GroupedConv2D, DepthwiseConv2D, BatchNormalization, ReLU, ZeroPadding2D,
-MaxPooling2D, AveragePooling2D, GlobalAveragePooling2D, Dense, Concatenate, Add,
-ChannelSplit, ChannelSlice, ChannelShuffle, hardened RelaxedShuffle (a Gather), Identity,
-Activation; `unsupported_layers` (`onnx_support.py`, re-exported here) names any other,
-for which the caller falls back to Keras's exporter.
+It takes the layers of this package's ShuffleNet v1/v2 nets (manual, hardened, folded:
+`onnx_support.LAYERS`); `unsupported_layers` (re-exported here) names any other, for which
+the caller falls back to Keras's exporter.
 """
 
 from typing import TYPE_CHECKING
@@ -23,6 +20,7 @@ import keras
 import numpy as np
 
 from keras_autoshuffle._keras_internals import inbound_nodes, producing_layer
+from keras_autoshuffle.export.litert_graph import _readers
 from keras_autoshuffle.export.onnx_align import align_channels
 from keras_autoshuffle.export.onnx_support import (  # noqa: F401 (re-exported)
     ACTIVATIONS,
@@ -55,13 +53,10 @@ class _Writer:
         from onnx import helper
 
         self.helper, self.nodes, self.weights, self.names = helper, [], [], {}
-        self.consumers = {}
+        self.consumers = _readers(model)
         self.skip = {}  # id(Keras tensor) -> the tensor it stands for (folded BN, merged pad)
         self.pending_pads = {}  # id(padded tensor) -> ((top, bottom), (left, right))
         self.split_done = set()  # tensors whose ChannelSlices are written (one Split each)
-        for layer in model.operations:
-            for tensor in inbound_nodes(layer)[0].input_tensors:
-                self.consumers.setdefault(id(tensor), []).append(layer)
 
     def name(self, tensor):
         return self.names.setdefault(id(tensor), f"t{len(self.names)}")

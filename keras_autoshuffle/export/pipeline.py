@@ -362,12 +362,7 @@ def _write_int8(model, reference, output_dir, results, int8_formats, int8_data, 
     # Called, not `predict`: that runs under the strategy `reference` was built in, whose
     # multi-worker collectives wait for the workers that do not export (the chief exports
     # alone: `training.loops._export`).
-    float_outputs = np.concatenate(
-        [
-            files.keras_outputs(reference, test[0][i : i + runner.CHUNK])
-            for i in range(0, len(test[0]), runner.CHUNK)
-        ]
-    )
+    float_outputs = runner.chunked(lambda batch: files.keras_outputs(reference, batch), test[0])
     written = {}
     for key, (fmt, filename) in files.INT8_FILES.items():
         if fmt not in int8_formats:

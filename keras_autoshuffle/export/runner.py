@@ -59,6 +59,13 @@ _MAX_REASON = 300
 CHUNK = 256
 
 
+def chunked(function: Callable[[np.ndarray], ArrayLike], batch: np.ndarray) -> np.ndarray:
+    """`function`'s outputs on `batch`, fed `CHUNK` inputs at a time and concatenated; one
+    call at least (an empty batch goes through as it is)."""
+    starts = range(0, max(len(batch), 1), CHUNK)
+    return np.concatenate([np.asarray(function(batch[i : i + CHUNK])) for i in starts])
+
+
 @dataclasses.dataclass(frozen=True)
 class InputDescription:
     """What an exported file takes.
@@ -128,10 +135,7 @@ class Runner:
             ValueError: the runtime fails (naming the file and its reason).
         """
         try:
-            batch = np.asarray(batch)
-            # One call at least: an empty batch goes to the runtime as it is.
-            starts = range(0, max(len(batch), 1), CHUNK)
-            return np.concatenate([np.asarray(self._run(batch[i : i + CHUNK])) for i in starts])
+            return chunked(self._run, np.asarray(batch))
         except Exception as error:  # each runtime raises its own types
             raise ValueError(
                 f"{self.path} failed when run by {self.runtime} ({type(error).__name__}: "
