@@ -18,6 +18,13 @@ def test_readme_table_is_rendered_from_the_measured_rows():
     assert model_table.main([*argv, "--check"]) == 0
 
 
+def test_the_inference_pages_table_without_vnni_is_rendered_from_its_rows():
+    # docs/inference.md's second table: the measure on a CPU without VNNI.
+    rows = ROOT / "docs" / "results" / "model_table_cpu_no_vnni.json"
+    page = str(ROOT / "docs" / "inference.md")
+    assert model_table.main(["render", "--json", str(rows), "--readme", page, "--check"]) == 0
+
+
 def test_guide_table_is_rendered_from_the_registry():
     # Fails when the guide's table is edited by hand or the registry changes without a render.
     guide = str(ROOT / model_table.GUIDE)
