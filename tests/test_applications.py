@@ -711,6 +711,11 @@ def test_channels_first_probe_agrees_with_a_real_conv2d():
 def test_channels_first_refused_by_tensorflow_without_onednn():
     # TF_ENABLE_ONEDNN_OPTS=0 gives TensorFlow's plain CPU kernels, as on CPUs without
     # AVX-512: a channels_first Conv2D fails there, and the builder says so up front.
+    if not arguments.channels_first_supported():  # this process runs them already
+        keras.config.set_image_data_format("channels_first")
+        with pytest.raises(ValueError, match=CHANNELS_FIRST_REFUSED):  # not TF's error
+            ShuffleNetV2(0.5, input_shape=(3, 32, 32), classes=10)
+        return  # a child would cost TensorFlow's import (some 11 CPU-s) for the same check
     script = (
         "import keras\n"
         "keras.config.set_image_data_format('channels_first')\n"

@@ -1,26 +1,21 @@
-"""kill -9 at many instants of a short run: every rerun ends with the report of an
-uninterrupted run and never retrains a completed epoch.
+"""kill -9 at many instants of one short run, in turn: each rerun resumes where the kill
+left the run and never retrains a completed epoch, and the run ends with the report,
+permutations and weights of an uninterrupted run.
 
 The job: a tiny ShuffleNet v2 (16x16 inputs), 32 training and 16 test images, two
 epochs of two steps, SavedModel and LiteRT export. A child process runs it and sends
 itself SIGKILL at a named instant (CHILD's kill points: the child wraps a package function,
 the package holds no test hook): in an epoch, between the two moves of a backup write, in
-the hardening, before the SavedModel and LiteRT files move into place (these three in
-turn, each child resuming the run the one before left), and after `report.json`, the last
-file. The rerun
-then runs in the test process.
-
-A child starts from scratch or from a copy of the uninterrupted run's folder at the end
-of an epoch (`reference`'s snapshots; a run killed after its training left that folder),
-so each test pays one child (a fresh interpreter: 6-8 s of imports measured on the shared
-2-core machine) and one rerun.
+the hardening, before the SavedModel and LiteRT files move into place, and after
+`report.json`, the last file. Each child resumes the run the one before left (a fresh
+interpreter each: some 10 CPU-s of imports on the 2-core EPYC), so the work of the run is
+done once; the last rerun, in the test process, is refused as the finished run's.
 """
 
 import csv
 import inspect
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +28,7 @@ from keras_autoshuffle import RelaxedShuffle, data, training
 from keras_autoshuffle.applications import AutoShuffleNetV2, shufflenet_v2
 from keras_autoshuffle.training import fault_tolerance as ft
 
-# Each test: a child (a fresh interpreter) and a rerun with the exports, most of a minute.
+# Six children (fresh interpreters), one after the other: some two minutes.
 pytestmark = pytest.mark.slow
 
 EPOCHS = 2
@@ -171,70 +166,12 @@ def _history_epochs(out):
         return [int(row["epoch"]) for row in csv.DictReader(f)]
 
 
-class Snapshot(keras.callbacks.Callback):
-    """Copies the run's folder at the end of each epoch, after its backup."""
-
-    def __init__(self, out, folder):
-        super().__init__()
-        self.out, self.folder = out, folder
-
-    def on_epoch_end(self, epoch, logs=None):
-        shutil.copytree(self.out, self.folder / f"epoch{epoch + 1}")
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The uninterrupted run: (report, folder, snapshots folder)."""
+    """The uninterrupted run: (report, folder)."""
     keras.backend.clear_session()
-    folder = tmp_path_factory.mktemp("reference")
-    out = folder / "run"
-    report = run_job(out, [Snapshot(out, folder)])
-    return report, out, folder
-
-
-def _finish_and_compare(tmp_path, out, reference, resumes_at):
-    """Reruns the job in this process; checks it starts at epoch `resumes_at` (0-based)
-    and ends as the uninterrupted run."""
-    expected, reference_out, _ = reference
-    keras.backend.clear_session()
-    before = len(_epochs_trained(tmp_path))
-    report = run_job(out, [Trace(str(tmp_path / "trace.txt"))])
-    rerun = [epoch for _, epoch in _epochs_trained(tmp_path)[before:]]
-    assert rerun == list(range(resumes_at, EPOCHS))
-    assert _comparable(report, out) == _comparable(expected, reference_out)
-    assert not (out / ft.BACKUP).exists()
-    assert _history_epochs(out) == list(range(EPOCHS))
-    weights, perms = _model_state(out)
-    expected_weights, expected_perms = _model_state(reference_out)
-    assert perms == expected_perms
-    for a, b in zip(weights, expected_weights, strict=True):
-        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
-    leftovers = [p.name for p in out.iterdir() if ".partial" in p.name or ".old" in p.name]
-    assert not leftovers
-
-
-def _from_snapshot(tmp_path, reference, epoch):
-    out = tmp_path / "run"
-    shutil.copytree(reference[2] / f"epoch{epoch}", out)
-    return out
-
-
-def test_killed_in_an_epoch_resumes_from_the_last_completed_one(tmp_path, reference):
-    out = tmp_path / "run"
-    _kill_at(tmp_path, out, "epoch:1")  # from scratch, in the second epoch
-    assert [epoch for _, epoch in _epochs_trained(tmp_path)] == [0, 1]
-    assert json.loads((out / ft.BACKUP / ft.METADATA_FILE).read_text())["epoch"] == 1
-    _finish_and_compare(tmp_path, out, reference, resumes_at=1)
-
-
-def test_killed_between_the_moves_of_a_backup_resumes_after_that_epoch(tmp_path, reference):
-    # The new weights are in place, their metadata still under its temporary name: the
-    # epoch is complete, and the rerun must not train it again.
-    out = _from_snapshot(tmp_path, reference, 1)
-    _kill_at(tmp_path, out, f"backup:{EPOCHS}")
-    assert [epoch for _, epoch in _epochs_trained(tmp_path)] == [1]
-    assert json.loads((out / ft.BACKUP / ft.METADATA_FILE).read_text())["epoch"] == 1
-    _finish_and_compare(tmp_path, out, reference, resumes_at=EPOCHS)
+    out = tmp_path_factory.mktemp("reference") / "run"
+    return run_job(out), out
 
 
 # The instants after training, in the order a run reaches them: the shuffles hardened in
@@ -244,29 +181,48 @@ def test_killed_between_the_moves_of_a_backup_resumes_after_that_epoch(tmp_path,
 AFTER_TRAINING = ("hardening", "export:saved_model", "export:litert")
 
 
-def test_killed_after_training_at_each_instant_redoes_only_what_came_after(tmp_path, reference):
-    """A child killed at each instant after training in turn, each resuming from what the
-    one before left (a kill at one instant, then at the next): none trains an epoch again,
-    and the last rerun ends as the uninterrupted run."""
-    out = _from_snapshot(tmp_path, reference, EPOCHS)
-    for point in AFTER_TRAINING:
+def _backup_epoch(out):
+    return json.loads((out / ft.BACKUP / ft.METADATA_FILE).read_text())["epoch"]
+
+
+def test_killed_at_each_instant_in_turn_resumes_where_the_kill_left_it(tmp_path, reference):
+    out = tmp_path / "run"
+
+    def kill_at(point):
+        """The epochs the child killed at `point` began."""
+        before = len(_epochs_trained(tmp_path))
         _kill_at(tmp_path, out, point)
-        assert _epochs_trained(tmp_path) == [], point  # the children trained nothing
+        return [epoch for _, epoch in _epochs_trained(tmp_path)[before:]]
+
+    # In the second epoch, from scratch: its first epoch's backup is the last one.
+    assert kill_at("epoch:1") == [0, 1]
+    assert _backup_epoch(out) == 1
+    # Resumed from the last completed epoch, killed between the moves of the next backup:
+    # the new weights in place, their metadata still under its temporary name. The epoch
+    # is complete, and no rerun below trains it again.
+    assert kill_at(f"backup:{EPOCHS}") == [1]
+    assert _backup_epoch(out) == 1
+    for point in AFTER_TRAINING:  # each redoing only what came after the one before
+        assert kill_at(point) == [], point
         assert (out / ft.BACKUP / ft.WEIGHTS_FILE).exists(), point
         assert not (out / "report.json").exists(), point
-    _finish_and_compare(tmp_path, out, reference, resumes_at=EPOCHS)
-
-
-def test_killed_after_the_report_is_finished(tmp_path, reference):
-    # report.json, the last file, is written; the backup not yet removed. The rerun is
-    # refused as for any finished run, and removes the backup the kill left.
-    out = _from_snapshot(tmp_path, reference, EPOCHS)
-    _kill_at(tmp_path, out, "report")
+    # report.json, the last file, is written; the backup not yet removed.
+    assert kill_at("report") == []
     assert (out / ft.BACKUP).exists()
+    # The rerun is refused as for any finished run, and removes the backup the kill left.
     keras.backend.clear_session()
     with pytest.raises(ft.RunDirectoryError, match="holds a finished run"):
         run_job(out)
     assert not (out / ft.BACKUP).exists()
-    expected, reference_out, _ = reference
+    # The run ends as the uninterrupted one.
+    expected, reference_out = reference
     report = json.loads((out / "report.json").read_text())
     assert _comparable(report, out) == _comparable(expected, reference_out)
+    assert _history_epochs(out) == list(range(EPOCHS))
+    weights, perms = _model_state(out)
+    expected_weights, expected_perms = _model_state(reference_out)
+    assert perms == expected_perms
+    for a, b in zip(weights, expected_weights, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
+    leftovers = [p.name for p in out.iterdir() if ".partial" in p.name or ".old" in p.name]
+    assert not leftovers

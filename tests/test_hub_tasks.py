@@ -190,7 +190,7 @@ def cache(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def scenes():
-    """16 canvases of SIDE x SIDE pixels, each holding two Fashion-MNIST test items side by
+    """8 canvases of SIDE x SIDE pixels, each holding two Fashion-MNIST test items side by
     side (no overlap), with their boxes (yxyx, tight around the garment), labels 0-9 and
     masks (0 background, label + 1 on the garment's pixels)."""
     try:
@@ -198,7 +198,7 @@ def scenes():
     except DataMissingError as error:
         pytest.skip(f"Fashion-MNIST is not installed: {error}")
     rng = np.random.default_rng(0)
-    count, per_scene = 16, 2
+    count, per_scene = 8, 2
     cell = SIDE // per_scene
     images = np.zeros((count, SIDE, SIDE, 3), "float32")
     masks = np.zeros((count, SIDE, SIDE, 1), "int32")
