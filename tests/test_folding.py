@@ -241,7 +241,9 @@ def test_folded_v2_keras_file_loads_in_a_fresh_process_after_import(tmp_path):
         capture_output=True,
         text=True,
         timeout=300,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"},
+        # Keras's NumPy backend: registration is the package's import, whatever the
+        # backend; the child imports JAX (that backend's convolutions), not TensorFlow.
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "numpy"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     expected = keras.ops.convert_to_numpy(folded(x))
