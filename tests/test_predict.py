@@ -634,7 +634,9 @@ def test_the_finetune_evaluation_feeds_each_file_its_normalisation(described, ph
     normalised = np.concatenate([preprocess(image[None]) for image in photos[1].values()])
     runner = open_runner(root / kind / "model.tflite")
     expected = keras.ops.convert_to_numpy(model(normalised))
-    np.testing.assert_allclose(runner.run(_file_inputs(runner, normalised)), expected, atol=FILE_ATOL)
+    np.testing.assert_allclose(
+        runner.run(_file_inputs(runner, normalised)), expected, atol=FILE_ATOL
+    )
 
 
 def test_metadata_without_the_mediapipe_extra_names_it(described, exported, monkeypatch):
