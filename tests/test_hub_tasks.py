@@ -232,7 +232,9 @@ def test_the_detector_trains_on_fashion_items(cache, scenes):
     images, boxes, classes, _ = scenes
     detector = retinanet_detector(PRESET, num_classes=10, pre_logits_num_conv_layers=1)
     detector.compile(optimizer=keras.optimizers.Adam(1e-3), run_eagerly=True)
-    losses, seconds = _losses(detector, images, {"boxes": boxes, "labels": classes}, steps=4)
+    # 2 steps: the loss fell to 0.31 of the first after one update (333 -> 103 -> 28 -> 11
+    # in 4 steps on the 2-core EPYC), far under the bound.
+    losses, seconds = _losses(detector, images, {"boxes": boxes, "labels": classes}, steps=2)
     print(f"detector losses {np.round(losses, 3).tolist()} in {seconds:.1f} s")
     assert np.all(np.isfinite(losses))
     assert losses[-1] < 0.8 * losses[0], losses
@@ -249,7 +251,9 @@ def test_the_segmenter_trains_on_fashion_items(cache, scenes):
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         run_eagerly=True,
     )
-    losses, seconds = _losses(segmenter, images, masks, steps=4)
+    # 3 steps: 2.70 -> 2.21 -> 1.90 -> 1.58 in 4 on the 2-core EPYC; after two updates it
+    # is 0.70 of the first, under the bound of 0.8 (after one, 0.82 is not).
+    losses, seconds = _losses(segmenter, images, masks, steps=3)
     print(f"segmenter losses {np.round(losses, 3).tolist()} in {seconds:.1f} s")
     assert np.all(np.isfinite(losses))
     assert losses[-1] < 0.8 * losses[0], losses

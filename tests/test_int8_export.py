@@ -233,10 +233,12 @@ def test_the_litert_files_are_written_from_one_rewritten_graph(export_and_screen
 
 
 def test_a_float_export_removes_an_earlier_int8_file(exported, untrained, tmp_path):
-    # The old int8 file does not match the new float model beside it.
+    # The old int8 file does not match the new float model beside it. Any export without
+    # "int8" removes it (`_prepare_folder`, before any format is written): the Keras file,
+    # which needs no LiteRT conversion, is that export here.
     shutil.copy(exported[0]["int8"]["path"], tmp_path / "model_int8.tflite")
-    export.export_model(untrained, str(tmp_path), _images(2), formats=("litert",))
-    assert sorted(os.listdir(tmp_path)) == ["model.tflite"]
+    export.export_model(untrained, str(tmp_path), _images(2), formats=("keras",))
+    assert sorted(os.listdir(tmp_path)) == ["model.keras"]
 
 
 def test_quantize_is_compared_by_value(untrained, tmp_path):
