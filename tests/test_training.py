@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 
 import keras
 import numpy as np
@@ -123,56 +124,52 @@ class Snapshot(keras.callbacks.Callback):
             shutil.copytree(self.out, self.copies[epoch + 1])
 
 
-def _wait_all(started):
-    """{key: (process, start time)} -> {key: (exit status, output, seconds to its exit)};
-    each process is waited for in its own thread, so its seconds end when it exits."""
-
-    def wait(item):
-        process, start = item
-        output = process.communicate(timeout=300)[0].decode(errors="replace")
-        return process.returncode, output, time.time() - start
-
-    with concurrent.futures.ThreadPoolExecutor(len(started)) as pool:
-        return dict(zip(started, pool.map(wait, started.values()), strict=True))
+def _wait(process, start):
+    """(exit status, output, seconds from `start` to its exit)."""
+    output = process.communicate(timeout=300)[0].decode(errors="replace")
+    return process.returncode, output, time.time() - start
 
 
 @pytest.fixture(scope="module")
 def kill_and_resume(tmp_path_factory):
-    """Every KILLED scenario stopped, then run again to the end in a fresh process, and the
-    uninterrupted runs they must end at (hardened at the end and after epoch 2, in this
-    process, copied at the other scenarios' instants), while the killed child runs; the
-    resumes start at once (each process is mostly TensorFlow's import). Per scenario:
-    `killed` (exit status, output, seconds; None for a copy) and `resumed`, what the
-    stopped run left (`backup`, `hardening_record`, `epochs`), `dir`; `whole`: {harden_at:
-    run folder}."""
+    """Every KILLED scenario stopped, then run again to the end, and the uninterrupted runs
+    they must end at (hardened at the end and after epoch 2, in this process, copied at
+    the other scenarios' instants, while the killed child runs). The resumes run in this
+    process: they read only the stopped run's folder (a fresh interpreter each added some
+    15 CPU-s of imports). Per scenario: `killed` (exit status, output, seconds; None for a
+    copy), what the stopped run left (`backup`, `hardening_record`, `epochs`), `dir`, and
+    `resumed`: the resume's warnings; `whole`: {harden_at: run folder}."""
     folder = tmp_path_factory.mktemp("kill_and_resume")
-
-    def start(out, **kwargs):
-        started = time.time()
-        return _run_child(folder, folder / out, epochs=4, wait=False, **kwargs), started
-
     kill_at, harden_at = KILLED["mid_run"]
-    killed = start("mid_run", kill_at=kill_at, harden_at=harden_at)
+    started = time.time()
+    killed = _run_child(folder, folder / "mid_run", 4, kill_at, wait=False, harden_at=harden_at)
+    pool = concurrent.futures.ThreadPoolExecutor(1)  # its seconds end when it exits
+    killed = pool.submit(_wait, killed, started)
     for h in (0, 2):
         copied = (item for item in KILLED.items() if item[0] != "mid_run" and item[1][1] == h)
         copies = {kill_at: folder / name for name, (kill_at, _) in copied}
         keras.backend.clear_session()
         out = folder / f"whole{h}"
         run_job(out, 4, harden_at=h, callbacks=[Snapshot(out, copies)])
-    finished = _wait_all({"mid_run": killed})
     scenarios = {}
     for name in KILLED:
         out = folder / name
         scenarios[name] = {
             "dir": out,
-            "killed": finished.get(name),
+            "killed": killed.result() if name == "mid_run" else None,
             "backup": (out / "backup").exists(),
             "hardening_record": (out / "backup" / "hardening.json").exists(),
             "epochs": _epochs_logged(out / "history.csv") if out.exists() else None,
         }
-    resumed = _wait_all({name: start(name, harden_at=KILLED[name][1]) for name in KILLED})
+    pool.shutdown()
     for name in KILLED:
-        scenarios[name]["resumed"] = resumed[name]
+        keras.backend.clear_session()
+        # Every warning, those this process gave before included (an optimizer state not
+        # restored is one).
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            run_job(folder / name, 4, harden_at=KILLED[name][1])
+        scenarios[name]["resumed"] = [str(w.message) for w in caught]
     return {**scenarios, "whole": {h: folder / f"whole{h}" for h in (0, 2)}}
 
 
@@ -366,8 +363,6 @@ def test_killed_run_resumes_and_ends_with_the_same_weights(kill_and_resume):
     assert code == -signal.SIGKILL, output[-3000:]
     assert run["backup"]
     assert run["epochs"] == [0, 1]
-    code, output, _ = run["resumed"]
-    assert code == 0, output[-3000:]
     # The reported time counts the killed invocation's training too (kept in the backup).
     report = json.loads((run["dir"] / "report.json").read_text())
     before = report["time"] - report["time_this_invocation"]
@@ -394,9 +389,8 @@ def test_run_hardened_mid_training_resumes_with_the_same_permutations(kill_and_r
     _, harden_at = KILLED[scenario]
     run = kill_and_resume[scenario]
     assert run["backup"] and run["hardening_record"] == bool(harden_at)
-    code, output, _ = run["resumed"]
-    assert code == 0, output[-3000:]
-    assert "Skipping variable loading" not in output  # the optimizer state was restored
+    # The optimizer state was restored.
+    assert not [w for w in run["resumed"] if "Skipping variable loading" in w], run["resumed"]
     killed = run["dir"]
     assert not (killed / "backup").exists()
     report = json.loads((killed / "report.json").read_text())
