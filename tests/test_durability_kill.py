@@ -7,15 +7,11 @@ epochs of two steps, SavedModel and LiteRT export. A child process runs it and s
 itself SIGKILL at a named instant (CHILD's kill points: the child wraps a package function,
 the package holds no test hook): in an epoch, between the two moves of a backup write, in
 the hardening, before the SavedModel and LiteRT files move into place, and after
-`report.json`, the last file. Each killed process resumes the run the one before left, so
-the work of the run is done once; the last rerun, in the test process, is refused as the
-finished run's. The killed processes are forked, one at a time, by one child that imported
-TensorFlow and the package before any TensorFlow op ran (a fresh interpreter each added
-some 10 CPU-s of imports on the 2-core EPYC): each starts from the imports alone, as a
-fresh interpreter would, and reads only the run's folder.
+`report.json`, the last file. Each child resumes the run the one before left (a fresh
+interpreter each: some 10 CPU-s of imports on the 2-core EPYC), so the work of the run is
+done once; the last rerun, in the test process, is refused as the finished run's.
 """
 
-import concurrent.futures
 import csv
 import inspect
 import json
@@ -32,7 +28,7 @@ from keras_autoshuffle import RelaxedShuffle, data, training
 from keras_autoshuffle.applications import AutoShuffleNetV2, shufflenet_v2
 from keras_autoshuffle.training import fault_tolerance as ft
 
-# Six killed processes, one after the other: some two minutes.
+# Six children (fresh interpreters), one after the other: some two minutes.
 pytestmark = pytest.mark.slow
 
 EPOCHS = 2
@@ -76,11 +72,9 @@ def run_job(out, callbacks=()):
     )
 
 
-# The child: argv = output folder, trace file. It imports TensorFlow and the package once,
-# then, for each kill point read from stdin, forks a process that runs the job from there
-# (no TensorFlow op has run before the fork), waits for it and prints its exit status.
+# The child: argv = output folder, trace file, kill point.
 CHILD = r"""
-import json, os, signal, sys, traceback
+import json, os, signal, sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, {tests!r})
 import keras
@@ -89,7 +83,7 @@ from keras_autoshuffle import _atomic, export
 from keras_autoshuffle.hardening import harden
 from keras_autoshuffle.training import backup, fault_tolerance, loops
 
-out, trace = sys.argv[1:]
+out, trace, point = sys.argv[1:]
 
 
 def die(*args, **kwargs):
@@ -105,98 +99,47 @@ class KillInEpoch(keras.callbacks.Callback):  # after the first step of an epoch
             die()
 
 
-def run(point):
-    global detail
-    kind, _, detail = point.partition(":")
-    if kind == "backup":  # the new weights in place, their metadata not yet
-        move = backup.move_into_place
+kind, _, detail = point.partition(":")
+if kind == "backup":  # the new weights in place, their metadata not yet
+    move = backup.move_into_place
 
-        def move_or_die(temporary, path):
-            if path.endswith(fault_tolerance.METADATA_FILE):
-                with open(temporary) as f:
-                    if json.load(f)["epoch"] == int(detail):
-                        die()
-            move(temporary, path)
+    def move_or_die(temporary, path):
+        if path.endswith(fault_tolerance.METADATA_FILE):
+            with open(temporary) as f:
+                if json.load(f)["epoch"] == int(detail):
+                    die()
+        move(temporary, path)
 
-        backup.move_into_place = move_or_die
-    elif kind == "hardening":  # the shuffles hardened in memory, the optimizer not yet
-        harden.drop_removed_variables = die
-    elif kind == "export":  # the file written under its temporary name, not moved
-        move = _atomic.move_into_place
-        name = export.FILENAMES[detail]
+    backup.move_into_place = move_or_die
+elif kind == "hardening":  # the shuffles hardened in memory, the optimizer not yet
+    harden.drop_removed_variables = die
+elif kind == "export":  # the file written under its temporary name, not moved
+    move = _atomic.move_into_place
+    name = export.FILENAMES[detail]
 
-        def move_or_die(temporary, path):
-            if os.path.basename(path) == name:
-                die()
-            move(temporary, path)
+    def move_or_die(temporary, path):
+        if os.path.basename(path) == name:
+            die()
+        move(temporary, path)
 
-        _atomic.move_into_place = move_or_die
-    elif kind == "report":  # report.json written, the backup not yet removed
-        loops.finish_run = die
-    callbacks = [job.Trace(trace)] + ([KillInEpoch()] if kind == "epoch" else [])
-    job.run_job(out, callbacks)
-    print("NOT KILLED", flush=True)
-
-
-for line in sys.stdin:
-    pid = os.fork()
-    if pid == 0:
-        try:
-            run(line.strip())
-        except BaseException:
-            traceback.print_exc()
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(1)
-    print("EXIT", os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]), flush=True)
+    _atomic.move_into_place = move_or_die
+elif kind == "report":  # report.json written, the backup not yet removed
+    loops.finish_run = die
+callbacks = [job.Trace(trace)] + ([KillInEpoch()] if kind == "epoch" else [])
+job.run_job(out, callbacks)
+print("NOT KILLED")
 """
 
 
-class Killer:
-    """The child: `kill_at(point)` runs the job into `out` in a process of its own that
-    kills itself at `point`."""
-
-    def __init__(self, tmp_path, out):
-        script = tmp_path / "child.py"
-        script.write_text(CHILD.format(tests=os.path.dirname(__file__)))
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-        args = [sys.executable, str(script), str(out), str(tmp_path / "trace.txt")]
-        self.log = tmp_path / "child.log"
-        with open(self.log, "wb") as log:
-            self.process = subprocess.Popen(
-                args, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log
-            )
-        self.pool = concurrent.futures.ThreadPoolExecutor(1)
-
-    def _exit_status(self):
-        printed = []
-        for line in self.process.stdout:
-            printed.append(line.decode(errors="replace"))
-            if line.startswith(b"EXIT "):
-                return int(line.split()[1]), "".join(printed)
-        return None, "".join(printed)  # the child ended
-
-    def kill_at(self, point):
-        self.process.stdin.write(f"{point}\n".encode())
-        self.process.stdin.flush()
-        try:
-            code, printed = self.pool.submit(self._exit_status).result(timeout=240)
-        except concurrent.futures.TimeoutError:
-            self.process.kill()
-            raise
-        output = printed + self.log.read_text(errors="replace")
-        assert code == -signal.SIGKILL, output[-3000:]
-
-    def close(self):
-        self.process.stdin.close()  # the child ends
-        try:
-            self.process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        self.process.stdout.close()
-        self.pool.shutdown()
+def _kill_at(tmp_path, out, point):
+    """Runs the job into `out` in a child that kills itself at `point`."""
+    script = tmp_path / "child.py"
+    script.write_text(CHILD.format(tests=os.path.dirname(__file__)))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    args = [sys.executable, str(script), str(out), str(tmp_path / "trace.txt"), point]
+    result = subprocess.run(args, env=env, capture_output=True, timeout=240)
+    output = (result.stdout + result.stderr).decode(errors="replace")
+    assert result.returncode == -signal.SIGKILL, output[-3000:]
 
 
 def _epochs_trained(tmp_path):
@@ -234,7 +177,7 @@ def reference(tmp_path_factory):
 # The instants after training, in the order a run reaches them: the shuffles hardened in
 # memory, then export files written but not yet moved into place. `model.keras`, the first
 # file, moves as the others do (`_atomic.move_into_place`, its leftover temporary file
-# removed as theirs): its instant is left out, a killed process less (some 5 s).
+# removed as theirs): its instant is left out, a child less (10-15 s).
 AFTER_TRAINING = ("hardening", "export:saved_model", "export:litert")
 
 
@@ -242,20 +185,13 @@ def _backup_epoch(out):
     return json.loads((out / ft.BACKUP / ft.METADATA_FILE).read_text())["epoch"]
 
 
-@pytest.fixture
-def killer(tmp_path):
-    killer = Killer(tmp_path, tmp_path / "run")
-    yield killer
-    killer.close()
-
-
-def test_killed_at_each_instant_in_turn_resumes_where_the_kill_left_it(tmp_path, reference, killer):
+def test_killed_at_each_instant_in_turn_resumes_where_the_kill_left_it(tmp_path, reference):
     out = tmp_path / "run"
 
     def kill_at(point):
-        """The epochs the process killed at `point` began."""
+        """The epochs the child killed at `point` began."""
         before = len(_epochs_trained(tmp_path))
-        killer.kill_at(point)
+        _kill_at(tmp_path, out, point)
         return [epoch for _, epoch in _epochs_trained(tmp_path)[before:]]
 
     # In the second epoch, from scratch: its first epoch's backup is the last one.
