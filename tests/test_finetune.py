@@ -437,9 +437,7 @@ def test_without_the_litert_extra_the_summary_and_report_name_what_was_not_writt
     Without the `onnx` and `openvino` extras too (the base install): their conversions
     added time and nothing to the LiteRT line checked here."""
     hidden = ("ai_edge_litert", "onnx", "onnxruntime", "tf2onnx", "openvino")
-    for name in [name for name in sys.modules if name.split(".")[0] in hidden]:
-        monkeypatch.setitem(sys.modules, name, None)
-    for name in hidden:
+    for name in {*hidden, *(name for name in sys.modules if name.split(".")[0] in hidden)}:
         monkeypatch.setitem(sys.modules, name, None)
     output = tmp_path / "out"
     output.mkdir()
