@@ -123,7 +123,20 @@ def pytest_collection_finish(session):
     gc.freeze()
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--lab",
+        action="store_true",
+        help="also run the tests marked `lab`: the lab scripts' (experiments/) runs end to end",
+    )
+
+
 def pytest_runtest_setup(item):
+    # The lab scripts are outside the wheel; their end-to-end runs (about a fifth of the
+    # suite's CPU) are run before their rows are committed, not by every change's CI:
+    # keras-hub's `large` tests follow the same rule (docs/guide/testing.md).
+    if item.get_closest_marker("lab") and not item.config.getoption("--lab"):
+        pytest.skip("a lab script's end-to-end run (experiments/): `python -m pytest --lab -m lab`")
     if BACKEND != "tensorflow" and item.get_closest_marker("tensorflow_only"):
         reason = item.get_closest_marker("tensorflow_only").kwargs.get("reason")
         pytest.skip(f"TensorFlow backend only ({reason or 'uses TensorFlow APIs'})")

@@ -13,6 +13,7 @@ from experiments import benchmark, timing
 from keras_autoshuffle import folding
 
 
+@pytest.mark.lab
 @pytest.mark.slow
 def test_quick_benchmark_writes_rows(tmp_path, capsys, monkeypatch):
     # The quick run on a tiny v1 g3 (tests/helpers.py) instead of the 0.25x net: the same
@@ -76,6 +77,7 @@ def test_balanced_variant_survives_a_forced_time_out(monkeypatch, model_name):
     assert outputs.shape == (1, 10) and np.all(np.isfinite(outputs))
 
 
+@pytest.mark.lab
 @pytest.mark.slow
 @pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("onnx", "onnxruntime", "openvino")),

@@ -11,6 +11,7 @@ from keras_autoshuffle import export, folding
 pytestmark = [pytest.mark.tensorflow_only, pytest.mark.slow]
 
 
+@pytest.mark.lab
 def test_the_slices_file_is_not_the_one_conv_per_slice_file(tmp_path):
     pytest.importorskip("ai_edge_litert")
     net = folding.fold_model(tiny_v2(classes=3))

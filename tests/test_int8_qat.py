@@ -51,6 +51,7 @@ def test_activations_are_rounded_where_the_converters_keep_an_int8_tensor():
     assert not any(n.endswith("_bn1") or "conv" in n for n in chosen)
 
 
+@pytest.mark.lab
 @pytest.mark.slow
 def test_the_phase_changes_the_weights_not_the_architecture():
     rng = np.random.default_rng(0)

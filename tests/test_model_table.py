@@ -250,6 +250,7 @@ def test_bad_arguments():
         model_table.main(["measure", "--widths", "0.7", "--json", "unused.json"])
 
 
+@pytest.mark.lab
 @pytest.mark.slow
 def test_measure_writes_a_row(tmp_path, monkeypatch):
     # The same path as the README's rows at 32x32 instead of 224x224 (a tenth of the time).

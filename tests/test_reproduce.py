@@ -33,6 +33,7 @@ def _digits_test(load):
     return cut
 
 
+@pytest.mark.lab
 @pytest.mark.slow
 def test_quick_path_writes_report_json_and_pictures(tmp_path, monkeypatch):
     use_tiny_builders(monkeypatch)

@@ -16,6 +16,7 @@ WRITERS = {
 }
 
 
+@pytest.mark.lab
 @pytest.mark.parametrize("runtime", runtime_processes.RUNTIMES)
 def test_each_file_is_timed_every_round(tmp_path, runtime):
     pytest.importorskip("ai_edge_litert" if runtime == "litert" else runtime)

@@ -49,6 +49,7 @@ def test_the_paired_interval_is_a_t_interval_over_seeds():
     assert "| paper | 3 | +2.00 | -0.48 to +4.48 |" in scale_study.summary(rows)
 
 
+@pytest.mark.lab
 @pytest.mark.slow
 @pytest.mark.skipif(
     keras.backend.backend() == "jax",

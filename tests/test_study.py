@@ -75,6 +75,7 @@ def test_summary_means_and_spreads_match_numpy():
     assert sinkhorn["minus_manual"]["mean"] == pytest.approx(np.subtract(passes, manual).mean())
 
 
+@pytest.mark.lab
 @pytest.mark.slow
 def test_tiny_study_runs_and_resumes(tmp_path, monkeypatch):
     use_tiny_builders(monkeypatch)
