@@ -133,20 +133,19 @@ class ShuffleNetBackbone(FeaturePyramidBackbone):
         self.stem, self.channels, self.repeats = stem, channels, repeats
 
     def get_config(self) -> dict:
-        config = super().get_config()
-        config.update(
-            width=self.width,
-            family=self.family,
-            groups=self.groups,
-            shuffle=self.shuffle,
-            image_shape=self.image_shape,
-            padding=self.padding,
-            stem=self.stem,
-            channels=self.channels,
-            repeats=self.repeats,
-            preset_version=PRESET_VERSION,
-        )
-        return config
+        return {
+            **super().get_config(),
+            "width": self.width,
+            "family": self.family,
+            "groups": self.groups,
+            "shuffle": self.shuffle,
+            "image_shape": self.image_shape,
+            "padding": self.padding,
+            "stem": self.stem,
+            "channels": self.channels,
+            "repeats": self.repeats,
+            "preset_version": PRESET_VERSION,
+        }
 
     @classmethod
     def from_preset(
