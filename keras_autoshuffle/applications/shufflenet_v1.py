@@ -121,14 +121,8 @@ def _shufflenet_v1(*, width, groups, channels=None, repeats=None, prefix=None, *
     (`channels=(6, 24, 48, 96), repeats=(1, 1, 1)`, g=3).
     """
     # The same call for other shared arguments: `finish` builds the manual twin with it.
-    rebuild = functools.partial(
-        _shufflenet_v1,
-        width=width,
-        groups=groups,
-        channels=channels,
-        repeats=repeats,
-        prefix=prefix,
-    )
+    family = {"width": width, "groups": groups, "channels": channels, "repeats": repeats}
+    rebuild = functools.partial(_shufflenet_v1, prefix=prefix, **family)
     options = arguments.check_shared_arguments(shared)
     groups = _validation.choice(groups, architecture.V1_GROUPS, "groups")
     if channels is None:
