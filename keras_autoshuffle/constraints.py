@@ -135,5 +135,4 @@ class DoublyStochastic(keras.constraints.Constraint):
         return w
 
     def get_config(self) -> dict[str, Any]:
-
         return {"sinkhorn_iterations": self.sinkhorn_iterations}

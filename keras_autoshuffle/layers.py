@@ -304,20 +304,17 @@ class RelaxedShuffle(keras.layers.Layer):
             self.harden(permutation)
 
     def get_config(self) -> dict[str, Any]:
-        config = super().get_config()
-        config.update(
-            {
-                "penalty": self.penalty,
-                "sinkhorn_iterations": self.sinkhorn_iterations,
-                "permutation": None if self._permutation is None else self._permutation.tolist(),
-                "data_format": self.data_format,
-                "seed": self.seed,
-                "shuffle_initializer": self.shuffle_initializer,
-                "groups": self.groups,
-                "forward": self.forward_pass,
-            }
-        )
-        return config
+        return {
+            **super().get_config(),
+            "penalty": self.penalty,
+            "sinkhorn_iterations": self.sinkhorn_iterations,
+            "permutation": None if self._permutation is None else self._permutation.tolist(),
+            "data_format": self.data_format,
+            "seed": self.seed,
+            "shuffle_initializer": self.shuffle_initializer,
+            "groups": self.groups,
+            "forward": self.forward_pass,
+        }
 
 
 def shuffle_layers(model: keras.Model) -> list[RelaxedShuffle | ChannelShuffle]:

@@ -42,5 +42,4 @@ class SmoothedSparseCrossentropy(keras.losses.Loss):
         )
 
     def get_config(self) -> dict[str, Any]:
-
         return {**super().get_config(), "label_smoothing": self.label_smoothing}

@@ -153,8 +153,7 @@ class Classifier:
                 f"{len(labels)} classes: they must be one name per output. "
                 f"Received: path={path!r}"
             )
-        batch_size = BATCH_SIZE if preprocess is not None else 1
-        return cls(runner.run, labels, preprocess, batch_size, runner.path)
+        return cls(runner.run, labels, preprocess, source=runner.path)  # batches: `__init__`'s
 
     @classmethod
     def imagenet(cls, width: float = 1.0) -> "Classifier":

@@ -82,5 +82,4 @@ class L12Penalty(keras.regularizers.Regularizer):
         return self.penalty * l12_penalty(x)
 
     def get_config(self) -> dict[str, Any]:
-
         return {"penalty": self.penalty}

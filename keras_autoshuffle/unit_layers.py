@@ -83,9 +83,7 @@ class ChannelShuffle(keras.layers.Layer):
         return permutations.group_shuffle_permutation(self.channels, self.groups)
 
     def get_config(self) -> dict[str, Any]:
-        config = super().get_config()
-        config.update({"groups": self.groups, "data_format": self.data_format})
-        return config
+        return {**super().get_config(), "groups": self.groups, "data_format": self.data_format}
 
 
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")

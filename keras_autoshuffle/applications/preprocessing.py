@@ -102,9 +102,7 @@ class ToRGB(keras.layers.Layer):
         return tuple(shape)
 
     def get_config(self):
-        config = super().get_config()
-        config.update({"data_format": self.data_format})
-        return config
+        return {**super().get_config(), "data_format": self.data_format}
 
 
 def _channels_message(data_format):
@@ -181,15 +179,12 @@ class ResizeCenterCrop(keras.layers.Layer):
         return (input_shape[0], side, side, input_shape[3])
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "resize_size": self.resize_size,
-                "crop_size": self.crop_size,
-                "data_format": self.data_format,
-            }
-        )
-        return config
+        return {
+            **super().get_config(),
+            "resize_size": self.resize_size,
+            "crop_size": self.crop_size,
+            "data_format": self.data_format,
+        }
 
 
 # The square sides `evaluation_preprocessing` accepts: below 16 a ShuffleNet's stride-32

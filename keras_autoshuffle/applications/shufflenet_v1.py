@@ -111,24 +111,13 @@ def _unit(inputs, filters, groups, stride, first_group, options, prefix):
 
 
 def _shufflenet_v1(*, width, groups, channels=None, repeats=None, prefix=None, **shared):
-    """The builder behind `ShuffleNetV1` / `AutoShuffleNetV1`; `shared` holds the
-    arguments both families take (`arguments.COMMON_ARGUMENTS`), all of them, by keyword.
-
-    `prefix` starts the default model name (default: `shufflenet_v1`, or
-    `autoshufflenet_v1` with learned shuffles). `channels` (stem, stage2, stage3, stage4;
-    each stage a multiple of 4 x groups) and `repeats` (units per stage 2-4) replace the
-    width's configuration: small nets with the same structure, for tests
-    (`channels=(6, 24, 48, 96), repeats=(1, 1, 1)`, g=3).
+    """The builder behind `ShuffleNetV1` / `AutoShuffleNetV1`, as `_shufflenet_v2` is v2's
+    (`shared`, `prefix`, the `rebuild` for the manual twin). `channels` (stem, stage2,
+    stage3, stage4; each stage a multiple of 4 x groups) and `repeats` replace the width's
+    configuration (tests: `channels=(6, 24, 48, 96), repeats=(1, 1, 1)`, g=3).
     """
-    # The same call for other shared arguments: `finish` builds the manual twin with it.
-    rebuild = functools.partial(
-        _shufflenet_v1,
-        width=width,
-        groups=groups,
-        channels=channels,
-        repeats=repeats,
-        prefix=prefix,
-    )
+    family = {"width": width, "groups": groups, "channels": channels, "repeats": repeats}
+    rebuild = functools.partial(_shufflenet_v1, prefix=prefix, **family)
     options = arguments.check_shared_arguments(shared)
     groups = _validation.choice(groups, architecture.V1_GROUPS, "groups")
     if channels is None:

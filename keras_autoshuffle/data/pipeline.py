@@ -87,8 +87,7 @@ class EpochData:
     def check_batch_size(self, batch_size: int, training: bool = True) -> None:
         """ValueError naming `batch_size` unless it is a positive integer, in training at
         most the examples (a full batch per epoch)."""
-        if not _validation.is_integer(batch_size) or batch_size < 1:
-            raise ValueError(f"`batch_size` must be a positive integer. Received: {batch_size=}")
+        _validation.positive_int(batch_size, "batch_size")
         if training and batch_size > self.num_examples:
             raise ValueError(
                 f"`batch_size` must be at most the {self.num_examples} training examples "

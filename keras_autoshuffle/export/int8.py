@@ -189,6 +189,7 @@ def write_checked(
     write_file: Callable[[str], object],
     path: str,
     float_path: str,
+    calibration: np.ndarray,
     test: tuple[np.ndarray, np.ndarray],
     float_outputs: np.ndarray,
     max_accuracy_drop: float,
@@ -202,13 +203,15 @@ def write_checked(
         write_file: writes the file at the path it is given.
         path: where the file goes when it passes.
         float_path: the float file it is quantized from (the size ratio).
+        calibration: the inputs `write_file` calibrates on (their count is reported).
         test: (images, labels): float32 test inputs and their integer labels.
         float_outputs: the float model's outputs on the test images.
         max_accuracy_drop: the most the int8 accuracy may be below the float model's on
             `test`, in percentage points.
 
     Returns:
-        The check's entry (`int8_check`'s keys, and `max_accuracy_drop`).
+        The check's entry (`int8_check`'s keys, `max_accuracy_drop` and
+            `calibration_examples`).
 
     Raises:
         Int8CheckError: a drop beyond `max_accuracy_drop` (naming `key`); any earlier
@@ -229,7 +232,7 @@ def write_checked(
     except Int8CheckError:
         remove(path)  # an earlier export's int8 file would not match the new float files
         raise
-    return {**entry, "path": path}
+    return {**entry, "path": path, "calibration_examples": len(calibration)}
 
 
 def _export_int8_checked(
@@ -237,16 +240,16 @@ def _export_int8_checked(
 ):
     """`export_int8` whose file is moved into place only when its accuracy drop is within
     `max_accuracy_drop`; beyond it the export is refused and no int8 file is left at `path`."""
-    entry = write_checked(
+    return write_checked(
         "int8",
         lambda partial: export_int8(model, partial, calibration),
         path,
         float_path,
+        calibration,
         (images, labels),
         float_outputs,
         max_accuracy_drop,
     )
-    return {**entry, "calibration_examples": len(calibration)}
 
 
 # The runtime of each int8 file's key (in messages and reports).

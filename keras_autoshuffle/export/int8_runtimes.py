@@ -358,7 +358,7 @@ def export_int8_file_checked(
         calibration_method: the writers'.
 
     Returns:
-        The check's entry (`int8.write_checked`'s, and `calibration_examples`).
+        The check's entry (`int8.write_checked`'s).
 
     Raises:
         ValueError: an ONNX `path` that does not end in .onnx (nothing is written).
@@ -366,7 +366,7 @@ def export_int8_file_checked(
     """
     if key == "onnx_int8":  # the writer sees the temporary name: checked here for `path`
         _check_onnx_path(path)
-    entry = write_checked(
+    return write_checked(
         key,
         lambda partial: _WRITERS[key](
             float_path,
@@ -378,8 +378,8 @@ def export_int8_file_checked(
         ),
         path,
         float_path,
+        calibration,
         test,
         float_outputs,
         max_accuracy_drop,
     )
-    return {**entry, "calibration_examples": len(calibration)}

@@ -226,10 +226,7 @@ def _expected_outputs(model, reference, inputs):
 def _check_args(model, formats, allow_relaxed, quantize, representative_data, test_data):
     """`formats` checked (as a tuple), after the model's shuffles, what this backend and
     these packages can write, and `quantize` with its data; ValueError otherwise."""
-    if not isinstance(allow_relaxed, (bool, np.bool_)):
-        raise ValueError(
-            f"`allow_relaxed` must be True or False. Received: allow_relaxed={allow_relaxed!r}"
-        )
+    _validation.boolean(allow_relaxed, "allow_relaxed")
     checks.check_exportable(model, allow_relaxed)
     formats = checks.check_formats(formats)
     if len(set(formats)) != len(formats):

@@ -261,15 +261,7 @@ def open_runner(
     weights = os.path.splitext(model_path)[0] + ".bin"
     if fmt == "openvino" and os.path.isfile(weights):  # the IR's two files, not its folder's
         size += size_bytes(weights)
-    return Runner(
-        model_path,
-        fmt,
-        description,
-        output_shape,
-        None if labels is None else tuple(labels),
-        size,
-        run,
-    )
+    return Runner(model_path, fmt, description, output_shape, labels, size, run)
 
 
 def _checked_metadata(described, model_path):
@@ -287,8 +279,9 @@ def _checked_metadata(described, model_path):
                 + (f": a name {problem}" if problem else "")
                 + f". Received: labels={labels!r:.100}"
             )
+    labels = None if labels is None else tuple(labels)
     if mean is None and std is None:
-        return None if labels is None else tuple(labels), None, None
+        return labels, None, None
     try:
         mean, std = metadata_lib._check_normalization(mean, std, channels=(1, 3))
     except ValueError as error:
@@ -296,7 +289,7 @@ def _checked_metadata(described, model_path):
             f"{model_path}: its metadata's fields `mean` / `std` (the input's normalisation) "
             f"are not one or three finite numbers each, std > 0. {one_line(error)}"
         ) from None
-    return None if labels is None else tuple(labels), tuple(mean), tuple(std)
+    return labels, tuple(mean), tuple(std)
 
 
 def _side(value):

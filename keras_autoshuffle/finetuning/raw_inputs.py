@@ -88,16 +88,13 @@ class RawImagePreprocessing(keras.layers.Layer):
         return (input_shape[0], self.crop_size, self.crop_size, 3)
 
     def get_config(self):
-        config = super().get_config()
-        config.update(
-            {
-                "resize_size": self.resize_size,
-                "crop_size": self.crop_size,
-                "mean": list(self.mean),
-                "std": list(self.std),
-            }
-        )
-        return config
+        return {
+            **super().get_config(),
+            "resize_size": self.resize_size,
+            "crop_size": self.crop_size,
+            "mean": list(self.mean),
+            "std": list(self.std),
+        }
 
 
 def _channel_values(values, name, positive):

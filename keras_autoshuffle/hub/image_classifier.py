@@ -55,9 +55,7 @@ class ShuffleNetImageClassifier(ImageClassifier):
         self.class_names = class_names
 
     def get_config(self) -> dict:
-        config = super().get_config()
-        config.update(class_names=self.class_names)
-        return config
+        return {**super().get_config(), "class_names": self.class_names}
 
     @classmethod
     def from_preset(

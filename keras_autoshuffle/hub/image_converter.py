@@ -80,6 +80,4 @@ class ShuffleNetImageConverter(ImageConverter):
         return x[0] if single else x
 
     def get_config(self) -> dict:
-        config = super().get_config()
-        config.update(resize_size=self.resize_size)
-        return config
+        return {**super().get_config(), "resize_size": self.resize_size}
