@@ -168,15 +168,26 @@ def _model_fn(**overrides):
     return tiny_v2(**overrides)
 
 
-@pytest.mark.tensorflow_only(reason="train() runs on the TensorFlow backend")
-def test_search_then_retrain_fixes_the_searched_permutations(tmp_path):
+@pytest.fixture(scope="module")
+def searched_run(tmp_path_factory):
+    """A finished search-then-retrain run (one search epoch, seed 4): (report, folder).
+    Shared: test_a_search_is_reused... starts from a copy of it."""
+    keras.backend.clear_session()
     train_data, test_data = _splits(32)
     recipe = training.get_recipe("digits", epochs=2, batch_size=16)
-    out = tmp_path / "run"
+    out = tmp_path_factory.mktemp("searched") / "run"
     report = training.search_then_retrain(
         _model_fn, train_data, test_data, recipe, str(out), search_epochs=1, seed=4,
         export=False, verbose=0,
     )  # fmt: skip
+    return report, out
+
+
+@pytest.mark.tensorflow_only(reason="train() runs on the TensorFlow backend")
+def test_search_then_retrain_fixes_the_searched_permutations(tmp_path, searched_run):
+    train_data, test_data = _splits(32)
+    recipe = training.get_recipe("digits", epochs=2, batch_size=16)
+    report, out = searched_run
     record = json.loads((out / "search" / "permutations.json").read_text())
     searched = keras.saving.load_model(str(out / "search" / "model.keras"), safe_mode=True)
     final = keras.saving.load_model(str(out / "model.keras"), safe_mode=True)
@@ -218,7 +229,9 @@ def test_a_search_into_a_file_is_refused_naming_the_output_folder(tmp_path, insi
 
 
 @pytest.mark.tensorflow_only(reason="train() runs on the TensorFlow backend")
-def test_a_search_is_reused_only_by_its_run_and_zero_epochs_fix_the_balanced_routing(tmp_path):
+def test_a_search_is_reused_only_by_its_run_and_zero_epochs_fix_the_balanced_routing(
+    tmp_path, searched_run
+):
     train_data, test_data = _splits(32)
     recipe = training.get_recipe("digits", epochs=2, batch_size=16)
     out = tmp_path / "run"
@@ -232,8 +245,10 @@ def test_a_search_is_reused_only_by_its_run_and_zero_epochs_fix_the_balanced_rou
     def record():
         return json.loads((out / "search" / "permutations.json").read_text())
 
-    run(seed=0)
+    # A finished run of seed 4 (its search of one epoch), copied.
+    shutil.copytree(searched_run[1], out)
     first = record()
+    assert first["definition"]["seed"] == 4
     # --overwrite removes the finished run's search: a new one is made for seed 1.
     run(seed=1, balanced=True, overwrite=True)
     second = record()

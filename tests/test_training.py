@@ -1,11 +1,9 @@
-"""Recipes, schedule, coupled weight decay, strategies, multi-host and kill-and-resume."""
+"""Recipes, schedule, coupled weight decay, strategies, multi-host and stop-and-resume."""
 
-import concurrent.futures
 import csv
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -46,46 +44,32 @@ def run_job(out, epochs, strategy="one-device", harden_at=0, callbacks=()):
     )  # fmt: skip
 
 
-# The job in a subprocess: argv = output, epochs, kill_at, strategy, harden_at.
+# The job in a subprocess (the multi-worker test's two workers): argv = output, epochs,
+# strategy.
 CHILD = r"""
-import os, signal, sys
+import os, sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, {tests!r})
-import keras
 from keras_autoshuffle import training
 
-out, epochs, kill_at, strategy = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+out, epochs, strategy = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 strategy = training.make_strategy(strategy)  # before any TF op (multi-worker needs it)
 import test_training as job
 
-
-class KillAfterEpoch(keras.callbacks.Callback):
-    def on_epoch_end(self, epoch, logs=None):
-        if epoch + 1 == kill_at:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
-job.run_job(out, epochs, strategy, int(sys.argv[5]), [KillAfterEpoch()])
+job.run_job(out, epochs, strategy)
 """
 
 
-def _run_child(
-    tmp_path, out, epochs, kill_at=0, strategy="one-device", env=None, wait=True, harden_at=0
-):
-    """CHILD in a fresh interpreter: (exit status, output), or the process (wait=False)."""
+def _start_child(tmp_path, out, epochs, strategy, env):
+    """CHILD in a fresh interpreter: the process (its output piped)."""
     script = tmp_path / "child.py"
     if not script.exists():  # never rewritten under a running child that reads it
         partial = tmp_path / "child.py.partial"
         partial.write_text(CHILD.format(tests=os.path.dirname(__file__)))
         os.replace(partial, script)
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}
-    args = [sys.executable, str(script), str(out), str(epochs), str(kill_at), strategy]
-    args.append(str(harden_at))
-    process = subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    if not wait:
-        return process
-    output, _ = process.communicate(timeout=300)
-    return process.returncode, output.decode(errors="replace")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env}
+    args = [sys.executable, str(script), str(out), str(epochs), strategy]
+    return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def _weights_and_permutations(path):
@@ -99,11 +83,13 @@ def _epochs_logged(path):
         return [int(row["epoch"]) for row in csv.DictReader(f)]
 
 
-# Kill-and-resume scenarios (4 epochs): the run stopped at the end of epoch `kill_at`
-# (after its backup), hardened after epoch `harden_at` (0: at the end). "mid_run" is a
-# CHILD killed with SIGKILL; the others are copies of an uninterrupted run's folder at that
-# instant (`Snapshot`, where KillAfterEpoch would kill: the same files), a child less each.
-KILLED = {
+# Stop-and-resume scenarios (4 epochs): the run stopped at the end of epoch `stop_at`
+# (after its backup), hardened after epoch `harden_at` (0: at the end). Each is a copy of
+# an uninterrupted run's folder at that instant (`Snapshot`): the files a kill there leaves.
+# Real SIGKILLs, at five instants of a run (in an epoch, between a backup's moves, in the
+# hardening, in the exports), are tests/test_durability_kill.py's; a child killed here too
+# cost a fresh interpreter's imports and its two epochs.
+STOPPED = {
     "mid_run": (2, 0),
     "at_hardening_epoch": (2, 2),
     "after_hardening": (3, 2),
@@ -113,62 +99,53 @@ KILLED = {
 
 class Snapshot(keras.callbacks.Callback):
     """Copies the run's folder to `copies[epoch]` at the end of those epochs (1-based),
-    after the backup (callbacks run after the built-in ones)."""
+    after the backup (callbacks run after the built-in ones); `seconds[epoch]`: the
+    seconds from `start` to the copy."""
 
-    def __init__(self, out, copies):
+    def __init__(self, out, copies, start):
         super().__init__()
-        self.out, self.copies = out, copies
+        self.out, self.copies, self.start, self.seconds = out, copies, start, {}
 
     def on_epoch_end(self, epoch, logs=None):
         if epoch + 1 in self.copies:
+            self.seconds[epoch + 1] = time.time() - self.start
             shutil.copytree(self.out, self.copies[epoch + 1])
 
 
-def _wait(process, start):
-    """(exit status, output, seconds from `start` to its exit)."""
-    output = process.communicate(timeout=300)[0].decode(errors="replace")
-    return process.returncode, output, time.time() - start
-
-
 @pytest.fixture(scope="module")
-def kill_and_resume(tmp_path_factory):
-    """Every KILLED scenario stopped, then run again to the end, and the uninterrupted runs
-    they must end at (hardened at the end and after epoch 2, in this process, copied at
-    the other scenarios' instants, while the killed child runs). The resumes run in this
-    process: they read only the stopped run's folder (a fresh interpreter each added some
-    15 CPU-s of imports). Per scenario: `killed` (exit status, output, seconds; None for a
-    copy), what the stopped run left (`backup`, `hardening_record`, `epochs`), `dir`, and
+def stop_and_resume(tmp_path_factory):
+    """Every STOPPED scenario, then run again to the end, and the uninterrupted runs they
+    must end at (hardened at the end and after epoch 2), all in this process. Per
+    scenario: `stopped_after` (seconds from the uninterrupted run's start to the copy),
+    what the stopped run left (`backup`, `hardening_record`, `epochs`), `dir`, and
     `resumed`: the resume's warnings; `whole`: {harden_at: run folder}."""
-    folder = tmp_path_factory.mktemp("kill_and_resume")
-    kill_at, harden_at = KILLED["mid_run"]
-    started = time.time()
-    killed = _run_child(folder, folder / "mid_run", 4, kill_at, wait=False, harden_at=harden_at)
-    pool = concurrent.futures.ThreadPoolExecutor(1)  # its seconds end when it exits
-    killed = pool.submit(_wait, killed, started)
+    folder = tmp_path_factory.mktemp("stop_and_resume")
+    seconds = {}
     for h in (0, 2):
-        copied = (item for item in KILLED.items() if item[0] != "mid_run" and item[1][1] == h)
-        copies = {kill_at: folder / name for name, (kill_at, _) in copied}
+        copied = [item for item in STOPPED.items() if item[1][1] == h]
+        copies = {stop_at: folder / name for name, (stop_at, _) in copied}
         keras.backend.clear_session()
         out = folder / f"whole{h}"
-        run_job(out, 4, harden_at=h, callbacks=[Snapshot(out, copies)])
+        snapshot = Snapshot(out, copies, time.time())
+        run_job(out, 4, harden_at=h, callbacks=[snapshot])
+        seconds.update({name: snapshot.seconds[stop_at] for name, (stop_at, _) in copied})
     scenarios = {}
-    for name in KILLED:
+    for name in STOPPED:
         out = folder / name
         scenarios[name] = {
             "dir": out,
-            "killed": killed.result() if name == "mid_run" else None,
+            "stopped_after": seconds[name],
             "backup": (out / "backup").exists(),
             "hardening_record": (out / "backup" / "hardening.json").exists(),
             "epochs": _epochs_logged(out / "history.csv") if out.exists() else None,
         }
-    pool.shutdown()
-    for name in KILLED:
+    for name in STOPPED:
         keras.backend.clear_session()
         # Every warning, those this process gave before included (an optimizer state not
         # restored is one).
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            run_job(folder / name, 4, harden_at=KILLED[name][1])
+            run_job(folder / name, 4, harden_at=STOPPED[name][1])
         scenarios[name]["resumed"] = [str(w.message) for w in caught]
     return {**scenarios, "whole": {h: folder / f"whole{h}" for h in (0, 2)}}
 
@@ -326,12 +303,11 @@ def test_two_process_multi_worker_run_holds_identical_weights(tmp_path):
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
     out = tmp_path / "mw"
     processes = [
-        _run_child(
+        _start_child(
             tmp_path,
             out,
             epochs=1,
             strategy="multi-worker",
-            wait=False,
             env={
                 "TF_CONFIG": json.dumps(
                     {"cluster": cluster, "task": {"type": "worker", "index": i}}
@@ -357,19 +333,17 @@ def test_two_process_multi_worker_run_holds_identical_weights(tmp_path):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_and_ends_with_the_same_weights(kill_and_resume):
-    run = kill_and_resume["mid_run"]
-    code, output, killed_after = run["killed"]
-    assert code == -signal.SIGKILL, output[-3000:]
+def test_stopped_run_resumes_and_ends_with_the_same_weights(stop_and_resume):
+    run = stop_and_resume["mid_run"]
     assert run["backup"]
     assert run["epochs"] == [0, 1]
-    # The reported time counts the killed invocation's training too (kept in the backup).
+    # The reported time counts the stopped invocation's training too (kept in the backup).
     report = json.loads((run["dir"] / "report.json").read_text())
     before = report["time"] - report["time_this_invocation"]
-    assert 0 < before < killed_after
+    assert 0 < before < run["stopped_after"]
     # Resumed at epoch 2: the log holds each epoch once.
     assert _epochs_logged(run["dir"] / "history.csv") == [0, 1, 2, 3]
-    whole = _weights_and_permutations(str(kill_and_resume["whole"][0] / "model.keras"))
+    whole = _weights_and_permutations(str(stop_and_resume["whole"][0] / "model.keras"))
     resumed = _weights_and_permutations(str(run["dir"] / "model.keras"))
     for a, b in zip(whole[0], resumed[0], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
@@ -380,23 +354,23 @@ def test_killed_run_resumes_and_ends_with_the_same_weights(kill_and_resume):
 @pytest.mark.parametrize(
     "scenario", ["at_hardening_epoch", "after_hardening", "before_end_hardening"]
 )
-def test_run_hardened_mid_training_resumes_with_the_same_permutations(kill_and_resume, scenario):
-    # 4 epochs, killed at the end of an epoch after its backup. Hardened after epoch 2:
-    # killed at the end of epoch 2 or 3, the backup holds a hardened net, whose weights
+def test_run_hardened_mid_training_resumes_with_the_same_permutations(stop_and_resume, scenario):
+    # 4 epochs, stopped at the end of an epoch after its backup. Hardened after epoch 2:
+    # stopped at the end of epoch 2 or 3, the backup holds a hardened net, whose weights
     # carry its permutations into the fresh model (the record beside them keeps only the
-    # hardening's report). Hardened at the end: killed after the last epoch's backup,
+    # hardening's report). Hardened at the end: stopped after the last epoch's backup,
     # before the hardening, the restart trains no more and hardens.
-    _, harden_at = KILLED[scenario]
-    run = kill_and_resume[scenario]
+    _, harden_at = STOPPED[scenario]
+    run = stop_and_resume[scenario]
     assert run["backup"] and run["hardening_record"] == bool(harden_at)
     # The optimizer state was restored.
     assert not [w for w in run["resumed"] if "Skipping variable loading" in w], run["resumed"]
-    killed = run["dir"]
-    assert not (killed / "backup").exists()
-    report = json.loads((killed / "report.json").read_text())
+    stopped = run["dir"]
+    assert not (stopped / "backup").exists()
+    report = json.loads((stopped / "report.json").read_text())
     assert report["epoch"] == (harden_at or None)
-    whole = _weights_and_permutations(str(kill_and_resume["whole"][harden_at] / "model.keras"))
-    resumed = _weights_and_permutations(str(killed / "model.keras"))
+    whole = _weights_and_permutations(str(stop_and_resume["whole"][harden_at] / "model.keras"))
+    resumed = _weights_and_permutations(str(stopped / "model.keras"))
     np.testing.assert_array_equal(whole[1][0], resumed[1][0])
     for a, b in zip(whole[0], resumed[0], strict=True):
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
