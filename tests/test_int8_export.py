@@ -339,16 +339,18 @@ def test_train_refuses_int8_without_litert_before_training(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def test_a_training_run_keeps_its_float_files_when_int8_is_refused(untrained, tmp_path):
+def test_a_training_run_keeps_its_float_files_when_int8_is_refused(tmp_path):
     # After training, a refused int8 file must not cost the run: the float files and the
-    # report's numbers stay, marked refused, with no int8 file.
+    # report's numbers stay, marked refused, with no int8 file. The tied net (below):
+    # refused by construction, and cheap to write.
     from keras_autoshuffle.training import exports
 
+    tied = _tied_net()
     images = _images(48, seed=5)
     # ONNX where installed (its conversions are the quick ones), else LiteRT.
     formats = ("onnx",) if "onnx" in INT8_FORMATS else ("litert",)
-    test = (images, _float_classes(untrained, images))
-    results = exports.export_run(untrained, str(tmp_path), images[:2], formats, (images, test))
+    test = (images, _float_classes(tied, images))
+    results = exports.export_run(tied, str(tmp_path), images[:2], formats, (images, test))
     keys = [key for key, (fmt, _) in export.INT8_FILES.items() if fmt in formats]
     for key in keys:
         assert results[key]["path"] is None and "--int8-max-drop" in results[key]["refused"]
@@ -492,14 +494,27 @@ def _float_classes(model, images):
     return np.argmax(model.predict(images, verbose=0), axis=-1)
 
 
+def _tied_net():
+    """A net whose float top-1 class (3, by 1e-4 of bias) the int8 file cannot tell from
+    classes 0-4 (its softmax output steps are 1/256): int8 rounds them to a tie and names
+    class 0 on every image. Two layers: its LiteRT conversions cost ~1 CPU-s, an untrained
+    tiny ShuffleNet's (the same refusal, by chance ties) ~9 each."""
+    images = keras.Input(TINY_SHAPE)
+    dense = keras.layers.Dense(10, activation="softmax")
+    model = keras.Model(images, dense(keras.layers.GlobalAveragePooling2D()(images)))
+    kernel = 1e-5 * np.linspace(-1, 1, 3 * 10).reshape(3, 10)
+    bias = [0.0, 0.0, 0.0, 1e-4, 0.0] + [-4.0] * 5
+    dense.set_weights([kernel.astype("float32"), np.array(bias, "float32")])
+    return model
+
+
 def test_a_drop_beyond_the_bound_is_refused_naming_the_option_and_leaves_no_int8_file(
-    exported, untrained, tmp_path
+    exported, tmp_path
 ):
-    # An untrained net's softmax is near uniform: int8 rounds it to ties, so its top-1
-    # class rarely matches the float one; with the float classes as labels that is a
-    # drop of tens of points. Whichever int8 file is refused first, none is left: the
-    # folder holds all the int8 files asked for or none; an earlier export's int8 files
-    # go too.
+    # With the float classes as labels, the tied net's int8 file loses every image.
+    # Whichever int8 file is refused first, none is left: the folder holds all the int8
+    # files asked for or none; an earlier export's int8 files go too.
+    tied = _tied_net()
     formats = INT8_FORMATS[:2]  # LiteRT, and ONNX where installed
     shutil.copy(exported[0]["int8"]["path"], tmp_path / "model_int8.tflite")
     (tmp_path / "model_int8.onnx").write_bytes(b"keras_autoshuffle: an earlier export's file")
@@ -513,13 +528,13 @@ def test_a_drop_beyond_the_bound_is_refused_naming_the_option_and_leaves_no_int8
         r"Received: max_accuracy_drop=2$",
     ) as info:
         export.export_model(
-            untrained,
+            tied,
             str(tmp_path),
             images[:2],
             formats=formats,
             quantize="int8",
             representative_data=images,
-            test_data=(images, _float_classes(untrained, images)),
+            test_data=(images, _float_classes(tied, images)),
         )
     assert info.value.key in ("int8", "onnx_int8")
     assert info.value.check["accuracy_drop"] > 2.0 and info.value.check["max_accuracy_drop"] == 2
