@@ -112,10 +112,10 @@ def _preset_backbone(weights, width):
 
 
 def check_weights(weights: str | os.PathLike | None, width: float, image_size: int) -> None:
-    """Makes sure the run can start from `weights` before any image is read: builds its
-    starting network once (`build_classifier`, two classes), so the ImageNet weights are
-    downloaded and converted now (or their download fails now) and a `.keras` file or
-    preset of another width or architecture is refused by name.
+    """Makes sure the run can start from `weights` before any image is read: builds the
+    ImageNet base (its weights downloaded and converted now, or their download fails now)
+    or the starting network of a `.keras` file or preset (`build_classifier`, two
+    classes: one of another width or architecture is refused by name).
 
     Raises:
         ValueError: a `.keras` file or preset that does not fit (as `build_classifier`).
