@@ -27,6 +27,7 @@ from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, ShuffleN
 from keras_autoshuffle.commands import finetune as finetune_command
 from keras_autoshuffle.export import metadata as litert_metadata
 from keras_autoshuffle.finetuning import finetune, network, run_folder
+from keras_autoshuffle.finetuning import run as run_module
 from keras_autoshuffle.training.fault_tolerance import RunDirectoryError
 
 # Whole trainings and exports: started first under xdist (conftest.py orders files by it).
@@ -286,6 +287,24 @@ def test_imagenet_weights_through_the_download_code(images, tmp_path, server, mo
         pretrained.get_layer("stem_conv").kernel.numpy(),
         final.get_layer("stem_conv").kernel.numpy(),
     ), "the whole-net phase trained the convolutions"
+
+
+@pytest.mark.usefixtures("cache")
+def test_imagenet_weights_that_cannot_be_downloaded_fail_before_any_folder(
+    images, tmp_path, server, monkeypatch
+):
+    """The download (`network.check_weights`) comes before the run's folder is made and
+    any image is read (a failed run removes its folder: the images tell)."""
+    register(monkeypatch)
+    server.stop()  # the port is closed: connection refused
+
+    def read_images(*args, **kwargs):
+        raise AssertionError("the images were read before the weights were downloaded")
+
+    monkeypatch.setattr(run_module, "image_folder", read_images)
+    with pytest.raises(OSError, match="autoshuffle-convert-weights"):
+        finetune(images, tmp_path / "out", weights="imagenet", export_formats=(), **TINY)
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.usefixtures("tiny_networks")

@@ -112,17 +112,21 @@ def _preset_backbone(weights, width):
 
 
 def check_weights(weights: str | os.PathLike | None, width: float, image_size: int) -> None:
-    """Makes sure the run can start from `weights` before any image is read: builds its
-    starting network once (`build_classifier`, two classes), so the ImageNet weights are
-    downloaded and converted now (or their download fails now) and a `.keras` file or
-    preset of another width or architecture is refused by name.
+    """Makes sure the run can start from `weights` before any image is read: builds the
+    ImageNet base (its weights downloaded and converted now, or their download fails now)
+    or the starting network of a `.keras` file or preset (`build_classifier`, two
+    classes: one of another width or architecture is refused by name).
 
     Raises:
         ValueError: a `.keras` file or preset that does not fit (as `build_classifier`).
         OSError: the ImageNet weights cannot be downloaded (the URL and the way to get
             them by hand named).
     """
-    if weights is not None:
+    if weights == "imagenet":
+        # The base alone downloads, converts and loads the checkpoint (every refusal is
+        # its); the classifier around it and the copy added only time (a phase builds it).
+        _imagenet_base(width, (image_size, image_size, 3))
+    elif weights is not None:
         build_classifier(width, 2, image_size, weights)
 
 
@@ -159,9 +163,7 @@ def build_classifier(
         return ShuffleNetV2(width, input_shape=shape, classes=classes)
     if weights == "imagenet":
         stem = "imagenet"
-        source = ShuffleNetV2(
-            width, include_top=False, weights="imagenet", input_shape=shape, stem=stem
-        )
+        source = _imagenet_base(width, shape)
     elif is_preset(weights):
         source = _preset_backbone(weights, width)
         stem = source.stem
@@ -173,6 +175,13 @@ def build_classifier(
     model = ShuffleNetV2(width, input_shape=shape, classes=classes, stem=stem)
     copy_weights(source, model, weights, width, with_head)
     return model
+
+
+def _imagenet_base(width, shape):
+    """torchvision's ImageNet ShuffleNet v2 of `width` without its classifier."""
+    return ShuffleNetV2(
+        width, include_top=False, weights="imagenet", input_shape=shape, stem="imagenet"
+    )
 
 
 def copy_weights(
