@@ -4,7 +4,6 @@
 layer names in `architecture`, the weights files in `weights`, the custom layers in
 `keras_autoshuffle.layers`."""
 
-import contextlib
 import dataclasses
 import functools
 
@@ -31,18 +30,6 @@ def batch_norm(name, gamma_initializer="ones"):
         gamma_initializer=gamma_initializer,
         name=name,
     )
-
-
-@contextlib.contextmanager
-def dtype_policy(policy):
-    """Keras's global dtype policy set to `policy` (a name or `DTypePolicy`; None or False:
-    left as it is) meanwhile: every layer built then takes it."""
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy or previous)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 PADDINGS = ("torch", "same")
