@@ -282,3 +282,24 @@ def test_harden_model_refuses_a_string_and_an_unbuilt_model():
         ka.harden_model(unbuilt)
     with pytest.raises(ValueError, match="Received: unbuilt model"):
         ka.harden_and_evaluate(unbuilt)
+
+
+@pytest.mark.parametrize("shuffle,evaluations", [("manual", 1), ("auto", 2)])
+def test_harden_and_evaluate_evaluates_again_only_what_it_rounded(shuffle, evaluations):
+    """A net with nothing to round is measured once (before == after) and keeps its
+    compiled test function; a relaxed one is measured before and after the rounding."""
+    model = tiny_v2(shuffle=shuffle, classes=3)
+    model.compile(loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    x = np.random.default_rng(0).normal(size=(4, TINY_SIDE, TINY_SIDE, 3)).astype("float32")
+    calls = []
+
+    def evaluate():
+        calls.append(model.test_function)
+        return model.evaluate(x, np.arange(4) % 3, verbose=0)
+
+    report = ka.harden_and_evaluate(model, evaluate)
+    assert len(calls) == evaluations
+    assert bool(report["layers"]) == (shuffle == "auto")
+    if shuffle == "manual":
+        assert report["rounded_accuracy"] == report["relaxed_accuracy"]
+        assert model.test_function is not None, "a manual net's compiled function was reset"
