@@ -40,16 +40,21 @@ from keras_autoshuffle.layers import (
 )
 
 
+# XNNPACK (LiteRT's CPU delegate) takes a concatenation of at most 5 inputs (ai-edge-litert
+# 1.2.0 and 2.3.0: 6 or more fall outside the delegate).
+_MAX_CONCAT_INPUTS = 5
+
+
 def _concat(pieces, name):
-    """Concatenates channels; XNNPACK (LiteRT's CPU delegate) takes at most 4 inputs per
-    concat, so larger ones are nested rather than left outside the delegate."""
-    level = 0
-    while len(pieces) > 4:
+    """Concatenates channels; larger concatenations than XNNPACK takes are nested rather
+    than left outside the delegate."""
+    level, most = 0, _MAX_CONCAT_INPUTS
+    while len(pieces) > most:
         pieces = [
-            layers.Concatenate(axis=-1, name=f"{name}{level}_{k}")(pieces[k : k + 4])
-            if len(pieces[k : k + 4]) > 1
+            layers.Concatenate(axis=-1, name=f"{name}{level}_{k}")(pieces[k : k + most])
+            if len(pieces[k : k + most]) > 1
             else pieces[k]
-            for k in range(0, len(pieces), 4)
+            for k in range(0, len(pieces), most)
         ]
         level += 1
     return pieces[0] if len(pieces) == 1 else layers.Concatenate(axis=-1, name=name)(pieces)
