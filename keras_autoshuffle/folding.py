@@ -39,7 +39,6 @@ from keras_autoshuffle.layers import (
     shuffle_permutation,
 )
 
-
 # XNNPACK (LiteRT's CPU delegate) takes a concatenation of at most 5 inputs (ai-edge-litert
 # 1.2.0 and 2.3.0: 6 or more fall outside the delegate).
 _MAX_CONCAT_INPUTS = 5
