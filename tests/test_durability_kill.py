@@ -2,12 +2,12 @@
 left the run and never retrains a completed epoch, and the run ends with the report,
 permutations and weights of an uninterrupted run.
 
-The job: a tiny ShuffleNet v2 (16x16 inputs), 32 training and 16 test images, two
-epochs of two steps, the Keras file and the SavedModel export (LiteRT's conversion,
-some 10 s a run, moves its file as every export does: `_atomic.move_into_place`). A child process runs it and sends
-itself SIGKILL at a named instant (CHILD's kill points: the child wraps a package function,
-the package holds no test hook): in an epoch, between the two moves of a backup write, in
-the hardening, before the SavedModel folder moves into place. Each child resumes
+The job: a tiny ShuffleNet v2 (16x16 inputs), 32 training and 16 test images, two epochs of
+two steps, the Keras file and the SavedModel export (LiteRT's conversion, some 10 s a run,
+moves its file as every export does: `_atomic.move_into_place`). A child process runs it
+and sends itself SIGKILL at a named instant (CHILD's kill points: the child wraps a package
+function, the package holds no test hook): in an epoch, between the two moves of a backup
+write, in the hardening, before the SavedModel folder moves into place. Each child resumes
 the run the one before left (a fresh interpreter each: some 10 CPU-s of imports on the
 2-core EPYC), so the work of the run is done once. The last instant, after `report.json`
 (the last file) is written, before the backup is removed, is reached in the test process

@@ -139,6 +139,12 @@ def test_fold_refuses_arguments_of_the_wrong_type():
         folding.fold_model(model, name=3)
 
 
+def _ops_after_delegation(path):
+    """The op names of a LiteRT file's nodes once the interpreter applied XNNPACK: the
+    file's own ops, then one "DELEGATE" per partition XNNPACK took."""
+    return [op["op_name"] for op in export.litert_interpreter(path)._get_ops_details()]
+
+
 @pytest.mark.tensorflow_only(reason="LiteRT export")
 def test_folded_litert_has_no_gather_and_matches(tmp_path):
     model = tiny_v2(shuffle="auto", classes=4, classifier_activation=None)
@@ -147,18 +153,28 @@ def test_folded_litert_has_no_gather_and_matches(tmp_path):
     _randomize_batch_norm(model, rng)
     x = rng.normal(size=(2, TINY_SIDE, TINY_SIDE, 3)).astype("float32")
 
-    def ops_of(path):
-        interpreter = export.litert_interpreter(path)
-        return {op["op_name"] for op in interpreter._get_ops_details()}
-
     folded = folding.fold_model(model)
     result = export.export_model(folded, str(tmp_path), x, formats=("litert",))
-    ops = ops_of(result["litert"]["path"])
+    ops = _ops_after_delegation(result["litert"]["path"])
     assert "GATHER" not in ops
     assert "CONCATENATION" in ops
     assert "STRIDED_SLICE" not in ops  # one conv per slice (`export.litert_graph`)
+    # XNNPACK takes the whole graph: one partition (a concatenation of more than 5 inputs
+    # would leave it; `folding._MAX_CONCAT_INPUTS`).
+    assert ops.count("DELEGATE") == 1, ops
     litert = export.open_runner(result["litert"]["path"]).run(x)
     np.testing.assert_allclose(litert, export.keras_outputs(model, x), atol=1e-4)
+
+
+@pytest.mark.tensorflow_only(reason="LiteRT export")
+def test_a_concatenation_of_many_pieces_stays_in_one_xnnpack_partition(tmp_path):
+    # A folded real-size net concatenates up to 9 slices where the tiny nets above make
+    # few; `folding._concat` nests them at XNNPACK's limit (6 inputs or more: 2 partitions).
+    x = keras.Input((4, 4, 16))
+    pieces = [keras.layers.Conv2D(2 + i, 1)(x) for i in range(9)]
+    model = keras.Model(x, keras.layers.Conv2D(8, 1)(folding._concat(pieces, "gather")))
+    ops = _ops_after_delegation(export.export_litert(model, tmp_path / "m.tflite"))
+    assert ops.count("CONCATENATION") == 3 and ops.count("DELEGATE") == 1, ops
 
 
 @pytest.mark.tensorflow_only(reason="LiteRT export")
@@ -172,8 +188,9 @@ def test_folded_int8_litert_requantizes_nothing_between_its_layers(tmp_path):
     images = rng.uniform(0, 1, size=(8, TINY_SIDE, TINY_SIDE, 3)).astype("float32")
     folded = folding.fold_model(model)
     path = export.export_int8(folded, tmp_path / "m.tflite", images)
-    ops = [op["op_name"] for op in export.litert_interpreter(path)._get_ops_details()]
+    ops = _ops_after_delegation(path)
     assert ops.count("QUANTIZE") == 1
+    assert ops.count("DELEGATE") == 1, ops  # one XNNPACK partition
     assert "STRIDED_SLICE" not in ops
     assert not export.unsupported_layers(folded)  # the rewrite left `folded` as it was
 
