@@ -91,7 +91,7 @@ def pytest_configure(config):
     """`--dist loadfile` (pyproject.toml) hands the workers whole files in a queue, which
     xdist orders by the number of tests per file, most first: files of a few long tests
     (test_reproducible_training.py's two, some 2.5 minutes of CI; test_durability_kill.py's
-    five children) came last, where one worker may run them alone after the other has
+    four children) came last, where one worker may run them alone after the other has
     finished. The queue's order is then `pytest_collection_modifyitems`'s below."""
     if getattr(config.option, "dist", "no") == "loadfile":
         config.option.loadscopereorder = False
