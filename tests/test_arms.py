@@ -9,6 +9,7 @@ import shutil
 import keras
 import numpy as np
 import pytest
+from helpers import fit
 from scipy.optimize import linear_sum_assignment
 
 from keras_autoshuffle import RelaxedShuffle, data, hardening, training
@@ -121,7 +122,7 @@ def test_a_hard_net_started_at_manual_is_the_manual_net_and_trains(build):
     # The same initial weights (the shuffles draw nothing) and the same function.
     np.testing.assert_array_equal(hard.predict(x, verbose=0), manual.predict(x, verbose=0))
     hard.compile(keras.optimizers.SGD(0.1), "sparse_categorical_crossentropy")
-    hard.fit(x, np.arange(8) % 10, epochs=2, batch_size=4, verbose=0)
+    fit(hard, x, np.arange(8) % 10, epochs=2, batch_size=4, verbose=0)
     assert np.isfinite(hard.predict(x, verbose=0)).all()
     # Every training step computed an exact permutation: hardening changes nothing.
     before = hard.predict(x, verbose=0)

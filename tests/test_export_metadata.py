@@ -9,7 +9,7 @@ import pathlib
 import keras
 import numpy as np
 import pytest
-from helpers import needs_extra, tiny_v2
+from helpers import fit, needs_extra, tiny_v2
 
 from keras_autoshuffle import export
 from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD
@@ -46,7 +46,7 @@ def exported(tmp_path_factory):
     keras.utils.set_random_seed(0)
     model = metadata.with_input_normalization(tiny_v2(classes=len(LABELS), weights=None))
     model.compile(keras.optimizers.Adam(0.01), "sparse_categorical_crossentropy")
-    model.fit(images[:600] / 255, labels[:600], epochs=4, batch_size=64, verbose=0)
+    fit(model, images[:600] / 255, labels[:600], epochs=4, batch_size=64, verbose=0)
     held_out = images[600:640]
     folder = tmp_path_factory.mktemp("export")
     path = export.export_model(model, folder, held_out[:8] / 255, formats=("litert",))

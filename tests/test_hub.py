@@ -423,3 +423,34 @@ def test_a_backbone_of_any_stem_and_size_round_trips_its_config():
     )
     with pytest.raises(ValueError, match=r"Received: stem='auto'"):
         ShuffleNetBackbone(0.5, stem="auto")
+
+
+class _OptimizerAtTrainBegin(keras.callbacks.Callback):
+    """Whether the optimizer is built when training begins (before the step's trace)."""
+
+    def on_train_begin(self, logs=None):
+        self.built = self.model.optimizer.built
+
+
+def test_fit_takes_raw_images_and_builds_the_optimizer_before_the_step_is_traced():
+    """The page's `tuned.fit(images, labels)`: raw pixels of another size through the
+    preprocessor, and the loss falls. The optimizer is built before the training step's
+    first trace: TensorFlow's trainer otherwise builds it inside, which doubled a first
+    `fit`'s time (seen failing without `ShuffleNetImageClassifier.fit`)."""
+    keras.utils.set_random_seed(0)
+    converter = ShuffleNetImageConverter(image_size=(32, 32))
+    classifier = ShuffleNetImageClassifier(
+        ShuffleNetBackbone(width=0.5, channels=(8, 16, 32, 64, 64), repeats=(1, 1, 1)),
+        3,
+        preprocessor=ShuffleNetImageClassifierPreprocessor(converter),
+    )
+    classifier.compile(optimizer=keras.optimizers.Adam(1e-2))
+    labels = np.arange(12) % 3
+    images = np.random.default_rng(0).integers(0, 90, (12, 40, 48, 3)).astype("float32")
+    for image, label in zip(images, labels, strict=True):
+        image[..., label] += 160  # the colour says the class
+    check = _OptimizerAtTrainBegin()
+    history = classifier.fit(images, labels, batch_size=12, epochs=4, verbose=0, callbacks=[check])
+    assert check.built
+    losses = history.history["loss"]
+    assert np.all(np.isfinite(losses)) and losses[-1] < losses[0], losses

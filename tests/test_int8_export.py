@@ -16,7 +16,7 @@ import tempfile
 import keras
 import numpy as np
 import pytest
-from helpers import TINY_SHAPE, needs_extra, tiny_v2
+from helpers import TINY_SHAPE, fit, needs_extra, tiny_v2
 
 from keras_autoshuffle import data, export, folding, training
 from keras_autoshuffle.export import int8, onnx_runtimes
@@ -37,7 +37,7 @@ def _trained_model(train):
     keras.utils.set_random_seed(1)
     model = tiny_v2(classes=10, input_shape=train.input_shape)
     model.compile(optimizer=keras.optimizers.Adam(3e-3), loss="sparse_categorical_crossentropy")
-    model.fit(train.images, train.labels, batch_size=64, epochs=3, verbose=0)
+    fit(model, train.images, train.labels, batch_size=64, epochs=3, verbose=0)
     return model
 
 
