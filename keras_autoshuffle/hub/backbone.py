@@ -52,19 +52,6 @@ def _build(family, width, groups, shuffle, image_shape, padding, stem, channels,
     return private(width=width, channels=channels, repeats=repeats, **options)
 
 
-def _with_policy(dtype, build):
-    """`build()` with Keras's global dtype policy set to `dtype` (every layer the builder
-    makes then takes it, as keras-hub passes `dtype` to each layer); restored after."""
-    if dtype is None or isinstance(dtype, keras.dtype_policies.DTypePolicyMap):
-        return build()
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(keras.dtype_policies.get(dtype))
-    try:
-        return build()
-    finally:
-        keras.config.set_dtype_policy(previous)
-
-
 @keras.saving.register_keras_serializable(package="keras_autoshuffle")
 class ShuffleNetBackbone(FeaturePyramidBackbone):
     """ShuffleNet v2 (or v1) features, with `pyramid_outputs` P2-P5 at strides 4-32.
@@ -121,10 +108,10 @@ class ShuffleNetBackbone(FeaturePyramidBackbone):
         channels = None if channels is None else tuple(channels)
         repeats = None if repeats is None else tuple(repeats)
         layout = (stem, channels, repeats)
-        features = _with_policy(
-            dtype,
-            lambda: _build(family, width, groups, shuffle, image_shape, padding, *layout),
-        )
+        # A DTypePolicyMap names layers' own policies: no global one to set.
+        mapped = dtype is None or isinstance(dtype, keras.dtype_policies.DTypePolicyMap)
+        with common.global_dtype_policy(None if mapped else keras.dtype_policies.get(dtype)):
+            features = _build(family, width, groups, shuffle, image_shape, padding, *layout)
         super().__init__(inputs=features.input, outputs=features.output, dtype=dtype, **kwargs)
         # The CIFAR stem (stride 1, no pool) has no pyramid at strides 4-32: none.
         self.pyramid_outputs = common.pyramid_outputs(features) if stem == "imagenet" else {}

@@ -19,6 +19,7 @@ from keras_autoshuffle import _validation
 from keras_autoshuffle import export as export_lib
 from keras_autoshuffle._atomic import write_json
 from keras_autoshuffle._keras_internals import build_before_fit
+from keras_autoshuffle.applications.common import global_dtype_policy
 from keras_autoshuffle.callbacks import HardenShuffles, evaluate_accuracy
 from keras_autoshuffle.data import EpochCounter, EpochData
 from keras_autoshuffle.export import int8_runtimes
@@ -135,7 +136,7 @@ def train(
         _fit_only("label_smoothing", label_smoothing, strategy)
     chief = distribution.is_chief(strategy)
     policy = distribution.mixed_precision_policy() if mixed_precision else False
-    with _dtype_policy(policy):
+    with global_dtype_policy(policy or None):
         keras.utils.set_random_seed(seed)
         model, optimizer = _build(model_fn, strategy, train_data, recipe)
         formats, skipped = _plan(model, formats if chief else (), int8 and chief)
@@ -193,17 +194,6 @@ def _check_data(test_data, recipe, strategy):
             f"The global batch size must divide by the {strategy.num_replicas_in_sync} "
             f"replicas. Received: batch_size={recipe.batch_size}"
         )
-
-
-@contextlib.contextmanager
-def _dtype_policy(policy):
-    """Keras's global dtype policy set to `policy` (False: left as it is) meanwhile."""
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(policy or previous)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 def _start_job(parts, output_dir, identity, start, overwrite, verbose, **options):
