@@ -4,7 +4,6 @@
 layer names in `architecture`, the weights files in `weights`, the custom layers in
 `keras_autoshuffle.layers`."""
 
-import contextlib
 import dataclasses
 import functools
 
@@ -16,19 +15,6 @@ from keras_autoshuffle import _validation
 from keras_autoshuffle.applications import architecture as arch
 from keras_autoshuffle.applications.weights import pretrained, registry
 from keras_autoshuffle.layers import ChannelShuffle, GroupedConv2D, RelaxedShuffle
-
-
-@contextlib.contextmanager
-def global_dtype_policy(policy):
-    """Keras's global dtype policy set to `policy` (None: left as it is) meanwhile, then
-    restored: every layer a builder makes takes it (as keras-hub passes `dtype` to each
-    layer)."""
-    previous = keras.config.dtype_policy()
-    keras.config.set_dtype_policy(previous if policy is None else policy)
-    try:
-        yield
-    finally:
-        keras.config.set_dtype_policy(previous)
 
 
 def batch_norm(name, gamma_initializer="ones"):

@@ -16,6 +16,7 @@ import keras
 from keras_hub.models import FeaturePyramidBackbone
 
 from keras_autoshuffle import _validation
+from keras_autoshuffle._dtype_policy import global_dtype_policy
 from keras_autoshuffle.applications import common, shufflenet_v1, shufflenet_v2
 from keras_autoshuffle.applications.shufflenet_v1 import AutoShuffleNetV1
 from keras_autoshuffle.applications.shufflenet_v2 import AutoShuffleNetV2
@@ -110,7 +111,7 @@ class ShuffleNetBackbone(FeaturePyramidBackbone):
         layout = (stem, channels, repeats)
         # A DTypePolicyMap names layers' own policies: no global one to set.
         mapped = dtype is None or isinstance(dtype, keras.dtype_policies.DTypePolicyMap)
-        with common.global_dtype_policy(None if mapped else keras.dtype_policies.get(dtype)):
+        with global_dtype_policy(None if mapped else keras.dtype_policies.get(dtype)):
             features = _build(family, width, groups, shuffle, image_shape, padding, *layout)
         super().__init__(inputs=features.input, outputs=features.output, dtype=dtype, **kwargs)
         # The CIFAR stem (stride 1, no pool) has no pyramid at strides 4-32: none.

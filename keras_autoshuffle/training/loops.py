@@ -18,8 +18,8 @@ import tensorflow as tf
 from keras_autoshuffle import _validation
 from keras_autoshuffle import export as export_lib
 from keras_autoshuffle._atomic import write_json
+from keras_autoshuffle._dtype_policy import global_dtype_policy
 from keras_autoshuffle._keras_internals import build_before_fit
-from keras_autoshuffle.applications.common import global_dtype_policy
 from keras_autoshuffle.callbacks import HardenShuffles, evaluate_accuracy
 from keras_autoshuffle.data import EpochCounter, EpochData
 from keras_autoshuffle.export import int8_runtimes
