@@ -435,7 +435,7 @@ class _OptimizerAtTrainBegin(keras.callbacks.Callback):
 def test_fit_takes_raw_images_and_builds_the_optimizer_before_the_step_is_traced():
     """The page's `tuned.fit(images, labels)`: raw pixels of another size through the
     preprocessor, and the loss falls. The optimizer is built before the training step's
-    first trace: TensorFlow's trainer otherwise builds it inside, which doubled a first
+    first trace: TensorFlow's trainer otherwise builds it inside, which nearly doubled a first
     `fit`'s time (seen failing without `ShuffleNetImageClassifier.fit`)."""
     keras.utils.set_random_seed(0)
     converter = ShuffleNetImageConverter(image_size=(32, 32))

@@ -82,7 +82,7 @@ class ShuffleNetImageClassifier(ImageClassifier):
         """keras-hub's `fit` (raw images through the preprocessor), with the optimizer
         built before the training step is traced, as Keras's JAX and torch trainers build
         it. TensorFlow's trainer otherwise creates the optimizer's variables inside the
-        step's first trace, which doubles a first `fit`'s time (a 1.0x v2 at 64 px:
+        step's first trace, which nearly doubles a first `fit`'s time (a 1.0x v2 at 64 px:
         38-43 s against 21-25 s)."""
         if self.optimizer is not None and not self.optimizer.built:
             self.optimizer.build(self.trainable_variables)
