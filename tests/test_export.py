@@ -65,6 +65,13 @@ def test_round_trips_with_parity(tmp_path):
     identity.set_weights(model.get_weights())
     interpreter = export.litert_interpreter(result["litert"]["path"])
     assert "GATHER" in {op["op_name"] for op in interpreter._get_ops_details()}
+    # The signature Keras's own LiteRT files have (the conversion, frozen, adds it).
+    signature = {"inputs": [model.inputs[0].name], "outputs": ["output_0"]}
+    assert interpreter.get_signature_list() == {"serving_default": signature}
+    by_signature = interpreter.get_signature_runner()(**{model.inputs[0].name: inputs})
+    np.testing.assert_array_equal(
+        by_signature["output_0"], export.open_runner(result["litert"]["path"]).run(inputs)
+    )
     litert = export.open_runner(result["litert"]["path"]).run(inputs)
     assert np.max(np.abs(litert - export.keras_outputs(identity, inputs))) > 1e-3
 

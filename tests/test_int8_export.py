@@ -12,6 +12,7 @@ import re
 import shutil
 import sys
 import tempfile
+import warnings
 
 import keras
 import numpy as np
@@ -68,8 +69,8 @@ INT8_FORMATS = ("litert",) + tuple(
 @contextlib.contextmanager
 def _everything_printed():
     """What the block writes to stdout or stderr, from Python (sys.stdout, sys.stderr, the
-    root logger) or from C++ (file descriptors 1 and 2): a list, its one text once the block
-    ends."""
+    root logger, warnings: pytest would keep them off the screen a user sees) or from C++
+    (file descriptors 1 and 2): a list, its one text once the block ends."""
     printed = []
     sys.stdout.flush()
     sys.stderr.flush()
@@ -80,9 +81,12 @@ def _everything_printed():
         os.dup2(file.fileno(), 1)
         os.dup2(file.fileno(), 2)
         logging.getLogger().addHandler(handler)
+        caught = []
         try:
             with contextlib.redirect_stdout(file), contextlib.redirect_stderr(file):
-                yield printed
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    yield printed
         finally:
             logging.getLogger().removeHandler(handler)
             file.flush()
@@ -90,7 +94,8 @@ def _everything_printed():
                 os.dup2(copy, fd)
                 os.close(copy)
             file.seek(0)
-            printed.append(file.read() + records.getvalue())
+            shown = "".join(f"{w.category.__name__}: {w.message}\n" for w in caught)
+            printed.append(file.read() + records.getvalue() + shown)
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +146,7 @@ def exported(export_and_screen):
 # progress bars.
 CHATTER = re.compile(
     r"Model Conversion arguments|\[ SUCCESS \]|fully_quantize|XNNPACK delegate|"
-    r"Please consider|Statistics collection|Fast Bias correction"
+    r"Please consider|Statistics collection|Fast Bias correction|Statistics for quantized"
 )
 
 

@@ -2,6 +2,8 @@
 (`_atomic`), and reading it back to run it (ONNX and OpenVINO: `onnx_runtimes.py`)."""
 
 import os
+import pathlib
+import warnings
 from typing import Literal
 
 import keras
@@ -113,10 +115,58 @@ def saved_model_outputs(path: str | os.PathLike, inputs: ArrayLike) -> np.ndarra
 
 
 def export_litert(model: keras.Model, path: str | os.PathLike) -> str | os.PathLike:
-    """Writes a LiteRT (`.tflite`) flat buffer with `model.export(format="litert")`, a
-    folded net's sliced convolutions written as one conv per slice
-    (`litert_graph.one_conv_per_slice`: about 3.5% faster in XNNPACK than the slices)."""
-    model = one_conv_per_slice(model)
-    return write_atomically(
-        path, lambda partial: model.export(partial, format="litert", verbose=False)
-    )
+    """Writes a LiteRT (`.tflite`) flat buffer (`litert_flatbuffer`), a folded net's sliced
+    convolutions written as one conv per slice (`litert_graph.one_conv_per_slice`: about
+    3.5% faster in XNNPACK than the slices)."""
+    content = litert_flatbuffer(one_conv_per_slice(model))
+    return write_atomically(path, lambda partial: pathlib.Path(partial).write_bytes(content))
+
+
+def litert_flatbuffer(model: keras.Model, **settings) -> bytes:
+    """`model`'s LiteRT flat buffer: its inference call traced for its one input (any
+    batch size), the variables frozen to constants, converted with `settings` (attributes
+    of `tf.lite.TFLiteConverter`: `optimizations`, `representative_dataset`, ...).
+
+    The file Keras's `model.export(format="litert")` writes (the same operators, the
+    same `serving_default` signature), without the SavedModel Keras writes and the
+    converter reads back first: a 1.0x ShuffleNet v2 converts in 7 s instead of 40.
+    """
+    import tensorflow as tf
+
+    (source,) = model.inputs
+    spec = tf.TensorSpec((None, *source.shape[1:]), source.dtype)
+    call = tf.function(lambda x: model(x, training=False)).get_concrete_function(spec)
+    converter = tf.lite.TFLiteConverter.from_concrete_functions([call], model)
+    converter.experimental_lower_to_saved_model = False  # freeze; no SavedModel round trip
+    converter.target_spec.supported_ops = [
+        tf.lite.OpsSet.TFLITE_BUILTINS,
+        tf.lite.OpsSet.SELECT_TF_OPS,
+    ]
+    for name, value in settings.items():
+        getattr(converter, name)  # an AttributeError, not a setting silently ignored
+        setattr(converter, name, value)
+    with warnings.catch_warnings():
+        # The frozen graph's int8 conversion asks for input statistics that only an int8
+        # input would need; the file's input stays float32 (as Keras's file), quantized inside.
+        warnings.filterwarnings("ignore", "Statistics for quantized inputs", UserWarning)
+        content = converter.convert()
+    return _with_signature(content, source.name)
+
+
+def _with_signature(content, input_name):
+    """The flat buffer with Keras's `serving_default` signature (its input named as the
+    Keras input, its output `output_0`), which a frozen graph's conversion leaves out:
+    `Interpreter.get_signature_runner()` and LiteRT's `runSignature` use it."""
+    from ai_edge_litert import schema_py_generated as schema_fb
+    from ai_edge_litert.tools import flatbuffer_utils
+
+    model = flatbuffer_utils.read_model_from_bytearray(bytearray(content))
+    graph = model.subgraphs[0]  # the main graph (a WHILE loop's body is another)
+    signature = schema_fb.SignatureDefT()
+    signature.signatureKey, signature.subgraphIndex = "serving_default", 0
+    signature.inputs, signature.outputs = schema_fb.TensorMapT(), schema_fb.TensorMapT()
+    signature.inputs.name, signature.inputs.tensorIndex = input_name, int(graph.inputs[0])
+    signature.outputs.name, signature.outputs.tensorIndex = "output_0", int(graph.outputs[0])
+    signature.inputs, signature.outputs = [signature.inputs], [signature.outputs]
+    model.signatureDefs = [signature]
+    return bytes(flatbuffer_utils.convert_object_to_bytearray(model))

@@ -5,6 +5,7 @@ agreement. An int8 file whose accuracy drop is beyond the bound the user sets
 the agreement is reported, never a gate."""
 
 import os
+import pathlib
 from collections.abc import Callable
 
 import keras
@@ -15,7 +16,7 @@ from keras_autoshuffle import _validation
 from keras_autoshuffle._atomic import remove, write_atomically
 from keras_autoshuffle._startup import quiet_runtime
 from keras_autoshuffle.export.checks import _single_input
-from keras_autoshuffle.export.files import size_bytes
+from keras_autoshuffle.export.files import litert_flatbuffer, size_bytes
 from keras_autoshuffle.export.litert_graph import one_conv_per_slice
 from keras_autoshuffle.export.runner import open_runner
 
@@ -58,18 +59,14 @@ def export_int8(
         for i in range(len(data)):
             yield [data[i : i + 1]]
 
-    def write(partial):
-        with quiet_runtime():  # the converter's "fully_quantize: 0, ..." line
-            model.export(
-                partial,
-                format="litert",
-                verbose=False,
-                optimizations=[tf.lite.Optimize.DEFAULT],
-                representative_dataset=representative_dataset,
-                target_spec={"supported_ops": [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]},
-            )
-
-    return write_atomically(path, write)
+    with quiet_runtime():  # the converter's "fully_quantize: 0, ..." line
+        content = litert_flatbuffer(
+            model,
+            optimizations=[tf.lite.Optimize.DEFAULT],
+            representative_dataset=representative_dataset,
+            target_spec=tf.lite.TargetSpec([tf.lite.OpsSet.TFLITE_BUILTINS_INT8]),
+        )
+    return write_atomically(path, lambda partial: pathlib.Path(partial).write_bytes(content))
 
 
 def _check_int8_arguments(model, representative_data, test_data):
