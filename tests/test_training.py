@@ -376,6 +376,37 @@ def test_run_hardened_mid_training_resumes_with_the_same_permutations(stop_and_r
         np.testing.assert_allclose(a, b, atol=1e-6, rtol=0)
 
 
+class EvaluatedAgain(keras.callbacks.Callback):
+    """At each epoch's end: fit's validation logs, and the same epoch's weights evaluated
+    again on a fresh pass of the test split."""
+
+    def __init__(self, test):
+        super().__init__()
+        self.test, self.pairs = test, []
+
+    def on_epoch_end(self, epoch, logs=None):
+        again = self.model.evaluate(self.test, verbose=0, return_dict=True)
+        self.pairs.append(
+            ((logs["val_loss"], logs["val_accuracy"]), (again["loss"], again["accuracy"]))
+        )
+
+
+def test_each_epochs_validation_is_one_whole_pass_of_the_test_split(tmp_path):
+    # fit reads one repeated validation iterator, `steps` batches an epoch: with 50 test
+    # images in batches of 32 (the last one partial), each epoch must see exactly the 50.
+    train, test = data.digits(seed=7)
+    train, test = train.subset(64), test.subset(50)
+    check = EvaluatedAgain(test.eval_dataset(32))
+    recipe = training.get_recipe("digits", epochs=3, batch_size=32)
+    training.train(
+        job_model, train, test, recipe, str(tmp_path), seed=5, export=False,
+        callbacks=[check], verbose=0,
+    )  # fmt: skip
+    assert len(check.pairs) == 3
+    for logged, again in check.pairs:
+        assert logged == pytest.approx(again, rel=1e-6, abs=0)
+
+
 def test_train_rejects_a_non_boolean_balanced(tmp_path):
     train, test = data.digits()
     recipe = training.get_recipe("digits", epochs=1)

@@ -369,7 +369,11 @@ def _fit(job):
     model.fit(
         train_data,
         epochs=recipe.epochs,
-        validation_data=test,
+        # One validation iterator for the whole fit, a pass of it per epoch: a new one each
+        # epoch instantiates the pipeline's functions again (0.27 s against 0.02 s a pass on
+        # 12 photos: the EXIF reader's graph).
+        validation_data=test.repeat(),
+        validation_steps=job.test_data.steps(recipe.batch_size, training=False),
         callbacks=[counter.callback(), *job.callbacks(hardening)],
         shuffle=False,  # the order is the dataset's, a function of (seed, epoch)
         class_weight=None if job.class_weights is None else dict(enumerate(job.class_weights)),
