@@ -28,7 +28,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import numpy as np  # noqa: E402
 
-from experiments.finetune_throughput import environment  # noqa: E402
+from experiments.finetune_throughput import environment, write_rows  # noqa: E402
 from experiments.timing import paired_ratio  # noqa: E402
 
 
@@ -139,10 +139,7 @@ def main(argv=None):
         "checks": checks,
         "rows": rows,
     }
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(document, f, indent=1)
-            f.write("\n")
+    write_rows(args.json, document)
 
 
 if __name__ == "__main__":
