@@ -137,12 +137,13 @@ def litert_flatbuffer(model: keras.Model, **settings) -> bytes:
     spec = tf.TensorSpec((None, *source.shape[1:]), source.dtype)
     call = tf.function(lambda x: model(x, training=False)).get_concrete_function(spec)
     converter = tf.lite.TFLiteConverter.from_concrete_functions([call], model)
-    converter.experimental_lower_to_saved_model = False  # freeze; no SavedModel round trip
     converter.target_spec.supported_ops = [
         tf.lite.OpsSet.TFLITE_BUILTINS,
         tf.lite.OpsSet.SELECT_TF_OPS,
     ]
-    for name, value in settings.items():
+    # Frozen, no SavedModel round trip (left on, this route keeps the variables as
+    # resources the file cannot initialise: NaN outputs).
+    for name, value in {"experimental_lower_to_saved_model": False, **settings}.items():
         getattr(converter, name)  # an AttributeError, not a setting silently ignored
         setattr(converter, name, value)
     with warnings.catch_warnings():
