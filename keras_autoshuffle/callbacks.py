@@ -9,6 +9,7 @@ import numpy as np
 from keras import ops
 
 from keras_autoshuffle import _validation, permutations
+from keras_autoshuffle._keras_internals import one_pass
 from keras_autoshuffle.hardening import (
     format_hardening_report,
     harden_and_evaluate,
@@ -22,7 +23,7 @@ def evaluate_accuracy(model: keras.Model, data: tuple | Iterable) -> tuple[float
     if isinstance(data, tuple):
         results = model.evaluate(*data, verbose=0, return_dict=True)
     else:
-        results = model.evaluate(data, verbose=0, return_dict=True)
+        results = model.evaluate(**one_pass(data), verbose=0, return_dict=True)
     if not results:
         raise ValueError(
             "The validation data gave no batches: nothing to evaluate the shuffles on. "

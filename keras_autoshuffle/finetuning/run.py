@@ -36,6 +36,7 @@ import numpy as np
 
 from keras_autoshuffle import _atomic, _validation
 from keras_autoshuffle import export as export_lib
+from keras_autoshuffle._keras_internals import one_pass
 from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, evaluation_sizes
 from keras_autoshuffle.data.image_folder import image_folder
 from keras_autoshuffle.data.images import read_image
@@ -244,7 +245,8 @@ def _fine_tune(images, output_dir, weights, source, options, formats, given):
         "data": _data_record(images, split, train_data, val_data),
         "settings": _settings_record(settings, weights, options, split),
     }
-    probabilities = model.predict(val_data.eval_dataset(options["batch_size"]), verbose=0)
+    validation = one_pass(val_data.eval_dataset(options["batch_size"]))
+    probabilities = model.predict(**validation, verbose=0)
     report["validation"] = classification_metrics(val_data.labels, probabilities, split.class_names)
     if include_preprocessing:
         report.update(_export_raw_input(model, output_dir, val_data, formats, probabilities))
