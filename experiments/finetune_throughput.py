@@ -7,7 +7,7 @@ Measures, in one process and in interleaved rounds (a new random order each roun
 slow spell of the machine reaches every measurement):
 
 - the input pipeline alone: images/s through `ImageFolderData.fit_dataset(batch, counter)`
-  as `model.fit` reads it (a training epoch: read, decode, random-resized crop, flip,
+  through a new iterator (a training epoch: read, decode, random-resized crop, flip,
   normalise, batch, prefetch), a new epoch each round, on folders of synthetic photos
   (smooth gradients, sharp-edged patches and noise, JPEG quality 90, written with Pillow)
   of each `--photos` size; each with the training decode ("scaled": libjpeg's DCT
@@ -442,10 +442,10 @@ def main(argv=None):
     epochs = {}
 
     def pipeline(name, train):
-        """One training epoch through `fit_dataset`, as `model.fit` reads it (the epoch
-        from an `EpochCounter`, a new iterator each epoch)."""
+        """One training epoch of `fit_dataset` (the epoch from an `EpochCounter`) through
+        a new iterator, the instantiation of the pipeline's functions included."""
         counter = EpochCounter()
-        dataset = train.fit_dataset(args.batch, counter)
+        dataset = train.fit_dataset(args.batch, counter).take(train.steps(args.batch))
 
         def run():
             epochs[name] = epochs.get(name, -1) + 1

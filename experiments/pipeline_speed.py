@@ -3,7 +3,7 @@
     python -m experiments.pipeline_speed --json runs/pipeline_speed.json
 
 In one process, in interleaved rounds (a new random order each round), one training
-epoch through `ImageFolderData.fit_dataset` (as `model.fit` reads it) from the
+epoch of `ImageFolderData.fit_dataset` through a new iterator from the
 decoded-image cache, on `experiments.finetune_throughput`'s synthetic photos, by:
 
 - "old": the pipeline before, rebuilt here (`Legacy`): one map reading each example and
@@ -112,7 +112,7 @@ def main(argv=None):
 
     def epoch_function(train):
         counter, epoch = EpochCounter(), [0]
-        dataset = train.fit_dataset(args.batch, counter)
+        dataset = train.fit_dataset(args.batch, counter).take(train.steps(args.batch))
 
         def run():
             epoch[0] += 1

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from helpers import needs_extra, tiny_v2
 from PIL import Image
-from test_pretrained_weights import CHECKPOINT, register
 from test_pretrained_weights import cache as cache  # noqa: F401 (fixtures: the weights server)
+from test_pretrained_weights import register
 from test_pretrained_weights import server as server  # noqa: F401
 
 from keras_autoshuffle import export, prediction
-from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD, ShuffleNetV2
+from keras_autoshuffle.applications import IMAGENET_MEAN, IMAGENET_STD
 from keras_autoshuffle.commands import finetune as finetune_command
 from keras_autoshuffle.export import metadata as litert_metadata
 from keras_autoshuffle.finetuning import finetune, network, run_folder
@@ -250,51 +250,13 @@ def test_a_weights_file_of_another_width_is_refused_naming_it(run, images, tmp_p
 
 
 @pytest.mark.usefixtures("cache")
-def test_imagenet_weights_through_the_download_code(images, tmp_path, server, monkeypatch):
-    """`weights="imagenet"` downloads torchvision's file from a server on 127.0.0.1 (the
-    x0.5 test checkpoint); the head phase leaves the base exactly the checkpoint's, the
-    whole-net phase leaves its BatchNormalization statistics so (frozen). No exports:
-    they do not depend on the weights (a 0.5x LiteRT file with its preprocessing took a
-    third of this test; `test_raw_input_exports_...` writes one of the tiny net)."""
-    register(monkeypatch)
-    server.serve(CHECKPOINT)
-    report = finetune(
-        images,
-        tmp_path / "out",
-        weights="imagenet",
-        head_epochs=1,
-        epochs=1,
-        export_formats=(),
-        **TINY,
-    )
-    assert report["settings"]["base_weights"] == "imagenet" and server.requests
-    pretrained = ShuffleNetV2(
-        0.5, include_top=False, weights="imagenet", input_shape=(SIDE, SIDE, 3), stem="imagenet"
-    )
-    head = keras.saving.load_model(tmp_path / "out" / "train_head" / "model.keras")
-    final = keras.saving.load_model(tmp_path / "out" / "model.keras")
-    for layer in (layer for layer in pretrained.layers if layer.weights):
-        for a, b, c in zip(
-            layer.weights,
-            head.get_layer(layer.name).weights,
-            final.get_layer(layer.name).weights,
-            strict=True,
-        ):
-            np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
-            if isinstance(layer, keras.layers.BatchNormalization):
-                np.testing.assert_array_equal(a.numpy(), c.numpy(), err_msg=a.path)
-    assert not np.array_equal(
-        pretrained.get_layer("stem_conv").kernel.numpy(),
-        final.get_layer("stem_conv").kernel.numpy(),
-    ), "the whole-net phase trained the convolutions"
-
-
-@pytest.mark.usefixtures("cache")
 def test_imagenet_weights_that_cannot_be_downloaded_fail_before_any_folder(
     images, tmp_path, server, monkeypatch
 ):
     """The download (`network.check_weights`) comes before the run's folder is made and
-    any image is read (a failed run removes its folder: the images tell)."""
+    any image is read (a failed run removes its folder: the images tell). A download that
+    succeeds is test_pretrained_weights.py's; the phases on pretrained weights are
+    test_finetune_presets.py's (a preset's start, the same `build_classifier`)."""
     register(monkeypatch)
     server.stop()  # the port is closed: connection refused
 

@@ -44,16 +44,38 @@ def start(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tuned(images, start, tmp_path_factory):  # noqa: F811
-    """A run from the `start` preset (tiny networks, model.keras only): (folder, report).
-    The whole-net phase alone (head_epochs=0): the preset it writes is the phase's net,
-    whichever phases ran; a head phase cost a second training's tracing."""
+    """A run from the `start` preset (tiny networks, model.keras only), both phases of an
+    epoch: (folder, report)."""
     output = tmp_path_factory.mktemp("tuned")
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(network, "ShuffleNetV2", tiny_network)
         report = finetune(
-            images, output, weights=start, epochs=1, head_epochs=0, export_formats=(), **TINY
+            images, output, weights=start, epochs=1, head_epochs=1, export_formats=(), **TINY
         )
     return output, report
+
+
+def test_the_head_phase_trains_the_head_alone_then_the_whole_net_but_its_statistics(tuned, start):
+    """The head phase leaves the pretrained base exactly the preset's; the whole-net phase
+    trains the convolutions and leaves BatchNormalization's weights and statistics the
+    preset's (frozen: a small folder's batches would overwrite ImageNet's)."""
+    output, _ = tuned
+    backbone = hub.ShuffleNetBackbone.from_preset(start)
+    head = keras.saving.load_model(output / "train_head" / "model.keras", safe_mode=True)
+    final = keras.saving.load_model(output / "model.keras", safe_mode=True)
+    for layer in (layer for layer in backbone.layers if layer.weights):
+        for a, b, c in zip(
+            layer.weights,
+            head.get_layer(layer.name).weights,
+            final.get_layer(layer.name).weights,
+            strict=True,
+        ):
+            np.testing.assert_array_equal(a.numpy(), b.numpy(), err_msg=a.path)
+            if isinstance(layer, keras.layers.BatchNormalization):
+                np.testing.assert_array_equal(a.numpy(), c.numpy(), err_msg=a.path)
+    assert not np.array_equal(
+        backbone.get_layer("stem_conv").kernel.numpy(), final.get_layer("stem_conv").kernel.numpy()
+    ), "the whole-net phase trained the convolutions"
 
 
 def _raw_validation_images(images):  # noqa: F811
