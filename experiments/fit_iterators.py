@@ -16,10 +16,10 @@ by
   validation split repeated with `validation_steps`, `_keras_internals.one_pass` for the
   evaluation and the prediction.
 
-Before timing, the two routes' weights after a round are compared (the same batches in
-the same order give the same weights). Rows: seconds per round of each route, and
-one_per_fit over per_epoch per round (median, 95% bootstrap interval:
-`experiments.timing.paired_ratio`).
+Before timing, a round of each counts the tf.data iterators it opens, and their weights
+are compared (the same batches in the same order give the same weights). Rows: seconds
+per round of each route, and one_per_fit over per_epoch per round (median, 95% bootstrap
+interval: `experiments.timing.paired_ratio`).
 """
 
 import argparse
@@ -43,6 +43,26 @@ def per_epoch_dataset(train, batch_size, counter):
     data = tf.data.Dataset.from_tensors(0).map(lambda _: counter.variable.read_value())
     data = data.flat_map(lambda epoch: train.epoch_dataset(epoch, batch_size))
     return data.apply(tf.data.experimental.assert_cardinality(train.steps(batch_size)))
+
+
+class IteratorCount:
+    """Counts the tf.data iterators opened while active (TensorFlow's op wrapper, private:
+    no public hook sees an iterator open)."""
+
+    def __enter__(self):
+        from tensorflow.python.ops import gen_dataset_ops
+
+        self.module, self.original, self.count = gen_dataset_ops, gen_dataset_ops.make_iterator, 0
+
+        def counted(*args, **kwargs):
+            self.count += 1
+            return self.original(*args, **kwargs)
+
+        gen_dataset_ops.make_iterator = counted
+        return self
+
+    def __exit__(self, *exc):
+        self.module.make_iterator = self.original
 
 
 def phase(route, train, val, args):
@@ -91,11 +111,13 @@ def main(argv=None):
     train = data.ImageFolderData(root, examples[: args.photos], 2, **options)
     val = data.ImageFolderData(root, examples[args.photos :], 2, training=False, **options)
     routes = ("per_epoch", "one_per_fit")
-    same = all(
-        np.array_equal(a, b)
-        for a, b in zip(*(phase(route, train, val, args) for route in routes), strict=True)
-    )
-    print("same weights:", same, flush=True)
+    weights, iterators = [], {}
+    for route in routes:
+        with IteratorCount() as opened:
+            weights.append(phase(route, train, val, args))
+        iterators[route] = opened.count
+    same = all(np.array_equal(a, b) for a, b in zip(*weights, strict=True))
+    print("same weights:", same, "iterators opened:", iterators, flush=True)
     seconds = {route: [] for route in routes}
     for _ in range(args.repeats):
         for route in routes:
@@ -111,6 +133,7 @@ def main(argv=None):
         "environment": environment(),
         "settings": vars(args),
         "same_weights": same,
+        "iterators_opened": iterators,
         "rows": [
             {"route": route, "seconds": float(np.median(s)), "rounds": [round(x, 2) for x in s]}
             for route, s in seconds.items()
