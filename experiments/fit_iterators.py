@@ -4,7 +4,8 @@
 
 In one process, in interleaved rounds: a fine-tuning phase's reading of a folder of
 synthetic photos (`experiments.finetune_throughput.write_photos`), a ShuffleNet v2 of
-`--width` (random seeded weights, the same each round) trained for `--epochs` with a
+`--width` (random seeded weights, the same each round; 0: global pooling and a dense
+layer, the reading alone) trained for `--epochs` with a
 validation pass each epoch, then evaluated and its validation probabilities predicted,
 by
 
@@ -75,7 +76,12 @@ def phase(route, train, val, args):
 
     keras.backend.clear_session()
     keras.utils.set_random_seed(0)
-    model = ShuffleNetV2(args.width, weights=None, input_shape=(args.size, args.size, 3), classes=2)
+    shape = (args.size, args.size, 3)
+    if args.width:
+        model = ShuffleNetV2(args.width, weights=None, input_shape=shape, classes=2)
+    else:  # a net whose step costs next to nothing: the reading alone
+        layers = [keras.layers.GlobalAveragePooling2D(), keras.layers.Dense(2, "softmax")]
+        model = keras.Sequential([keras.Input(shape), *layers])
     model.compile("sgd", "sparse_categorical_crossentropy", metrics=["accuracy"])
     counter, batch = EpochCounter(), args.batch
     test = val.eval_dataset(batch)
@@ -94,7 +100,7 @@ def phase(route, train, val, args):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--width", type=float, default=0.5)
+    parser.add_argument("--width", type=float, default=0.5, help="0: pooling and a dense layer")
     parser.add_argument("--size", type=int, default=64, help="image size")
     parser.add_argument("--photos", type=int, default=96, help="training photos")
     parser.add_argument("--batch", type=int, default=8)

@@ -46,8 +46,8 @@ def one_pass(dataset):
     """`evaluate`'s or `predict`'s `x` (and `steps`) for one pass of a finite tf.data
     dataset through one iterator. Given the dataset, Keras's epoch iterator opens it twice
     (at the pass's end it opens the next pass's), each instantiating the pipeline's
-    functions again (some 0.3 s for an image folder's decoding); given it repeated with
-    its cardinality as `steps`, once. Anything else is returned as `x` unchanged."""
+    functions again (an image folder's decoding among them); given it repeated with its
+    cardinality as `steps`, once. Anything else is returned as `x` unchanged."""
     cardinality = getattr(dataset, "cardinality", None)
     steps = int(cardinality()) if callable(cardinality) else -1
     if steps <= 0:

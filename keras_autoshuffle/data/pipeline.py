@@ -130,7 +130,7 @@ class EpochData:
         first epoch's `on_epoch_begin` (a resumed run's first epoch), and reads every epoch
         from it. A dataset of one epoch costs two iterators an epoch (Keras opens the next
         one at an epoch's end, then another at the next epoch's start), each instantiating
-        the pipeline's functions again: some 0.3 s for an image folder's decoding.
+        the pipeline's functions again (docs/lab-notes/training.md, "Iterators per fit").
         """
         self.check_batch_size(batch_size)
         first = tf.data.Dataset.from_tensors(0).map(lambda _: counter.variable.read_value())
