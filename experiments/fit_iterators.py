@@ -5,9 +5,8 @@
 In one process, in interleaved rounds: a fine-tuning phase's reading of a folder of
 synthetic photos (`experiments.finetune_throughput.write_photos`), a ShuffleNet v2 of
 `--width` (random seeded weights, the same each round; 0: global pooling and a dense
-layer, the reading alone) trained for `--epochs` with a
-validation pass each epoch, then evaluated and its validation probabilities predicted,
-by
+layer, the reading alone) trained for `--epochs` with a validation pass each epoch, then
+evaluated and its validation probabilities predicted, by
 
 - "per_epoch": the pipeline's dataset of one epoch (`fit_dataset` before this change, a
   cardinality of one epoch's steps) and the validation split as it is: Keras opens two
