@@ -26,7 +26,6 @@ from typing import Any
 import keras
 import numpy as np
 from keras import layers
-from numpy.typing import ArrayLike
 
 from keras_autoshuffle import permutations
 from keras_autoshuffle.applications import architecture as arch
@@ -154,29 +153,6 @@ def _block_route(counts):
     return np.concatenate([np.arange(*r) for r in _block_ranges(counts)]).astype(np.int64)
 
 
-def decompose(perm: ArrayLike, canonical: ArrayLike, groups: int) -> tuple[np.ndarray, np.ndarray]:
-    """Splits `perm` into within-group permutations around `canonical`.
-
-    For permutations with the same block counts, returns `(sigma, tau)`, both
-    permuting channels only inside their group, with `perm[i] == sigma[canonical[tau[i]]]`.
-    """
-    perm, canonical = np.asarray(perm), np.asarray(canonical)
-    counts = permutations.block_counts(perm, groups)
-    if not np.array_equal(counts, permutations.block_counts(canonical, groups)):
-        raise ValueError("`perm` and `canonical` must have the same block counts.")
-    size = perm.size // groups
-    target = np.arange(perm.size) // size
-    tau = np.empty_like(perm)
-    for b in range(groups):
-        for a in range(groups):
-            mine = np.flatnonzero((target == b) & (perm // size == a))
-            theirs = np.flatnonzero((target == b) & (canonical // size == a))
-            tau[mine] = theirs
-    sigma = np.empty_like(perm)
-    sigma[canonical[tau]] = perm
-    return sigma, tau
-
-
 def _fold_v1_unit(model, stage, unit, x, route_manual):
     """Rebuilds one v1 unit's conv1 .. conv2 with its shuffle folded; returns conv2's BN out."""
     get = _unit(model, stage, unit)
@@ -204,7 +180,7 @@ def _fold_v1_unit(model, stage, unit, x, route_manual):
             canonical, route = manual, "manual"
         else:
             canonical, route = _block_route(counts), counts
-        sigma, tau = decompose(perm, canonical, groups)
+        sigma, tau = permutations.decompose(perm, canonical, groups)
     # conv1's outputs (and bn1) reordered by sigma: inside groups, so conv1 stays grouped.
     kernel = conv1.get_weights()[0][..., sigma]
     x = copy_layer(conv1, x, [kernel, *_take(conv1.get_weights()[1:], sigma)])

@@ -178,3 +178,26 @@ def matched_mass(matrix: ArrayLike, perm: ArrayLike) -> float:
     matrix = _as_square(matrix)
     perm = _as_permutation(perm)
     return float(matrix[np.arange(perm.size), perm].sum())
+
+
+def decompose(perm: ArrayLike, canonical: ArrayLike, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """Splits `perm` into within-group permutations around `canonical`.
+
+    For permutations with the same block counts, returns `(sigma, tau)`, both
+    permuting channels only inside their group, with `perm[i] == sigma[canonical[tau[i]]]`.
+    """
+    perm, canonical = np.asarray(perm), np.asarray(canonical)
+    counts = block_counts(perm, groups)
+    if not np.array_equal(counts, block_counts(canonical, groups)):
+        raise ValueError("`perm` and `canonical` must have the same block counts.")
+    size = perm.size // groups
+    target = np.arange(perm.size) // size
+    tau = np.empty_like(perm)
+    for b in range(groups):
+        for a in range(groups):
+            mine = np.flatnonzero((target == b) & (perm // size == a))
+            theirs = np.flatnonzero((target == b) & (canonical // size == a))
+            tau[mine] = theirs
+    sigma = np.empty_like(perm)
+    sigma[canonical[tau]] = perm
+    return sigma, tau

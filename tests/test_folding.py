@@ -230,7 +230,7 @@ def test_decompose_recovers_perm():
     n, g = 12, 3
     manual = permutations.group_shuffle_permutation(n, g)
     perm = hardening.nearest_balanced_permutation(rng.random((n, n)), g)
-    sigma, tau = folding.decompose(perm, manual, g)
+    sigma, tau = permutations.decompose(perm, manual, g)
     np.testing.assert_array_equal(sigma[manual[tau]], perm)
     for p in (sigma, tau):
         np.testing.assert_array_equal(p // (n // g), np.arange(n) // (n // g))
