@@ -131,6 +131,33 @@ def test_openvino_weights_use_8_bits_only_when_asked(float_files, tmp_path):
     assert largest_weight(seven) <= 64 and largest_weight(eight) == 127
 
 
+@needs_extra("openvino")
+def test_openvino_ranges_span_every_calibration_image(float_files, tmp_path):
+    # One pixel of one image at 50 among values of about +-4: "minmax" ranges, as ONNX
+    # Runtime's and LiteRT's, reach it; NNCF's own default (the mean of each image's
+    # range, 3.6 here) clipped it, and "percentile" still does.
+    pytest.importorskip("nncf")
+    import openvino
+
+    paths, _ = float_files
+    images = np.random.default_rng(1).normal(size=(200, *TINY_SHAPE)).astype("float32")
+    images[0, 0, 0, 0] = 50.0
+
+    def input_high(folder):
+        model = openvino.Core().read_model(os.path.join(folder, onnx_runtimes.OPENVINO_XML))
+        first = model.get_parameters()[0].output(0).get_target_inputs()
+        (fake_quantize,) = [t.get_node() for t in first]
+        assert fake_quantize.get_type_name() == "FakeQuantize"
+        return float(np.max(fake_quantize.input_value(2).get_node().get_data()))
+
+    minmax = int8_runtimes.export_openvino_int8(paths["openvino"], str(tmp_path / "m"), images)
+    percentile = int8_runtimes.export_openvino_int8(
+        paths["openvino"], str(tmp_path / "p"), images, calibration_method="percentile"
+    )
+    assert input_high(minmax) >= 49.0
+    assert input_high(percentile) < 10.0
+
+
 @pytest.mark.parametrize(
     "option",
     [
