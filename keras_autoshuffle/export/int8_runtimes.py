@@ -33,11 +33,11 @@ ONNX_ACTIVATION_TYPE = "QUInt8"
 # (docs/guide/export.md, "8-bit weights for CPUs with VNNI").
 WEIGHT_BITS = (7, 8)
 DEFAULT_WEIGHT_BITS = 7
-# How the activations' ranges are chosen from the calibration images: "minmax" (ONNX
-# Runtime's MinMax, NNCF's default) or "percentile" (ONNX Runtime's Percentile, NNCF's
-# MEAN_QUANTILE). export_model keeps "minmax": "percentile" gained nothing in ONNX Runtime
-# and cost OpenVINO 2.4 points on the Fashion-MNIST net (Lab notes: inference, "int8
-# accuracy levers").
+# How the activations' ranges are chosen from the calibration images: "minmax" (the range
+# over all of them: ONNX Runtime's MinMax, NNCF's MINMAX) or "percentile" (ONNX Runtime's
+# Percentile; NNCF's MEAN_QUANTILE, the mean of each image's quantiles). export_model keeps
+# "minmax": "percentile" gained nothing in ONNX Runtime and cost OpenVINO 2.4 points on the
+# Fashion-MNIST net (Lab notes: inference, "int8 accuracy levers").
 CALIBRATION_METHODS = ("minmax", "percentile")
 DEFAULT_CALIBRATION_METHOD = "minmax"
 
