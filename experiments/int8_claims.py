@@ -13,7 +13,9 @@ figures to the ones tests/test_claims.py finds on the pages:
   runtime's int8 file at finetune's defaults (`experiments.transfer_int8`), and the levers
   on those nets (`levers.jsonl`, `experiments.int8_transfer_levers`);
 - `docs/results/int8_sensitivity_fashion_mnist.json` (`experiments.int8_sensitivity`):
-  LiteRT with the most sensitive tensors in float, on the Fashion-MNIST net.
+  LiteRT with the most sensitive tensors in float, on the Fashion-MNIST net;
+- `docs/results/openvino_ranges.jsonl` (`experiments.openvino_ranges`): OpenVINO's int8
+  files with NNCF's default ranges against min/max ranges.
 
 Usage: `python -m experiments.claims` (prints the figures, these with the others).
 """
@@ -35,6 +37,7 @@ ROWS = {
     "int8_sensitivity": RESULTS / "int8_sensitivity_fashion_mnist.json",
     "int8_peers": RESULTS / "int8_peers_cpu.json",
     "model_table": RESULTS / "model_table_cpu.json",
+    "openvino_ranges": RESULTS / "openvino_ranges.jsonl",
 }
 NAMES = {"litert": "LiteRT", "onnx": "ONNX Runtime", "openvino": "OpenVINO"}
 # The check before issue 53 (refused below 99% agreement or above 0.5 points of drop), and
@@ -240,7 +243,25 @@ def figures(root):
         )
     out.update({f"noise {name}": value for name, value in noise(root).items()})
     out.update(lever_figures(root))
+    out.update(openvino_range_figures(root))
     return {f"int8 {name}": value for name, value in out.items()}
+
+
+def openvino_range_figures(root):
+    """Per data set: OpenVINO's agreement and drop with NNCF's default ranges and with
+    min/max ranges, and the change paired by net and seed (`experiments.openvino_ranges`)."""
+    from experiments.openvino_ranges import AFTER, BEFORE, interval_text, summarize
+
+    out = {}
+    for dataset, settings in summarize(_jsonl("openvino_ranges", root)).items():
+        before, after = settings[BEFORE], settings[AFTER]
+        out[f"openvino ranges {dataset}"] = (
+            f"agreement {before['agreement']['mean']:.2f}% -> {after['agreement']['mean']:.2f}% "
+            f"({interval_text(after['change']['agreement'], True)} points), drop "
+            f"{before['drop']['mean']:.2f} -> {after['drop']['mean']:.2f} points "
+            f"({interval_text(after['change']['drop'], True)}), {after['n']} pairs"
+        )
+    return out
 
 
 def _jsonl(name, root):

@@ -102,31 +102,56 @@ def _read(path):
         return [json.loads(line) for line in f if line.strip()]
 
 
-def table(rows) -> str:
-    """Each setting's agreement (%) and drop (points) per data set, and AFTER - BEFORE
-    paired by net and seed."""
-    lines = [
-        "| data set | setting | nets x seeds | agreement (%) | drop (points) | "
-        "change in agreement (points) | change in drop |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    fmt = "{mean:.2f} [{ci95[0]:.2f}, {ci95[1]:.2f}]".format
+def summarize(rows) -> dict:
+    """{data set: {setting: {"n", "agreement" (%), "drop" (points): mean and 95% t
+    interval, and for AFTER "change": AFTER - BEFORE paired by net and seed}}}."""
+    summary = {}
     for dataset in sorted({r["dataset"] for r in rows}):
         mine = [r for r in rows if r["dataset"] == dataset]
         base = {(r["model"], r["seed"]): r for r in mine if r["setting"] == BEFORE}
         for setting in ("litert", "onnx", BEFORE, AFTER):
             picked = [r for r in mine if r["setting"] == setting]
-            agreement = _interval([100 * r["top1_agreement"] for r in picked])
-            drop = _interval([r["accuracy_drop"] for r in picked])
-            change = ["", ""]
+            entry = {
+                "n": len(picked),
+                "agreement": _interval([100 * r["top1_agreement"] for r in picked]),
+                "drop": _interval([r["accuracy_drop"] for r in picked]),
+            }
             if setting == AFTER:
                 pairs = [(r, base[r["model"], r["seed"]]) for r in picked]
-                a = _interval([100 * (r["top1_agreement"] - b["top1_agreement"]) for r, b in pairs])
-                d = _interval([r["accuracy_drop"] - b["accuracy_drop"] for r, b in pairs])
-                change = [fmt(**a), fmt(**d)]
+                entry["change"] = {
+                    "agreement": _interval(
+                        [100 * (r["top1_agreement"] - b["top1_agreement"]) for r, b in pairs]
+                    ),
+                    "drop": _interval([r["accuracy_drop"] - b["accuracy_drop"] for r, b in pairs]),
+                }
+            summary.setdefault(dataset, {})[setting] = entry
+    return summary
+
+
+def interval_text(stat, signed=False) -> str:
+    form = "{:+.2f}" if signed else "{:.2f}"
+    low, high = stat["ci95"]
+    return f"{form.format(stat['mean'])} [{form.format(low)}, {form.format(high)}]"
+
+
+def table(rows) -> str:
+    """`summarize` as Markdown."""
+    lines = [
+        "| data set | setting | nets x seeds | agreement (%) | drop (points) | "
+        "change in agreement (points) | change in drop |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for dataset, settings in summarize(rows).items():
+        for setting, e in settings.items():
+            change = e.get("change")
+            changes = (
+                [interval_text(change[k], True) for k in ("agreement", "drop")]
+                if change
+                else ["", ""]
+            )
             lines.append(
-                f"| {dataset} | {setting} | {len(picked)} | {fmt(**agreement)} | {fmt(**drop)} | "
-                f"{change[0]} | {change[1]} |"
+                f"| {dataset} | {setting} | {e['n']} | {interval_text(e['agreement'])} | "
+                f"{interval_text(e['drop'], True)} | {changes[0]} | {changes[1]} |"
             )
     return "\n".join(lines)
 
