@@ -2,10 +2,12 @@
 number per claim). `experiments.claims` renders this module's blocks and adds its
 figures to the ones tests/test_claims.py finds on the pages:
 
-- `docs/results/int8_accuracy.json` (`experiments.int8_accuracy`): the Fashion-MNIST net's
-  int8 files, 3 runtimes x 5 calibration seeds, on 10,000 test images;
-- `docs/results/int8_first_layer_float.json`: the same with the first convolution in float
-  (ONNX Runtime, OpenVINO), paired with the rows above;
+- `docs/results/int8_levers_minmax.json` (`experiments.int8_levers`), its base setting (the
+  export's defaults: `fm_defaults`): the Fashion-MNIST net's int8 files as today's writers
+  make them, 3 runtimes x 5 calibration seeds, on 10,000 test images;
+- `docs/results/int8_first_layer_float.json`: an earlier net of the same recipe with the
+  first convolution in float (ONNX Runtime, OpenVINO), paired with that net's full-integer
+  files of the writers before 2026-12-02 (`int8_accuracy.json`, the lab notes' history);
 - `docs/results/int8_stem_float_speed_cpu.json`: what that float convolution costs in time;
 - `docs/results/transfer/` (`experiments.transfer_study`): the transfer study's fine-tuned
   nets, LiteRT int8 on 500 validation images;
@@ -26,7 +28,7 @@ import pathlib
 
 RESULTS = pathlib.Path("docs") / "results"
 ROWS = {
-    "int8_accuracy": RESULTS / "int8_accuracy.json",
+    "fm_defaults": RESULTS / "int8_levers_minmax.json",
     "int8_first_layer_float": RESULTS / "int8_first_layer_float.json",
     "int8_stem_speed": RESULTS / "int8_stem_float_speed_cpu.json",
     "transfer_rows": RESULTS / "transfer" / "rows.jsonl",
@@ -93,9 +95,23 @@ def _refused(drops, agreements, old):
     return sum(d > DEFAULT_MAX_DROP for d in drops)
 
 
+def fm_defaults(root) -> dict:
+    """The Fashion-MNIST net's int8 files at the export's defaults, as
+    `experiments.int8_accuracy` holds such a measurement: {"settings", "rows", "summary"}
+    (the summary per runtime). The rows of `int8_levers`' base setting: the files of
+    today's writers (7-bit weights in ONNX Runtime and OpenVINO, min/max ranges, the ONNX
+    file's joined Concat ranges)."""
+    from experiments.int8_accuracy import summarize
+    from experiments.int8_levers import BASE
+
+    document = _load("fm_defaults", root)
+    rows = [r for r in document["rows"] if r["setting"] == BASE]
+    return {"settings": document["settings"], "rows": rows, "summary": summarize(rows)}
+
+
 def _file_rows(name, root):
     """(drops in points, agreements as fractions, test images) of a results file's rows."""
-    document = _load(name, root)
+    document = fm_defaults(root) if name == "fm_defaults" else _load(name, root)
     rows = document["rows"]
     drops = [r["accuracy_drop"] for r in rows]
     agreements = [r["top1_agreement"] for r in rows]
@@ -147,8 +163,9 @@ def drop_sets(root):
         )
     ]
     nets = {
-        "int8_accuracy": "the Fashion-MNIST net, 5 calibration seeds x LiteRT, ONNX, OpenVINO",
-        "int8_first_layer_float": "the same, first convolution in float, ONNX and OpenVINO",
+        "fm_defaults": "the Fashion-MNIST net, 5 calibration seeds x LiteRT, ONNX, OpenVINO",
+        "int8_first_layer_float": "an earlier net of the same recipe and earlier writers, "
+        "first convolution in float, ONNX and OpenVINO",
     }
     for name, words in nets.items():
         drops, agreements, images = _file_rows(name, root)
@@ -198,12 +215,12 @@ def _percent_costs(runs, runtime):
 
 def figures(root):
     """The int8 short forms the pages' prose quotes (see tests/test_claims.py)."""
-    accuracy = _load("int8_accuracy", root)
+    accuracy = fm_defaults(root)
     summary = accuracy["summary"]
     first = _load("int8_first_layer_float", root)
     paired = first["paired_differences"]
     transfer = transfer_int8(root)
-    drops, agreements, _ = _file_rows("int8_accuracy", root)
+    drops, agreements, _ = _file_rows("fm_defaults", root)
     litert = [r for r in accuracy["rows"] if r["runtime"] == "litert"]
     sizes = {(r["bytes"], r["float_bytes"]) for r in litert}
     (litert_bytes, float_bytes) = sizes.pop() if len(sizes) == 1 else (None, None)

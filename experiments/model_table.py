@@ -35,9 +35,10 @@ names the machine, the threads and the versions, while the run's facts (date, lo
 holds a runtime's int8 ms and bytes, a second table right under it gives each width's int8
 ms and MB in those runtimes, and a caption after the machine's line gives each runtime's
 int8 top-1 agreement with float and accuracy drop (mean and 95% interval over calibration
-seeds) from `--accuracy` (default: the repository's `docs/results/int8_accuracy.json`,
-`experiments.int8_accuracy`'s summary: ShuffleNet v2 0.5x trained on Fashion-MNIST, since
-ImageNet is not available here); rows without int8 keys render the float table alone.
+seeds) from `--accuracy` (a file in `experiments.int8_accuracy`'s form; default: the
+export's default files in the repository's `docs/results/int8_levers_minmax.json`,
+`int8_claims.fm_defaults`: ShuffleNet v2 0.5x trained on Fashion-MNIST, since ImageNet is
+not available here); rows without int8 keys render the float table alone.
 `--readme` replaces both tables between the README's `model-table` markers
 (docs/inference.md includes that block, pymdownx.snippets), `--guide` the registry's table between
 docs/guide/pretrained.md's `weights-table` markers (`render_weights`), and `--check` fails
@@ -48,7 +49,7 @@ Usage:
         [--note "machine busy with ..."] [--widths 0.5 1.0] [--threads 2] [--repeats 27] \
         [--processes 3]
     python -m experiments.model_table render --json docs/results/model_table_cpu.json \
-        [--accuracy docs/results/int8_accuracy.json] [--readme README.md] \
+        [--accuracy INT8_ACCURACY.json] [--readme README.md] \
         [--guide docs/guide/pretrained.md] [--check]
 """
 
@@ -72,8 +73,8 @@ WEIGHTS_BEGIN = (
     "docs/guide/pretrained.md -->"
 )
 WEIGHTS_END = "<!-- /weights-table -->"
-# export_model's int8 results: `python -m experiments.int8_accuracy`'s rows and summary.
-ACCURACY = os.path.join("docs", "results", "int8_accuracy.json")
+# export_model's int8 results at its defaults: int8_levers' rows of its base setting.
+ACCURACY = os.path.join("docs", "results", "int8_levers_minmax.json")
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIDE = 224
 # The export format -> its task (the row's keys: "<task less _infer>_ms", and "_int8_ms",
@@ -94,14 +95,14 @@ CHILD_RUNTIMES = {
 CALLS = 10  # calls timed together in a child's block
 # The optional columns: a row's key and its header.
 COLUMNS = {"ort_ms": "ONNX Runtime ms", "openvino_ms": "OpenVINO ms"}
-# The int8 table's runtimes: the rows' key prefix -> (header, key in int8_accuracy.json's
+# The int8 table's runtimes: the rows' key prefix -> (header, key in the int8 accuracy
 # summary). A runtime's columns are "<prefix>_int8_ms" and "<prefix>_int8_bytes".
 INT8_COLUMNS = {
     "litert": ("LiteRT", "litert"),
     "ort": ("ONNX Runtime", "onnx"),
     "openvino": ("OpenVINO", "openvino"),
 }
-# What int8_accuracy.json's rows were measured on (experiments/int8_accuracy.py's usage).
+# What the int8 accuracy rows were measured on (experiments/int8_levers.py's usage).
 ACCURACY_NET = "ShuffleNet v2 0.5x trained on Fashion-MNIST"
 
 
@@ -283,7 +284,7 @@ def _interval(value, scale, unit=""):
 
 def _int8_text(rows, prefixes, accuracy):
     """The int8 table's caption: how the files were written and timed, then each runtime's
-    top-1 agreement and accuracy drop from `accuracy` (int8_accuracy.json's contents), and
+    top-1 agreement and accuracy drop from `accuracy` (`int8_claims.fm_defaults`' form), and
     what those were measured on."""
     counts = {r.get("int8_calibration_images") for r in rows}
     count = counts.pop() if len(counts) == 1 else None
@@ -320,7 +321,7 @@ def _int8_text(rows, prefixes, accuracy):
         + (f" of {per_seed:,} training images" if per_seed else "")
         + (f", on the {tests:,} test images" if tests else "")
         + f"), measured not on ImageNet (not available here) but on {ACCURACY_NET} "
-        f"(`{ACCURACY}`, `python -m experiments.int8_accuracy`)."
+        f"(`{ACCURACY}`, its default setting, `python -m experiments.int8_levers`)."
     )
 
 
@@ -333,7 +334,7 @@ def render(rows, accuracy=None):
     Where every row holds a runtime's int8 ms and bytes, a second table right under the
     first gives them per entry, and a caption after the machine's line gives the int8
     files' top-1 agreement with float and accuracy drop per runtime from `accuracy`
-    (int8_accuracy.json's contents; default: the repository's `ACCURACY` file)."""
+    (`int8_claims.fm_defaults`' form; default: the repository's `ACCURACY` file)."""
     by_width = {row["width"]: row for row in rows}
     entries = _entries()
     for row in rows:
@@ -399,8 +400,9 @@ def render(rows, accuracy=None):
         )
     if int8:
         if accuracy is None:
-            with open(os.path.join(REPOSITORY, ACCURACY)) as f:
-                accuracy = json.load(f)
+            from experiments import int8_claims
+
+            accuracy = int8_claims.fm_defaults(REPOSITORY)
         lines += ["", _int8_text(rows, int8, accuracy)]
     return "\n".join(lines)
 
@@ -448,7 +450,8 @@ def parse_args(argv=None):
     show.add_argument("--json", default=ROWS, help="the measured rows")
     show.add_argument(
         "--accuracy",
-        help=f"int8_accuracy.json for the int8 caption (default: the repository's {ACCURACY})",
+        help="a file in experiments.int8_accuracy's form for the int8 caption (default: the "
+        f"export's default files in the repository's {ACCURACY})",
     )
     show.add_argument("--readme", help="replace the table between this file's markers")
     show.add_argument("--guide", help="replace the registry table between this file's markers")
