@@ -220,7 +220,8 @@ def figures(root):
     first = _load("int8_first_layer_float", root)
     paired = first["paired_differences"]
     transfer = transfer_int8(root)
-    drops, agreements, _ = _file_rows("fm_defaults", root)
+    drops = [r["accuracy_drop"] for r in accuracy["rows"]]
+    agreements = [r["top1_agreement"] for r in accuracy["rows"]]
     litert = [r for r in accuracy["rows"] if r["runtime"] == "litert"]
     sizes = {(r["bytes"], r["float_bytes"]) for r in litert}
     (litert_bytes, float_bytes) = sizes.pop() if len(sizes) == 1 else (None, None)
