@@ -1,0 +1,271 @@
+"""Equal channel ranges before int8 (`export.equalize`), side by side with the files as
+written before it, on the same nets and calibration images: each runtime's int8 file of
+the folded net ("default") and of its equalized copy ("equalized"), quantized by the same
+writers, checked on the same test images against the same float Keras model. Paired by
+net and calibration; besides top-1 agreement and the accuracy drop, the int8 outputs'
+RMS error relative to the float outputs' RMS (a finer measure than agreement on a few
+hundred images). Not in CI.
+
+Nets:
+- `transfer`: the fine-tuned nets of an `experiments.transfer_study` results folder, each
+  with finetune's own calibration and validation images (`int8_transfer_levers.net_data`;
+  LiteRT as finetune writes it, taking RGB in [0, 1] when the mediapipe extra is here);
+- `digits`: `autoshuffle-train --dataset digits` run folders, calibrated on 500 training
+  images drawn with each `--seeds` seed, tested on the 360 test images.
+
+One row per (net, calibration seed, runtime, setting) appended to `--rows` as measured; a
+rerun skips the (net, seed) pairs it holds.
+
+Usage:
+    python -m experiments.int8_equalize transfer --results docs/results/transfer_int8 \
+        --work runs/transfer_int8 --rows docs/results/transfer_int8/equalize.jsonl
+    python -m experiments.int8_equalize digits --runs runs/digits_s0 runs/digits_s1 \
+        --seeds 0 1 2 --rows docs/results/int8_equalize_digits.jsonl
+    python -m experiments.int8_equalize table --rows docs/results/int8_equalize_digits.jsonl
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import tempfile
+
+import numpy as np
+
+from experiments import int8_levers, int8_transfer_levers
+from experiments.int8_accuracy import _interval, _row
+from experiments.scale_study import append_row
+
+SETTINGS = ("default", "equalized")
+RUNTIMES = ("litert", "onnx", "openvino")
+
+
+def relative_error(outputs: np.ndarray, expected: np.ndarray) -> float:
+    """RMS of `outputs - expected` over the RMS of `expected`."""
+    difference = np.asarray(outputs, "float64") - np.asarray(expected, "float64")
+    return float(np.sqrt(np.mean(difference**2) / np.mean(np.asarray(expected, "float64") ** 2)))
+
+
+def measure_files(net, lite, calibration, test, float_outputs):
+    """{runtime: check entry with "relative_error"} of `net`'s three int8 files: LiteRT from
+    `lite` = (its net, calibration, test images) as the caller's export writes it, ONNX
+    Runtime and OpenVINO from `net`'s float files (`int8_levers.Files`) at the defaults."""
+    from keras_autoshuffle import export
+    from keras_autoshuffle.export import int8, int8_runtimes
+    from keras_autoshuffle.export.runner import open_runner
+
+    images, labels = test
+    files = int8_levers.Files(net, net, images)
+    entries = {}
+    with tempfile.TemporaryDirectory() as folder:
+        lite_net, lite_calibration, lite_images = lite
+        lite_float = os.path.join(folder, "float")
+        export.export_model(lite_net, lite_float, lite_images[:8], formats=("litert",))
+        entries["litert"] = (
+            int8._export_int8_checked(
+                lite_net,
+                os.path.join(folder, "int8.tflite"),
+                os.path.join(lite_float, "model.tflite"),
+                lite_calibration,
+                lite_images,
+                labels,
+                float_outputs,
+                100.0,
+            ),
+            lite_images,
+        )
+        for runtime in ("onnx", "openvino"):
+            entries[runtime] = (
+                int8_runtimes.export_int8_file_checked(
+                    f"{runtime}_int8",
+                    files.paths[runtime],
+                    os.path.join(folder, "int8.onnx" if runtime == "onnx" else "openvino_int8"),
+                    calibration,
+                    test,
+                    float_outputs,
+                    100.0,
+                ),
+                images,
+            )
+        return {
+            runtime: {
+                **entry,
+                "relative_error": relative_error(
+                    open_runner(entry["path"]).run(inputs), float_outputs
+                ),
+            }
+            for runtime, (entry, inputs) in entries.items()
+        }
+
+
+def measure_net(name, seed, model, folded, calibration, test, lite_inputs, write):
+    """Both settings of one net and calibration; each row given to `write`."""
+    from keras_autoshuffle.export.equalize import equalize_ranges
+
+    float_outputs = model.predict(test[0], batch_size=256, verbose=0)
+    for setting in SETTINGS:
+        net = folded if setting == "default" else equalize_ranges(folded, calibration)
+        lite = lite_inputs(net)
+        for runtime, entry in measure_files(net, lite, calibration, test, float_outputs).items():
+            write(
+                {
+                    **_row(f"{name}/{seed}", runtime, entry),
+                    "net": name,
+                    "calibration_seed": seed,
+                    "setting": setting,
+                    "relative_error": entry["relative_error"],
+                    "test_images": len(test[1]),
+                    "calibration_images": len(calibration),
+                }
+            )
+
+
+def _sha256(path):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def transfer_nets(results, work):
+    """(name, seed, model, folded, calibration, test, lite_inputs, extra) per finished
+    transfer run of the study in `results`."""
+    from experiments.transfer_study import PLAN_FILE, ROWS_FILE, read_rows
+    from keras_autoshuffle import folding
+    from keras_autoshuffle.finetuning.run import _unit_rgb
+    from keras_autoshuffle.finetuning.run_folder import ALL_DIR
+
+    with open(os.path.join(results, PLAN_FILE)) as f:
+        plan = json.load(f)
+    for row in read_rows(os.path.join(results, ROWS_FILE), plan["plan"]):
+        if row["arm"] != "transfer":
+            continue
+        folder = os.path.join(work, "runs", row["name"])
+        root = os.path.join(work, "folders", f"target_{row['per_class']}_seed{row['seed']}")
+        model, calibration, test = int8_transfer_levers.net_data(folder, plan["settings"], root)
+        folded = folding.fold_model(model, name=model.name)
+
+        def lite_inputs(net, model=model, calibration=calibration, test=test):
+            from keras_autoshuffle import export
+            from keras_autoshuffle.export import metadata
+
+            if not export.is_installed("mediapipe"):
+                return net, calibration, test[0]
+            return (
+                metadata.with_input_normalization(net),
+                _unit_rgb(calibration),
+                _unit_rgb(test[0]),
+            )
+
+        extra = {
+            "per_class": row["per_class"],
+            "study_seed": row["seed"],
+            "model_sha256": _sha256(os.path.join(folder, ALL_DIR, "model.keras")),
+        }
+        yield row["name"], 0, model, folded, calibration, test, lite_inputs, extra
+
+
+def digits_nets(runs, seeds):
+    """The same for `autoshuffle-train --dataset digits` run folders, per calibration seed."""
+    import keras
+
+    from keras_autoshuffle import folding
+    from keras_autoshuffle.data import sources
+
+    (train, _), (images, labels) = sources.load_digits()
+    train, images = (train - 0.5) / 0.5, (images - 0.5) / 0.5  # `sources.digits`
+    for run in runs:
+        path = os.path.join(run, "model.keras")
+        model = keras.saving.load_model(path, compile=False, safe_mode=True)
+        folded = folding.fold_model(model, name=model.name)
+        for seed in seeds:
+            pick = np.random.default_rng(seed).choice(len(train), 500, replace=False)
+            calibration = train[pick]
+            extra = {"model_sha256": _sha256(path)}
+            yield (
+                os.path.basename(os.path.normpath(run)),
+                seed,
+                model,
+                folded,
+                calibration,
+                (images, labels.astype("int64")),
+                lambda net, c=calibration: (net, c, images),
+                extra,
+            )
+
+
+def summarize(rows):
+    """`int8_levers.summarize` (agreement, drop) with the relative error's mean and its
+    paired change, per runtime and setting."""
+    summary = int8_levers.summarize(rows, "default")
+    base = {(r["seed"], r["runtime"]): r for r in rows if r["setting"] == "default"}
+    for runtime, settings in summary.items():
+        for setting, s in settings.items():
+            picked = [r for r in rows if r["runtime"] == runtime and r["setting"] == setting]
+            s["relative_error"] = _interval([r["relative_error"] for r in picked])
+            s["minus_base"]["relative_error"] = _interval(
+                [r["relative_error"] - base[r["seed"], runtime]["relative_error"] for r in picked]
+            )
+    return summary
+
+
+def table(summary):
+    """`int8_levers.table` and a table of the relative error."""
+    lines = [
+        int8_levers.table(summary, "default"),
+        "",
+        "| runtime | setting | pairs | relative RMS error of the int8 outputs (%) | change |",
+        "|---|---|---|---|---|",
+    ]
+    for runtime, settings in summary.items():
+        for setting, s in settings.items():
+            change = s["minus_base"]["relative_error"]
+            lines.append(
+                f"| {runtime} | {setting} | {s['seeds']} | "
+                f"{int8_levers._points(s['relative_error'])} | "
+                + ("" if setting == "default" else int8_levers._points(change, sign=True))
+                + " |"
+            )
+    return "\n".join(lines)
+
+
+def _read(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("nets", choices=("transfer", "digits", "table"))
+    parser.add_argument("--rows", required=True, help="JSON lines, appended as measured")
+    parser.add_argument("--results", help="transfer: the study's results folder")
+    parser.add_argument("--work", help="transfer: its --work folder")
+    parser.add_argument("--runs", nargs="+", help="digits: autoshuffle-train run folders")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    args = parser.parse_args(argv)
+    if args.nets == "transfer" and not (args.results and args.work):
+        parser.error("transfer needs --results and --work")
+    if args.nets == "digits" and not args.runs:
+        parser.error("digits needs --runs")
+    if args.nets != "table":
+        done = {(r["net"], r["calibration_seed"]) for r in _read(args.rows)}
+        nets = (
+            transfer_nets(args.results, args.work)
+            if args.nets == "transfer"
+            else digits_nets(args.runs, args.seeds)
+        )
+        for name, seed, model, folded, calibration, test, lite_inputs, extra in nets:
+            if (name, seed) in done:
+                continue
+
+            def write(row, extra=extra):
+                append_row(args.rows, {**row, **extra})
+                print(json.dumps(row), flush=True)
+
+            measure_net(name, seed, model, folded, calibration, test, lite_inputs, write)
+    print(table(summarize(_read(args.rows))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
