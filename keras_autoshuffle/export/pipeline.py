@@ -12,7 +12,6 @@ from keras_autoshuffle import _validation
 from keras_autoshuffle._atomic import remove_written
 from keras_autoshuffle.export import (
     checks,
-    equalize,
     files,
     int8,
     int8_runtimes,
@@ -155,17 +154,13 @@ def export_model(
     expected = _expected_outputs(model, reference, inputs)
     tolerance = _tolerance(model, expected, atol, rtol)
     _prepare_folder(output_dir, formats, int8_formats, inputs, expected, tolerance)
-    # With int8, every file but model.keras is written from one copy whose channel ranges
-    # are equalized for per-tensor int8 activations (the same function: `equalize`), so that
-    # each int8 file is quantized from the float file beside it.
-    deployed = equalize.equalize_ranges(model, int8_data[0]) if int8_data else model
     # The float and int8 LiteRT files are written from one rewritten graph: their writers
     # find nothing left to rewrite in it (`litert_graph.one_conv_per_slice`).
-    litert_model = litert_graph.one_conv_per_slice(deployed) if "litert" in formats else deployed
+    litert_model = litert_graph.one_conv_per_slice(model) if "litert" in formats else model
     results = {}
     try:
         for name in formats:
-            written = {"keras": model, "litert": litert_model}.get(name, deployed)
+            written = litert_model if name == "litert" else model
             results[name] = _write_and_compare(
                 written, name, output_dir, inputs, expected, tolerance
             )

@@ -1,15 +1,15 @@
-"""Equal channel ranges before int8 (`export.equalize`): the copy computes the same
-function, each matched tensor's channels end with one range on the calibration images
-(recomputed here from the layers' outputs), and only what commutes with a per-channel
-scale is matched. What it does to int8 accuracy is measured, not tested:
-experiments/int8_equalize.py."""
+"""Equal channel ranges before int8 (`experiments.int8_equalize.equalize_ranges`, the
+lever the experiment measures): the copy computes the same function, each matched
+tensor's channels end with one range on the calibration images (recomputed here from the
+layers' outputs), and only what commutes with a per-channel scale is matched: the
+experiment's paired comparison rests on these."""
 
 import keras
 import numpy as np
 from helpers import TINY_REPEATS, TINY_SHAPE, _randomize_batch_norm, tiny_v2
 
+from experiments.int8_equalize import equalize_ranges
 from keras_autoshuffle import folding
-from keras_autoshuffle.export.equalize import equalize_ranges
 from keras_autoshuffle.export.metadata import with_input_normalization
 
 
