@@ -43,7 +43,6 @@ Usage (the rows of the lab notes):
 """
 
 import argparse
-import hashlib
 import json
 import os
 import tempfile
@@ -54,6 +53,7 @@ import numpy as np
 from experiments import int8_levers, int8_transfer_levers
 from experiments.int8_accuracy import _interval, _row
 from experiments.scale_study import append_row
+from keras_autoshuffle._files import sha256_of
 from keras_autoshuffle._keras_internals import inbound_nodes, producing_layer
 
 SETTINGS = ("default", "equalized")
@@ -265,11 +265,6 @@ def measure_net(name, seed, model, folded, calibration, test, lite_inputs, write
             )
 
 
-def _sha256(path):
-    with open(path, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 def transfer_nets(results, work):
     """(name, seed, model, folded, calibration, test, lite_inputs, extra) per finished
     transfer run of the study in `results`."""
@@ -303,7 +298,7 @@ def transfer_nets(results, work):
         extra = {
             "per_class": row["per_class"],
             "study_seed": row["seed"],
-            "model_sha256": _sha256(os.path.join(folder, ALL_DIR, "model.keras")),
+            "model_sha256": sha256_of(os.path.join(folder, ALL_DIR, "model.keras")),
         }
         yield row["name"], 0, model, folded, calibration, test, lite_inputs, extra
 
@@ -321,10 +316,10 @@ def digits_nets(runs, seeds):
         path = os.path.join(run, "model.keras")
         model = keras.saving.load_model(path, compile=False, safe_mode=True)
         folded = folding.fold_model(model, name=model.name)
+        extra = {"model_sha256": sha256_of(path)}
         for seed in seeds:
             pick = np.random.default_rng(seed).choice(len(train), 500, replace=False)
             calibration = train[pick]
-            extra = {"model_sha256": _sha256(path)}
             yield (
                 os.path.basename(os.path.normpath(run)),
                 seed,
@@ -372,13 +367,6 @@ def table(summary):
     return "\n".join(lines)
 
 
-def _read(path):
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("nets", choices=("transfer", "digits", "table"))
@@ -393,7 +381,8 @@ def main(argv=None):
     if args.nets == "digits" and not args.runs:
         parser.error("digits needs --runs")
     if args.nets != "table":
-        done = {(r["net"], r["calibration_seed"]) for r in _read(args.rows)}
+        held = int8_transfer_levers.read_levers(args.rows)
+        done = {(r["net"], r["calibration_seed"]) for r in held}
         nets = (
             transfer_nets(args.results, args.work)
             if args.nets == "transfer"
@@ -408,7 +397,7 @@ def main(argv=None):
                 print(json.dumps(row), flush=True)
 
             measure_net(name, seed, model, folded, calibration, test, lite_inputs, write)
-    print(table(summarize(_read(args.rows))))
+    print(table(summarize(int8_transfer_levers.read_levers(args.rows))))
     return 0
 
 
