@@ -194,9 +194,10 @@ def relative_error(outputs: np.ndarray, expected: np.ndarray) -> float:
 
 
 def measure_files(net, lite, calibration, test, float_outputs):
-    """{runtime: check entry with "relative_error"} of `net`'s three int8 files: LiteRT from
-    `lite` = (its net, calibration, test images) as the caller's export writes it, ONNX
-    Runtime and OpenVINO from `net`'s float files (`int8_levers.Files`) at the defaults."""
+    """{runtime: check entry with "relative_error" and "outputs" (the int8 file's outputs on
+    the test images)} of `net`'s three int8 files: LiteRT from `lite` = (its net,
+    calibration, test images) as the caller's export writes it, ONNX Runtime and OpenVINO
+    from `net`'s float files (`int8_levers.Files`) at the defaults."""
     from keras_autoshuffle import export
     from keras_autoshuffle.export import int8, int8_runtimes
     from keras_autoshuffle.export.runner import open_runner
@@ -234,15 +235,15 @@ def measure_files(net, lite, calibration, test, float_outputs):
                 ),
                 images,
             )
-        return {
-            runtime: {
+        measured = {}
+        for runtime, (entry, inputs) in entries.items():
+            outputs = open_runner(entry["path"]).run(inputs)
+            measured[runtime] = {
                 **entry,
-                "relative_error": relative_error(
-                    open_runner(entry["path"]).run(inputs), float_outputs
-                ),
+                "relative_error": relative_error(outputs, float_outputs),
+                "outputs": outputs,
             }
-            for runtime, (entry, inputs) in entries.items()
-        }
+        return measured
 
 
 def measure_net(name, seed, model, folded, calibration, test, lite_inputs, write):
