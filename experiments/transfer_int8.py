@@ -64,9 +64,32 @@ def latency_ratios(levers: list[dict]) -> dict:
     return ratios
 
 
-def render(rows: list[dict], levers: list[dict], qat: list[dict] = ()) -> list[str]:
-    """The page's lines: the defaults' table, then the levers' and the quantization-aware
-    phase's (where measured)."""
+def of_these_nets(rows: list[dict], measured: list[dict]) -> bool:
+    """Whether `measured` (levers', margins' or the phase's rows, each with its net's float
+    accuracy on the validation images) is of the nets of the study's `rows`: every net's
+    float accuracy is its run's."""
+    accuracy = {r["name"]: r["val_accuracy"] for r in rows if r["arm"] == "transfer"}
+    return all(
+        r["net"] in accuracy and abs(r["float_accuracy"] - accuracy[r["net"]]) < 1e-9
+        for r in measured
+        if r.get("setting", "default") == "default"
+    )
+
+
+EARLIER_NETS = (
+    " (nets of an earlier run of this plan, not the tables' above: their float accuracies "
+    "differ; `default` here is their own files, measured in the same run)"
+)
+
+
+def render(
+    rows: list[dict],
+    int8_levers: list[dict] = (),
+    int8_qat: list[dict] = (),
+    int8_margins: list[dict] = (),
+) -> list[str]:
+    """The page's lines: the defaults' table, then the levers', the margins' and the
+    quantization-aware phase's (where measured)."""
     entries = summarize(rows)
     if not entries:
         return []
@@ -92,23 +115,26 @@ def render(rows: list[dict], levers: list[dict], qat: list[dict] = ()) -> list[s
         )
     bounds = sorted({b for e in entries for b in e["bound"]}, key=str)
     lines += ["", f"The bound of these runs (points): {', '.join(map(str, bounds))}.", ""]
-    if levers:
-        lines += render_levers(levers)
-    if qat:
-        lines += render_qat(qat)
+    if int8_levers:
+        lines += render_levers(int8_levers, of_these_nets(rows, int8_levers))
+    if int8_margins:
+        lines += render_margins(int8_margins, of_these_nets(rows, int8_margins))
+    if int8_qat:
+        lines += render_qat(int8_qat, of_these_nets(rows, int8_qat))
     return lines
 
 
-def render_levers(levers: list[dict]) -> list[str]:
+def render_levers(levers: list[dict], these_nets: bool = True) -> list[str]:
     """The levers' table (`int8_levers.table`, paired by net) and the LiteRT files'
     latencies."""
     from experiments import int8_levers
 
     nets = sorted({r["net"] for r in levers})
+    which = "of these nets" if these_nets else f"nets{EARLIER_NETS}"
     lines = [
-        "### The levers on the same nets",
+        "### The levers on the same nets" if these_nets else "### The levers",
         "",
-        f"{len(nets)} of these nets ({', '.join(nets)}), each int8 file made again from "
+        f"{len(nets)} {which} ({', '.join(nets)}), each int8 file made again from "
         "the same calibration images (`python -m experiments.int8_transfer_levers`): "
         "`default` (as above), `8bit` (ONNX Runtime and OpenVINO with 8-bit weights), "
         "`augmented` (calibrated on the images and one pad-2 crop and flip of each), `k<k>` "
@@ -201,13 +227,35 @@ def qat_table(rows: list[dict]) -> list[str]:
     return lines
 
 
-def render_qat(rows: list[dict]) -> list[str]:
+def render_margins(rows: list[dict], these_nets: bool = True) -> list[str]:
+    """Where the default files disagree: `experiments.int8_margins`' table."""
+    from experiments import int8_margins
+
+    nets = len({r["net"] for r in rows})
+    return [
+        "### Where the int8 files disagree",
+        "",
+        f"{nets} {'of these nets' if these_nets else 'nets' + EARLIER_NETS}: each runtime's "
+        "int8 file at the defaults (the same calibration images) against the float net on "
+        "the validation images, counted by the float net's top-1 margin (its top "
+        "probability minus the second; bins fixed before measuring) "
+        "(`python -m experiments.int8_margins measure`, rows in "
+        "[margins.jsonl](../results/transfer_int8/margins.jsonl)). Agreement pooled over the "
+        "nets and, per net, its mean [95% t interval] over the nets with images in the bin.",
+        "",
+        int8_margins.table(int8_margins.summarize(rows)),
+        "",
+    ]
+
+
+def render_qat(rows: list[dict], these_nets: bool = True) -> list[str]:
     """The quantization-aware lever's section of the page."""
     nets = sorted({r["net"] for r in rows})
     return [
         "### A quantization-aware phase",
         "",
-        f"{len(nets)} nets: each folded float net trained a few more epochs on its own "
+        f"{len(nets)} nets{'' if these_nets else EARLIER_NETS}: each folded float net "
+        "trained a few more epochs on its own "
         "training images with int8 rounding simulated (kernels per output channel, "
         "symmetric; each activation the int8 files keep per tensor, over its range on the "
         "calibration images; gradients straight through; BatchNormalization frozen), then "

@@ -61,6 +61,10 @@ ROWS_FILE, PLAN_FILE = "rows.jsonl", "plan.json"
 LEVERS_FILE = "levers.jsonl"
 # experiments.int8_qat's rows: the quantization-aware lever and its paired defaults.
 QAT_FILE = "qat.jsonl"
+# experiments.int8_margins' rows: agreement by the float net's top-1 margin.
+MARGINS_FILE = "margins.jsonl"
+# {summary key: file} of the int8 measurements on a study's nets that its page shows.
+INT8_FILES = {"int8_levers": LEVERS_FILE, "int8_qat": QAT_FILE, "int8_margins": MARGINS_FILE}
 ARMS = ("backbone", "transfer", "scratch", "end_to_end")
 # finetune's report: each runtime's int8 check.
 INT8_REPORT_KEYS = {"litert": "int8", "onnx": "onnx_int8", "openvino": "openvino_int8"}
@@ -929,7 +933,7 @@ def render_page(summary, plan, rows_link):
         from experiments import transfer_int8
 
         lines += transfer_int8.render(
-            summary["all_rows"], summary.get("int8_levers", []), summary.get("int8_qat", [])
+            summary["all_rows"], **{key: summary.get(key, []) for key in INT8_FILES}
         )
     e2e = summary["end_to_end"]
     lines += ["## The command end to end", ""]
@@ -1094,14 +1098,10 @@ def write_page(results, page, work=None):
     summary = summarize(rows, settings)
     summary["transfer_rows"] = [r for r in rows if r["arm"] == "transfer"]
     summary["all_rows"] = rows
-    levers = os.path.join(results, LEVERS_FILE)
-    if os.path.exists(levers):  # experiments.int8_transfer_levers' rows of these nets
-        with open(levers) as f:
-            summary["int8_levers"] = [json.loads(line) for line in f if line.strip()]
-    qat = os.path.join(results, QAT_FILE)
-    if os.path.exists(qat):  # experiments.int8_qat's rows of these nets
-        with open(qat) as f:
-            summary["int8_qat"] = [json.loads(line) for line in f if line.strip()]
+    for key, name in INT8_FILES.items():
+        if os.path.exists(os.path.join(results, name)):
+            with open(os.path.join(results, name)) as f:
+                summary[key] = [json.loads(line) for line in f if line.strip()]
     summary["code"] = {}
     for row in rows:
         code = row.get("code")
