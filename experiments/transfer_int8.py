@@ -76,10 +76,15 @@ def of_these_nets(rows: list[dict], measured: list[dict]) -> bool:
     )
 
 
-EARLIER_NETS = (
-    " (nets of an earlier run of this plan, not the tables' above: their float accuracies "
-    "differ; `default` here is their own files, measured in the same run)"
-)
+def _nets(count: int, these_nets: bool) -> str:
+    """How a section names the nets it measured ("10 of these nets" or, where
+    `of_these_nets` said no, which nets they are)."""
+    if these_nets:
+        return f"{count} of these nets"
+    return (
+        f"{count} nets (nets of an earlier run of this plan, not the tables' above: their "
+        "float accuracies differ; `default` here is their own files, measured in the same run)"
+    )
 
 
 def render(
@@ -130,11 +135,10 @@ def render_levers(levers: list[dict], these_nets: bool = True) -> list[str]:
     from experiments import int8_levers
 
     nets = sorted({r["net"] for r in levers})
-    which = "of these nets" if these_nets else f"nets{EARLIER_NETS}"
     lines = [
         "### The levers on the same nets" if these_nets else "### The levers",
         "",
-        f"{len(nets)} {which} ({', '.join(nets)}), each int8 file made again from "
+        f"{_nets(len(nets), these_nets)} ({', '.join(nets)}), each int8 file made again from "
         "the same calibration images (`python -m experiments.int8_transfer_levers`): "
         "`default` (as above), `8bit` (ONNX Runtime and OpenVINO with 8-bit weights), "
         "`augmented` (calibrated on the images and one pad-2 crop and flip of each), `k<k>` "
@@ -235,7 +239,7 @@ def render_margins(rows: list[dict], these_nets: bool = True) -> list[str]:
     return [
         "### Where the int8 files disagree",
         "",
-        f"{nets} {'of these nets' if these_nets else 'nets' + EARLIER_NETS}: each runtime's "
+        f"{_nets(nets, these_nets)}: each runtime's "
         "int8 file at the defaults (the same calibration images) against the float net on "
         "the validation images, counted by the float net's top-1 margin (its top "
         "probability minus the second; bins fixed before measuring) "
@@ -254,7 +258,7 @@ def render_qat(rows: list[dict], these_nets: bool = True) -> list[str]:
     return [
         "### A quantization-aware phase",
         "",
-        f"{len(nets)} nets{'' if these_nets else EARLIER_NETS}: each folded float net "
+        f"{_nets(len(nets), these_nets)}: each folded float net "
         "trained a few more epochs on its own "
         "training images with int8 rounding simulated (kernels per output channel, "
         "symmetric; each activation the int8 files keep per tensor, over its range on the "

@@ -33,3 +33,23 @@ def test_the_summary_pools_the_nets_and_shares_the_disagreements():
     assert (last["images"], last["disagreements"], last["share_of_disagreements"]) == (14, 1, 25.0)
     assert np.isclose(last["per_net"]["mean"], (100 + 87.5) / 2)
     assert summarize(rows)[1]["agreement"] is None  # no image in the bin
+
+
+def test_the_page_names_measured_rows_of_other_nets_as_such():
+    # A levers / margins / phase row belongs to the study's nets only when its default
+    # file's float accuracy is its run's validation accuracy.
+    from experiments.transfer_int8 import _nets, of_these_nets
+
+    rows = [
+        {"name": "a", "arm": "transfer", "val_accuracy": 0.43},
+        {"name": "b", "arm": "transfer", "val_accuracy": 0.70},
+        {"name": "backbone", "arm": "backbone", "val_accuracy": 0.85},
+    ]
+    same = [{"net": "a", "float_accuracy": 0.43}, {"net": "b", "float_accuracy": 0.70}]
+    assert of_these_nets(rows, same)
+    # Only the default setting's float net is the run's: a phase's own float net may differ.
+    assert of_these_nets(rows, [*same, {"net": "a", "setting": "qat", "float_accuracy": 0.5}])
+    assert not of_these_nets(rows, [{"net": "a", "float_accuracy": 0.408}])
+    assert not of_these_nets(rows, [{"net": "c", "float_accuracy": 0.43}])  # not a run here
+    assert _nets(2, True) == "2 of these nets"
+    assert _nets(2, False).startswith("2 nets (nets of an earlier run of this plan")
